@@ -1,0 +1,125 @@
+"""A host of many virtual clients: loads their shards once, runs their rounds, pre-aggregates.
+
+``ClientHost`` is plain Python (no Ray): the ``LocalExecutor`` uses it in process and the
+``RayExecutor`` wraps it in an actor, so both run exactly the same client code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from algorithms.aggregate import PartialAggregate
+from algorithms.client import client_round
+from algorithms.layout import ParamLayout
+from algorithms.local import ModelObjective
+from algorithms.presets import Algorithm
+from datasets.store import ShardStore
+from datasets.tasks import TASKS
+
+
+@dataclass(frozen=True)
+class Broadcast:
+    """What the driver sends every client of a round: ``ray.put`` once per round."""
+
+    params: np.ndarray
+    payload: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    loss_sum: float
+    correct: int
+    count: int
+
+    @staticmethod
+    def combine(parts: list[EvalResult]) -> EvalResult:
+        return EvalResult(
+            sum(p.loss_sum for p in parts),
+            sum(p.correct for p in parts),
+            sum(p.count for p in parts),
+        )
+
+
+def build_model(store: ShardStore, task: str) -> torch.nn.Module:
+    manifest = store.manifest
+    return TASKS[task].model(tuple(manifest["x_shape"]), manifest["num_classes"])
+
+
+class ClientHost:
+    def __init__(
+        self,
+        store_path: str,
+        task: str,
+        algorithm: Algorithm,
+        seed: int,
+        client_ids: list[int],
+        device: str = "cpu",
+        eval_batch_size: int = 4096,
+    ):
+        self.device = torch.device(device)
+        self.store = ShardStore.open(store_path)
+        self.algorithm = algorithm
+        self.seed = seed
+        model = build_model(self.store, task).to(self.device)
+        self.objective = ModelObjective(model, ParamLayout.of(model))
+        self.eval_batch_size = eval_batch_size
+        # Loaded once: the hosted clients' rows live on this host's device for the whole run.
+        self.data = {cid: self._tensors(self.store.client(cid)) for cid in client_ids}
+        self.client_state: dict[int, dict[str, torch.Tensor]] = {}
+
+    def _tensors(self, arrays) -> tuple[torch.Tensor, torch.Tensor]:
+        return (
+            torch.tensor(arrays.x, device=self.device),
+            torch.tensor(arrays.y, device=self.device),
+        )
+
+    def _to_device(self, array: np.ndarray) -> torch.Tensor:
+        return torch.tensor(array, device=self.device)
+
+    def run_round(
+        self,
+        round_index: int,
+        broadcast: Broadcast,
+        client_ids: list[int],
+        nominal_cohort_size: float,
+    ) -> PartialAggregate:
+        """Train the given hosted clients and return their sum (one partial aggregate)."""
+        params = self._to_device(broadcast.params)
+        payload = {k: self._to_device(v) for k, v in broadcast.payload.items()}
+        partial = PartialAggregate()
+        for cid in client_ids:
+            x, y = self.data[cid]
+            uploads, weight, state, report = client_round(
+                self.algorithm,
+                self.objective,
+                params,
+                payload,
+                x,
+                y,
+                self.client_state.get(cid, {}),
+                self.seed,
+                round_index,
+                cid,
+                nominal_cohort_size,
+            )
+            if state:
+                self.client_state[cid] = state
+            if not report.dropped:
+                partial.add(uploads, weight)
+            partial.reports.append(report)
+        return partial.cpu()
+
+    @torch.no_grad()
+    def evaluate(self, params: np.ndarray, start: int, stop: int) -> EvalResult:
+        """Loss and accuracy of ``params`` on test rows [start, stop)."""
+        flat = self._to_device(params)
+        loss_sum, correct = 0.0, 0
+        for lo in range(start, stop, self.eval_batch_size):
+            x, y = self._tensors(self.store.test_rows(lo, min(lo + self.eval_batch_size, stop)))
+            logits = self.objective.logits(flat, x)
+            loss_sum += float(torch.nn.functional.cross_entropy(logits, y, reduction="sum"))
+            correct += int((logits.argmax(1) == y).sum())
+        return EvalResult(loss_sum, correct, stop - start)

@@ -1,0 +1,34 @@
+"""The Ray actor that wraps a ``ClientHost`` on the device Ray assigns it."""
+
+from __future__ import annotations
+
+import ray
+import torch
+
+from actors.client_host import Broadcast, ClientHost, EvalResult
+from algorithms.aggregate import PartialAggregate
+
+
+@ray.remote
+class ClientHostActor:
+    def __init__(self, cpus_per_actor: float, gpus_per_actor: float, **host_kwargs):
+        torch.set_num_threads(max(1, int(cpus_per_actor)))
+        device = "cpu"
+        # Ray sets CUDA_VISIBLE_DEVICES per actor; the first visible GPU is ours.
+        if gpus_per_actor > 0 and ray.get_gpu_ids() and torch.cuda.is_available():
+            device = "cuda:0"
+            if gpus_per_actor < 1:
+                # Ray's GPU fractions are logical; cap this process to its share of memory.
+                torch.cuda.set_per_process_memory_fraction(gpus_per_actor, 0)
+        self.host = ClientHost(device=device, **host_kwargs)
+
+    def device(self) -> str:
+        return str(self.host.device)
+
+    def run_round(
+        self, round_index: int, broadcast: Broadcast, client_ids: list[int], nominal: float
+    ) -> PartialAggregate:
+        return self.host.run_round(round_index, broadcast, client_ids, nominal)
+
+    def evaluate(self, params, start: int, stop: int) -> EvalResult:
+        return self.host.evaluate(params, start, stop)

@@ -1,0 +1,1 @@
+"""Pure-PyTorch algorithm parts: local trainers, update transforms, server rules, presets."""

@@ -1,0 +1,71 @@
+"""Partial aggregates: what an actor returns for its share of a round's cohort, O(d) in size."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class ClientReport:
+    """Per-client scalars for diagnostics (never the update itself)."""
+
+    client_id: int
+    num_samples: int
+    steps: int
+    train_loss: float
+    train_accuracy: float
+    pre_clip_norm: float = float("nan")
+    clipped: float = float("nan")
+    dropped: bool = False
+
+
+@dataclass
+class PartialAggregate:
+    """Float64 sums of named uploads (e.g. ``delta``, ``control``) over some clients.
+
+    ``weight`` is Σ of the clients' aggregation weights (1 each, or their sample counts);
+    ``count`` the number of clients summed; a client whose update was not finite is dropped
+    (zero contribution) and only appears in ``reports`` with ``dropped=True``.
+    """
+
+    sums: dict[str, torch.Tensor] = field(default_factory=dict)
+    weight: float = 0.0
+    count: int = 0
+    reports: list[ClientReport] = field(default_factory=list)
+
+    def _accumulate(self, uploads: dict[str, torch.Tensor]) -> None:
+        for name, value in uploads.items():
+            if name in self.sums:
+                self.sums[name] += value
+            else:
+                self.sums[name] = value.to(torch.float64, copy=True)
+
+    def add(self, uploads: dict[str, torch.Tensor], weight: float) -> None:
+        self._accumulate(uploads)
+        self.weight += weight
+        self.count += 1
+
+    def merge(self, other: PartialAggregate) -> None:
+        self._accumulate(other.sums)
+        self.weight += other.weight
+        self.count += other.count
+        self.reports.extend(other.reports)
+
+    @classmethod
+    def combine(cls, parts: list[PartialAggregate]) -> PartialAggregate:
+        """Sum partials in the given (fixed) order."""
+        total = cls()
+        for part in parts:
+            total.merge(part)
+        return total
+
+    def cpu(self) -> PartialAggregate:
+        """The same aggregate with its sums on the CPU, for transport to the driver."""
+        sums = {name: value.cpu() for name, value in self.sums.items()}
+        return PartialAggregate(sums, self.weight, self.count, self.reports)
+
+    @property
+    def dropped(self) -> int:
+        return sum(r.dropped for r in self.reports)

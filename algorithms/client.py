@@ -1,0 +1,76 @@
+"""One client's round, top to bottom: local training → delta → update pipeline → uploads.
+
+Randomness comes from two per-client streams, ``(seed, round, client, LOCAL_TRAINING)`` for
+mini-batches and ``(seed, round, client, CLIENT_NOISE)`` for noise, so that switching noise off
+never changes which batches are drawn.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from algorithms.aggregate import ClientReport
+from algorithms.control_variates import local_correction, updated_client_control
+from algorithms.local import ModelObjective
+from algorithms.presets import Algorithm
+from algorithms.rng import Purpose, torch_generator
+from algorithms.transforms import ClientContext
+
+
+def client_round(
+    algorithm: Algorithm,
+    objective: ModelObjective,
+    params: torch.Tensor,
+    payload: dict[str, torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    state: dict[str, torch.Tensor],
+    seed: int,
+    round_index: int,
+    client_id: int,
+    nominal_cohort_size: float,
+) -> tuple[dict[str, torch.Tensor], float, dict[str, torch.Tensor], ClientReport]:
+    """Returns (uploads to sum, aggregation weight, new client state, report)."""
+    keys = (seed, round_index, client_id)
+    training_rng = torch_generator(*keys, Purpose.LOCAL_TRAINING)
+    correction = None
+    if algorithm.control_variates:
+        client_control = state.get("control", torch.zeros_like(params))
+        correction = local_correction(payload["control"], client_control)
+
+    result = algorithm.trainer.train(objective, params, x, y, training_rng, correction)
+    delta = result.params - params
+    report = ClientReport(
+        client_id=client_id,
+        num_samples=len(y),
+        steps=result.steps,
+        train_loss=result.loss_sum / max(result.seen, 1),
+        train_accuracy=result.correct / max(result.seen, 1),
+    )
+    if not bool(torch.isfinite(delta).all()):
+        report.dropped = True
+        return {}, 0.0, state, report
+
+    ctx = ClientContext(
+        torch_generator(*keys, Purpose.CLIENT_NOISE, device=params.device), nominal_cohort_size
+    )
+    update = algorithm.pipeline(delta, ctx)
+    report.pre_clip_norm = ctx.stats.get("pre_clip_norm", float(torch.linalg.vector_norm(delta)))
+    report.clipped = ctx.stats.get("clipped", math.nan)
+
+    weight = float(len(y)) if algorithm.server.weighting == "samples" else 1.0
+    uploads = {"delta": update * weight if weight != 1.0 else update}
+    if algorithm.control_variates:
+        new_control = updated_client_control(
+            client_control,
+            payload["control"],
+            params,
+            result.params,
+            result.steps,
+            algorithm.trainer.lr,
+        )
+        uploads["control"] = new_control - client_control
+        state = {**state, "control": new_control}
+    return uploads, weight, state, report

@@ -1,0 +1,115 @@
+"""Local training on one client: the part of an algorithm that runs before the update pipeline.
+
+``LocalTrainer`` runs K steps (or E epochs) of mini-batch SGD on a flat parameter vector with
+PyTorch's SGD semantics (dampening 0, no Nesterov)::
+
+    g ← ∇f(w; batch) + λ·w + correction          # λ = weight_decay; correction: SCAFFOLD c − c_i
+    b ← g (first step) | μ·b + g                  # μ = momentum
+    w ← w − η·b
+
+Mini-batches are drawn without replacement from a fresh permutation of the client's data each
+epoch; with ``local_steps`` the permutations continue across epoch boundaries.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from algorithms.layout import ParamLayout
+
+
+@dataclass
+class ModelObjective:
+    """Loss and gradient of a model at a flat parameter vector."""
+
+    model: nn.Module
+    layout: ParamLayout
+
+    def logits(self, flat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return functional_call(self.model, self.layout.unflatten(flat), (x,))
+
+    def loss_and_grad(
+        self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(mean cross-entropy, logits, ∇ of the mean loss w.r.t. ``flat``)."""
+        flat = flat.detach().requires_grad_(True)
+        logits = self.logits(flat, x)
+        loss = nn.functional.cross_entropy(logits, y)
+        (grad,) = torch.autograd.grad(loss, flat)
+        return loss.detach(), logits.detach(), grad
+
+
+@dataclass
+class LocalResult:
+    params: torch.Tensor
+    steps: int
+    loss_sum: float  # Σ over steps of (batch mean loss × batch size), at the pre-step parameters
+    correct: int
+    seen: int
+
+
+@dataclass(frozen=True)
+class LocalTrainer:
+    lr: float
+    batch_size: int
+    local_steps: int | None = None
+    local_epochs: int | None = None
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        if (self.local_steps is None) == (self.local_epochs is None):
+            raise ValueError("set exactly one of local_steps and local_epochs")
+
+    def num_steps(self, num_samples: int) -> int:
+        if self.local_steps is not None:
+            return self.local_steps
+        return self.local_epochs * math.ceil(num_samples / self.batch_size)
+
+    def batches(self, num_samples: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
+        """Index batches for ``num_steps`` steps, without replacement within each epoch."""
+        size = min(self.batch_size, num_samples)
+        left = self.num_steps(num_samples)
+        while left > 0:
+            perm = torch.randperm(num_samples, generator=generator)
+            for start in range(0, num_samples, size):
+                if left == 0:
+                    return
+                yield perm[start : start + size]
+                left -= 1
+
+    def train(
+        self,
+        objective: ModelObjective,
+        params: torch.Tensor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        generator: torch.Generator,
+        correction: torch.Tensor | None = None,
+    ) -> LocalResult:
+        w = params.clone()
+        buf = None
+        steps, loss_sum, correct, seen = 0, 0.0, 0, 0
+        for index in self.batches(len(y), generator):
+            index = index.to(x.device)
+            xb, yb = x[index], y[index]
+            loss, logits, g = objective.loss_and_grad(w, xb, yb)
+            if self.weight_decay:
+                g = g.add(w, alpha=self.weight_decay)
+            if correction is not None:
+                g = g + correction
+            if self.momentum:
+                buf = g if buf is None else buf.mul_(self.momentum).add_(g)
+                g = buf
+            w = w - self.lr * g
+            steps += 1
+            loss_sum += float(loss) * len(yb)
+            correct += int((logits.argmax(1) == yb).sum())
+            seen += len(yb)
+        return LocalResult(w.detach(), steps, loss_sum, correct, seen)

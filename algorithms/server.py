@@ -1,0 +1,66 @@
+"""Server rules: turn the round's summed uploads into the next global state.
+
+``MeanServerRule`` (FedAvg / DP-FedAvg, McMahan et al. 2018)::
+
+    Δ̄ = (Σ_{i∈S} Δ_i + N(0, s²I)) / m        s = server-placed noise std on the sum (σC)
+    x ← x + η_g Δ̄
+
+With uniform weighting m is the *nominal* cohort size (the fixed size, or qN under Poisson
+sampling), not the realised count: a data-independent denominator keeps the sensitivity of Δ̄ at
+C/m. Sample-count weighting (non-private only) divides Σ n_i Δ_i by Σ n_i.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from algorithms.aggregate import PartialAggregate
+from algorithms.control_variates import updated_server_control
+
+
+@dataclass(frozen=True)
+class ServerContext:
+    nominal_cohort_size: float
+    num_clients: int
+    noise_std_on_sum: float
+    noise_generator: torch.Generator
+
+
+@dataclass
+class ServerState:
+    """The global model plus algorithm state the server keeps and broadcasts (e.g. SCAFFOLD c)."""
+
+    params: torch.Tensor
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MeanServerRule:
+    server_lr: float = 1.0
+    weighting: Literal["uniform", "samples"] = "uniform"
+
+    def noisy_mean(self, total: PartialAggregate, size: int, ctx: ServerContext) -> torch.Tensor:
+        summed = total.sums.get("delta")
+        if summed is None:  # empty cohort: the noise is still due
+            summed = torch.zeros(size, dtype=torch.float64)
+        if ctx.noise_std_on_sum > 0:
+            noise = torch.randn(size, generator=ctx.noise_generator, dtype=torch.float64)
+            summed = summed + ctx.noise_std_on_sum * noise
+        if self.weighting == "samples":
+            return summed / max(total.weight, 1.0)
+        return summed / ctx.nominal_cohort_size
+
+    def step(
+        self, state: ServerState, total: PartialAggregate, ctx: ServerContext, control: bool
+    ) -> ServerState:
+        mean = self.noisy_mean(total, state.params.numel(), ctx)
+        params = (state.params.double() + self.server_lr * mean).to(state.params.dtype)
+        extras = dict(state.extras)
+        if control and "control" in total.sums:
+            extras["control"] = updated_server_control(
+                state.extras["control"], total.sums["control"].to(params.dtype), ctx.num_clients
+            )
+        return ServerState(params, extras)

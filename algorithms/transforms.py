@@ -1,0 +1,141 @@
+"""Update transforms: small composable steps applied to a client's flat model delta.
+
+Each transform maps ``(update, ctx, input_bound) -> update`` and declares ``output_bound``: the
+L2 bound on one client's output given an L2 bound on its input. ``UpdatePipeline`` threads the
+bound through the chain, so a noise step knows the sensitivity of what it noises (like optax's
+``chain``, with sensitivity bookkeeping added).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import torch
+
+
+@dataclass
+class ClientContext:
+    """What a transform may read or record for one client in one round."""
+
+    noise_generator: torch.Generator
+    nominal_cohort_size: float
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+class UpdateTransform(Protocol):
+    def apply(self, update: torch.Tensor, ctx: ClientContext, input_bound: float) -> torch.Tensor:
+        """Transform one client's update."""
+
+    def output_bound(self, input_bound: float) -> float:
+        """L2 bound of the output, given the L2 bound of the input."""
+
+
+def clip_to_norm(update: torch.Tensor, clip_norm: float) -> tuple[torch.Tensor, float]:
+    """Scale ``update`` by min(1, C/‖update‖₂); returns (clipped, pre-clip norm).
+
+    An update already within C is returned unchanged (the same tensor, bit for bit).
+    """
+    norm = float(torch.linalg.vector_norm(update))
+    if norm <= clip_norm:
+        return update, norm
+    return update * (clip_norm / norm), norm
+
+
+@dataclass(frozen=True)
+class Clip:
+    """Flat L2 clipping of the whole update to norm C: Δ ← Δ·min(1, C/‖Δ‖₂)."""
+
+    clip_norm: float
+
+    def apply(self, update, ctx, input_bound):
+        clipped, norm = clip_to_norm(update, self.clip_norm)
+        ctx.stats["pre_clip_norm"] = norm
+        ctx.stats["clipped"] = float(norm > self.clip_norm)
+        return clipped
+
+    def output_bound(self, input_bound):
+        return min(input_bound, self.clip_norm)
+
+
+@dataclass(frozen=True)
+class GaussianNoise:
+    """Gaussian mechanism with noise multiplier σ on the sum of m clients' updates of sensitivity S.
+
+    The sum receives N(0, σ²S²) per coordinate, so the mean over m clients has std σS/m.
+    ``placement="server"``: the server adds it once to the sum (trusted aggregator).
+    ``placement="client"``: each client adds N(0, σ²S²/m) to its own update (m = nominal cohort
+    size), which sums to the same distribution over a fixed-size cohort (secure aggregation).
+    """
+
+    noise_multiplier: float
+    placement: Literal["server", "client"] = "server"
+
+    def apply(self, update, ctx, input_bound):
+        if self.placement == "server" or self.noise_multiplier == 0:
+            return update
+        std = self.sum_std(input_bound) / math.sqrt(ctx.nominal_cohort_size)
+        noise = torch.randn(
+            update.shape, generator=ctx.noise_generator, device=update.device, dtype=update.dtype
+        )
+        return update + std * noise
+
+    def output_bound(self, input_bound):
+        return input_bound
+
+    def sum_std(self, input_bound: float) -> float:
+        """Per-coordinate std of the noise on the sum of the cohort's updates: σ·S."""
+        if self.noise_multiplier == 0:
+            return 0.0
+        if math.isinf(input_bound):
+            raise ValueError("Gaussian noise needs a bounded input: put Clip before GaussianNoise")
+        return self.noise_multiplier * input_bound
+
+
+@dataclass(frozen=True)
+class UpdatePipeline:
+    """A chain of transforms applied in order, with the L2 bound threaded through."""
+
+    transforms: tuple[UpdateTransform, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self._noise_steps()) > 1:
+            raise ValueError("a pipeline holds at most one GaussianNoise step")
+        self.server_noise_std()  # fails early on noise without a bound
+
+    def __call__(self, update: torch.Tensor, ctx: ClientContext) -> torch.Tensor:
+        bound = math.inf
+        for transform in self.transforms:
+            update = transform.apply(update, ctx, bound)
+            bound = transform.output_bound(bound)
+        return update
+
+    def _noise_steps(self) -> list[tuple[GaussianNoise, float]]:
+        steps, bound = [], math.inf
+        for transform in self.transforms:
+            if isinstance(transform, GaussianNoise):
+                steps.append((transform, bound))
+            bound = transform.output_bound(bound)
+        return steps
+
+    @property
+    def sensitivity(self) -> float:
+        """L2 bound of one client's contribution (before noise); inf when nothing bounds it."""
+        bound = math.inf
+        for transform in self.transforms:
+            bound = transform.output_bound(bound)
+        return bound
+
+    @property
+    def noise_multiplier(self) -> float:
+        """σ of the pipeline's Gaussian mechanism (0 when it adds no noise)."""
+        steps = self._noise_steps()
+        return steps[0][0].noise_multiplier if steps else 0.0
+
+    def server_noise_std(self) -> float:
+        """Std of the noise the server must add to the sum (server-placed noise only)."""
+        steps = [
+            (noise, bound) for noise, bound in self._noise_steps() if noise.placement == "server"
+        ]
+        return steps[0][0].sum_std(steps[0][1]) if steps else 0.0

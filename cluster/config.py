@@ -1,0 +1,431 @@
+"""Experiment configuration: typed dataclasses loaded from YAML, with ``a.b=value`` overrides.
+
+Everything is validated before any work starts. A ``ConfigError`` names the field, the bad value
+and the fix, e.g. ``algorithm.clip_norm = -1.0: the clip norm C must be > 0 (e.g. 1.0)``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+import types
+import typing
+from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from algorithms.local import LocalTrainer
+from algorithms.presets import PRESETS, PRIVATE_PRESETS, Algorithm
+from datasets.partition import PARTITION_METHODS
+from datasets.sources import SOURCES
+from datasets.tasks import TASKS
+
+
+class ConfigError(ValueError):
+    def __init__(self, field_path: str, value: Any, fix: str):
+        self.field_path, self.value, self.fix = field_path, value, fix
+        super().__init__(f"config error: {field_path} = {value!r}: {fix}")
+
+
+@dataclass
+class SyntheticConfig:
+    """DP-SCAFFOLD's synthetic(α, β) benchmark; one natural user per client."""
+
+    alpha: float = 1.0
+    beta: float = 1.0
+    samples_per_user: int = 5000
+    num_features: int = 40
+    num_classes: int = 10
+    label_noise: float = 0.05
+    train_fraction: float = 0.8
+
+
+@dataclass
+class PartitionConfig:
+    method: str = "natural"
+    alpha: float | None = None  # Dirichlet concentration, for method: dirichlet
+
+
+@dataclass
+class DataConfig:
+    source: str = "synthetic"
+    num_clients: int = 100
+    store_root: str = "shards"  # relative to the working directory, or $DPFL_STORE_ROOT
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    partition: PartitionConfig = field(default_factory=PartitionConfig)
+
+    def resolved_store_root(self) -> Path:
+        return Path(os.path.expandvars(os.environ.get("DPFL_STORE_ROOT", self.store_root)))
+
+
+@dataclass
+class LocalConfig:
+    lr: float = 0.1
+    batch_size: int = 32
+    local_steps: int | None = 10
+    local_epochs: int | None = None
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+
+@dataclass
+class AlgorithmConfig:
+    name: str = "dp_fedavg"
+    local: LocalConfig = field(default_factory=LocalConfig)
+    clip_norm: float | None = None  # C; dp presets only
+    noise_multiplier: float | None = None  # σ; dp presets only
+    noise_placement: Literal["server", "client"] = "server"
+    server_lr: float = 1.0
+    weighting: Literal["uniform", "samples"] = "uniform"
+
+
+@dataclass
+class CohortConfig:
+    size: int = 20  # fixed: exactly this many; poisson: this many in expectation (q = size/N)
+    sampling: Literal["fixed", "poisson"] = "fixed"
+
+
+@dataclass
+class PrivacyConfig:
+    delta: float | None = None  # default 1/num_clients
+    target_epsilon: float | None = None  # stop before a round would exceed it
+    accountant: Literal["rdp"] = "rdp"
+
+
+@dataclass
+class ExecutorConfig:
+    kind: Literal["local", "ray"] = "ray"
+    num_actors: int = 2
+    cpus_per_actor: float = 1.0
+    gpus_per_actor: float = 0.0
+    address: str | None = None  # Ray address; None = $RAY_ADDRESS or an embedded Ray
+
+
+@dataclass
+class TrackingConfig:
+    enabled: bool = True
+    experiment: str = "dpfl"
+    run_name: str | None = None
+
+
+@dataclass
+class ExperimentConfig:
+    task: str = "synthetic_logreg"
+    seed: int = 0
+    rounds: int = 100
+    eval_every: int = 1
+    data: DataConfig = field(default_factory=DataConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    cohort: CohortConfig = field(default_factory=CohortConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    # Derived quantities used by the driver and the actors.
+    @property
+    def sample_rate(self) -> float:
+        return self.cohort.size / self.data.num_clients
+
+    @property
+    def delta(self) -> float:
+        return self.privacy.delta if self.privacy.delta is not None else 1 / self.data.num_clients
+
+    def build_algorithm(self) -> Algorithm:
+        a, local = self.algorithm, self.algorithm.local
+        trainer = LocalTrainer(
+            lr=local.lr,
+            batch_size=local.batch_size,
+            local_steps=local.local_steps,
+            local_epochs=local.local_epochs,
+            momentum=local.momentum,
+            weight_decay=local.weight_decay,
+        )
+        if a.name in PRIVATE_PRESETS:
+            return PRESETS[a.name](
+                trainer, a.clip_norm, a.noise_multiplier, a.noise_placement, a.server_lr
+            )
+        if a.name == "fedavg":
+            return PRESETS[a.name](trainer, a.server_lr, a.weighting)
+        return PRESETS[a.name](trainer, a.server_lr)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, path: str) -> Any:
+    """Check ``value`` against the annotation ``tp`` (dataclass, Optional, Literal, scalar)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _coerce(value, inner, path)
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise ConfigError(path, value, f"must be one of {', '.join(map(repr, choices))}")
+        return value
+    if is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(path, value, f"must be a mapping of {tp.__name__} fields")
+        return _from_dict(tp, value, path)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(path, value, "must be true or false")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(path, value, "must be an integer")
+        return value
+    if tp is float:
+        if isinstance(value, str) and value.strip().lower() in ("inf", ".inf", "infinity"):
+            return math.inf
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(path, value, "must be a number")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(path, value, "must be a string")
+        return value
+    raise TypeError(f"unsupported config type {_type_name(tp)} at {path}")
+
+
+def _from_dict(cls: type, data: dict, prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in fields(cls)}
+    for key in data:
+        if key not in known:
+            path = f"{prefix}.{key}" if prefix else str(key)
+            close = difflib.get_close_matches(str(key), sorted(known), n=1)
+            fix = (
+                f"did you mean {close[0]!r}?"
+                if close
+                else f"known keys: {', '.join(sorted(known))}"
+            )
+            raise ConfigError(path, data[key], f"unknown key; {fix}")
+    kwargs = {}
+    for f in fields(cls):
+        path = f"{prefix}.{f.name}" if prefix else f.name
+        if f.name in data:
+            kwargs[f.name] = _coerce(data[f.name], hints[f.name], path)
+        elif f.default is MISSING and f.default_factory is MISSING:
+            raise ConfigError(path, None, "is required")
+    return cls(**kwargs)
+
+
+def apply_override(raw: dict, assignment: str) -> None:
+    """Apply one ``a.b.c=value`` override (value parsed as YAML) to a raw config mapping."""
+    key, sep, text = assignment.partition("=")
+    if not sep or not key:
+        raise ConfigError("--set", assignment, "write overrides as key.path=value, e.g. rounds=10")
+    node = raw
+    parts = key.strip().split(".")
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(key, assignment, f"{part!r} is not a section")
+        node = child
+    node[parts[-1]] = yaml.safe_load(text)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> ExperimentConfig:
+    """Read YAML (or start from defaults), apply overrides, then validate everything."""
+    raw: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(
+                "CONFIG",
+                str(path),
+                "no such file; pass a YAML file such as configs/quickstart.yaml",
+            )
+        raw = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(raw, dict):
+            raise ConfigError("CONFIG", str(path), "the file must hold a YAML mapping")
+    for assignment in overrides:
+        apply_override(raw, assignment)
+    config = _from_dict(ExperimentConfig, raw)
+    validate(config)
+    return config
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _choice(path: str, value: str, choices, what: str) -> None:
+    if value not in choices:
+        close = difflib.get_close_matches(value, list(choices), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ConfigError(path, value, f"unknown {what}; {hint}known: {', '.join(sorted(choices))}")
+
+
+def _positive(path: str, value: float | int | None, example: str) -> None:
+    if value is None or not value > 0:
+        raise ConfigError(path, value, f"must be > 0 (e.g. {example})")
+
+
+def validate(c: ExperimentConfig) -> None:
+    """Every check that can fail before any data is built or any actor is started."""
+    _choice("task", c.task, TASKS, "task")
+    _choice("data.source", c.data.source, SOURCES, "data source")
+    if TASKS[c.task].source != c.data.source:
+        raise ConfigError(
+            "data.source", c.data.source, f"task {c.task} reads {TASKS[c.task].source!r} data"
+        )
+    _choice("data.partition.method", c.data.partition.method, PARTITION_METHODS, "partition")
+    _choice("algorithm.name", c.algorithm.name, PRESETS, "algorithm")
+    _positive("rounds", c.rounds, "100")
+    _positive("eval_every", c.eval_every, "1")
+    _positive("data.num_clients", c.data.num_clients, "100")
+    _validate_data(c)
+    _validate_algorithm(c)
+    _validate_cohort(c)
+    _validate_privacy(c)
+    _validate_executor(c)
+
+
+def _validate_data(c: ExperimentConfig) -> None:
+    s, p = c.data.synthetic, c.data.partition
+    if c.data.source == "synthetic":
+        for name in ("alpha", "beta"):
+            if getattr(s, name) < 0:
+                raise ConfigError(f"data.synthetic.{name}", getattr(s, name), "must be >= 0")
+        _positive("data.synthetic.samples_per_user", s.samples_per_user, "5000")
+        _positive("data.synthetic.num_features", s.num_features, "40")
+        if s.num_classes < 2:
+            raise ConfigError("data.synthetic.num_classes", s.num_classes, "must be >= 2")
+        if not 0 <= s.label_noise <= 1:
+            raise ConfigError("data.synthetic.label_noise", s.label_noise, "must be in [0, 1]")
+        if not 0 < s.train_fraction < 1:
+            raise ConfigError(
+                "data.synthetic.train_fraction", s.train_fraction, "must be in (0, 1), e.g. 0.8"
+            )
+    if p.method == "dirichlet":
+        if p.alpha is None or not p.alpha > 0:
+            raise ConfigError(
+                "data.partition.alpha",
+                p.alpha,
+                "the Dirichlet concentration α must be > 0 (e.g. 0.3)",
+            )
+    elif p.alpha is not None:
+        raise ConfigError(
+            "data.partition.alpha",
+            p.alpha,
+            f"only used by method: dirichlet (method is {p.method!r}); remove it",
+        )
+
+
+def _validate_algorithm(c: ExperimentConfig) -> None:
+    a, local = c.algorithm, c.algorithm.local
+    _positive("algorithm.local.lr", local.lr, "0.1")
+    _positive("algorithm.local.batch_size", local.batch_size, "32")
+    if (local.local_steps is None) == (local.local_epochs is None):
+        raise ConfigError(
+            "algorithm.local.local_steps",
+            local.local_steps,
+            "set exactly one of local_steps and local_epochs (the other to null)",
+        )
+    if local.local_steps is not None:
+        _positive("algorithm.local.local_steps", local.local_steps, "10")
+    if local.local_epochs is not None:
+        _positive("algorithm.local.local_epochs", local.local_epochs, "1")
+    if not 0 <= local.momentum < 1:
+        raise ConfigError("algorithm.local.momentum", local.momentum, "must be in [0, 1)")
+    if local.weight_decay < 0:
+        raise ConfigError("algorithm.local.weight_decay", local.weight_decay, "must be >= 0")
+    _positive("algorithm.server_lr", a.server_lr, "1.0")
+    if a.name in PRIVATE_PRESETS:
+        if a.clip_norm is None or not a.clip_norm > 0:
+            raise ConfigError(
+                "algorithm.clip_norm",
+                a.clip_norm,
+                "the clip norm C must be > 0 (e.g. 1.0; .inf disables clipping)",
+            )
+        if a.noise_multiplier is None or a.noise_multiplier < 0:
+            raise ConfigError(
+                "algorithm.noise_multiplier",
+                a.noise_multiplier,
+                "the noise multiplier σ must be >= 0 (e.g. 1.0)",
+            )
+        if a.noise_multiplier > 0 and math.isinf(a.clip_norm):
+            raise ConfigError(
+                "algorithm.clip_norm",
+                a.clip_norm,
+                "noise needs a finite clip norm to bound sensitivity; set C > 0",
+            )
+        if a.weighting != "uniform":
+            raise ConfigError(
+                "algorithm.weighting",
+                a.weighting,
+                "DP needs uniform weighting (sample counts are private); use uniform",
+            )
+        if a.noise_placement == "client" and c.cohort.sampling == "poisson":
+            raise ConfigError(
+                "algorithm.noise_placement",
+                a.noise_placement,
+                "client-placed noise sums to σC only over a fixed-size cohort; "
+                "use cohort.sampling: fixed or noise_placement: server",
+            )
+    else:
+        for name in ("clip_norm", "noise_multiplier"):
+            if getattr(a, name) is not None:
+                raise ConfigError(
+                    f"algorithm.{name}",
+                    getattr(a, name),
+                    f"{a.name} is non-private; remove it or use dp_fedavg",
+                )
+
+
+def _validate_cohort(c: ExperimentConfig) -> None:
+    _positive("cohort.size", c.cohort.size, "20")
+    if c.cohort.size > c.data.num_clients:
+        raise ConfigError(
+            "cohort.size",
+            c.cohort.size,
+            f"the cohort cannot exceed the population of {c.data.num_clients} "
+            f"clients; lower cohort.size or raise data.num_clients",
+        )
+
+
+def _validate_privacy(c: ExperimentConfig) -> None:
+    p = c.privacy
+    if p.delta is not None and not 0 < p.delta < 1:
+        raise ConfigError("privacy.delta", p.delta, "δ must be in (0, 1), e.g. 1/num_clients")
+    if p.target_epsilon is not None:
+        _positive("privacy.target_epsilon", p.target_epsilon, "8.0")
+        if c.algorithm.name not in PRIVATE_PRESETS:
+            raise ConfigError(
+                "privacy.target_epsilon",
+                p.target_epsilon,
+                f"{c.algorithm.name} is non-private; use dp_fedavg or remove it",
+            )
+
+
+def _validate_executor(c: ExperimentConfig) -> None:
+    e = c.executor
+    _positive("executor.num_actors", e.num_actors, "2")
+    _positive("executor.cpus_per_actor", e.cpus_per_actor, "1")
+    g = e.gpus_per_actor
+    if g < 0 or (g > 1 and g != int(g)):
+        raise ConfigError(
+            "executor.gpus_per_actor",
+            g,
+            "must be a fraction in [0, 1] or a whole number of GPUs, e.g. 0.25",
+        )
+    if e.num_actors > c.data.num_clients:
+        raise ConfigError(
+            "executor.num_actors",
+            e.num_actors,
+            f"more actors than the {c.data.num_clients} clients; lower it",
+        )

@@ -1,0 +1,100 @@
+"""Executors run a round's cohort and return its sum; the driver never sees single updates.
+
+``LocalExecutor`` hosts every client in this process (tests, debugging). ``RayExecutor`` pins
+clients to a pool of actors, broadcasts once per round with ``ray.put``, and sums the actors'
+partial aggregates in actor order. Both run the same ``ClientHost`` code with per-client seeds,
+so they agree up to float summation order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from actors.client_host import Broadcast, ClientHost, EvalResult
+from actors.scheduling import pin_clients
+from algorithms.aggregate import PartialAggregate
+from algorithms.presets import Algorithm
+from datasets.store import ShardStore
+
+
+class LocalExecutor:
+    def __init__(
+        self, store: ShardStore, task: str, algorithm: Algorithm, seed: int, device: str = "cpu"
+    ):
+        self.num_test = store.manifest["num_test"]
+        self.host = ClientHost(
+            str(store.path), task, algorithm, seed, list(range(store.num_clients)), device
+        )
+
+    def run_round(
+        self, round_index: int, broadcast: Broadcast, cohort: np.ndarray, nominal: float
+    ) -> PartialAggregate:
+        return self.host.run_round(round_index, broadcast, [int(c) for c in cohort], nominal)
+
+    def evaluate(self, params: np.ndarray) -> EvalResult:
+        return self.host.evaluate(params, 0, self.num_test)
+
+    def close(self) -> None:
+        pass
+
+
+class RayExecutor:
+    def __init__(
+        self,
+        store: ShardStore,
+        task: str,
+        algorithm: Algorithm,
+        seed: int,
+        num_actors: int,
+        cpus_per_actor: float = 1.0,
+        gpus_per_actor: float = 0.0,
+    ):
+        import ray
+
+        from actors.ray_actor import ClientHostActor
+
+        self._ray = ray
+        assignment = pin_clients(store.client_sizes, num_actors)
+        self.owner = np.empty(store.num_clients, dtype=np.int64)
+        for actor_index, clients in enumerate(assignment):
+            self.owner[clients] = actor_index
+        self.actors = [
+            ClientHostActor.options(num_cpus=cpus_per_actor, num_gpus=gpus_per_actor).remote(
+                cpus_per_actor,
+                gpus_per_actor,
+                store_path=str(store.path),
+                task=task,
+                algorithm=algorithm,
+                seed=seed,
+                client_ids=clients,
+            )
+            for clients in assignment
+        ]
+        bounds = np.linspace(0, store.manifest["num_test"], num_actors + 1).astype(int)
+        self.eval_slices = list(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True))
+        self.devices = ray.get([a.device.remote() for a in self.actors])
+
+    def run_round(
+        self, round_index: int, broadcast: Broadcast, cohort: np.ndarray, nominal: float
+    ) -> PartialAggregate:
+        ref = self._ray.put(broadcast)  # once per round, shared by every actor
+        owners = self.owner[cohort]
+        futures = []
+        for actor_index, actor in enumerate(self.actors):
+            members = cohort[owners == actor_index].tolist()
+            if members:
+                futures.append(actor.run_round.remote(round_index, ref, members, nominal))
+        return PartialAggregate.combine(self._ray.get(futures))
+
+    def evaluate(self, params: np.ndarray) -> EvalResult:
+        ref = self._ray.put(params)
+        futures = [
+            actor.evaluate.remote(ref, start, stop)
+            for actor, (start, stop) in zip(self.actors, self.eval_slices, strict=True)
+            if stop > start
+        ]
+        return EvalResult.combine(self._ray.get(futures))
+
+    def close(self) -> None:
+        for actor in self.actors:
+            self._ray.kill(actor)

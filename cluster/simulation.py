@@ -1,0 +1,151 @@
+"""The driver's round loop: it holds the server state, the accountant and the RNG.
+
+One round (DESIGN §3): sample the cohort → broadcast → executor returns the cohort's sum →
+server rule (noise, mean, server lr, control variates) → accountant → evaluate → report.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from actors.client_host import Broadcast, build_model
+from algorithms.aggregate import PartialAggregate
+from algorithms.layout import ParamLayout
+from algorithms.rng import Purpose, torch_generator
+from algorithms.server import ServerContext, ServerState
+from cluster.cohort import sample_cohort
+from cluster.config import ExperimentConfig
+from datasets.store import ShardStore
+from privacy.accountant import RdpAccountant
+
+
+@dataclass
+class RoundRecord:
+    round: int  # 1-based: the number of rounds completed
+    seconds: float
+    cohort_size: int
+    epsilon: float | None = None
+    test_accuracy: float | None = None
+    test_loss: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class SimulationResult:
+    params: torch.Tensor
+    history: list[RoundRecord]
+    stop_reason: str
+
+
+def initial_params(
+    config: ExperimentConfig, store: ShardStore
+) -> tuple[torch.nn.Module, torch.Tensor]:
+    """The model and its initial flat parameters, seeded by (seed, MODEL_INIT)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(torch_generator(config.seed, Purpose.MODEL_INIT).initial_seed()))
+        model = build_model(store, config.task)
+    return model, ParamLayout.flatten(model)
+
+
+def round_metrics(total: PartialAggregate) -> dict[str, float]:
+    """Diagnostics from the per-client scalars of one round."""
+    reports = [r for r in total.reports if not r.dropped]
+    metrics = {"clients": float(total.count), "dropped_updates": float(total.dropped)}
+    if reports:
+        norms = np.array([r.pre_clip_norm for r in reports])
+        metrics["mean_pre_clip_norm"] = float(norms.mean())
+        clipped = np.array([r.clipped for r in reports])
+        if not np.isnan(clipped).all():
+            metrics["clip_fraction"] = float(np.nanmean(clipped))
+        metrics["train_loss"] = float(np.mean([r.train_loss for r in reports]))
+        metrics["train_accuracy"] = float(np.mean([r.train_accuracy for r in reports]))
+    return metrics
+
+
+class Simulation:
+    def __init__(self, config: ExperimentConfig, store: ShardStore, executor):
+        self.config = config
+        self.store = store
+        self.executor = executor
+        self.algorithm = config.build_algorithm()
+        self.model, params = initial_params(config, store)
+        extras = {"control": torch.zeros_like(params)} if self.algorithm.control_variates else {}
+        self.state = ServerState(params, extras)
+        self.private = self.algorithm.privacy_unit == "client"
+        self.accountant = RdpAccountant() if self.private else None
+        self.history: list[RoundRecord] = []
+
+    @property
+    def noise_multiplier(self) -> float:
+        return self.algorithm.pipeline.noise_multiplier
+
+    def _budget_exhausted(self) -> str | None:
+        target = self.config.privacy.target_epsilon
+        if self.accountant is None or target is None:
+            return None
+        nxt = self.accountant.epsilon_after(
+            self.noise_multiplier, self.config.sample_rate, self.config.delta
+        )
+        if nxt > target:
+            return (
+                f"privacy budget: round {len(self.history) + 1} would reach ε={nxt:.3f} "
+                f"> target ε={target:g} at δ={self.config.delta:g}"
+            )
+        return None
+
+    def run_round(self, round_index: int) -> RoundRecord:
+        c = self.config
+        start = time.perf_counter()
+        cohort = sample_cohort(
+            c.cohort.sampling, c.data.num_clients, c.cohort.size, c.seed, round_index
+        )
+        broadcast = Broadcast(
+            self.state.params.numpy(), {k: v.numpy() for k, v in self.state.extras.items()}
+        )
+        total = self.executor.run_round(round_index, broadcast, cohort, float(c.cohort.size))
+        ctx = ServerContext(
+            nominal_cohort_size=float(c.cohort.size),
+            num_clients=c.data.num_clients,
+            noise_std_on_sum=self.algorithm.pipeline.server_noise_std(),
+            noise_generator=torch_generator(c.seed, round_index, Purpose.SERVER_NOISE),
+        )
+        self.state = self.algorithm.server.step(
+            self.state, total, ctx, self.algorithm.control_variates
+        )
+        record = RoundRecord(round_index + 1, 0.0, len(cohort), metrics=round_metrics(total))
+        if self.accountant is not None:
+            self.accountant.step(self.noise_multiplier, c.sample_rate)
+            record.epsilon = self.accountant.epsilon(c.delta)
+        if (round_index + 1) % c.eval_every == 0 or round_index + 1 == c.rounds:
+            result = self.executor.evaluate(self.state.params.numpy())
+            record.test_accuracy = result.correct / max(result.count, 1)
+            record.test_loss = result.loss_sum / max(result.count, 1)
+            if "train_accuracy" in record.metrics:
+                record.metrics["train_test_gap"] = (
+                    record.metrics["train_accuracy"] - record.test_accuracy
+                )
+        record.seconds = time.perf_counter() - start
+        return record
+
+    def run(self, on_round: Callable[[RoundRecord], None] = lambda r: None) -> SimulationResult:
+        stop_reason = f"completed {self.config.rounds} rounds"
+        for round_index in range(len(self.history), self.config.rounds):
+            reason = self._budget_exhausted()
+            if reason is not None:
+                stop_reason = reason
+                break
+            record = self.run_round(round_index)
+            self.history.append(record)
+            on_round(record)
+        return SimulationResult(self.state.params, self.history, stop_reason)
+
+
+def final_epsilon(history: list[RoundRecord]) -> float:
+    eps = [r.epsilon for r in history if r.epsilon is not None]
+    return eps[-1] if eps else math.inf

@@ -1,0 +1,154 @@
+"""MLflow tracking, written by the driver only (DESIGN §8).
+
+Default store: ``sqlite:///mlflow.db`` in the working directory; ``MLFLOW_TRACKING_URI``
+overrides it. Metrics go in one ``log_batch`` per round; artifacts at the end: the resolved
+config, accuracy and ε curves (PNG), the per-round history (JSON) and the final model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import tempfile
+import time
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import torch
+import yaml
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
+
+from cluster.simulation import RoundRecord
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+_PACKAGES = ("torch", "ray", "mlflow", "opacus", "numpy", "pyarrow")
+
+
+def tracking_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI)
+
+
+def flatten(tree: dict, prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in tree.items():
+        name = f"{prefix}.{key}" if prefix else key
+        if isinstance(value, dict):
+            out.update(flatten(value, name))
+        else:
+            out[name] = str(value)
+    return out
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).resolve().parent,
+            timeout=5,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _versions() -> dict[str, str]:
+    tags = {"version.python": platform.python_version()}
+    for package in _PACKAGES:
+        try:
+            tags[f"version.{package}"] = version(package)
+        except PackageNotFoundError:
+            tags[f"version.{package}"] = "absent"
+    return tags
+
+
+def _artifact_location(uri: str, experiment: str) -> str | None:
+    """Keep artifacts next to a SQLite store (a Ray job's working directory is temporary)."""
+    if uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///") :]).resolve()
+        return (db.parent / "mlruns" / experiment).as_uri()
+    return None
+
+
+class MlflowTracker:
+    def __init__(
+        self, experiment: str, run_name: str | None, params: dict[str, str], tags: dict[str, str]
+    ):
+        self.uri = tracking_uri()
+        self.client = MlflowClient(self.uri)
+        found = self.client.get_experiment_by_name(experiment)
+        experiment_id = (
+            found.experiment_id
+            if found is not None
+            else self.client.create_experiment(
+                experiment, artifact_location=_artifact_location(self.uri, experiment)
+            )
+        )
+        all_tags = {"git_commit": git_commit(), **_versions(), **tags}
+        self.run_id = self.client.create_run(
+            experiment_id, run_name=run_name, tags=all_tags
+        ).info.run_id
+        items = [Param(k, v[:6000]) for k, v in params.items()]
+        for start in range(0, len(items), 100):
+            self.client.log_batch(self.run_id, params=items[start : start + 100])
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+    def log_round(self, record: RoundRecord) -> None:
+        now = int(time.time() * 1000)
+        values = {
+            "seconds_per_round": record.seconds,
+            "cohort_size": record.cohort_size,
+            **record.metrics,
+        }
+        for name in ("epsilon", "test_accuracy", "test_loss"):
+            if getattr(record, name) is not None:
+                values[name] = getattr(record, name)
+        metrics = [Metric(k, float(v), now, record.round) for k, v in values.items()]
+        self.client.log_batch(self.run_id, metrics=metrics)
+
+    def finish(
+        self,
+        config: dict,
+        history: list[RoundRecord],
+        model: torch.nn.Module,
+        summary: dict,
+        status: str = "FINISHED",
+    ) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp)
+            (out / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+            (out / "history.json").write_text(json.dumps([r.__dict__ for r in history], indent=1))
+            (out / "summary.json").write_text(json.dumps(summary, indent=1))
+            torch.save(model.state_dict(), out / "model.pt")
+            _plot_curves(history, out / "curves.png")
+            for path in sorted(out.iterdir()):
+                self.client.log_artifact(self.run_id, str(path))
+        self.client.set_terminated(self.run_id, status)
+
+    def fail(self) -> None:
+        self.client.set_terminated(self.run_id, "FAILED")
+
+
+def _plot_curves(history: list[RoundRecord], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (acc_ax, eps_ax) = plt.subplots(1, 2, figsize=(10, 3.6))
+    evals = [r for r in history if r.test_accuracy is not None]
+    acc_ax.plot([r.round for r in evals], [r.test_accuracy for r in evals], marker=".")
+    acc_ax.set(xlabel="round", ylabel="test accuracy", title="accuracy")
+    eps = [r for r in history if r.epsilon is not None]
+    if eps:
+        eps_ax.plot([r.round for r in eps], [r.epsilon for r in eps])
+    eps_ax.set(xlabel="round", ylabel="ε", title="privacy spent (ε)" if eps else "non-private")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

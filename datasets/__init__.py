@@ -1,0 +1,1 @@
+"""Data sources, partitioners, the Arrow shard store and tasks (no Ray, no MLflow)."""

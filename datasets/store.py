@@ -1,0 +1,179 @@
+"""The shard store: client data as uncompressed, memory-mapped Arrow IPC files.
+
+Layout of a store directory::
+
+    manifest.json       generator/partition parameters, seed, checksums, per-client sizes and
+                        class histograms
+    train.arrow         columns client_id:int32, x:fixed_size_list<float32>[prod(shape)], y:int64;
+                        rows sorted by client_id
+    train_offsets.npy   int64[num_clients + 1]; client i owns rows offsets[i]:offsets[i+1]
+    test.arrow          the same columns; client_id is the natural owner, or -1 for a global
+                        test set
+
+Files are uncompressed so that ``pa.memory_map`` reads them zero-copy: opening a store costs the
+offsets index only, and one client's rows are a slice of the map.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from datasets.arrays import LabeledArrays
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+
+
+def _table(data: LabeledArrays, client_id: np.ndarray) -> pa.Table:
+    flat = np.ascontiguousarray(data.x.reshape(len(data), -1), dtype=np.float32)
+    x = pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1)), flat.shape[1])
+    return pa.table(
+        {
+            "client_id": pa.array(client_id.astype(np.int32)),
+            "x": x,
+            "y": pa.array(data.y.astype(np.int64)),
+        }
+    )
+
+
+def _write_ipc(table: pa.Table, path: Path) -> str:
+    # One record batch, uncompressed: a client's rows are then one contiguous zero-copy slice.
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=max(len(table), 1))
+    return _sha256(path)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _class_histograms(y: np.ndarray, offsets: np.ndarray, num_classes: int) -> list[list[int]]:
+    owner = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+    hist = np.zeros((len(offsets) - 1, num_classes), dtype=np.int64)
+    np.add.at(hist, (owner, y), 1)
+    return hist.tolist()
+
+
+def write_store(
+    path: Path,
+    train: LabeledArrays,
+    test: LabeledArrays,
+    clients: list[np.ndarray],
+    num_classes: int,
+    description: dict,
+) -> ShardStore:
+    """Write a store atomically (to a temporary sibling, then rename) and open it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        order = np.concatenate(clients) if clients else np.empty(0, dtype=np.int64)
+        owner = np.repeat(np.arange(len(clients)), [len(c) for c in clients])
+        offsets = np.concatenate([[0], np.cumsum([len(c) for c in clients])]).astype(np.int64)
+        train_sorted = train.take(order)
+        train_sha = _write_ipc(_table(train_sorted, owner), tmp / "train.arrow")
+        test_owner = test.group if test.group is not None else np.full(len(test), -1)
+        test_order = np.argsort(test_owner, kind="stable")
+        test_sha = _write_ipc(
+            _table(test.take(test_order), test_owner[test_order]), tmp / "test.arrow"
+        )
+        np.save(tmp / "train_offsets.npy", offsets)
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            **description,
+            "num_clients": len(clients),
+            "num_classes": int(num_classes),
+            "x_shape": list(train.x.shape[1:]),
+            "num_train": int(len(train)),
+            "num_test": int(len(test)),
+            "checksums": {"train.arrow": train_sha, "test.arrow": test_sha},
+            "client_sizes": np.diff(offsets).tolist(),
+            "class_histograms": _class_histograms(train_sorted.y, offsets, num_classes),
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return ShardStore.open(path)
+
+
+def _one_chunk(column: pa.ChunkedArray) -> pa.Array:
+    # Stores are written as a single record batch, so this is the zero-copy path.
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
+@dataclass
+class ClientArrays:
+    """Zero-copy NumPy views of one client's rows (read-only: they live in the memory map)."""
+
+    x: np.ndarray
+    y: np.ndarray
+
+
+class ShardStore:
+    """A read-only view of a store directory; cheap to open, safe to open in every actor."""
+
+    def __init__(self, path: Path, manifest: dict, offsets: np.ndarray):
+        self.path = path
+        self.manifest = manifest
+        self.offsets = offsets
+        self._tables: dict[str, pa.Table] = {}
+
+    @classmethod
+    def open(cls, path: str | Path) -> ShardStore:
+        path = Path(path)
+        manifest = json.loads((path / MANIFEST).read_text())
+        if manifest.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"{path}: store format {manifest.get('format_version')} unsupported")
+        return cls(path, manifest, np.load(path / "train_offsets.npy"))
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def client_sizes(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def _table(self, split: str) -> pa.Table:
+        if split not in self._tables:
+            source = pa.memory_map(str(self.path / f"{split}.arrow"), "r")
+            self._tables[split] = pa.ipc.open_file(source).read_all()
+        return self._tables[split]
+
+    def _rows(self, split: str, start: int, stop: int) -> ClientArrays:
+        table = self._table(split).slice(start, stop - start)
+        x = _one_chunk(table.column("x")).flatten().to_numpy(zero_copy_only=True)
+        y = _one_chunk(table.column("y")).to_numpy(zero_copy_only=True)
+        return ClientArrays(x.reshape(stop - start, *self.manifest["x_shape"]), y)
+
+    def client(self, client_id: int) -> ClientArrays:
+        """The training rows of one client."""
+        return self._rows("train", int(self.offsets[client_id]), int(self.offsets[client_id + 1]))
+
+    def test_rows(self, start: int = 0, stop: int | None = None) -> ClientArrays:
+        """A slice of the (pooled) test set."""
+        stop = self.manifest["num_test"] if stop is None else stop
+        return self._rows("test", start, stop)
+
+    def verify(self) -> None:
+        """Recompute the checksums; raises if a file changed since it was written."""
+        for name, expected in self.manifest["checksums"].items():
+            if _sha256(self.path / name) != expected:
+                raise ValueError(f"{self.path / name}: checksum mismatch, rebuild the store")

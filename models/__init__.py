@@ -1,0 +1,1 @@
+"""Model definitions (plain PyTorch). Models meant for DP use GroupNorm, never BatchNorm."""

@@ -1,0 +1,1 @@
+"""Privacy accounting (no Ray, no MLflow): accountants, calibration, budgets."""
