@@ -189,8 +189,11 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
             raise ConfigError(path, value, "must be an integer")
         return value
     if tp is float:
-        if isinstance(value, str) and value.strip().lower() in ("inf", ".inf", "infinity"):
-            return math.inf
+        if isinstance(value, str):  # YAML 1.1 reads "1e-5" and "inf" as strings
+            try:
+                return float(value.strip().lstrip("."))
+            except ValueError:
+                raise ConfigError(path, value, "must be a number") from None
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(path, value, "must be a number")
         return float(value)

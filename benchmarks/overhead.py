@@ -1,0 +1,601 @@
+"""Framework overhead on the quickstart workload: plain PyTorch vs LocalExecutor vs Ray.
+
+Runs configs/quickstart.yaml (DP-FedAvg, synthetic(1, 1), 100 clients, cohort 20, 10 local
+steps of batch 32, clip + server Gaussian noise) for ``--rounds`` rounds four ways:
+
+* ``plain_torch``: one process, the same math written directly with ``nn.Linear`` +
+  ``torch.optim.SGD`` (only the shard store and the cohort sampler come from the project). It
+  draws model init, mini-batches and server noise from the same seeded streams as the project
+  (``algorithms/rng.py``'s derivation), so its final parameters should match the executors' up
+  to float rounding.
+* ``local_executor``: ``Simulation`` + ``LocalExecutor``.
+* ``ray_1_actor`` / ``ray_2_actors``: ``Simulation`` + ``RayExecutor`` on an embedded Ray
+  (``ray.init(address="local")``, shut down between variants). Ray start-up and actor creation
+  are reported in ``setup_seconds`` and excluded from the round timings.
+
+No MLflow: ``Simulation`` is driven directly (``run_experiment`` is what tracks). Afterwards a
+few micro-benchmarks isolate where the per-round time goes (local step paths, per-client
+overhead, the RDP accountant, evaluation, torch intra-op threads).
+
+Usage (from the repository root)::
+
+    uv run python -m benchmarks.overhead [--rounds N] [--out PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from cluster.cohort import sample_cohort
+from cluster.config import ExperimentConfig, load_config
+from cluster.experiment import open_store
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "quickstart.yaml"
+DEFAULT_OUT = ROOT / "benchmarks" / "results" / "overhead.json"
+VARIANTS = ("plain_torch", "local_executor", "ray_1_actor", "ray_2_actors")
+
+# Stream ids of algorithms/rng.py's Purpose, restated so the plain loop uses no project code.
+MODEL_INIT, LOCAL_TRAINING, SERVER_NOISE = 1, 3, 5
+
+
+def _seed(*words: int) -> int:
+    """The same 64-bit seed that algorithms.rng.torch_generator derives for ``words``."""
+    return int(np.random.SeedSequence([int(w) for w in words]).generate_state(1, np.uint64)[0])
+
+
+def _generator(*words: int) -> torch.Generator:
+    g = torch.Generator()
+    g.manual_seed(_seed(*words))
+    return g
+
+
+def _load() -> tuple[float, float]:
+    try:
+        one, five, _ = os.getloadavg()
+        return round(one, 2), round(five, 2)
+    except OSError:
+        return (math.nan, math.nan)
+
+
+def _is_eval_round(config: ExperimentConfig, round_index: int) -> bool:
+    return (round_index + 1) % config.eval_every == 0 or round_index + 1 == config.rounds
+
+
+def summarize(
+    round_seconds: list[float], cohort_sizes: list[int], setup_seconds: float, **extra
+) -> dict:
+    """Timing summary; round 1 is warm-up and excluded from mean/median and clients/s."""
+    timed = round_seconds[1:] if len(round_seconds) > 1 else round_seconds
+    timed_clients = cohort_sizes[1:] if len(cohort_sizes) > 1 else cohort_sizes
+    return {
+        "setup_seconds": setup_seconds,
+        "first_round_seconds": round_seconds[0],
+        "seconds_per_round_mean": statistics.fmean(timed),
+        "seconds_per_round_median": statistics.median(timed),
+        "seconds_per_round_min": min(timed),
+        "seconds_per_round_max": max(timed),
+        "clients_per_second": sum(timed_clients) / sum(timed),
+        "timed_rounds": len(timed),
+        "round_seconds": round_seconds,
+        **extra,
+    }
+
+
+# ----------------------------------------------------------------------------- (a) plain torch
+
+
+def run_plain(config: ExperimentConfig, store) -> dict:
+    """DP-FedAvg written directly: copy model → SGD → delta → clip → sum → noise → mean."""
+    a, local = config.algorithm, config.algorithm.local
+    assert a.name == "dp_fedavg" and a.noise_placement == "server" and local.momentum == 0
+    assert local.local_steps is not None and local.weight_decay == 0
+    start = time.perf_counter()
+    train = []
+    for cid in range(store.num_clients):
+        arrays = store.client(cid)
+        train.append((torch.tensor(arrays.x).flatten(1), torch.tensor(arrays.y)))
+    test = store.test_rows()
+    x_test, y_test = torch.tensor(test.x).flatten(1), torch.tensor(test.y)
+    in_features, num_classes = x_test.shape[1], store.manifest["num_classes"]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(_seed(config.seed, MODEL_INIT))
+        model = nn.Linear(in_features, num_classes)
+    setup = time.perf_counter() - start
+
+    m = float(config.cohort.size)
+    clip, noise_std = a.clip_norm, a.noise_multiplier * a.clip_norm
+    round_seconds, cohort_sizes, evals = [], [], []
+    for r in range(config.rounds):
+        t0 = time.perf_counter()
+        cohort = sample_cohort(
+            config.cohort.sampling, config.data.num_clients, config.cohort.size, config.seed, r
+        )
+        global_vec = nn.utils.parameters_to_vector(model.parameters()).detach()
+        total = torch.zeros_like(global_vec, dtype=torch.float64)
+        for cid in cohort.tolist():
+            x, y = train[cid]
+            n = len(y)
+            size = min(local.batch_size, n)
+            g = _generator(config.seed, r, cid, LOCAL_TRAINING)
+            client = copy.deepcopy(model)
+            opt = torch.optim.SGD(client.parameters(), lr=local.lr)
+            steps = 0
+            while steps < local.local_steps:  # fresh permutation per epoch, as in local.py
+                perm = torch.randperm(n, generator=g)
+                for lo in range(0, n, size):
+                    if steps == local.local_steps:
+                        break
+                    idx = perm[lo : lo + size]
+                    opt.zero_grad(set_to_none=True)
+                    nn.functional.cross_entropy(client(x[idx]), y[idx]).backward()
+                    opt.step()
+                    steps += 1
+            delta = nn.utils.parameters_to_vector(client.parameters()).detach() - global_vec
+            norm = float(delta.norm())
+            if norm > clip:
+                delta = delta * (clip / norm)
+            total += delta
+        noise = torch.randn(
+            total.shape, generator=_generator(config.seed, r, SERVER_NOISE), dtype=torch.float64
+        )
+        mean = (total + noise_std * noise) / m
+        new = (global_vec.double() + a.server_lr * mean).to(global_vec.dtype)
+        nn.utils.vector_to_parameters(new, model.parameters())
+        if _is_eval_round(config, r):
+            with torch.no_grad():
+                logits = model(x_test)
+                acc = float((logits.argmax(1) == y_test).float().mean())
+                loss = float(nn.functional.cross_entropy(logits, y_test))
+            evals.append({"round": r + 1, "test_accuracy": acc, "test_loss": loss})
+        round_seconds.append(time.perf_counter() - t0)
+        cohort_sizes.append(len(cohort))
+    params = nn.utils.parameters_to_vector(model.parameters()).detach()
+    return summarize(
+        round_seconds,
+        cohort_sizes,
+        setup,
+        final_test_accuracy=evals[-1]["test_accuracy"],
+        final_test_loss=evals[-1]["test_loss"],
+        evals=evals,
+        _params=params,
+    )
+
+
+# ----------------------------------------------------------------------------- (b-d) Simulation
+
+
+def run_simulation(config: ExperimentConfig, store, executor, setup: float, **extra) -> dict:
+    from cluster.simulation import Simulation
+
+    t0 = time.perf_counter()
+    sim = Simulation(config, store, executor)
+    setup += time.perf_counter() - t0
+    round_seconds, cohort_sizes = [], []
+    last = [time.perf_counter()]
+
+    def on_round(record) -> None:
+        now = time.perf_counter()
+        round_seconds.append(now - last[0])
+        cohort_sizes.append(record.cohort_size)
+        last[0] = now
+
+    last[0] = time.perf_counter()
+    result = sim.run(on_round)
+    evals = [
+        {"round": r.round, "test_accuracy": r.test_accuracy, "test_loss": r.test_loss}
+        for r in result.history
+        if r.test_accuracy is not None
+    ]
+    return summarize(
+        round_seconds,
+        cohort_sizes,
+        setup,
+        final_test_accuracy=evals[-1]["test_accuracy"],
+        final_test_loss=evals[-1]["test_loss"],
+        final_epsilon=result.history[-1].epsilon,
+        evals=evals,
+        _params=result.params,
+        **extra,
+    )
+
+
+def run_local(config: ExperimentConfig, store) -> dict:
+    from cluster.executors import LocalExecutor
+
+    t0 = time.perf_counter()
+    executor = LocalExecutor(store, config.task, config.build_algorithm(), config.seed)
+    setup = time.perf_counter() - t0
+    try:
+        return run_simulation(config, store, executor, setup)
+    finally:
+        executor.close()
+
+
+def run_ray(config: ExperimentConfig, store, num_actors: int) -> dict:
+    import ray
+
+    from cluster.executors import RayExecutor
+    from cluster.ray_runtime import PROJECT_ROOT, check_resources
+
+    e = config.executor
+    t0 = time.perf_counter()
+    # The same embedded start-up as cluster.ray_runtime.connect, but address="local" so that a
+    # Ray cluster someone else started on this machine is never joined by accident.
+    ray.init(
+        address="local",
+        include_dashboard=False,
+        log_to_driver=True,
+        runtime_env={"env_vars": {"PYTHONPATH": str(PROJECT_ROOT)}},
+    )
+    ray_init = time.perf_counter() - t0
+    executor = None
+    try:
+        check_resources(num_actors, e.cpus_per_actor, e.gpus_per_actor)
+        t1 = time.perf_counter()
+        executor = RayExecutor(
+            store,
+            config.task,
+            config.build_algorithm(),
+            config.seed,
+            num_actors,
+            e.cpus_per_actor,
+            e.gpus_per_actor,
+        )
+        actors = time.perf_counter() - t1
+        return run_simulation(
+            config,
+            store,
+            executor,
+            time.perf_counter() - t0,
+            ray_init_seconds=ray_init,
+            actor_creation_seconds=actors,
+            num_actors=num_actors,
+            cpus_per_actor=e.cpus_per_actor,
+            cluster_cpus=ray.cluster_resources().get("CPU"),
+        )
+    finally:
+        if executor is not None:
+            executor.close()
+        ray.shutdown()
+
+
+# ----------------------------------------------------------------------------- micro-benchmarks
+
+
+def _time_per_call(fn, repeats: int, warmup: int = 3) -> dict[str, float]:
+    """Median and min seconds per call of ``fn`` over ``repeats`` calls."""
+    return _compare({"fn": fn}, repeats, warmup)["fn"]
+
+
+def _compare(fns: dict, repeats: int, warmup: int = 3) -> dict[str, dict[str, float]]:
+    """Median and min seconds per call of each function, timed round-robin so that a change in
+    machine load (other processes) hits every candidate alike. On a shared machine the min is
+    the better estimate of the intrinsic cost, the median of what a run sees."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - t0)
+    return {name: {"median": statistics.median(v), "min": min(v)} for name, v in samples.items()}
+
+
+def _per_step(seconds: dict[str, float], k: int) -> dict[str, float]:
+    return {
+        "seconds_per_client_median": seconds["median"],
+        "us_per_step_median": 1e6 * seconds["median"] / k,
+        "us_per_step_min": 1e6 * seconds["min"] / k,
+    }
+
+
+def microbench(config: ExperimentConfig, store, repeats: int) -> dict:
+    """Where a LocalExecutor round's time goes, component by component (medians)."""
+    from actors.client_host import ClientHost, build_model
+    from algorithms.client import client_round
+    from algorithms.layout import ParamLayout
+    from algorithms.local import ModelObjective
+    from algorithms.rng import Purpose, torch_generator
+    from cluster.executors import LocalExecutor
+    from privacy.accountant import RdpAccountant
+
+    algorithm = config.build_algorithm()
+    trainer, local = algorithm.trainer, config.algorithm.local
+    k = trainer.local_steps
+    model = build_model(store, config.task)
+    objective = ModelObjective(model, ParamLayout.of(model))
+    params = ParamLayout.flatten(model)
+    arrays = store.client(0)
+    x, y = torch.tensor(arrays.x), torch.tensor(arrays.y)
+    seed = config.seed
+
+    def project_train():  # algorithms/local.py: functional_call on a flat vector
+        trainer.train(objective, params, x, y, torch_generator(seed, 0, 0, Purpose.LOCAL_TRAINING))
+
+    def module_sgd():  # nn.Module + torch.optim.SGD, same batches
+        g = torch_generator(seed, 0, 0, Purpose.LOCAL_TRAINING)
+        client = copy.deepcopy(model)
+        opt = torch.optim.SGD(client.parameters(), lr=local.lr)
+        for idx in trainer.batches(len(y), g):
+            opt.zero_grad(set_to_none=True)
+            nn.functional.cross_entropy(client(x[idx]), y[idx]).backward()
+            opt.step()
+
+    out_features, in_features = model.linear.weight.shape
+
+    def flat_no_functional_call():  # flat vector + F.linear on views: no functional_call
+        g = torch_generator(seed, 0, 0, Purpose.LOCAL_TRAINING)
+        w = params.clone()
+        for idx in trainer.batches(len(y), g):
+            w = w.detach().requires_grad_(True)
+            weight = w[: out_features * in_features].view(out_features, in_features)
+            logits = nn.functional.linear(x[idx], weight, w[out_features * in_features :])
+            loss = nn.functional.cross_entropy(logits, y[idx])
+            (grad,) = torch.autograd.grad(loss, w)
+            w = w.detach() - local.lr * grad
+
+    host = ClientHost(str(store.path), config.task, algorithm, seed, [0])
+    payload: dict = {}
+
+    def project_client_round():  # train + generators + clip + report
+        client_round(algorithm, host.objective, params, payload, x, y, {}, seed, 0, 0, 20.0)
+
+    result: dict = {"local_steps_per_client": k, "repeats": repeats}
+    threads = torch.get_num_threads()
+    paths = {
+        "project_LocalTrainer_functional_call": project_train,
+        "plain_nn_module_torch_optim_sgd": module_sgd,
+        "flat_vector_F_linear_no_functional_call": flat_no_functional_call,
+        "project_client_round_total": project_client_round,
+    }
+    for name, seconds in _compare(paths, repeats).items():
+        result[name] = _per_step(seconds, k)
+    result["torch_generator_us_median"] = (
+        1e6
+        * _time_per_call(lambda: torch_generator(seed, 3, 7, Purpose.LOCAL_TRAINING), repeats * 10)[
+            "median"
+        ]
+    )
+
+    # Intra-op threads: the driver (LocalExecutor) runs with whatever torch defaults to.
+    by_threads = {}
+    for n in sorted({1, os.cpu_count() or 1}):
+        torch.set_num_threads(n)
+        medians = _compare({"project": project_train, "plain": module_sgd}, repeats)
+        by_threads[str(n)] = {
+            "project_LocalTrainer": _per_step(medians["project"], k),
+            "plain_module_sgd": _per_step(medians["plain"], k),
+        }
+    torch.set_num_threads(threads)
+    result["by_torch_threads"] = by_threads
+
+    # The accountant: Simulation asks for ε after every round (Opacus recomputes the RDP curve).
+    def account():
+        acc = RdpAccountant()
+        acc.step(config.algorithm.noise_multiplier, config.sample_rate, rounds=config.rounds)
+        acc.epsilon(config.delta)
+
+    result["rdp_accountant_epsilon_seconds"] = _time_per_call(account, max(3, repeats // 5), 1)[
+        "median"
+    ]
+
+    executor = LocalExecutor(store, config.task, algorithm, seed)
+    flat = params.numpy()
+    result["local_executor_evaluate_seconds"] = _time_per_call(
+        lambda: executor.evaluate(flat), max(3, repeats // 5), 1
+    )["median"]
+    test = store.test_rows()
+    x_test, y_test = torch.tensor(test.x).flatten(1), torch.tensor(test.y)
+
+    def plain_eval():
+        with torch.no_grad():
+            logits = model(x_test)
+            float((logits.argmax(1) == y_test).float().mean())
+            float(nn.functional.cross_entropy(logits, y_test))
+
+    result["plain_evaluate_seconds"] = _time_per_call(plain_eval, max(3, repeats // 5), 1)["median"]
+    m, every = config.cohort.size, config.eval_every
+    result["estimated_local_round_seconds"] = {
+        "clients": m * result["project_client_round_total"]["seconds_per_client_median"],
+        "accountant": result["rdp_accountant_epsilon_seconds"],
+        "evaluation_amortized": result["local_executor_evaluate_seconds"] / every,
+    }
+    return result
+
+
+# ----------------------------------------------------------------------------- driver
+
+
+def machine_info() -> dict:
+    import ray
+
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except AttributeError:
+        affinity = None
+    return {
+        "cpu_count": os.cpu_count(),
+        "cpu_affinity": affinity,
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        "ray": ray.__version__,
+        "numpy": np.__version__,
+        "load_average_1m_5m": _load(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.overhead", description=__doc__)
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument(
+        "--variants", nargs="*", choices=VARIANTS, default=list(VARIANTS), help="subset to run"
+    )
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="intra-op threads in this process (plain loop, LocalExecutor, driver); Ray actors "
+        "set their own (cpus_per_actor). 0 keeps torch's default. Default 1.",
+    )
+    parser.add_argument("--store-root", help="shard store root (default: $DPFL_STORE_ROOT or temp)")
+    parser.add_argument(
+        "--ray-uv-hook",
+        choices=["on", "off"],
+        default="on",
+        help="Ray's `uv run` runtime-env hook (RAY_ENABLE_UV_RUN_RUNTIME_ENV, on by default in "
+        "Ray): under `uv run` it ships the working dir and has every worker build its own venv. "
+        "'off' sets RAY_ENABLE_UV_RUN_RUNTIME_ENV=0 to measure Ray's start-up without it.",
+    )
+    parser.add_argument(
+        "--micro-repeats", type=int, default=50, help="repeats per micro-benchmark (0 skips them)"
+    )
+    args = parser.parse_args(argv)
+    if args.rounds < 2:
+        parser.error("--rounds must be >= 2 (round 1 is warm-up)")
+
+    if args.ray_uv_hook == "off":
+        if "ray" in sys.modules:  # read once, when ray is imported
+            parser.error("--ray-uv-hook off must be set before ray is imported")
+        os.environ["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"
+    default_threads = torch.get_num_threads()
+    if args.torch_threads > 0:
+        torch.set_num_threads(args.torch_threads)
+
+    tmp = None
+    overrides = [f"rounds={args.rounds}", "tracking.enabled=false"]
+    if args.store_root:
+        overrides.append(f"data.store_root={args.store_root}")
+    elif not os.environ.get("DPFL_STORE_ROOT"):
+        tmp = tempfile.TemporaryDirectory(prefix="dpfl-bench-")
+        overrides.append(f"data.store_root={tmp.name}")
+    config = load_config(CONFIG, overrides)
+
+    t0 = time.perf_counter()
+    store, built = open_store(config)
+    store_seconds = time.perf_counter() - t0
+    report: dict = {
+        "benchmark": "overhead",
+        "workload": "configs/quickstart.yaml",
+        "config": config.to_dict(),
+        "rounds": args.rounds,
+        "machine": {**machine_info(), "torch_default_threads": default_threads},
+        "ray_settings": {
+            "init": "ray.init(address='local', include_dashboard=False, runtime_env=PYTHONPATH)",
+            "uv_run_hook": args.ray_uv_hook,
+            "under_uv_run": "UV" in os.environ or "VIRTUAL_ENV" in os.environ,
+        },
+        "store": {"path": str(store.path), "built": built, "seconds": store_seconds},
+        "notes": [
+            "Round 1 is warm-up: excluded from seconds_per_round mean/median and "
+            "clients_per_second; reported as first_round_seconds.",
+            "Round times include evaluation every eval_every rounds; Simulation rounds also "
+            "include the RDP accountant's epsilon (the plain loop does no accounting).",
+            "setup_seconds: plain/local = loading client shards into tensors (+ Simulation); "
+            "ray = ray.init + actor creation (+ Simulation).",
+            "The executor column in config is overridden per variant (local / ray, num_actors).",
+        ],
+        "results": {},
+    }
+    runners = {
+        "plain_torch": lambda: run_plain(config, store),
+        "local_executor": lambda: run_local(config, store),
+        "ray_1_actor": lambda: run_ray(config, store, 1),
+        "ray_2_actors": lambda: run_ray(config, store, 2),
+    }
+    params = {}
+    for name in args.variants:
+        print(f"running {name} ({args.rounds} rounds) ...", flush=True)
+        before = _load()
+        try:
+            result = runners[name]()
+        except Exception as error:  # keep the other variants' numbers
+            result = {"error": f"{type(error).__name__}: {error}"}
+            print(f"  {name} failed: {result['error']}", file=sys.stderr, flush=True)
+        params[name] = result.pop("_params", None)
+        result["load_average_before_after"] = [before, _load()]
+        report["results"][name] = result
+
+    reference = params.get("local_executor")
+    if reference is not None:
+        for name, p in params.items():
+            if p is not None and name in report["results"]:
+                diff = float((p.double() - reference.double()).abs().max())
+                report["results"][name]["final_params_max_abs_diff_vs_local_executor"] = diff
+
+    if args.micro_repeats > 0:
+        print("running micro-benchmarks ...", flush=True)
+        report["microbench"] = microbench(config, store, args.micro_repeats)
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1))
+    print_table(report)
+    print(f"wrote {args.out}")
+    if tmp is not None:
+        tmp.cleanup()
+    return 0
+
+
+def print_table(report: dict) -> None:
+    header = (
+        f"{'variant':<15} {'setup s':>8} {'1st rnd s':>9} {'mean s/rnd':>10} "
+        f"{'med s/rnd':>9} {'clients/s':>9} {'final acc':>9} {'Δparams':>9}"
+    )
+    print(header)
+    print("-" * len(header))
+    for name, r in report["results"].items():
+        if "error" in r:
+            print(f"{name:<15} error: {r['error']}")
+            continue
+        diff = r.get("final_params_max_abs_diff_vs_local_executor")
+        print(
+            f"{name:<15} {r['setup_seconds']:>8.2f} {r['first_round_seconds']:>9.3f} "
+            f"{r['seconds_per_round_mean']:>10.3f} {r['seconds_per_round_median']:>9.3f} "
+            f"{r['clients_per_second']:>9.1f} {r['final_test_accuracy']:>9.4f} "
+            f"{'' if diff is None else f'{diff:.1e}':>9}"
+        )
+    micro = report.get("microbench")
+    if micro:
+        print(f"\nper local step, µs (median / min of {micro['repeats']} clients):")
+        for key in (
+            "project_LocalTrainer_functional_call",
+            "plain_nn_module_torch_optim_sgd",
+            "flat_vector_F_linear_no_functional_call",
+            "project_client_round_total",
+        ):
+            v = micro[key]
+            print(f"  {key:<42} {v['us_per_step_median']:>8.1f} / {v['us_per_step_min']:>7.1f}")
+        for n, v in micro["by_torch_threads"].items():
+            project = v["project_LocalTrainer"]["us_per_step_median"]
+            plain = v["plain_module_sgd"]["us_per_step_median"]
+            print(f"  torch threads={n}: project {project:.1f}, plain {plain:.1f} (median)")
+        print(f"  RDP accountant ε per round: {micro['rdp_accountant_epsilon_seconds']:.3f} s")
+        print(
+            f"  evaluate: LocalExecutor {micro['local_executor_evaluate_seconds'] * 1e3:.1f} ms, "
+            f"plain {micro['plain_evaluate_seconds'] * 1e3:.1f} ms"
+        )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,11 @@
+import pytest
+import torch
+
+# The test models are tiny: intra-op threads only add contention on a 2-core CI machine.
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def store_root(tmp_path_factory):
+    """One shard-store root for the session, so equal data parameters reuse one store."""
+    return tmp_path_factory.mktemp("shards")

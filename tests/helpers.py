@@ -1,0 +1,34 @@
+"""Shared test helpers: small configs and in-process runs."""
+
+from __future__ import annotations
+
+from cluster.config import load_config
+from cluster.executors import LocalExecutor
+from cluster.experiment import open_store
+from cluster.simulation import Simulation
+
+
+def small_config(store_root, *overrides: str):
+    base = [
+        f"data.store_root={store_root}",
+        "data.num_clients=20",
+        "data.synthetic.samples_per_user=100",
+        "cohort.size=5",
+        "rounds=5",
+        "algorithm.name=fedavg",
+        "algorithm.local.local_steps=5",
+        "algorithm.local.batch_size=16",
+        "executor.kind=local",
+        "tracking.enabled=false",
+    ]
+    return load_config(None, [*base, *overrides])
+
+
+def run_local(config):
+    """Run ``config`` in process; returns the Simulation (its state holds the final params)."""
+    store, _ = open_store(config)
+    sim = Simulation(
+        config, store, LocalExecutor(store, config.task, config.build_algorithm(), config.seed)
+    )
+    sim.run()
+    return sim

@@ -1,0 +1,85 @@
+"""Bad configs fail before any work, naming the field, the value and the fix."""
+
+import pytest
+
+from cluster.config import ConfigError, load_config
+
+DP = ["algorithm.name=dp_fedavg", "algorithm.clip_norm=1.0", "algorithm.noise_multiplier=1.0"]
+
+BAD_CONFIGS = [
+    # (overrides, field named in the error, text of the fix)
+    (["algoritm.name=dp_fedavg"], "algoritm", "did you mean 'algorithm'"),
+    (["algorithm.clip_nrom=1"], "algorithm.clip_nrom", "did you mean 'clip_norm'"),
+    (["algorithm.name=dp_fedsgd"], "algorithm.name", "did you mean 'dp_fedavg'"),
+    ([*DP, "algorithm.noise_multiplier=-0.5"], "algorithm.noise_multiplier", "must be >= 0"),
+    ([*DP, "algorithm.clip_norm=0"], "algorithm.clip_norm", "must be > 0"),
+    ([*DP, "algorithm.clip_norm=null"], "algorithm.clip_norm", "must be > 0"),
+    (
+        ["data.partition.method=dirichlet", "data.partition.alpha=0"],
+        "data.partition.alpha",
+        "must be > 0",
+    ),
+    (["data.partition.method=dirichlet"], "data.partition.alpha", "must be > 0"),
+    (["cohort.size=0"], "cohort.size", "must be > 0"),
+    (["cohort.size=101"], "cohort.size", "cannot exceed the population of 100"),
+    (["data.source=cifar10"], "data.source", "unknown data source"),
+    (["task=mnist_cnn"], "task", "unknown task"),
+    (["algorithm.name=fedavg"], "algorithm.clip_norm", "fedavg is non-private"),
+    ([*DP, "privacy.delta=1.5"], "privacy.delta", "δ must be in (0, 1)"),
+    (["rounds=ten"], "rounds", "must be an integer"),
+    (["executor.kind=slurm"], "executor.kind", "must be one of 'local', 'ray'"),
+    (["executor.gpus_per_actor=1.5"], "executor.gpus_per_actor", "fraction in [0, 1]"),
+    (
+        [*DP, "cohort.sampling=poisson", "algorithm.noise_placement=client"],
+        "algorithm.noise_placement",
+        "fixed-size cohort",
+    ),
+    ([*DP, "algorithm.weighting=samples"], "algorithm.weighting", "uniform"),
+    (["algorithm.local.local_epochs=2"], "algorithm.local.local_steps", "exactly one"),
+    (["data.synthetic.label_noise=2"], "data.synthetic.label_noise", "in [0, 1]"),
+    (
+        [
+            "privacy.target_epsilon=8",
+            "algorithm.name=scaffold",
+            "algorithm.clip_norm=null",
+            "algorithm.noise_multiplier=null",
+        ],
+        "privacy.target_epsilon",
+        "non-private",
+    ),
+]
+
+
+@pytest.mark.parametrize(("overrides", "field", "fix"), BAD_CONFIGS)
+def test_bad_config_is_rejected_with_a_precise_message(overrides, field, fix):
+    with pytest.raises(ConfigError) as info:
+        load_config("configs/quickstart.yaml", overrides)
+    assert info.value.field_path == field
+    assert fix in str(info.value)
+    assert field in str(info.value)
+
+
+def test_missing_config_file_and_malformed_override():
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config("configs/nope.yaml")
+    with pytest.raises(ConfigError, match="key.path=value"):
+        load_config("configs/quickstart.yaml", ["rounds"])
+
+
+def test_overrides_are_typed_and_applied():
+    c = load_config(
+        "configs/quickstart.yaml",
+        [
+            "rounds=7",
+            "algorithm.clip_norm=.inf",
+            "algorithm.noise_multiplier=0",
+            "privacy.delta=1e-5",
+            "cohort.sampling=poisson",
+        ],
+    )
+    assert c.rounds == 7
+    assert c.algorithm.clip_norm == float("inf")
+    assert c.delta == 1e-5
+    assert c.sample_rate == pytest.approx(0.2)
+    default = load_config("configs/quickstart.yaml")
+    assert default.delta == pytest.approx(1 / 100)  # δ defaults to 1/num_clients

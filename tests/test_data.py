@@ -1,0 +1,90 @@
+"""Synthetic benchmark, partitioners and the Arrow shard store."""
+
+import json
+
+import numpy as np
+import pytest
+
+from datasets.arrays import LabeledArrays
+from datasets.partition import DirichletClientPrior, IIDPartitioner, NaturalPartitioner
+from datasets.sources import build_or_open_store
+from datasets.synthetic import SyntheticSpec, generate_synthetic
+
+SPEC = {"alpha": 1.0, "beta": 1.0, "num_users": 10, "samples_per_user": 200}
+
+
+def test_synthetic_rows_are_unit_norm_and_split_80_20_per_user():
+    train, test = generate_synthetic(SyntheticSpec(**SPEC), seed=3)
+    assert train.x.shape == (10 * 160, 40) and test.x.shape == (10 * 40, 40)
+    np.testing.assert_allclose(np.linalg.norm(train.x, axis=1), 1.0, rtol=1e-5)
+    assert np.bincount(train.group).tolist() == [160] * 10
+    assert np.bincount(test.group).tolist() == [40] * 10
+    assert set(np.unique(train.y)) <= set(range(10))
+    again, _ = generate_synthetic(SyntheticSpec(**SPEC), seed=3)
+    np.testing.assert_array_equal(train.x, again.x)
+
+
+def test_feature_heterogeneity_grows_with_beta():
+    def between_user_energy(beta):
+        # Rows have unit norm, so this is the share of energy in the per-user feature means.
+        train, _ = generate_synthetic(SyntheticSpec(0.0, beta, 20, 500), seed=0)
+        means = np.stack([train.x[train.group == u].mean(0) for u in range(20)])
+        return (means**2).sum(1).mean()
+
+    assert between_user_energy(0.0) < between_user_energy(1.0) < between_user_energy(5.0)
+
+
+def test_store_round_trip_is_sorted_zero_copy_and_reused(tmp_path):
+    partition = {"method": "natural"}
+    store, built = build_or_open_store(tmp_path, "synthetic", SPEC, partition, 10, seed=1)
+    assert built
+    manifest = json.loads((store.path / "manifest.json").read_text())
+    assert manifest["client_sizes"] == [160] * 10
+    assert manifest["source"]["alpha"] == 1.0 and manifest["seed"] == 1
+    assert np.array(manifest["class_histograms"]).sum() == 1600
+    assert store.offsets.tolist() == list(range(0, 1601, 160))
+    client = store.client(3)
+    assert client.x.shape == (160, 40) and not client.x.flags.writeable  # a view of the mmap
+    train, _ = generate_synthetic(SyntheticSpec(**SPEC), seed=1)
+    np.testing.assert_array_equal(client.x, train.x[train.group == 3])
+    store.verify()
+    again, built_again = build_or_open_store(tmp_path, "synthetic", SPEC, partition, 10, seed=1)
+    assert not built_again and again.path == store.path
+    other, built_other = build_or_open_store(tmp_path, "synthetic", SPEC, partition, 10, seed=2)
+    assert built_other and other.path != store.path
+
+
+def _pooled(n=3000, classes=10, seed=0):
+    rng = np.random.default_rng(seed)
+    return LabeledArrays(np.zeros((n, 2), np.float32), rng.integers(0, classes, n))
+
+
+@pytest.mark.parametrize("partitioner", [IIDPartitioner(), DirichletClientPrior(0.3)])
+def test_partitions_cover_every_row_once_and_are_seeded(partitioner):
+    data = _pooled()
+    parts = partitioner.split(data, 30, np.random.default_rng(5))
+    rows = np.concatenate(parts)
+    assert sorted(rows.tolist()) == list(range(len(data)))  # disjoint and complete
+    assert {len(p) for p in parts} == {100}  # equal sizes
+    again = partitioner.split(data, 30, np.random.default_rng(5))
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=True))
+
+
+def test_dirichlet_label_entropy_rises_with_alpha_and_handles_exhausted_classes():
+    data = _pooled()
+
+    def mean_entropy(alpha):
+        parts = DirichletClientPrior(alpha).split(data, 30, np.random.default_rng(0))
+        p = np.stack([np.bincount(data.y[i], minlength=10) for i in parts]) / 100
+        return -(p * np.log(np.where(p > 0, p, 1))).sum(1).mean()
+
+    assert mean_entropy(0.1) < mean_entropy(1.0) < mean_entropy(100.0)
+    # A skewed pool: one class holds most rows, so priors keep hitting exhausted classes.
+    skewed = LabeledArrays(np.zeros((1000, 1)), np.r_[np.zeros(900, int), np.arange(100) % 10])
+    parts = DirichletClientPrior(0.05).split(skewed, 10, np.random.default_rng(1))
+    assert sorted(np.concatenate(parts).tolist()) == list(range(1000))
+
+
+def test_natural_partition_requires_owners():
+    with pytest.raises(ValueError, match="per-row owners"):
+        NaturalPartitioner().split(_pooled(), 3, np.random.default_rng(0))

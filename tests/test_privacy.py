@@ -1,0 +1,34 @@
+import pytest
+
+from privacy.accountant import RdpAccountant
+
+
+def test_dpfedsam_setting_gives_eps_8_5_after_200_rounds():
+    # spec 000 §3: σ=0.95, q=0.1, δ=1/M=0.002, T=200 → ε ≈ 8.51 (Balle et al. conversion)
+    acc = RdpAccountant()
+    acc.step(0.95, 0.1, rounds=200)
+    assert acc.epsilon(0.002) == pytest.approx(8.51, rel=0.02)
+    assert acc.rounds == 200
+
+
+def test_epsilon_grows_with_rounds_and_q_and_falls_with_sigma():
+    def eps(sigma, q, rounds):
+        a = RdpAccountant()
+        a.step(sigma, q, rounds)
+        return a.epsilon(1e-5)
+
+    assert eps(1.0, 0.1, 100) < eps(1.0, 0.1, 200)
+    assert eps(1.0, 0.05, 100) < eps(1.0, 0.1, 100)
+    assert eps(2.0, 0.1, 100) < eps(1.0, 0.1, 100)
+
+
+def test_epsilon_after_does_not_compose_and_state_round_trips():
+    acc = RdpAccountant()
+    acc.step(1.0, 0.2, rounds=10)
+    peek = acc.epsilon_after(1.0, 0.2, 1e-3)
+    assert acc.rounds == 10
+    restored = RdpAccountant()
+    restored.load_state_dict(acc.state_dict())
+    assert restored.epsilon(1e-3) == acc.epsilon(1e-3)
+    restored.step(1.0, 0.2)
+    assert restored.epsilon(1e-3) == pytest.approx(peek)

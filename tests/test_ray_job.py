@@ -1,0 +1,318 @@
+"""End to end: the quickstart submitted with `ray job submit` to a throwaway local Ray head.
+
+What this pins down (each point was a real failure mode):
+
+* The head gets its own ports, chosen free at test time, and its own ``--temp-dir``, so it
+  cannot clash with another Ray on the machine (another test's embedded ``ray.init()``, a
+  developer's cluster on the default ports 6379/8265/10001, ...).
+* Ray >= 2.59 turns token authentication on for local clusters. Which mode a ``ray start``
+  picks depends on whether ``~/.ray/auth_token`` exists, and ``ray job submit`` fails with
+  ``AuthenticationError`` unless it agrees with the head. We pin ``RAY_AUTH_MODE=token``
+  with a token file private to this test (``RAY_AUTH_TOKEN_PATH``) for every ray command,
+  so the result does not depend on ``~/.ray`` and the test exercises the default-on auth
+  path that users get.
+* The job's ``working_dir`` upload honours ``.gitignore``: shards and the MLflow DB live
+  outside the repository (``DPFL_STORE_ROOT``, ``MLFLOW_TRACKING_URI``), as the README says.
+* Only this head is stopped, never another Ray on the machine (see ``_stop_head``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from importlib.util import find_spec
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# The venv's own CLI first (the test runs as `uv run pytest`), then whatever is on PATH.
+RAY = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
+
+pytestmark = pytest.mark.skipif(
+    RAY is None or find_spec("aiohttp") is None,
+    reason="needs the `ray` CLI with the job server (pip install 'ray[default]')",
+)
+
+ROUNDS = 3
+EXPERIMENT = "quickstart"
+START_TIMEOUT_S = 120
+JOB_TIMEOUT_S = 300
+WORKER_PORTS = 40  # one per worker process: job supervisor, driver, actors, idle workers
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("", port))  # all interfaces: Ray's servers bind the node IP, not loopback
+        except OSError:
+            return False
+    return True
+
+
+def _free_port_block(size: int) -> int:
+    """First port of `size` consecutive free ports, below Linux's ephemeral range (32768+)
+    so that no outgoing connection can take one between this check and `ray start`."""
+    rng = random.Random()
+    for _ in range(500):
+        base = rng.randrange(20000, 32000 - size)
+        if all(_port_free(p) for p in range(base, base + size)):
+            return base
+    raise RuntimeError(f"no block of {size} free TCP ports in 20000-32000")
+
+
+def _head_command(temp_dir: Path) -> tuple[list[str], int]:
+    """`ray start --head` on ports of its own; returns (command, dashboard port)."""
+    base = _free_port_block(10 + WORKER_PORTS)
+    names = [
+        "port",  # GCS
+        "dashboard-port",  # the job server: `ray job submit --address http://127.0.0.1:<this>`
+        "ray-client-server-port",
+        "node-manager-port",
+        "object-manager-port",
+        "dashboard-agent-listen-port",
+        "dashboard-agent-grpc-port",
+        "runtime-env-agent-port",
+        "metrics-export-port",
+    ]
+    ports = {name: base + i for i, name in enumerate(names)}
+    command = [
+        RAY, "start", "--head",
+        # --node-ip-address=127.0.0.1 would change nothing: Ray rewrites loopback to the
+        # machine's routable IP. Only the dashboard (the job API) can be kept on loopback.
+        "--dashboard-host=127.0.0.1",
+        *(f"--{name}={port}" for name, port in ports.items()),
+        f"--min-worker-port={base + 10}",
+        f"--max-worker-port={base + 10 + WORKER_PORTS - 1}",
+        "--num-cpus=2",
+        "--num-gpus=0",
+        f"--temp-dir={temp_dir}",
+        "--disable-usage-stats",
+    ]  # fmt: skip
+    return command, ports["dashboard-port"]
+
+
+def _ray_env(token_path: Path) -> dict[str, str]:
+    """Environment for every ray command: this test's auth, no stray cluster address."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_AUTH_TOKEN"}
+    }
+    env["RAY_AUTH_MODE"] = "token"
+    env["RAY_AUTH_TOKEN_PATH"] = str(token_path)
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    # The job's entrypoint says `python`: make that the venv's interpreter even when pytest
+    # was started without `uv run` (the head passes its PATH down to the job).
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    return env
+
+
+def _session_members(sid: int) -> list[int] | None:
+    """Live processes of session `sid` (None where there is no /proc)."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return None
+    members = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        state, _ppid, _pgrp, session = stat[stat.rindex(")") + 2 :].split()[:4]
+        if int(session) == sid and state != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+def _signal_session(sid: int, sig: int) -> bool:
+    """Send `sig` to session `sid`; False when nothing of it is left."""
+    members = _session_members(sid)
+    if members is None:  # no /proc (macOS): the process group is the best we have
+        try:
+            os.killpg(sid, sig)
+        except ProcessLookupError:
+            return False
+        return True
+    for pid in members:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+    return bool(members)
+
+
+def _stop_head(sid: int) -> None:
+    """Stop this head and everything it started, nothing else.
+
+    Not `ray stop`: it finds Ray processes by name and kills every one on the machine,
+    including other sessions' clusters and the embedded Ray of tests running alongside.
+    Instead `ray start` ran as the leader of a new session (start_new_session=True). Its
+    daemons (GCS, raylet, dashboard, agents) re-parent to init but stay in that session, and
+    so do the workers the raylet forks (each in a process group of its own, hence not
+    killpg), so the session id names exactly this cluster. The job driver runs in a session
+    of its own, but the job has ended by now (and the supervisor's watcher kills it when
+    the supervisor dies). SIGTERM first, SIGKILL what is left after a short grace.
+    """
+    for sig, grace_s in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
+        if not _signal_session(sid, sig):
+            return
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            if not _signal_session(sid, 0):
+                return
+            time.sleep(0.2)
+
+
+def _run(command: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        command,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+class _Head:
+    """A `ray start --head` launched in the background; `ready()` waits for it."""
+
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        token_path = tmp / "auth_token"
+        token_path.write_text(secrets.token_hex(32))
+        token_path.chmod(0o600)
+        self.env = _ray_env(token_path)
+        command, dashboard_port = _head_command(tmp / "ray")
+        self.address = f"http://127.0.0.1:{dashboard_port}"
+        self.process = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,  # see _stop_head
+        )
+
+    def ready(self) -> str:
+        """Wait for `ray start` to return; the job server's address."""
+        try:
+            output, _ = self.process.communicate(timeout=START_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            output, _ = self.process.communicate()
+            pytest.fail(f"`ray start --head` took over {START_TIMEOUT_S} s:\n{output}")
+        if self.process.returncode != 0:
+            pytest.fail(f"`ray start --head` failed ({self.process.returncode}):\n{output}")
+        return self.address
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        _stop_head(self.process.pid)
+
+
+@pytest.fixture
+def ray_head():
+    """A Ray head of this test's own, starting; always stopped afterwards."""
+    # Short path on purpose: Ray's unix sockets live under --temp-dir and a socket path
+    # must stay under 108 bytes, which pytest's tmp_path plus Ray's session dir can exceed.
+    tmp = Path(tempfile.mkdtemp(prefix="rayjob-"))
+    head = None
+    try:
+        head = _Head(tmp)
+        yield head
+    finally:
+        if head is not None:
+            head.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _job_report(address: str, submission_id: str, env: dict[str, str]) -> str:
+    parts = []
+    for what in ("status", "logs"):
+        try:
+            done = _run([RAY, "job", what, "--address", address, submission_id], env, 60)
+            parts.append(f"--- ray job {what} {submission_id} ---\n{done.stdout}")
+        except subprocess.TimeoutExpired:
+            parts.append(f"--- ray job {what} {submission_id}: timed out ---")
+    return "\n".join(parts)
+
+
+def test_quickstart_as_ray_job(ray_head):
+    tmp, env = ray_head.tmp, ray_head.env
+    tracking_uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    # While the head starts (~20 s), create the MLflow DB here: a fresh DB spends 10+ s on
+    # schema migrations, which would otherwise sit on the job's critical path. The job
+    # still creates the experiment and the run itself.
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    client.search_experiments()
+    address = ray_head.ready()
+
+    runtime_env = {
+        "env_vars": {"MLFLOW_TRACKING_URI": tracking_uri, "DPFL_STORE_ROOT": str(tmp / "shards")}
+    }
+    submission_id = f"quickstart-{secrets.token_hex(4)}"
+    submit = [
+        RAY, "job", "submit",
+        "--address", address,
+        "--submission-id", submission_id,
+        "--working-dir", ".",
+        "--runtime-env-json", json.dumps(runtime_env),
+        "--",
+        "python", "-m", "cluster", "run", "configs/quickstart.yaml",
+        "--set", f"rounds={ROUNDS}", "--set", "eval_every=1",
+    ]  # fmt: skip
+    # Blocking submit: it streams the job's logs and returns when the job ends.
+    try:
+        done = _run(submit, env, JOB_TIMEOUT_S)
+    except subprocess.TimeoutExpired as timeout:
+        report = _job_report(address, submission_id, env)
+        _run([RAY, "job", "stop", "--address", address, submission_id], env, 60)
+        pytest.fail(f"job still running after {JOB_TIMEOUT_S} s\n{timeout.output}\n{report}")
+    output = ANSI.sub("", done.stdout)
+    # It exits 0 for STOPPED and other non-FAILED ends too, so look for the final status.
+    if done.returncode != 0 or f"Job '{submission_id}' succeeded" not in output:
+        report = _job_report(address, submission_id, env)
+        if "SUCCEEDED" not in report.split("--- ray job logs")[0]:
+            pytest.fail(f"`ray job submit` exited {done.returncode}:\n{output}\n{report}")
+
+    experiment = client.get_experiment_by_name(EXPERIMENT)
+    assert experiment is not None, f"no experiment {EXPERIMENT!r} in {tracking_uri}\n{output}"
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == 1, [r.info.run_id for r in runs]
+    run = runs[0]
+    assert run.info.status == "FINISHED"
+
+    histories = {
+        name: sorted(client.get_metric_history(run.info.run_id, name), key=lambda m: m.step)
+        for name in ("epsilon", "test_accuracy")
+    }
+    for name, history in histories.items():
+        assert [m.step for m in history] == list(range(1, ROUNDS + 1)), name
+    epsilons = [m.value for m in histories["epsilon"]]
+    assert all(0 < a < b for a, b in pairwise(epsilons)), epsilons
+    assert all(0.0 <= m.value <= 1.0 for m in histories["test_accuracy"])
+
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"config.yaml", "curves.png", "model.pt"} <= artifacts, artifacts
