@@ -54,7 +54,8 @@ def test_budget_stops_before_target_epsilon(store_root):
 @pytest.fixture(scope="module")
 def ray_session():
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+    # One logical GPU: actors asking for a fraction of it are packed, and fall back to the CPU.
+    ray.init(num_cpus=3, num_gpus=1, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
 
@@ -80,6 +81,22 @@ def test_ray_executor_matches_local_executor(store_root, ray_session, algorithm)
         assert sim.history[-1].test_accuracy == pytest.approx(local.history[-1].test_accuracy)
         for name, value in local.state.extras.items():
             np.testing.assert_allclose(sim.state.extras[name].numpy(), value.numpy(), atol=1e-6)
+
+
+def test_fractional_gpu_actors_are_packed_and_run(store_root, ray_session):
+    config = small_config(store_root, *DP, "rounds=2")
+    store, _ = open_store(config)
+    executor = RayExecutor(store, config.task, config.build_algorithm(), config.seed,
+                           num_actors=2, cpus_per_actor=0.5, gpus_per_actor=0.5)
+    try:
+        expected = "cuda:0" if torch.cuda.is_available() else "cpu"
+        assert executor.devices == [expected, expected]
+        sim = Simulation(config, store, executor)
+        sim.run()
+    finally:
+        executor.close()
+    np.testing.assert_allclose(sim.state.params.numpy(),
+                               run_local(config).state.params.numpy(), atol=1e-6, rtol=0)
 
 
 def test_scaffold_server_control_is_mean_of_client_controls(store_root):

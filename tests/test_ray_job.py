@@ -1,19 +1,25 @@
 """End to end: the quickstart submitted with `ray job submit` to a throwaway local Ray head.
 
-What this pins down (each point was a real failure mode):
+What the harness pins down (each point was a real failure mode on Ray 2.60):
 
-* The head gets its own ports, chosen free at test time, and its own ``--temp-dir``, so it
-  cannot clash with another Ray on the machine (another test's embedded ``ray.init()``, a
-  developer's cluster on the default ports 6379/8265/10001, ...).
-* Ray >= 2.59 turns token authentication on for local clusters. Which mode a ``ray start``
-  picks depends on whether ``~/.ray/auth_token`` exists, and ``ray job submit`` fails with
-  ``AuthenticationError`` unless it agrees with the head. We pin ``RAY_AUTH_MODE=token``
-  with a token file private to this test (``RAY_AUTH_TOKEN_PATH``) for every ray command,
-  so the result does not depend on ``~/.ray`` and the test exercises the default-on auth
-  path that users get.
-* The job's ``working_dir`` upload honours ``.gitignore``: shards and the MLflow DB live
-  outside the repository (``DPFL_STORE_ROOT``, ``MLFLOW_TRACKING_URI``), as the README says.
-* Only this head is stopped, never another Ray on the machine (see ``_stop_head``).
+* Ports: the head gets its own, picked free at test time (GCS, dashboard/job server, client
+  server, node/object manager, agents, metrics, worker range), so it cannot clash with
+  another Ray on the machine, e.g. a developer's cluster on 6379/8265/10001.
+* ``--temp-dir``: a plain ``ray.init()`` (the embedded Ray of other tests, perhaps running
+  at the same time) attaches to the last ``ray start`` it finds in
+  ``/tmp/ray/ray_current_cluster``. With a temp dir of its own this head writes that file
+  elsewhere, so nobody else discovers it.
+* Token auth: from 2.59 a local ``ray start`` turns auth on by itself (here: whenever
+  ``~/.ray/auth_token`` exists), and then ``ray job submit`` fails with ``AuthenticationError:
+  ... Missing authentication token`` unless the client also has ``RAY_AUTH_MODE=token``
+  (having the token file is not enough). Every ray command here gets ``RAY_AUTH_MODE=token``
+  and a token file private to the test (``RAY_AUTH_TOKEN_PATH``): independent of ``~/.ray``,
+  and the auth path users get by default is the one exercised.
+* ``ray start`` under CPU pressure: see ``_Head.ready`` (retried).
+* Shards and the MLflow DB live outside the repository (``DPFL_STORE_ROOT``,
+  ``MLFLOW_TRACKING_URI`` in the job's env_vars): the ``working_dir`` upload honours
+  ``.gitignore`` and the job runs in a temporary copy, so relative paths would be lost.
+* Stopping: only this head, never other Rays on the machine (see ``_stop_head``).
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ pytestmark = pytest.mark.skipif(
 ROUNDS = 3
 EXPERIMENT = "quickstart"
 START_TIMEOUT_S = 120
+START_ATTEMPTS = 3
 JOB_TIMEOUT_S = 300
 WORKER_PORTS = 40  # one per worker process: job supervisor, driver, actors, idle workers
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -190,8 +197,20 @@ def _run(command: list[str], env: dict[str, str], timeout: float) -> subprocess.
     )
 
 
+def _raylet_fatal(temp_dir: Path) -> str:
+    """The raylet's fatal log lines, if any: why a `ray start` attempt failed."""
+    lines = []
+    for log in temp_dir.glob("session_*/logs/raylet.out"):
+        lines += [
+            line[:600]
+            for line in log.read_text(errors="replace").splitlines()
+            if "Check failed" in line or " C " in line[:40]
+        ]
+    return "raylet: " + "\n".join(lines[:3]) if lines else ""
+
+
 class _Head:
-    """A `ray start --head` launched in the background; `ready()` waits for it."""
+    """`ray start --head` launched in the background; `ready()` waits for it (and retries)."""
 
     def __init__(self, tmp: Path):
         self.tmp = tmp
@@ -199,7 +218,13 @@ class _Head:
         token_path.write_text(secrets.token_hex(32))
         token_path.chmod(0o600)
         self.env = _ray_env(token_path)
-        command, dashboard_port = _head_command(tmp / "ray")
+        self.attempt = 0
+        self.sessions: list[int] = []
+        self._launch()
+
+    def _launch(self) -> None:
+        self.attempt += 1
+        command, dashboard_port = _head_command(self.tmp / f"ray{self.attempt}")
         self.address = f"http://127.0.0.1:{dashboard_port}"
         self.process = subprocess.Popen(
             command,
@@ -210,24 +235,43 @@ class _Head:
             text=True,
             start_new_session=True,  # see _stop_head
         )
+        self.sessions.append(self.process.pid)
 
     def ready(self) -> str:
-        """Wait for `ray start` to return; the job server's address."""
-        try:
-            output, _ = self.process.communicate(timeout=START_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            output, _ = self.process.communicate()
-            pytest.fail(f"`ray start --head` took over {START_TIMEOUT_S} s:\n{output}")
-        if self.process.returncode != 0:
-            pytest.fail(f"`ray start --head` failed ({self.process.returncode}):\n{output}")
-        return self.address
+        """Wait for the head; its job server's address.
+
+        On a loaded machine `ray start` can fail for want of CPU: the raylet gives the
+        dashboard agent a fixed 15 s to write its port file (not configurable in 2.60:
+        RAY_agent_register_timeout_ms is not applied to that wait) and aborts with "Timed
+        out waiting for file .../dashboard_agent_listen_port_<node id>". Then stop what is
+        left of that attempt and start again, on fresh ports.
+        """
+        failures = []
+        while True:
+            try:
+                output, _ = self.process.communicate(timeout=START_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                output, _ = self.process.communicate()
+                output += f"\n(timed out after {START_TIMEOUT_S} s)"
+            if self.process.returncode == 0:
+                return self.address
+            failures.append(
+                f"attempt {self.attempt}: `ray start --head` exited "
+                f"{self.process.returncode}:\n{output}"
+            )
+            _stop_head(self.sessions.pop())  # dropped: its id may be reused once it is gone
+            failures.append(_raylet_fatal(self.tmp / f"ray{self.attempt}"))
+            if self.attempt == START_ATTEMPTS:
+                pytest.fail("\n\n".join(failures))
+            self._launch()
 
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
-        _stop_head(self.process.pid)
+        for sid in self.sessions:
+            _stop_head(sid)
 
 
 @pytest.fixture
@@ -251,7 +295,7 @@ def _job_report(address: str, submission_id: str, env: dict[str, str]) -> str:
     for what in ("status", "logs"):
         try:
             done = _run([RAY, "job", what, "--address", address, submission_id], env, 60)
-            parts.append(f"--- ray job {what} {submission_id} ---\n{done.stdout}")
+            parts.append(f"--- ray job {what} {submission_id} ---\n{ANSI.sub('', done.stdout)}")
         except subprocess.TimeoutExpired:
             parts.append(f"--- ray job {what} {submission_id}: timed out ---")
     return "\n".join(parts)
@@ -260,7 +304,7 @@ def _job_report(address: str, submission_id: str, env: dict[str, str]) -> str:
 def test_quickstart_as_ray_job(ray_head):
     tmp, env = ray_head.tmp, ray_head.env
     tracking_uri = f"sqlite:///{tmp / 'mlflow.db'}"
-    # While the head starts (~20 s), create the MLflow DB here: a fresh DB spends 10+ s on
+    # While the head starts (20-40 s), create the MLflow DB here: a fresh DB spends 10+ s on
     # schema migrations, which would otherwise sit on the job's critical path. The job
     # still creates the experiment and the run itself.
     from mlflow.tracking import MlflowClient
@@ -289,7 +333,10 @@ def test_quickstart_as_ray_job(ray_head):
     except subprocess.TimeoutExpired as timeout:
         report = _job_report(address, submission_id, env)
         _run([RAY, "job", "stop", "--address", address, submission_id], env, 60)
-        pytest.fail(f"job still running after {JOB_TIMEOUT_S} s\n{timeout.output}\n{report}")
+        partial = timeout.output or b""  # bytes even with text=True (CPython's TimeoutExpired)
+        if isinstance(partial, bytes):
+            partial = partial.decode(errors="replace")
+        pytest.fail(f"job still running after {JOB_TIMEOUT_S} s\n{partial}\n{report}")
     output = ANSI.sub("", done.stdout)
     # It exits 0 for STOPPED and other non-FAILED ends too, so look for the final status.
     if done.returncode != 0 or f"Job '{submission_id}' succeeded" not in output:
