@@ -47,6 +47,8 @@ from cluster.experiment import open_store
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "quickstart.yaml"
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "overhead.json"
+# Ray reads this raylet config from the environment; the lower-case part is significant.
+WORKER_NICENESS_ENV = "RAY_worker_niceness"
 VARIANTS = ("plain_torch", "local_executor", "ray_1_actor", "ray_2_actors")
 
 # Stream ids of algorithms/rng.py's Purpose, restated so the plain loop uses no project code.
@@ -118,7 +120,8 @@ def run_plain(config: ExperimentConfig, store) -> dict:
     setup = time.perf_counter() - start
 
     m = float(config.cohort.size)
-    clip, noise_std = a.clip_norm, a.noise_multiplier * a.clip_norm
+    clip = a.clip_norm
+    noise_std = a.noise_multiplier * clip if a.noise_multiplier > 0 else 0.0  # σ=0 with C=inf
     round_seconds, cohort_sizes, evals = [], [], []
     for r in range(config.rounds):
         t0 = time.perf_counter()
@@ -153,7 +156,7 @@ def run_plain(config: ExperimentConfig, store) -> dict:
         noise = torch.randn(
             total.shape, generator=_generator(config.seed, r, SERVER_NOISE), dtype=torch.float64
         )
-        mean = (total + noise_std * noise) / m
+        mean = (total + noise_std * noise if noise_std > 0 else total) / m
         new = (global_vec.double() + a.server_lr * mean).to(global_vec.dtype)
         nn.utils.vector_to_parameters(new, model.parameters())
         if _is_eval_round(config, r):
@@ -226,6 +229,11 @@ def run_local(config: ExperimentConfig, store) -> dict:
         executor.close()
 
 
+def _actor_info(host_actor) -> dict:
+    """Run inside a ClientHostActor (via ``__ray_call__``): its process's scheduling settings."""
+    return {"pid": os.getpid(), "niceness": os.nice(0), "torch_threads": torch.get_num_threads()}
+
+
 def run_ray(config: ExperimentConfig, store, num_actors: int) -> dict:
     import ray
 
@@ -235,13 +243,22 @@ def run_ray(config: ExperimentConfig, store, num_actors: int) -> dict:
     e = config.executor
     t0 = time.perf_counter()
     # The same embedded start-up as cluster.ray_runtime.connect, but address="local" so that a
-    # Ray cluster someone else started on this machine is never joined by accident.
-    ray.init(
-        address="local",
-        include_dashboard=False,
-        log_to_driver=True,
-        runtime_env={"env_vars": {"PYTHONPATH": str(PROJECT_ROOT)}},
-    )
+    # Ray cluster someone else started on this machine is never joined by accident. On an
+    # overloaded machine the raylet can miss its start-up deadline: retry once before failing.
+    for attempt in (1, 2):
+        try:
+            ray.init(
+                address="local",
+                include_dashboard=False,
+                log_to_driver=True,
+                runtime_env={"env_vars": {"PYTHONPATH": str(PROJECT_ROOT)}},
+            )
+            break
+        except Exception as error:
+            ray.shutdown()
+            if attempt == 2:
+                raise
+            print(f"  ray.init failed ({error}); retrying once", file=sys.stderr, flush=True)
     ray_init = time.perf_counter() - t0
     executor = None
     try:
@@ -257,16 +274,19 @@ def run_ray(config: ExperimentConfig, store, num_actors: int) -> dict:
             e.gpus_per_actor,
         )
         actors = time.perf_counter() - t1
+        info = ray.get([a.__ray_call__.remote(_actor_info) for a in executor.actors])
         return run_simulation(
             config,
             store,
             executor,
             time.perf_counter() - t0,
             ray_init_seconds=ray_init,
+            ray_init_attempts=attempt,
             actor_creation_seconds=actors,
             num_actors=num_actors,
             cpus_per_actor=e.cpus_per_actor,
             cluster_cpus=ray.cluster_resources().get("CPU"),
+            actor_processes=info,
         )
     finally:
         if executor is not None:
@@ -277,9 +297,9 @@ def run_ray(config: ExperimentConfig, store, num_actors: int) -> dict:
 # ----------------------------------------------------------------------------- micro-benchmarks
 
 
-def _time_per_call(fn, repeats: int, warmup: int = 3) -> dict[str, float]:
-    """Median and min seconds per call of ``fn`` over ``repeats`` calls."""
-    return _compare({"fn": fn}, repeats, warmup)["fn"]
+def _median(fn, repeats: int, warmup: int = 3) -> float:
+    """Median seconds per call of ``fn`` over ``repeats`` calls."""
+    return _compare({"fn": fn}, repeats, warmup)["fn"]["median"]
 
 
 def _compare(fns: dict, repeats: int, warmup: int = 3) -> dict[str, dict[str, float]]:
@@ -367,12 +387,8 @@ def microbench(config: ExperimentConfig, store, repeats: int) -> dict:
     }
     for name, seconds in _compare(paths, repeats).items():
         result[name] = _per_step(seconds, k)
-    result["torch_generator_us_median"] = (
-        1e6
-        * _time_per_call(lambda: torch_generator(seed, 3, 7, Purpose.LOCAL_TRAINING), repeats * 10)[
-            "median"
-        ]
-    )
+    new_generator = lambda: torch_generator(seed, 3, 7, Purpose.LOCAL_TRAINING)  # noqa: E731
+    result["torch_generator_us_median"] = 1e6 * _median(new_generator, repeats * 10)
 
     # Intra-op threads: the driver (LocalExecutor) runs with whatever torch defaults to.
     by_threads = {}
@@ -392,15 +408,12 @@ def microbench(config: ExperimentConfig, store, repeats: int) -> dict:
         acc.step(config.algorithm.noise_multiplier, config.sample_rate, rounds=config.rounds)
         acc.epsilon(config.delta)
 
-    result["rdp_accountant_epsilon_seconds"] = _time_per_call(account, max(3, repeats // 5), 1)[
-        "median"
-    ]
+    few = max(3, repeats // 5)
+    result["rdp_accountant_epsilon_seconds"] = _median(account, few, 1)
 
     executor = LocalExecutor(store, config.task, algorithm, seed)
     flat = params.numpy()
-    result["local_executor_evaluate_seconds"] = _time_per_call(
-        lambda: executor.evaluate(flat), max(3, repeats // 5), 1
-    )["median"]
+    result["local_executor_evaluate_seconds"] = _median(lambda: executor.evaluate(flat), few, 1)
     test = store.test_rows()
     x_test, y_test = torch.tensor(test.x).flatten(1), torch.tensor(test.y)
 
@@ -410,7 +423,7 @@ def microbench(config: ExperimentConfig, store, repeats: int) -> dict:
             float((logits.argmax(1) == y_test).float().mean())
             float(nn.functional.cross_entropy(logits, y_test))
 
-    result["plain_evaluate_seconds"] = _time_per_call(plain_eval, max(3, repeats // 5), 1)["median"]
+    result["plain_evaluate_seconds"] = _median(plain_eval, few, 1)
     m, every = config.cohort.size, config.eval_every
     result["estimated_local_round_seconds"] = {
         "clients": m * result["project_client_round_total"]["seconds_per_client_median"],
@@ -469,6 +482,12 @@ def main(argv: list[str] | None = None) -> int:
         "'off' sets RAY_ENABLE_UV_RUN_RUNTIME_ENV=0 to measure Ray's start-up without it.",
     )
     parser.add_argument(
+        "--ray-worker-niceness",
+        type=int,
+        help="set RAY_worker_niceness for the embedded raylet (Ray's default: workers, hence "
+        "the actors, run at nice 15 and lose the CPU to any normal-priority process)",
+    )
+    parser.add_argument(
         "--micro-repeats", type=int, default=50, help="repeats per micro-benchmark (0 skips them)"
     )
     args = parser.parse_args(argv)
@@ -479,6 +498,8 @@ def main(argv: list[str] | None = None) -> int:
         if "ray" in sys.modules:  # read once, when ray is imported
             parser.error("--ray-uv-hook off must be set before ray is imported")
         os.environ["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"
+    if args.ray_worker_niceness is not None:
+        os.environ[WORKER_NICENESS_ENV] = str(args.ray_worker_niceness)
     default_threads = torch.get_num_threads()
     if args.torch_threads > 0:
         torch.set_num_threads(args.torch_threads)
@@ -504,7 +525,8 @@ def main(argv: list[str] | None = None) -> int:
         "ray_settings": {
             "init": "ray.init(address='local', include_dashboard=False, runtime_env=PYTHONPATH)",
             "uv_run_hook": args.ray_uv_hook,
-            "under_uv_run": "UV" in os.environ or "VIRTUAL_ENV" in os.environ,
+            "worker_niceness": os.environ.get(WORKER_NICENESS_ENV, "ray default (15)"),
+            "uv_env_detected": "UV" in os.environ or "VIRTUAL_ENV" in os.environ,
         },
         "store": {"path": str(store.path), "built": built, "seconds": store_seconds},
         "notes": [
@@ -514,7 +536,12 @@ def main(argv: list[str] | None = None) -> int:
             "include the RDP accountant's epsilon (the plain loop does no accounting).",
             "setup_seconds: plain/local = loading client shards into tensors (+ Simulation); "
             "ray = ray.init + actor creation (+ Simulation).",
-            "The executor column in config is overridden per variant (local / ray, num_actors).",
+            "The executor section of config is overridden per variant (local / ray, num_actors).",
+            "plain_torch's first round includes torch.optim's one-off lazy import on the first "
+            "optimizer construction (torch._dynamo and ~900 modules).",
+            "Ray actors run at the raylet's worker niceness (Ray default 15): on a shared "
+            "machine they yield the CPU to any normal-priority process; see "
+            "--ray-worker-niceness and load_average_before_after.",
         ],
         "results": {},
     }

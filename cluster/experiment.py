@@ -6,6 +6,8 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+import torch
+
 from algorithms.layout import ParamLayout
 from cluster.config import ExperimentConfig
 from cluster.executors import LocalExecutor, RayExecutor
@@ -27,6 +29,8 @@ def make_executor(config: ExperimentConfig, store: ShardStore):
     algorithm = config.build_algorithm()
     e = config.executor
     if e.kind == "local":
+        # In process, the driver is the one "actor": it gets the same thread budget.
+        torch.set_num_threads(max(1, int(e.cpus_per_actor)))
         return LocalExecutor(store, config.task, algorithm, config.seed)
     from cluster.ray_runtime import check_resources, connect
 

@@ -28,7 +28,10 @@ def connect(address: str | None) -> str:
         # Inside `ray job submit`: the job's runtime_env already carries the working_dir.
         ray.init()
         return f"Ray cluster at {os.environ['RAY_ADDRESS']}"
+    # address="local": always a fresh embedded instance, never a cluster that some earlier
+    # `ray start` on this machine left in /tmp/ray/ray_current_cluster.
     ray.init(
+        address="local",
         include_dashboard=False,
         log_to_driver=True,
         runtime_env={"env_vars": {"PYTHONPATH": str(PROJECT_ROOT)}},

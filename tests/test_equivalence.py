@@ -86,8 +86,15 @@ def test_ray_executor_matches_local_executor(store_root, ray_session, algorithm)
 def test_fractional_gpu_actors_are_packed_and_run(store_root, ray_session):
     config = small_config(store_root, *DP, "rounds=2")
     store, _ = open_store(config)
-    executor = RayExecutor(store, config.task, config.build_algorithm(), config.seed,
-                           num_actors=2, cpus_per_actor=0.5, gpus_per_actor=0.5)
+    executor = RayExecutor(
+        store,
+        config.task,
+        config.build_algorithm(),
+        config.seed,
+        num_actors=2,
+        cpus_per_actor=0.5,
+        gpus_per_actor=0.5,
+    )
     try:
         expected = "cuda:0" if torch.cuda.is_available() else "cpu"
         assert executor.devices == [expected, expected]
@@ -95,8 +102,9 @@ def test_fractional_gpu_actors_are_packed_and_run(store_root, ray_session):
         sim.run()
     finally:
         executor.close()
-    np.testing.assert_allclose(sim.state.params.numpy(),
-                               run_local(config).state.params.numpy(), atol=1e-6, rtol=0)
+    np.testing.assert_allclose(
+        sim.state.params.numpy(), run_local(config).state.params.numpy(), atol=1e-6, rtol=0
+    )
 
 
 def test_scaffold_server_control_is_mean_of_client_controls(store_root):

@@ -32,3 +32,15 @@ def test_epsilon_after_does_not_compose_and_state_round_trips():
     assert restored.epsilon(1e-3) == acc.epsilon(1e-3)
     restored.step(1.0, 0.2)
     assert restored.epsilon(1e-3) == pytest.approx(peek)
+
+
+def test_matches_opacus_reference_and_composes_heterogeneous_rounds():
+    from opacus.accountants import RDPAccountant as OpacusRDP
+
+    ours, reference = RdpAccountant(), OpacusRDP()
+    for sigma, q, rounds in [(1.1, 0.05, 30), (0.8, 0.1, 20), (1.1, 0.05, 10)]:
+        ours.step(sigma, q, rounds)
+        for _ in range(rounds):
+            reference.step(noise_multiplier=sigma, sample_rate=q)
+    assert ours.rounds == 60
+    assert ours.epsilon(1e-5) == pytest.approx(reference.get_epsilon(1e-5), rel=1e-9)
