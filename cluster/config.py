@@ -58,7 +58,9 @@ class DataConfig:
     partition: PartitionConfig = field(default_factory=PartitionConfig)
 
     def resolved_store_root(self) -> Path:
-        return Path(os.path.expandvars(os.environ.get("DPFL_STORE_ROOT", self.store_root)))
+        """Absolute: actors do not share the driver's working directory."""
+        root = os.environ.get("DPFL_STORE_ROOT", self.store_root)
+        return Path(os.path.expandvars(root)).expanduser().resolve()
 
 
 @dataclass
@@ -73,7 +75,7 @@ class LocalConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: str = "dp_fedavg"
+    name: str = "fedavg"
     local: LocalConfig = field(default_factory=LocalConfig)
     clip_norm: float | None = None  # C; dp presets only
     noise_multiplier: float | None = None  # σ; dp presets only

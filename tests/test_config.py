@@ -83,3 +83,12 @@ def test_overrides_are_typed_and_applied():
     assert c.sample_rate == pytest.approx(0.2)
     default = load_config("configs/quickstart.yaml")
     assert default.delta == pytest.approx(1 / 100)  # δ defaults to 1/num_clients
+
+
+def test_store_root_is_absolute_for_actors(monkeypatch, tmp_path):
+    monkeypatch.delenv("DPFL_STORE_ROOT", raising=False)
+    monkeypatch.chdir(tmp_path)
+    config = load_config(None, ["data.store_root=shards"])
+    assert config.data.resolved_store_root() == tmp_path.resolve() / "shards"
+    monkeypatch.setenv("DPFL_STORE_ROOT", "elsewhere")
+    assert config.data.resolved_store_root() == tmp_path.resolve() / "elsewhere"
