@@ -112,6 +112,18 @@ class ClientHost:
             partial.reports.append(report)
         return partial.cpu()
 
+    def client_states(self) -> dict[int, dict[str, torch.Tensor]]:
+        """Per-client algorithm state (e.g. SCAFFOLD c_i), on the CPU, for checkpoints."""
+        return {
+            cid: {k: v.cpu() for k, v in state.items()} for cid, state in self.client_state.items()
+        }
+
+    def load_client_states(self, states: dict[int, dict[str, torch.Tensor]]) -> None:
+        self.client_state = {
+            int(cid): {k: v.to(self.device) for k, v in state.items()}
+            for cid, state in states.items()
+        }
+
     @torch.no_grad()
     def evaluate(self, params: np.ndarray, start: int, stop: int) -> EvalResult:
         """Loss and accuracy of ``params`` on test rows [start, stop)."""

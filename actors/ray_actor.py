@@ -32,3 +32,9 @@ class ClientHostActor:
 
     def evaluate(self, params, start: int, stop: int) -> EvalResult:
         return self.host.evaluate(params, start, stop)
+
+    def client_states(self) -> dict:
+        return self.host.client_states()
+
+    def load_client_states(self, states: dict) -> None:
+        self.host.load_client_states(states)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cluster.config import ConfigError, load_config
+from cluster.config import ConfigError, config_from_dict, load_config
 from cluster.simulation import RoundRecord
 
 
@@ -21,18 +21,52 @@ def _progress_line(record: RoundRecord, total: int) -> str:
     return " | ".join(parts)
 
 
-def _run(args: argparse.Namespace) -> int:
+# What a resumed run may change: how and how long it runs, never what it computes.
+RESUMABLE_PREFIXES = ("rounds", "eval_every", "executor.", "checkpoint.")
+
+
+def _overrides(args: argparse.Namespace) -> list[str]:
     overrides = list(args.set)
     if args.executor:
         overrides.append(f"executor.kind={args.executor}")
     if args.address:
         overrides.append(f"executor.address={args.address}")
+    return overrides
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
-        config = load_config(args.config, overrides)
+        config = load_config(args.config, _overrides(args))
     except ConfigError as error:
         print(error, file=sys.stderr)
         return 2
+    return _execute(config, None)
 
+
+def _resume(args: argparse.Namespace) -> int:
+    from cluster.checkpoint import load_checkpoint
+
+    overrides = _overrides(args)
+    try:
+        for assignment in overrides:
+            if not assignment.startswith(RESUMABLE_PREFIXES):
+                raise ConfigError(
+                    "--set",
+                    assignment,
+                    "a resumed run keeps its config; only "
+                    "rounds, eval_every, executor.* and checkpoint.* may change",
+                )
+        checkpoint = load_checkpoint(args.checkpoint)
+        config = config_from_dict(checkpoint["config"], overrides)
+    except (ConfigError, FileNotFoundError, ValueError) as error:
+        print(error, file=sys.stderr)
+        return 2
+    done = checkpoint["simulation"]["rounds_done"]
+    print(f"resuming after round {done} from {args.checkpoint}", flush=True)
+    return _execute(config, checkpoint)
+
+
+def _execute(config, checkpoint: dict | None) -> int:
     from cluster.experiment import run_experiment
 
     a = config.algorithm
@@ -42,7 +76,9 @@ def _run(args: argparse.Namespace) -> int:
         f"{config.executor.kind}",
         flush=True,
     )
-    outcome = run_experiment(config, lambda r: print(_progress_line(r, config.rounds), flush=True))
+    outcome = run_experiment(
+        config, lambda r: print(_progress_line(r, config.rounds), flush=True), checkpoint
+    )
     result = outcome.result
     print(f"done: {result.stop_reason}")
     if outcome.final_accuracy is not None:
@@ -52,6 +88,10 @@ def _run(args: argparse.Namespace) -> int:
             f"privacy spent: ε = {outcome.epsilon:.3f} at δ = {config.delta:g} "
             f"(client-level, {config.privacy.accountant})"
         )
+    print(
+        f"checkpoint: {outcome.checkpoint} (continue with: python -m cluster resume "
+        f"{outcome.checkpoint} --set rounds=N)"
+    )
     if outcome.run_id:
         print(f"MLflow run {outcome.run_id} in {outcome.tracking_uri}")
         print(f"browse it with: mlflow ui --backend-store-uri {outcome.tracking_uri}")
@@ -75,5 +115,17 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--executor", choices=["local", "ray"], help="override executor.kind")
     run.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS or embedded)")
     run.set_defaults(handler=_run)
+    resume = commands.add_parser("resume", help="continue a run from its checkpoint")
+    resume.add_argument("checkpoint", help="checkpoint file written by a run")
+    resume.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="change rounds, eval_every, executor.* or checkpoint.* only",
+    )
+    resume.add_argument("--executor", choices=["local", "ray"], help="override executor.kind")
+    resume.add_argument("--address", help="Ray cluster address")
+    resume.set_defaults(handler=_resume)
     args = parser.parse_args(argv)
     return args.handler(args)

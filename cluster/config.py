@@ -6,6 +6,7 @@ and the fix, e.g. ``algorithm.clip_norm = -1.0: the clip norm C must be > 0 (e.g
 
 from __future__ import annotations
 
+import copy
 import difflib
 import math
 import os
@@ -107,6 +108,16 @@ class ExecutorConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    every: int = 10  # rounds between checkpoints; 0 = only at the end
+    dir: str = "checkpoints"  # relative to the working directory, or $DPFL_CHECKPOINT_DIR
+
+    def resolved_dir(self) -> Path:
+        root = os.environ.get("DPFL_CHECKPOINT_DIR", self.dir)
+        return Path(os.path.expandvars(root)).expanduser().resolve()
+
+
+@dataclass
 class TrackingConfig:
     enabled: bool = True
     experiment: str = "dpfl"
@@ -125,6 +136,7 @@ class ExperimentConfig:
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     # Derived quantities used by the driver and the actors.
     @property
@@ -258,6 +270,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ex
         raw = yaml.safe_load(path.read_text()) or {}
         if not isinstance(raw, dict):
             raise ConfigError("CONFIG", str(path), "the file must hold a YAML mapping")
+    return config_from_dict(raw, overrides)
+
+
+def config_from_dict(raw: dict, overrides: list[str] = ()) -> ExperimentConfig:
+    """Build and validate a config from a mapping (e.g. one stored in a checkpoint)."""
+    raw = copy.deepcopy(raw)
     for assignment in overrides:
         apply_override(raw, assignment)
     config = _from_dict(ExperimentConfig, raw)
@@ -298,6 +316,8 @@ def validate(c: ExperimentConfig) -> None:
     _validate_cohort(c)
     _validate_privacy(c)
     _validate_executor(c)
+    if c.checkpoint.every < 0:
+        raise ConfigError("checkpoint.every", c.checkpoint.every, "must be >= 0 (0: at the end)")
 
 
 def _validate_data(c: ExperimentConfig) -> None:

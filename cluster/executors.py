@@ -34,6 +34,12 @@ class LocalExecutor:
     def evaluate(self, params: np.ndarray) -> EvalResult:
         return self.host.evaluate(params, 0, self.num_test)
 
+    def client_states(self) -> dict:
+        return self.host.client_states()
+
+    def load_client_states(self, states: dict) -> None:
+        self.host.load_client_states(states)
+
     def close(self) -> None:
         pass
 
@@ -94,6 +100,21 @@ class RayExecutor:
             if stop > start
         ]
         return EvalResult.combine(self._ray.get(futures))
+
+    def client_states(self) -> dict:
+        states: dict = {}
+        for part in self._ray.get([a.client_states.remote() for a in self.actors]):
+            states.update(part)
+        return states
+
+    def load_client_states(self, states: dict) -> None:
+        futures = [
+            actor.load_client_states.remote(
+                {cid: s for cid, s in states.items() if self.owner[cid] == index}
+            )
+            for index, actor in enumerate(self.actors)
+        ]
+        self._ray.get(futures)
 
     def close(self) -> None:
         for actor in self.actors:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 
 from algorithms.layout import ParamLayout
+from cluster.checkpoint import save_checkpoint
 from cluster.config import ExperimentConfig
 from cluster.executors import LocalExecutor, RayExecutor
 from cluster.simulation import RoundRecord, Simulation, SimulationResult, final_epsilon
@@ -47,6 +49,7 @@ class Outcome:
     result: SimulationResult
     run_id: str | None
     tracking_uri: str | None
+    checkpoint: Path
 
     @property
     def final_accuracy(self) -> float | None:
@@ -71,55 +74,72 @@ def privacy_tags(config: ExperimentConfig, sim: Simulation) -> dict[str, str]:
     }
 
 
+def _start_tracking(
+    config: ExperimentConfig, sim: Simulation, store: ShardStore, run_id: str | None
+):
+    from cluster.tracking import MlflowTracker, flatten
+
+    if run_id is not None:
+        return MlflowTracker.resume(run_id)
+    tags = {
+        "algorithm": config.algorithm.name,
+        "task": config.task,
+        "store": store.path.name,
+        **privacy_tags(config, sim),
+    }
+    return MlflowTracker(
+        config.tracking.experiment, config.tracking.run_name, flatten(config.to_dict()), tags
+    )
+
+
+def checkpoint_path(config: ExperimentConfig, run_id: str | None) -> Path:
+    name = run_id or f"{config.tracking.experiment}-{config.algorithm.name}-seed{config.seed}"
+    return config.checkpoint.resolved_dir() / f"{name}.pt"
+
+
 def run_experiment(
-    config: ExperimentConfig, on_round: Callable[[RoundRecord], None] = lambda r: None
+    config: ExperimentConfig,
+    on_round: Callable[[RoundRecord], None] = lambda r: None,
+    resume: dict | None = None,
 ) -> Outcome:
+    """Run (or, given a loaded checkpoint, continue) one experiment end to end."""
     store, _ = open_store(config)
     executor = make_executor(config, store)
     tracker = None
     try:
         sim = Simulation(config, store, executor)
+        if resume is not None:
+            sim.load_state_dict(resume["simulation"])
         if config.tracking.enabled:
-            from cluster.tracking import MlflowTracker, flatten
-
-            tags = {
-                "algorithm": config.algorithm.name,
-                "task": config.task,
-                "store": store.path.name,
-                **privacy_tags(config, sim),
-            }
-            tracker = MlflowTracker(
-                config.tracking.experiment,
-                config.tracking.run_name,
-                flatten(config.to_dict()),
-                tags,
-            )
+            tracker = _start_tracking(config, sim, store, resume and resume.get("run_id"))
+        run_id = tracker.run_id if tracker else None
+        path = checkpoint_path(config, run_id)
 
         def report(record: RoundRecord) -> None:
             if tracker is not None:
                 tracker.log_round(record)
+            every = config.checkpoint.every
+            if every and record.round % every == 0:
+                save_checkpoint(path, sim.state_dict(), config.to_dict(), run_id)
             on_round(record)
 
         result = sim.run(report)
+        save_checkpoint(path, sim.state_dict(), config.to_dict(), run_id)
         if tracker is not None:
             ParamLayout.of(sim.model).load_into(sim.model, result.params)
             eps = final_epsilon(result.history)
-            tracker.set_tags({"stop_reason": result.stop_reason})
-            tracker.finish(
-                config.to_dict(),
-                result.history,
-                sim.model,
-                {
-                    "rounds": len(result.history),
-                    "stop_reason": result.stop_reason,
-                    "epsilon": eps if math.isfinite(eps) else None,
-                    "delta": config.delta,
-                },
-            )
+            tracker.set_tags({"stop_reason": result.stop_reason, "checkpoint": str(path)})
+            summary = {
+                "rounds": len(result.history),
+                "stop_reason": result.stop_reason,
+                "epsilon": eps if math.isfinite(eps) else None,
+                "delta": config.delta,
+            }
+            tracker.finish(config.to_dict(), result.history, sim.model, summary)
     except BaseException:
         if tracker is not None:
             tracker.fail()
         raise
     finally:
         executor.close()
-    return Outcome(result, tracker.run_id if tracker else None, tracker.uri if tracker else None)
+    return Outcome(result, run_id, tracker.uri if tracker else None, path)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
@@ -132,6 +132,24 @@ class Simulation:
                 )
         record.seconds = time.perf_counter() - start
         return record
+
+    def state_dict(self) -> dict:
+        """Everything needed to continue bit for bit (randomness is keyed by round, not state)."""
+        return {
+            "rounds_done": len(self.history),
+            "params": self.state.params.clone(),
+            "extras": {k: v.clone() for k, v in self.state.extras.items()},
+            "accountant": self.accountant.state_dict() if self.accountant else None,
+            "history": [asdict(r) for r in self.history],
+            "client_states": self.executor.client_states(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.state = ServerState(state["params"].clone(), dict(state["extras"]))
+        if self.accountant is not None:
+            self.accountant.load_state_dict(state["accountant"])
+        self.history = [RoundRecord(**r) for r in state["history"]]
+        self.executor.load_client_states(state["client_states"])
 
     def run(self, on_round: Callable[[RoundRecord], None] = lambda r: None) -> SimulationResult:
         stop_reason = f"completed {self.config.rounds} rounds"

@@ -96,6 +96,16 @@ class MlflowTracker:
         for start in range(0, len(items), 100):
             self.client.log_batch(self.run_id, params=items[start : start + 100])
 
+    @classmethod
+    def resume(cls, run_id: str) -> MlflowTracker:
+        """Continue an existing run (a resumed checkpoint logs into the same run)."""
+        tracker = cls.__new__(cls)
+        tracker.uri = tracking_uri()
+        tracker.client = MlflowClient(tracker.uri)
+        tracker.run_id = run_id
+        tracker.client.update_run(run_id, status="RUNNING")
+        return tracker
+
     def set_tags(self, tags: dict[str, str]) -> None:
         self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
