@@ -11,6 +11,7 @@ from cluster.simulation import Simulation
 def small_config(store_root, *overrides: str):
     base = [
         f"data.store_root={store_root}",
+        f"checkpoint.dir={store_root}/checkpoints",
         "data.num_clients=20",
         "data.synthetic.samples_per_user=100",
         "cohort.size=5",
