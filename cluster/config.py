@@ -435,6 +435,12 @@ def _validate_privacy(c: ExperimentConfig) -> None:
                 p.target_epsilon,
                 f"{c.algorithm.name} is non-private; use dp_fedavg or remove it",
             )
+        if not c.algorithm.noise_multiplier:
+            raise ConfigError(
+                "privacy.target_epsilon",
+                p.target_epsilon,
+                "σ = 0 gives no privacy to budget; set algorithm.noise_multiplier > 0",
+            )
 
 
 def _validate_executor(c: ExperimentConfig) -> None:

@@ -34,6 +34,11 @@ BAD_CONFIGS = [
         "algorithm.noise_placement",
         "fixed-size cohort",
     ),
+    (
+        [*DP, "algorithm.noise_multiplier=0", "privacy.target_epsilon=4"],
+        "privacy.target_epsilon",
+        "no privacy to budget",
+    ),
     ([*DP, "algorithm.weighting=samples"], "algorithm.weighting", "uniform"),
     (["algorithm.local.local_epochs=2"], "algorithm.local.local_steps", "exactly one"),
     (["data.synthetic.label_noise=2"], "data.synthetic.label_noise", "in [0, 1]"),
