@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import ray
 import torch
 
@@ -22,8 +24,9 @@ class ClientHostActor:
                 torch.cuda.set_per_process_memory_fraction(gpus_per_actor, 0)
         self.host = ClientHost(device=device, **host_kwargs)
 
-    def device(self) -> str:
-        return str(self.host.device)
+    def info(self) -> dict:
+        """Where this actor runs: its process id and torch device."""
+        return {"pid": os.getpid(), "device": str(self.host.device)}
 
     def run_round(
         self, round_index: int, broadcast: Broadcast, client_ids: list[int], nominal: float

@@ -16,6 +16,8 @@ from algorithms.aggregate import PartialAggregate
 from algorithms.presets import Algorithm
 from datasets.store import ShardStore
 
+MAX_RETRIES = 3
+
 
 class LocalExecutor:
     def __init__(
@@ -64,8 +66,18 @@ class RayExecutor:
         self.owner = np.empty(store.num_clients, dtype=np.int64)
         for actor_index, clients in enumerate(assignment):
             self.owner[clients] = actor_index
+        # A stateless algorithm's round is a pure function of (broadcast, seeds): Ray restarts a
+        # dead actor (reloading its shards) and retries the call, with an identical result. An
+        # actor holding client state (SCAFFOLD c_i) would lose it, so there a death fails the
+        # run, which resumes from its last checkpoint instead.
+        retries = 0 if algorithm.control_variates else MAX_RETRIES
         self.actors = [
-            ClientHostActor.options(num_cpus=cpus_per_actor, num_gpus=gpus_per_actor).remote(
+            ClientHostActor.options(
+                num_cpus=cpus_per_actor,
+                num_gpus=gpus_per_actor,
+                max_restarts=retries,
+                max_task_retries=retries,
+            ).remote(
                 cpus_per_actor,
                 gpus_per_actor,
                 store_path=str(store.path),
@@ -78,7 +90,10 @@ class RayExecutor:
         ]
         bounds = np.linspace(0, store.manifest["num_test"], num_actors + 1).astype(int)
         self.eval_slices = list(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True))
-        self.devices = ray.get([a.device.remote() for a in self.actors])
+        self.devices = [info["device"] for info in self.actor_info()]
+
+    def actor_info(self) -> list[dict]:
+        return self._ray.get([actor.info.remote() for actor in self.actors])
 
     def run_round(
         self, round_index: int, broadcast: Broadcast, cohort: np.ndarray, nominal: float

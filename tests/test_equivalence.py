@@ -107,6 +107,27 @@ def test_fractional_gpu_actors_are_packed_and_run(store_root, ray_session):
     )
 
 
+def test_stateless_round_survives_a_killed_actor(store_root, ray_session):
+    config = small_config(store_root, *DP, "rounds=4")
+    store, _ = open_store(config)
+    executor = RayExecutor(store, config.task, config.build_algorithm(), config.seed, 2, 1.0)
+    try:
+        sim = Simulation(config, store, executor)
+        pid_before = executor.actor_info()[0]["pid"]
+
+        def kill_after_round_2(record):
+            if record.round == 2:  # the actor dies; Ray restarts it and retries its calls
+                ray_session.kill(executor.actors[0], no_restart=False)
+
+        sim.run(kill_after_round_2)
+        assert executor.actor_info()[0]["pid"] != pid_before  # it really died and came back
+    finally:
+        executor.close()
+    np.testing.assert_allclose(
+        sim.state.params.numpy(), run_local(config).state.params.numpy(), atol=1e-6, rtol=0
+    )
+
+
 def test_scaffold_server_control_is_mean_of_client_controls(store_root):
     config = small_config(store_root, "algorithm.name=scaffold")
     store, _ = open_store(config)
