@@ -69,6 +69,7 @@ class ClientHost:
         # Loaded once: the hosted clients' rows live on this host's device for the whole run.
         self.data = {cid: self._tensors(self.store.client(cid)) for cid in client_ids}
         self.client_state: dict[int, dict[str, torch.Tensor]] = {}
+        self._test_cache: dict[tuple[int, int], list] = {}
 
     def _tensors(self, arrays) -> tuple[torch.Tensor, torch.Tensor]:
         return (
@@ -124,13 +125,21 @@ class ClientHost:
             for cid, state in states.items()
         }
 
+    def _test_batches(self, start: int, stop: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """This host's test slice, loaded onto its device once and kept, like client data."""
+        if (start, stop) not in self._test_cache:
+            self._test_cache[(start, stop)] = [
+                self._tensors(self.store.test_rows(lo, min(lo + self.eval_batch_size, stop)))
+                for lo in range(start, stop, self.eval_batch_size)
+            ]
+        return self._test_cache[(start, stop)]
+
     @torch.no_grad()
     def evaluate(self, params: np.ndarray, start: int, stop: int) -> EvalResult:
         """Loss and accuracy of ``params`` on test rows [start, stop)."""
         flat = self._to_device(params)
         loss_sum, correct = 0.0, 0
-        for lo in range(start, stop, self.eval_batch_size):
-            x, y = self._tensors(self.store.test_rows(lo, min(lo + self.eval_batch_size, stop)))
+        for x, y in self._test_batches(start, stop):
             logits = self.objective.logits(flat, x)
             loss_sum += float(torch.nn.functional.cross_entropy(logits, y, reduction="sum"))
             correct += int((logits.argmax(1) == y).sum())

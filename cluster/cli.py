@@ -98,6 +98,14 @@ def _execute(config, checkpoint: dict | None) -> int:
     return 0
 
 
+def _add_execution_options(parser: argparse.ArgumentParser, set_help: str) -> None:
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
+    parser.add_argument("--executor", choices=["local", "ray"], help="override executor.kind")
+    parser.add_argument(
+        "--address", help="Ray cluster address (default: $RAY_ADDRESS or an embedded Ray)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m cluster", description="DP federated learning simulations on Ray"
@@ -105,27 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run one experiment from a YAML config")
     run.add_argument("config", help="experiment YAML, e.g. configs/quickstart.yaml")
-    run.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config field, e.g. --set rounds=10 (repeatable)",
-    )
-    run.add_argument("--executor", choices=["local", "ray"], help="override executor.kind")
-    run.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS or embedded)")
+    _add_execution_options(run, "override a config field, e.g. --set rounds=10 (repeatable)")
     run.set_defaults(handler=_run)
     resume = commands.add_parser("resume", help="continue a run from its checkpoint")
     resume.add_argument("checkpoint", help="checkpoint file written by a run")
-    resume.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="change rounds, eval_every, executor.* or checkpoint.* only",
-    )
-    resume.add_argument("--executor", choices=["local", "ray"], help="override executor.kind")
-    resume.add_argument("--address", help="Ray cluster address")
+    _add_execution_options(resume, "change rounds, eval_every, executor.* or checkpoint.* only")
     resume.set_defaults(handler=_resume)
     args = parser.parse_args(argv)
     return args.handler(args)
