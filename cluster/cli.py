@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from cluster import privacy_cli
 from cluster.config import ConfigError, config_from_dict, load_config
 from cluster.simulation import RoundRecord
 
@@ -119,5 +120,6 @@ def main(argv: list[str] | None = None) -> int:
     resume.add_argument("checkpoint", help="checkpoint file written by a run")
     _add_execution_options(resume, "change rounds, eval_every, executor.* or checkpoint.* only")
     resume.set_defaults(handler=_resume)
+    privacy_cli.add_parser(commands)
     args = parser.parse_args(argv)
     return args.handler(args)

@@ -22,7 +22,7 @@ from algorithms.server import ServerContext, ServerState
 from cluster.cohort import sample_cohort
 from cluster.config import ExperimentConfig
 from datasets.store import ShardStore
-from privacy.accountant import RdpAccountant
+from privacy.accountant import accountant_class
 
 
 @dataclass
@@ -78,7 +78,7 @@ class Simulation:
         extras = {"control": torch.zeros_like(params)} if self.algorithm.control_variates else {}
         self.state = ServerState(params, extras)
         self.private = self.algorithm.privacy_unit == "client"
-        self.accountant = RdpAccountant() if self.private else None
+        self.accountant = accountant_class(config.privacy.accountant)() if self.private else None
         self.history: list[RoundRecord] = []
 
     @property

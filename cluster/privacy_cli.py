@@ -1,0 +1,97 @@
+"""``python -m cluster privacy``: ε, calibrated σ or a round budget, under every accountant."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from privacy.accountant import ACCOUNTANTS, accountant_class
+from privacy.calibration import calibrate_sigma, epsilon_for, max_rounds
+from privacy.subsampling_wor import TwoLevelSampleAccountant, dpscaffold_delta
+
+
+def add_parser(commands) -> None:
+    p = commands.add_parser(
+        "privacy",
+        help="privacy calculator: ε, calibrated σ or max rounds, side by side per accountant",
+        description="Client level (default): one q-subsampled Gaussian per round. Give --sigma "
+        "and --rounds for ε; --target-epsilon and --rounds for σ; --sigma and --target-epsilon "
+        "for the largest number of rounds. --sample-level: DP-SCAFFOLD's two-level accountant.",
+    )
+    p.add_argument("--sigma", type=float, help="noise multiplier σ")
+    p.add_argument("--q", type=float, help="client sampling rate (client level)")
+    p.add_argument("--rounds", type=int, help="number of rounds T")
+    p.add_argument("--delta", type=float, help="δ (sample level default: 1/(M·R_train))")
+    p.add_argument("--target-epsilon", type=float, help="privacy budget ε*")
+    p.add_argument("--sample-level", action="store_true", help="record-level DP-SGD in clients")
+    p.add_argument("--l", type=float, help="client sampling rate (sample level)")
+    p.add_argument("--s", type=float, help="data sampling rate inside a client (sample level)")
+    p.add_argument("--local-steps", type=int, help="noisy local steps K per round")
+    p.add_argument("--clients", type=int, help="number of clients M (sample level)")
+    p.add_argument("--samples-per-client", type=int, help="training records per client R_train")
+    p.set_defaults(handler=run)
+
+
+def _need(args: argparse.Namespace, *names: str) -> None:
+    missing = [f"--{n.replace('_', '-')}" for n in names if getattr(args, n) is None]
+    if missing:
+        raise ValueError(f"missing {', '.join(missing)}")
+
+
+def _client_level(args: argparse.Namespace) -> None:
+    _need(args, "q", "delta")
+    if args.sigma is not None and args.rounds is not None:
+        header, compute = (
+            "ε",
+            lambda cls: epsilon_for(args.sigma, args.q, args.rounds, args.delta, cls),
+        )
+    elif args.target_epsilon is not None and args.rounds is not None:
+        header, compute = (
+            "σ",
+            lambda cls: calibrate_sigma(args.target_epsilon, args.delta, args.q, args.rounds, cls),
+        )
+    elif args.sigma is not None and args.target_epsilon is not None:
+        header, compute = (
+            "max rounds",
+            lambda cls: max_rounds(args.sigma, args.q, args.delta, args.target_epsilon, cls),
+        )
+    else:
+        raise ValueError("give two of --sigma, --rounds, --target-epsilon")
+    print(f"client level, Poisson-subsampled Gaussian, q={args.q:g}, δ={args.delta:g}")
+    print(f"{'accountant':<12}{header}")
+    for name in ACCOUNTANTS:
+        try:
+            value = compute(accountant_class(name))
+            print(f"{name:<12}{value:.4g}")
+        except (ValueError, ImportError) as error:
+            print(f"{name:<12}n/a ({error})")
+
+
+def _sample_level(args: argparse.Namespace) -> None:
+    _need(args, "sigma", "l", "s", "local_steps", "clients")
+    if args.delta is None:
+        _need(args, "samples_per_client")
+        args.delta = dpscaffold_delta(args.clients, args.samples_per_client)
+    acc = TwoLevelSampleAccountant(args.clients, args.l, args.s, args.local_steps, args.sigma)
+    print(
+        f"sample level (DP-SCAFFOLD two-level RDP, sampling without replacement), "
+        f"l={args.l:g}, s={args.s:g}, K={args.local_steps}, M={args.clients}, δ={args.delta:g}"
+    )
+    if args.rounds is not None:
+        print(f"ε after {args.rounds} rounds: {acc.epsilon(args.rounds, args.delta):.4g}")
+    if args.target_epsilon is not None:
+        print(
+            f"max rounds at ε={args.target_epsilon:g}: "
+            f"{acc.max_rounds(args.target_epsilon, args.delta)}"
+        )
+    if args.rounds is None and args.target_epsilon is None:
+        raise ValueError("give --rounds or --target-epsilon")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        (_sample_level if args.sample_level else _client_level)(args)
+    except ValueError as error:
+        print(f"privacy: {error}", file=sys.stderr)
+        return 2
+    return 0
