@@ -95,7 +95,7 @@ class CohortConfig:
 class PrivacyConfig:
     delta: float | None = None  # default 1/num_clients
     target_epsilon: float | None = None  # stop before a round would exceed it
-    accountant: Literal["rdp", "pld", "prv"] = "rdp"
+    accountant: Literal["rdp"] = "rdp"
 
 
 @dataclass

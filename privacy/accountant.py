@@ -79,19 +79,12 @@ def sampling_assumption(sampling: str) -> str:
     return "poisson-subsampled gaussian with q=m/N (approximation for fixed-size cohorts)"
 
 
-ACCOUNTANTS = ("rdp", "pld", "prv")
+
+ACCOUNTANTS = ("rdp",)
 
 
 def accountant_class(name: str) -> type:
-    """The accountant class for a config/CLI name (PLD and PRV load their libraries lazily)."""
+    """The accountant class for a config/CLI name."""
     if name == "rdp":
         return RdpAccountant
-    if name == "pld":
-        from privacy.pld import PldAccountant
-
-        return PldAccountant
-    if name == "prv":
-        from privacy.prv import PrvAccountant
-
-        return PrvAccountant
     raise ValueError(f"unknown accountant {name!r}; known: {', '.join(ACCOUNTANTS)}")

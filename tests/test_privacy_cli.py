@@ -1,0 +1,93 @@
+"""`python -m cluster privacy`: the calculator a researcher uses before launching a run."""
+
+import pytest
+
+from cluster.cli import main
+
+
+def _rows(out: str) -> dict[str, str]:
+    return {
+        line.split()[0]: line.split(None, 1)[1]
+        for line in out.splitlines()
+        if line.split() and line.split()[0] in ("rdp", "pld", "prv")
+    }
+
+
+def test_epsilon_side_by_side(capsys):
+    assert (
+        main(["privacy", "--sigma", "0.95", "--q", "0.1", "--rounds", "200", "--delta", "0.002"])
+        == 0
+    )
+    rows = _rows(capsys.readouterr().out)
+    assert set(rows) == {"rdp"}
+    assert float(rows["rdp"]) == pytest.approx(8.51, rel=0.01)
+
+
+def test_calibrated_sigma_and_round_budget(capsys):
+    assert (
+        main(
+            [
+                "privacy",
+                "--target-epsilon",
+                "8",
+                "--rounds",
+                "300",
+                "--q",
+                "0.1",
+                "--delta",
+                "0.002",
+            ]
+        )
+        == 0
+    )
+    sigma = float(_rows(capsys.readouterr().out)["rdp"])
+    assert 1.0 < sigma < 1.2
+    assert (
+        main(
+            [
+                "privacy",
+                "--sigma",
+                "0.95",
+                "--target-epsilon",
+                "8",
+                "--q",
+                "0.1",
+                "--delta",
+                "0.002",
+            ]
+        )
+        == 0
+    )
+    assert abs(int(_rows(capsys.readouterr().out)["rdp"]) - 180) <= 2
+
+
+def test_sample_level_uses_the_papers_two_level_accountant(capsys):
+    assert (
+        main(
+            [
+                "privacy",
+                "--sample-level",
+                "--l",
+                "0.05",
+                "--s",
+                "0.2",
+                "--local-steps",
+                "10",
+                "--sigma",
+                "10",
+                "--clients",
+                "100",
+                "--samples-per-client",
+                "4000",
+                "--target-epsilon",
+                "3",
+            ]
+        )
+        == 0
+    )
+    assert "max rounds at ε=3: 428" in capsys.readouterr().out  # DP-SCAFFOLD Table 1
+
+
+def test_missing_arguments_are_named(capsys):
+    assert main(["privacy", "--sigma", "1.0", "--q", "0.1", "--delta", "1e-5"]) == 2
+    assert "give two of --sigma, --rounds, --target-epsilon" in capsys.readouterr().err
