@@ -1,0 +1,216 @@
+"""Client-level privacy accounting with privacy loss distributions (PLD).
+
+Each round is one release of the sum of the sampled clients' clipped updates with Gaussian noise
+of std σC, amplified by sampling clients with rate q: dp-accounting's
+``PoissonSampledDpEvent(q, GaussianDpEvent(σ))``. ``PldAccountant`` composes the rounds
+numerically with privacy loss distributions (Koskela et al. 2020; Doroshenko et al. 2022,
+``dp_accounting.pld``), tight up to the discretisation, and reads ε off the composed PLD for
+the requested δ. σ and q may change from round to round.
+
+What is composed is exactly what ``dp_accounting.pld.PLDAccountant`` composes for
+``compose(PoissonSampledDpEvent(q, GaussianDpEvent(σ)), count)`` applied once per run of equal
+rounds, in order: the identity PLD, then for each (σ, q, count) of the merged history
+``from_gaussian_mechanism(σ, sampling_prob=q).self_compose(count)``. The accountant calls those
+``privacy_loss_distribution`` primitives itself so that it can cache: the one-round PLD
+(≈0.2 s to build) once per distinct (σ, q), and the PLD of the runs before the last one. ε after
+one more round then costs one self-composition of the last run, one composition and one ε
+look-up (≈0.15 s at q=0.01, σ=1, T=1000, independent of how many runs came before), not a
+rebuild of the whole history (≈0.4 s with ``PLDAccountant``, +≈0.3 s per distinct run). Only
+the first ε after ``load_state_dict`` composes the whole history (100 distinct runs: 30 s).
+The composed PLD is memoised, so ``epsilon_after`` followed by ``step`` with the same (σ, q)
+and ``epsilon`` composes once. ε is a deterministic function of the merged (σ, q, rounds)
+history, so an accountant rebuilt with ``load_state_dict`` continues with bit-identical values,
+equal to ``PLDAccountant`` composed run by run.
+
+Discretisation: ``value_discretization_interval`` 1e-4 (dp-accounting's default), pessimistic
+estimate, so ε is an upper bound. Measured at δ=1e-5 against 3e-5 and 1e-5: ≤ 0.02% too high
+for ε ≥ 0.5 (q=0.01, σ=1, T=1000: ε=1.8282 in 0.4 s from scratch) and ≤ 0.3% down to ε≈0.015.
+1e-3 is ~9x faster but overstates small ε by 2-25% (q=0.001, σ=0.8, T=10000: +1.7%;
+q=0.001, σ=2, T=100: +25%).
+
+Range: the cost of a PLD grows with ε (its support is the range of the privacy loss over a
+grid of that interval): ≈2-6 s and ~1 GB for ε in the hundreds, and σ=0.1, q=0.1, T=300
+(ε≈2200) took 31 s and 3 GB; σ=0.01 does not finish. ε is therefore only computed while the
+cheap RDP upper bound (``privacy.accountant``) is at most ``max_epsilon`` (default 100, where a
+call costs at most ~10 s); beyond it ``epsilon`` and ``epsilon_after`` raise ``ValueError``
+(such an ε carries no meaningful guarantee; ``RdpAccountant`` still gives a bound there).
+
+Assumptions: Poisson sampling of clients and add/remove-one adjacency (dp-accounting's
+``ADD_OR_REMOVE_ONE``; ε is the larger of the two directions). A fixed-size cohort drawn without
+replacement is accounted with the same q = m/N, as an approximation. A round with q = 0 releases
+nothing; a round with σ = 0 and q > 0 is not private (ε = ∞).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from functools import lru_cache
+
+import numpy as np
+from dp_accounting.pld import privacy_loss_distribution as pld_lib
+
+from privacy.accountant import ORDERS, RdpAccountant, _round_rdp
+
+DEFAULT_VALUE_DISCRETIZATION_INTERVAL = 1e-4
+DEFAULT_MAX_EPSILON = 100.0
+_MEMO_SIZE = 3  # composed PLDs kept per accountant, keyed by the merged history
+
+Runs = tuple[tuple[float, float, int], ...]  # merged (σ, q, rounds) history
+
+
+@lru_cache(maxsize=8)
+def _round_pld(
+    noise_multiplier: float, sample_rate: float, interval: float
+) -> pld_lib.PrivacyLossDistribution:
+    """PLD of one q-subsampled Gaussian release, built as ``PLDAccountant`` builds it."""
+    return pld_lib.from_gaussian_mechanism(
+        standard_deviation=noise_multiplier,
+        value_discretization_interval=interval,
+        sampling_prob=sample_rate,
+    )
+
+
+def validated(noise_multiplier: float, sample_rate: float, rounds: int = 1) -> tuple:
+    """(σ, q, rounds) as (float, float, int), or ValueError for values no accountant accepts."""
+    sigma, q = float(noise_multiplier), float(sample_rate)
+    if not (sigma >= 0.0 and math.isfinite(sigma)):
+        raise ValueError(f"noise_multiplier must be finite and >= 0, got {noise_multiplier}")
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"sample_rate must be in [0, 1], got {sample_rate}")
+    if int(rounds) != rounds or rounds < 0:
+        raise ValueError(f"rounds must be a non-negative integer, got {rounds}")
+    return sigma, q, int(rounds)
+
+
+def extended(history: Runs, sigma: float, q: float, rounds: int) -> Runs:
+    """``history`` after ``rounds`` more releases at (σ, q), merged with an equal last run."""
+    if history and history[-1][:2] == (sigma, q):
+        return (*history[:-1], (sigma, q, history[-1][2] + rounds))
+    return (*history, (sigma, q, rounds))
+
+
+def rdp_epsilon(history: Runs, delta: float) -> float:
+    """RDP upper bound on ε for ``history`` (cheap: cached per-(σ, q) curves)."""
+    rdp = sum(
+        (rounds * _round_rdp(sigma, q) for sigma, q, rounds in history), np.zeros(len(ORDERS))
+    )
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Optimal order is the")
+        return RdpAccountant._epsilon(rdp, delta)
+
+
+class PldAccountant:
+    name = "pld"
+
+    def __init__(
+        self,
+        value_discretization_interval: float = DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
+        max_epsilon: float = DEFAULT_MAX_EPSILON,
+    ) -> None:
+        self.value_discretization_interval = float(value_discretization_interval)
+        self.max_epsilon = float(max_epsilon)
+        self.history: list[tuple[float, float, int]] = []  # (σ, q, rounds), merged when equal
+        # PLD of history[:_closed_runs]; only runs before the last (still growing) one.
+        self._closed: pld_lib.PrivacyLossDistribution | None = None
+        self._closed_runs = 0
+        self._memo: dict[Runs, pld_lib.PrivacyLossDistribution | None] = {}
+        self._eps_memo: dict[tuple[Runs, float], float] = {}
+
+    # -- composition ---------------------------------------------------------------------------
+
+    def _compose_run(self, base, sigma: float, q: float, rounds: int):
+        """``base`` composed with ``rounds`` releases at (σ, q), as ``PLDAccountant`` does it.
+
+        None stands for "nothing released yet" (``PLDAccountant`` starts from the identity PLD
+        and so does the first real composition here). σ = 0 is flagged by the caller.
+        """
+        if q == 0.0 or sigma == 0.0 or rounds == 0:
+            return base
+        run = _round_pld(sigma, q, self.value_discretization_interval).self_compose(rounds)
+        if base is None:
+            base = pld_lib.identity(
+                value_discretization_interval=self.value_discretization_interval
+            )
+        return base.compose(run)
+
+    def _remember(self, history: Runs, pld) -> None:
+        if len(self._memo) >= _MEMO_SIZE:
+            self._memo.pop(next(iter(self._memo)))
+        self._memo[history] = pld
+
+    def _pld(self, history: Runs):
+        """PLD of ``history``: ``self.history``, or it extended by one round."""
+        if history in self._memo:
+            return self._memo[history]
+        before = history[:-1]  # == self.history[:-1] or == self.history
+        if before in self._memo:
+            prefix = self._memo[before]
+        else:
+            while self._closed_runs < min(len(before), len(self.history) - 1):
+                self._closed = self._compose_run(self._closed, *self.history[self._closed_runs])
+                self._closed_runs += 1
+            prefix = self._closed
+            for run in before[self._closed_runs :]:  # at most self.history's open last run
+                prefix = self._compose_run(prefix, *run)
+        pld = self._compose_run(prefix, *history[-1])
+        self._remember(history, pld)
+        return pld
+
+    def _epsilon(self, history: Runs, delta: float) -> float:
+        if not history:
+            return 0.0
+        if any(sigma == 0.0 and q > 0.0 and rounds > 0 for sigma, q, rounds in history):
+            return math.inf
+        key = (history, float(delta))
+        if key not in self._eps_memo:
+            bound = rdp_epsilon(history, delta)
+            if bound > self.max_epsilon:
+                raise ValueError(
+                    f"PLD accounting refused: the RDP bound ε={bound:.4g} at δ={delta:g} exceeds "
+                    f"max_epsilon={self.max_epsilon:g}; composing PLDs this wide takes seconds to "
+                    "minutes and gigabytes. Such an ε gives no meaningful guarantee; use the rdp "
+                    "accountant for these parameters (or raise max_epsilon)."
+                )
+            pld = self._pld(history)
+            eps = 0.0 if pld is None else float(pld.get_epsilon_for_delta(delta))
+            if len(self._eps_memo) >= 64:
+                self._eps_memo.clear()
+            self._eps_memo[key] = eps
+        return self._eps_memo[key]
+
+    # -- the RdpAccountant interface -----------------------------------------------------------
+
+    def step(self, noise_multiplier: float, sample_rate: float, rounds: int = 1) -> None:
+        """Compose ``rounds`` releases of the q-subsampled Gaussian with multiplier σ.
+
+        Only records the history; the PLD is composed when ε is asked for.
+        """
+        sigma, q, rounds = validated(noise_multiplier, sample_rate, rounds)
+        if rounds == 0:
+            return
+        old = tuple(self.history)
+        self.history = list(extended(old, sigma, q, rounds))
+        if len(self.history) > len(old) and old in self._memo and self._closed_runs < len(old):
+            # A new run starts: the previous full history is now closed and already composed.
+            self._closed, self._closed_runs = self._memo[old], len(old)
+
+    @property
+    def rounds(self) -> int:
+        return sum(rounds for _, _, rounds in self.history)
+
+    def epsilon(self, delta: float) -> float:
+        return self._epsilon(tuple(self.history), delta)
+
+    def epsilon_after(self, noise_multiplier: float, sample_rate: float, delta: float) -> float:
+        """ε if one more round were composed, without composing it."""
+        sigma, q, _ = validated(noise_multiplier, sample_rate)
+        return self._epsilon(extended(tuple(self.history), sigma, q, 1), delta)
+
+    def state_dict(self) -> dict:
+        return {"history": [list(h) for h in self.history]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.__init__(self.value_discretization_interval, self.max_epsilon)
+        for sigma, q, rounds in state["history"]:
+            self.step(sigma, q, int(rounds))
