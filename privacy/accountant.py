@@ -79,7 +79,6 @@ def sampling_assumption(sampling: str) -> str:
     return "poisson-subsampled gaussian with q=m/N (approximation for fixed-size cohorts)"
 
 
-
 ACCOUNTANTS = ("rdp",)
 
 

@@ -100,7 +100,37 @@ def rdp_epsilon(history: Runs, delta: float) -> float:
         return RdpAccountant._epsilon(rdp, delta)
 
 
-class PldAccountant:
+class HistoryAccountant:
+    """The (σ, q, rounds) run history and the interface shared by the PLD and PRV accountants.
+
+    Subclasses implement ``_epsilon(runs, delta)`` on a merged history and ``_settings()``,
+    the constructor arguments that ``load_state_dict`` rebuilds them with.
+    """
+
+    history: list
+
+    @property
+    def rounds(self) -> int:
+        return sum(rounds for _, _, rounds in self.history)
+
+    def epsilon(self, delta: float) -> float:
+        return self._epsilon(tuple(self.history), delta)
+
+    def epsilon_after(self, noise_multiplier: float, sample_rate: float, delta: float) -> float:
+        """ε if one more round were composed, without composing it."""
+        sigma, q, _ = validated(noise_multiplier, sample_rate)
+        return self._epsilon(extended(tuple(self.history), sigma, q, 1), delta)
+
+    def state_dict(self) -> dict:
+        return {"history": [list(h) for h in self.history]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.__init__(*self._settings())
+        for sigma, q, rounds in state["history"]:
+            self.step(sigma, q, int(rounds))
+
+
+class PldAccountant(HistoryAccountant):
     name = "pld"
 
     def __init__(
@@ -195,22 +225,5 @@ class PldAccountant:
             # A new run starts: the previous full history is now closed and already composed.
             self._closed, self._closed_runs = self._memo[old], len(old)
 
-    @property
-    def rounds(self) -> int:
-        return sum(rounds for _, _, rounds in self.history)
-
-    def epsilon(self, delta: float) -> float:
-        return self._epsilon(tuple(self.history), delta)
-
-    def epsilon_after(self, noise_multiplier: float, sample_rate: float, delta: float) -> float:
-        """ε if one more round were composed, without composing it."""
-        sigma, q, _ = validated(noise_multiplier, sample_rate)
-        return self._epsilon(extended(tuple(self.history), sigma, q, 1), delta)
-
-    def state_dict(self) -> dict:
-        return {"history": [list(h) for h in self.history]}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.__init__(self.value_discretization_interval, self.max_epsilon)
-        for sigma, q, rounds in state["history"]:
-            self.step(sigma, q, int(rounds))
+    def _settings(self) -> tuple:
+        return (self.value_discretization_interval, self.max_epsilon)

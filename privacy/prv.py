@@ -51,7 +51,7 @@ import warnings
 import numpy as np
 from opacus.accountants import PRVAccountant
 
-from privacy.pld import Runs, extended, rdp_epsilon, validated
+from privacy.pld import HistoryAccountant, Runs, extended, rdp_epsilon, validated
 
 DEFAULT_EPS_ERROR = 0.01  # opacus's default
 DEFAULT_MAX_EPSILON = 100.0
@@ -75,7 +75,7 @@ def grid_points(history: Runs, eps_error: float, delta_error: float) -> int:
     return int(2 * math.ceil(half_width / mesh)) + 2
 
 
-class PrvAccountant:
+class PrvAccountant(HistoryAccountant):
     name = "prv"
 
     def __init__(
@@ -148,22 +148,5 @@ class PrvAccountant:
         if rounds:
             self.history = list(extended(tuple(self.history), sigma, q, rounds))
 
-    @property
-    def rounds(self) -> int:
-        return sum(rounds for _, _, rounds in self.history)
-
-    def epsilon(self, delta: float) -> float:
-        return self._epsilon(tuple(self.history), delta)
-
-    def epsilon_after(self, noise_multiplier: float, sample_rate: float, delta: float) -> float:
-        """ε if one more round were composed, without composing it."""
-        sigma, q, _ = validated(noise_multiplier, sample_rate)
-        return self._epsilon(extended(tuple(self.history), sigma, q, 1), delta)
-
-    def state_dict(self) -> dict:
-        return {"history": [list(h) for h in self.history]}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.__init__(self.eps_error, self.max_epsilon, self.max_grid_points)
-        for sigma, q, rounds in state["history"]:
-            self.step(sigma, q, int(rounds))
+    def _settings(self) -> tuple:
+        return (self.eps_error, self.max_epsilon, self.max_grid_points)
