@@ -34,6 +34,7 @@ def client_round(
     nominal_cohort_size: float,
 ) -> tuple[dict[str, torch.Tensor], float, dict[str, torch.Tensor], ClientReport]:
     """Returns (uploads to sum, aggregation weight, new client state, report)."""
+    algorithm = algorithm.at_round(round_index)
     keys = (seed, round_index, client_id)
     training_rng = torch_generator(*keys, Purpose.LOCAL_TRAINING)
     correction = None

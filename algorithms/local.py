@@ -12,14 +12,15 @@ PyTorch's SGD semantics (dampening 0, no Nesterov)::
 G is the trainer's gradient rule: ``SgdGradient`` (∇f, one evaluation per step) or
 ``SamGradient`` (SAM/ASAM, two). ``ModelObjective.grad_evals`` counts every evaluation.
 Mini-batches are drawn without replacement from a fresh permutation of the client's data each
-epoch; with ``local_steps`` the permutations continue across epoch boundaries.
+epoch; with ``local_steps`` the permutations continue across epoch boundaries. With ``lr_decay``
+γ, round t (from 0) uses η_t = η·γ^t (DP-FedSAM's and DP-FedPGN's code: γ = 0.998).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
@@ -142,12 +143,19 @@ class LocalTrainer:
     local_epochs: int | None = None
     momentum: float = 0.0
     weight_decay: float = 0.0
+    lr_decay: float = 1.0  # per-round: round t trains with lr·lr_decay^t (see ``at_round``)
     gradient: SgdGradient | SamGradient | PgnGradient = field(default_factory=SgdGradient)
     regularizers: tuple = ()  # objects with grad(w, w0) -> Tensor | None (algorithms.regularizers)
 
     def __post_init__(self) -> None:
         if (self.local_steps is None) == (self.local_epochs is None):
             raise ValueError("set exactly one of local_steps and local_epochs")
+
+    def at_round(self, round_index: int) -> LocalTrainer:
+        """The trainer of round t (from 0): η_t = η·lr_decay^t, the papers' per-round decay."""
+        if self.lr_decay == 1.0:
+            return self
+        return replace(self, lr=self.lr * self.lr_decay**round_index)
 
     def num_steps(self, num_samples: int) -> int:
         if self.local_steps is not None:

@@ -57,6 +57,20 @@ class Algorithm:
     def privacy_unit(self) -> Literal["client", "none"]:
         return "client" if self.pipeline.noise_multiplier > 0 else "none"
 
+    def at_round(self, round_index: int) -> Algorithm:
+        """This round's algorithm under the trainer's per-round lr decay (``at_round``).
+
+        A server scale tied to the local lr (PGN's γ = η·K) follows the decayed η_t.
+        """
+        trainer = self.trainer.at_round(round_index)
+        if trainer is self.trainer:
+            return self
+        server = self.server
+        if server.direction_scale is not None:
+            factor = trainer.lr / self.trainer.lr
+            server = replace(server, direction_scale=server.direction_scale * factor)
+        return replace(self, trainer=trainer, server=server)
+
     def bind(self, layout: ParamLayout) -> Algorithm:
         """Resolve layout-dependent parts (per-layer clipping) for a model's layout."""
         return replace(self, pipeline=self.pipeline.bind(layout))

@@ -9,7 +9,9 @@ A comparison spec is YAML with two keys::
 
 With ``privacy.calibrate: sigma`` and a ``privacy.target_epsilon`` in the base, every private
 run is calibrated to the same ε (all presets here release one subsampled Gaussian per round,
-so they get the same σ). Each run × seed is a normal tracked run named
+so they get the same σ). A run of a non-private preset (``fedavg``, ``fedsam``: the no-noise
+references) takes the base without its ``privacy`` section and DP fields, and reports ε = ∞.
+Each run × seed is a normal tracked run named
 ``<spec>-<label>-seed<k>``. The summary — final and best test accuracy, mean ± std over seeds,
 and ε — is printed as markdown and written as ``compare.md``, ``compare.csv`` and
 ``compare_accuracy.png`` (mean test accuracy per round) to ``--out`` and to a parent MLflow run.
@@ -27,7 +29,8 @@ from pathlib import Path
 
 import yaml
 
-from cluster.config import ConfigError, config_from_dict
+from algorithms.presets import PRIVATE_PRESETS
+from cluster.config import DP_OPTION_FIELDS, ConfigError, config_from_dict
 
 
 def add_parser(commands) -> None:
@@ -68,14 +71,28 @@ def load_spec(
         raise ConfigError("--only", unknown, f"no such run; known: {', '.join(runs)}")
     runs = {label: changes for label, changes in runs.items() if not only or label in only}
     for changes in runs.values():  # validate every run before any work
-        config_from_dict(base, [*overrides, *_assignments(changes or {})])
+        config_from_dict(run_base(base, overrides, changes), [*overrides, *_assignments(changes)])
     return base, runs
 
 
-def _assignments(changes: dict) -> list[str]:
+def run_base(base: dict, overrides: list[str], changes: dict) -> dict:
+    """The base a run starts from: without privacy settings when its preset is non-private."""
+    name = (base.get("algorithm") or {}).get("name", "fedavg")
+    for assignment in [*overrides, *_assignments(changes)]:
+        key, _, value = assignment.partition("=")
+        if key.strip() == "algorithm.name":
+            name = yaml.safe_load(value)
+    if name in PRIVATE_PRESETS:
+        return base
+    dp_fields = {"clip_norm", "noise_multiplier", *DP_OPTION_FIELDS}
+    algorithm = {k: v for k, v in (base.get("algorithm") or {}).items() if k not in dp_fields}
+    return {**{k: v for k, v in base.items() if k != "privacy"}, "algorithm": algorithm}
+
+
+def _assignments(changes: dict | None) -> list[str]:
     return [
         f"{key}={yaml.safe_dump(value, default_flow_style=True).strip()}"
-        for key, value in changes.items()
+        for key, value in (changes or {}).items()
     ]
 
 
@@ -168,11 +185,12 @@ def run(args: argparse.Namespace) -> int:
         for seed in range(args.seeds):
             overrides = [
                 *args.set,
-                *_assignments(runs[label] or {}),
+                *_assignments(runs[label]),
                 f"seed={seed}",
                 f"tracking.run_name={name}-{label}-seed{seed}",
             ]
-            config = calibrate_with_message(config_from_dict(base, overrides), print)
+            run_config = config_from_dict(run_base(base, args.set, runs[label]), overrides)
+            config = calibrate_with_message(run_config, print)
             start = time.perf_counter()
             outcome = run_experiment(config, calibrate=False)
             print(

@@ -104,6 +104,7 @@ class LocalConfig:
     local_epochs: int | None = None
     momentum: float = 0.0
     weight_decay: float = 0.0
+    lr_decay: float = 1.0  # per round: round t uses lr·lr_decay^t
 
 
 @dataclass
@@ -271,6 +272,7 @@ class ExperimentConfig:
             local_epochs=local.local_epochs,
             momentum=local.momentum,
             weight_decay=local.weight_decay,
+            lr_decay=local.lr_decay,
         )
         preset = PRESETS[a.name]
         accepted = inspect.signature(preset).parameters
@@ -530,6 +532,12 @@ def _validate_algorithm(c: ExperimentConfig) -> None:
         raise ConfigError("algorithm.local.momentum", local.momentum, "must be in [0, 1)")
     if local.weight_decay < 0:
         raise ConfigError("algorithm.local.weight_decay", local.weight_decay, "must be >= 0")
+    if not 0 < local.lr_decay <= 1:
+        raise ConfigError(
+            "algorithm.local.lr_decay",
+            local.lr_decay,
+            "must be in (0, 1]: round t uses lr·lr_decay^t (1 = constant, the papers use 0.998)",
+        )
     _positive("algorithm.server_lr", a.server_lr, "1.0")
     if a.name in PRIVATE_PRESETS:
         if a.clip_norm is None or not a.clip_norm > 0:

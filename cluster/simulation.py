@@ -127,10 +127,10 @@ class Simulation:
             noise_std_on_sum=self.algorithm.pipeline.server_noise_std(),
             noise_generator=torch_generator(c.seed, round_index, Purpose.SERVER_NOISE),
         )
-        self.state = self.algorithm.server.step(
-            self.state, total, ctx, self.algorithm.control_variates
-        )
+        algorithm = self.algorithm.at_round(round_index)
+        self.state = algorithm.server.step(self.state, total, ctx, algorithm.control_variates)
         record = RoundRecord(round_index + 1, 0.0, len(cohort), metrics=round_metrics(total))
+        record.metrics["local_lr"] = algorithm.trainer.lr
         if self.accountant is not None:
             self.accountant.step(self.noise_multiplier, c.accounting_sample_rate)
             record.epsilon = self.accountant.epsilon(c.delta)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import torch
+
 from cluster.config import load_config
 from cluster.executors import LocalExecutor
 from cluster.experiment import open_store
@@ -41,3 +45,20 @@ def run_local(config):
     )
     sim.run()
     return sim
+
+
+@dataclass
+class Quadratic:
+    """f(w) = ½ wᵀAw − bᵀw with the ModelObjective interface the trainer uses."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    augment: None = None
+    grad_evals: int = 0
+
+    def grad(self, w):
+        return self.a @ w - self.b
+
+    def loss_and_grad(self, w, x, y):
+        self.grad_evals += 1
+        return torch.tensor(0.0), torch.zeros(len(y), 2), self.grad(w)

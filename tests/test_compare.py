@@ -39,6 +39,7 @@ def test_compare_runs_presets_at_the_same_epsilon(tmp_path, store_root, monkeypa
     runs = {
         "dp_fedavg": {"algorithm.name": "dp_fedavg"},
         "dp_fedsam": {"algorithm.name": "dp_fedsam", "algorithm.rho": 0.05},
+        "fedavg": {"algorithm.name": "fedavg"},  # the no-noise reference: privacy dropped
     }
     spec.write_text(yaml.safe_dump({"base": base, "runs": runs}))
     out = tmp_path / "out"
@@ -47,15 +48,17 @@ def test_compare_runs_presets_at_the_same_epsilon(tmp_path, store_root, monkeypa
     assert "| dp_fedsam |" in printed and "± " in printed
     with open(out / "compare.csv") as f:
         rows = list(csv.DictReader(f))
-    assert [r["run"] for r in rows] == ["dp_fedavg", "dp_fedsam"]
+    assert [r["run"] for r in rows] == ["dp_fedavg", "dp_fedsam", "fedavg"]
     assert all(r["seeds"] == "2" for r in rows)
-    eps = [float(r["epsilon"]) for r in rows]
+    eps = [float(r["epsilon"]) for r in rows[:2]]
     assert eps[0] == eps[1] and 4.9 <= eps[0] <= 5.0  # same calibrated budget
+    assert rows[2]["epsilon"] == "" and rows[2]["sigma"] == ""
+    assert "| fedavg |" in printed and "| ∞ | — |" in printed
     assert (out / "compare_accuracy.png").stat().st_size > 0
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("cmp")
     found = client.search_runs([experiment.experiment_id])
-    assert len(found) == 5  # 2 presets × 2 seeds + the parent
+    assert len(found) == 7  # 3 presets × 2 seeds + the parent
     parent = [r for r in found if r.data.tags.get("compare") == "spec"]
     assert len(parent) == 1
     names = {a.path for a in client.list_artifacts(parent[0].info.run_id, "compare")}
@@ -78,7 +81,7 @@ def test_paper_and_cpu_configs_validate():
     for path in sorted(Path("configs/papers").glob("*.yaml")):
         load_config(path).build_algorithm()
     base, runs = load_spec(Path("configs/cpu/client_level.yaml"), [])
-    assert len(runs) == 11 and base["privacy"]["calibrate"] == "sigma"
+    assert len(runs) == 13 and base["privacy"]["calibrate"] == "sigma"
 
 
 def test_only_selects_runs_and_names_unknown_ones(tmp_path, capsys):
@@ -86,3 +89,17 @@ def test_only_selects_runs_and_names_unknown_ones(tmp_path, capsys):
     spec.write_text(yaml.safe_dump({"base": {}, "runs": {"a": {}, "b": {}}}))
     assert main(["compare", str(spec), "--only", "c"]) == 2
     assert "no such run; known: a, b" in capsys.readouterr().err
+
+
+def test_non_private_runs_start_from_the_base_without_privacy():
+    from cluster.compare import run_base
+
+    base = {
+        "algorithm": {"name": "dp_fedavg", "clip_norm": 1.0, "noise_placement": "client"},
+        "privacy": {"target_epsilon": 2.0},
+        "rounds": 4,
+    }
+    assert run_base(base, [], {"algorithm.name": "dp_fedsam"}) is base
+    reference = run_base(base, [], {"algorithm.name": "fedsam"})
+    assert reference == {"algorithm": {"name": "dp_fedavg"}, "rounds": 4}
+    assert run_base(base, ["algorithm.name=fedavg"], {})["algorithm"] == {"name": "dp_fedavg"}

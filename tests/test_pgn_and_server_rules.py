@@ -1,11 +1,10 @@
 """DP-FedPGN (spec 003), Laplacian smoothing and server momentum: identities and reductions."""
 
 import math
-from dataclasses import dataclass
 
 import pytest
 import torch
-from helpers import run_local, small_config
+from helpers import Quadratic, run_local, small_config
 
 from algorithms.aggregate import PartialAggregate
 from algorithms.layout import ParamLayout
@@ -16,23 +15,6 @@ from algorithms.smoothing import LaplacianSmoothing
 from algorithms.transforms import ClientContext
 
 DP = ("algorithm.clip_norm=0.5", "algorithm.noise_multiplier=1.0", "rounds=3")
-
-
-@dataclass
-class Quadratic:
-    """f(w) = ½ wᵀAw − bᵀw with the ModelObjective interface the trainer uses."""
-
-    a: torch.Tensor
-    b: torch.Tensor
-    augment: None = None
-    grad_evals: int = 0
-
-    def grad(self, w):
-        return self.a @ w - self.b
-
-    def loss_and_grad(self, w, x, y):
-        self.grad_evals += 1
-        return torch.tensor(0.0), torch.zeros(len(y), 2), self.grad(w)
 
 
 def test_drift_identities_on_a_quadratic():
