@@ -61,6 +61,8 @@ class PartitionConfig:
     alpha: float | None = None  # Dirichlet concentration (dirichlet, dirichlet_class)
     min_size: int | None = None  # dirichlet_class: fewest rows per client (default 10)
     classes_per_client: int | None = None  # shards: k shards per client (default 2)
+    # dirichlet: draws per client with class pools refilled (rows repeat; DP-FedPGN's code)
+    samples_per_client: int | None = None
 
 
 @dataclass
@@ -489,6 +491,7 @@ PARTITION_OPTIONS = {
     "alpha": ("dirichlet", "dirichlet_class"),
     "min_size": ("dirichlet_class",),
     "classes_per_client": ("shards",),
+    "samples_per_client": ("dirichlet",),
 }
 
 
@@ -511,6 +514,12 @@ def validate_partition(p: PartitionConfig) -> None:
     if p.classes_per_client is not None and p.classes_per_client < 1:
         raise ConfigError(
             "data.partition.classes_per_client", p.classes_per_client, "must be >= 1, e.g. 2"
+        )
+    if p.samples_per_client is not None and p.samples_per_client < 1:
+        raise ConfigError(
+            "data.partition.samples_per_client",
+            p.samples_per_client,
+            "must be >= 1 (e.g. 500), or null for an equal split without repeats",
         )
 
 

@@ -43,6 +43,11 @@ def add_parser(commands) -> None:
     p.add_argument("--alpha", type=float, help="Dirichlet concentration")
     p.add_argument("--min-size", type=int, help="dirichlet_class: fewest rows per client")
     p.add_argument("--classes-per-client", type=int, help="shards: shards per client")
+    p.add_argument(
+        "--samples-per-client",
+        type=int,
+        help="dirichlet: draws per client, class pools refilled (rows may repeat across clients)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="store directory to write")
     p.set_defaults(handler=run)
@@ -59,7 +64,9 @@ def _source_params(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    partition = PartitionConfig(args.method, args.alpha, args.min_size, args.classes_per_client)
+    partition = PartitionConfig(
+        args.method, args.alpha, args.min_size, args.classes_per_client, args.samples_per_client
+    )
     try:
         if args.clients < 1:
             raise ConfigError("--clients", args.clients, "must be >= 1")

@@ -28,6 +28,20 @@ BAD_CONFIGS = [
     (["data.source=cifar10"], "data.source", "task synthetic_logreg reads synthetic data"),
     (["data.split=letters"], "data.split", "only for source emnist"),
     (["data.partition.min_size=5"], "data.partition.min_size", "only used by method"),
+    (
+        ["data.partition.method=iid", "data.partition.samples_per_client=500"],
+        "data.partition.samples_per_client",
+        "only used by method: dirichlet",
+    ),
+    (
+        [
+            "data.partition.method=dirichlet",
+            "data.partition.alpha=0.6",
+            "data.partition.samples_per_client=0",
+        ],
+        "data.partition.samples_per_client",
+        "must be >= 1",
+    ),
     (["task=mnist_mlp"], "task", "unknown task"),
     (["task=mnist_cnn"], "data.source", "task mnist_cnn reads mnist or mnist_test_split data"),
     (["algorithm.name=fedavg"], "algorithm.clip_norm", "fedavg is non-private"),

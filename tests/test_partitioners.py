@@ -118,6 +118,29 @@ def test_dirichlet_class_gives_up_after_bounded_retries_with_a_useful_message():
         assert fragment in message
 
 
+def test_dirichlet_with_samples_per_client_refills_class_pools():
+    """DP-FedPGN's code: 500 draws per client from refilled class pools, rows shared by clients."""
+    partitioner = make_partitioner("dirichlet", 0.3, samples_per_client=600)
+    parts = _split(partitioner, 4)
+    assert [len(p) for p in parts] == [600] * M  # 12,000 draws from 5,000 rows
+    rows = np.concatenate(parts)
+    assert rows.min() >= 0 and rows.max() < N
+    assert len(np.unique(rows)) > 0.9 * N  # pools cycle through their class before repeating
+    # A whole pool is used before any row of it is drawn again: per class, draws differ by ≤ 1.
+    for c in range(K):
+        members = np.flatnonzero(DATA.y == c)
+        drawn = np.bincount(rows[DATA.y[rows] == c], minlength=N)[members]
+        assert drawn.max() - drawn.min() <= 1
+    # No exhausted classes: the client's classes follow its prior, as with α small few classes.
+    assert (_counts(parts) > 0).sum(1).mean() < 0.8 * K
+    same = _split(partitioner, 4)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, same, strict=True))
+    described = {"method": "dirichlet", "alpha": 0.3, "samples_per_client": 600}
+    assert partitioner.describe() == described
+    with pytest.raises(ValueError, match="samples_per_client must be >= 1"):
+        make_partitioner("dirichlet", 0.3, samples_per_client=0)
+
+
 def test_make_partitioner_keeps_old_calls_and_describes_new_methods():
     assert make_partitioner("dirichlet", 0.3) == DirichletClientPrior(0.3)
     assert make_partitioner("dirichlet", alpha=0.3).describe() == {
