@@ -10,6 +10,7 @@ accounted as Poisson, as the DP-FedSAM paper does).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 
@@ -40,21 +41,37 @@ def mismatch_warning(config: ExperimentConfig) -> str | None:
     )
 
 
+@functools.lru_cache(maxsize=64)
+def _calibrated_sigma(
+    target: float, delta: float, q: float, rounds: int, accountant: str, assumption: str
+) -> float:
+    """Memoised: a comparison calibrates every run × seed to one budget, seconds each with PLD."""
+    cls = accountant_class(accountant, assumption)
+    return calibrate_sigma(target, delta, q, rounds, lambda: cls(fallback_to_rdp=True))
+
+
 def calibrated(config: ExperimentConfig) -> ExperimentConfig:
     """``config`` with σ or the number of rounds set by ``privacy.calibrate`` (else unchanged)."""
     p = config.privacy
     if p.calibrate == "none":
         return config
-    q, delta, factory = config.accounting_sample_rate, config.delta, accountant_factory(config)
+    q, delta = config.accounting_sample_rate, config.delta
     if p.calibrate == "sigma":
         try:
-            sigma = calibrate_sigma(p.target_epsilon, delta, q, config.rounds, factory)
+            sigma = _calibrated_sigma(
+                p.target_epsilon,
+                delta,
+                q,
+                config.rounds,
+                config.accountant_name,
+                config.sampling_assumption,
+            )
         except ValueError as error:
             raise ConfigError("privacy.target_epsilon", p.target_epsilon, str(error)) from error
         algorithm = dataclasses.replace(config.algorithm, noise_multiplier=sigma)
         return dataclasses.replace(config, algorithm=algorithm)
     sigma = config.algorithm.noise_multiplier
-    rounds = max_rounds(sigma, q, delta, p.target_epsilon, factory, limit=10**6)
+    rounds = max_rounds(sigma, q, delta, p.target_epsilon, accountant_factory(config), limit=10**6)
     if rounds == 0:
         raise ConfigError(
             "privacy.target_epsilon",
