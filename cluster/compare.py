@@ -13,7 +13,8 @@ so they get the same σ). A run of a non-private preset (``fedavg``, ``fedsam``:
 references) takes the base without its ``privacy`` section and DP fields, and reports ε = ∞.
 Each run × seed is a normal tracked run named
 ``<spec>-<label>-seed<k>``. The summary — final and best test accuracy, mean ± std over seeds,
-and ε — is printed as markdown and written as ``compare.md``, ``compare.csv`` and
+ε, and the seed-by-seed difference to ``--baseline`` (default ``dp_fedavg``) — is printed as
+markdown and written as ``compare.md``, ``compare.csv`` and
 ``compare_accuracy.png`` (mean test accuracy per round) to ``--out`` and to a parent MLflow run.
 """
 
@@ -50,6 +51,11 @@ def add_parser(commands) -> None:
     )
     p.add_argument("--only", action="append", default=[], help="run only these labels")
     p.add_argument("--out", default="compare", help="folder for the table and figure")
+    p.add_argument(
+        "--baseline",
+        help="run label to difference against, seed by seed (default: dp_fedavg if present; "
+        "'none' for no difference column)",
+    )
     p.set_defaults(handler=run)
 
 
@@ -96,12 +102,26 @@ def _assignments(changes: dict | None) -> list[str]:
     ]
 
 
+def _baseline(requested: str | None, labels: list[str]) -> str | None:
+    if requested is None:
+        return "dp_fedavg" if "dp_fedavg" in labels else None
+    if requested == "none":
+        return None
+    if requested not in labels:
+        raise ConfigError("--baseline", requested, f"not among the runs: {', '.join(labels)}")
+    return requested
+
+
 def _stats(values: list[float]) -> tuple[float, float]:
     return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def summarize(results: dict[str, list]) -> list[dict]:
+def summarize(results: dict[str, list], baseline: str | None = None) -> list[dict]:
+    """One row per run; with a ``baseline`` label also the paired difference of final accuracy
+    (run − baseline, seed by seed: the seeds share partition, cohorts and batches), whose spread
+    is far smaller than the runs' own std when seeds differ mostly in difficulty."""
     rows = []
+    reference = [o.final_accuracy for o in results[baseline]] if baseline else None
     for label, outcomes in results.items():
         finals = [o.final_accuracy for o in outcomes]
         bests = [
@@ -123,26 +143,39 @@ def summarize(results: dict[str, list]) -> list[dict]:
                 "seeds": len(outcomes),
             }
         )
+        if reference is not None:
+            paired = [a - b for a, b in zip(finals, reference, strict=False)]
+            diff, diff_sd = _stats(paired)
+            rows[-1].update({"diff_vs_baseline_mean": diff, "diff_vs_baseline_std": diff_sd})
     return rows
 
 
-def markdown(rows: list[dict]) -> str:
-    lines = ["| run | final acc (%) | best acc (%) | ε | σ |", "|---|---|---|---|---|"]
+def markdown(rows: list[dict], baseline: str | None = None) -> str:
+    header = "| run | final acc (%) | best acc (%) | ε | σ |"
+    if baseline:
+        header += f" Δ vs {baseline}, paired (pts) |"
+    lines = [header, "|---" * header.count(" |") + "|"]
     for r in rows:
         eps = "∞" if r["epsilon"] is None else f"{r['epsilon']:.3f}"
         sigma = "—" if r["sigma"] is None else f"{r['sigma']:.4g}"
-        lines.append(
+        line = (
             f"| {r['run']} | {100 * r['final_acc_mean']:.2f} ± {100 * r['final_acc_std']:.2f} "
             f"| {100 * r['best_acc_mean']:.2f} ± {100 * r['best_acc_std']:.2f} | {eps} | {sigma} |"
         )
+        if baseline:
+            diff, sd = 100 * r["diff_vs_baseline_mean"], 100 * r["diff_vs_baseline_std"]
+            line += f" {diff:+.2f} ± {sd:.2f} |"
+        lines.append(line)
     return "\n".join(lines)
 
 
-def write_outputs(rows: list[dict], results: dict[str, list], out: Path) -> list[Path]:
+def write_outputs(
+    rows: list[dict], results: dict[str, list], out: Path, baseline: str | None = None
+) -> list[Path]:
     from matplotlib.figure import Figure
 
     out.mkdir(parents=True, exist_ok=True)
-    (out / "compare.md").write_text(markdown(rows) + "\n")
+    (out / "compare.md").write_text(markdown(rows, baseline) + "\n")
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
     writer.writeheader()
@@ -150,14 +183,17 @@ def write_outputs(rows: list[dict], results: dict[str, list], out: Path) -> list
     (out / "compare.csv").write_text(buffer.getvalue())
     fig = Figure(figsize=(7, 4.5))
     ax = fig.add_subplot()
-    for label, outcomes in results.items():
+    for index, (label, outcomes) in enumerate(results.items()):
         per_round: dict[int, list[float]] = {}
         for o in outcomes:
             for r in o.result.history:
                 if r.test_accuracy is not None:
                     per_round.setdefault(r.round, []).append(r.test_accuracy)
         xs = sorted(per_round)
-        ax.plot(xs, [statistics.mean(per_round[x]) for x in xs], marker=".", label=label)
+        # The colour cycle has 10 entries: later runs get a new line style.
+        style = ("-", "--", ":")[index // 10 % 3]
+        means = [statistics.mean(per_round[x]) for x in xs]
+        ax.plot(xs, means, marker=".", linestyle=style, label=label)
     ax.set_xlabel("round")
     ax.set_ylabel(f"test accuracy (mean of {max(len(o) for o in results.values())} seeds)")
     ax.legend(fontsize=7)
@@ -176,6 +212,7 @@ def run(args: argparse.Namespace) -> int:
         if args.seeds < 1:
             raise ConfigError("--seeds", args.seeds, "must be >= 1")
         labels = list(runs)
+        baseline = _baseline(args.baseline, labels)
     except (ConfigError, OSError, yaml.YAMLError) as error:
         print(f"compare: {error}", file=sys.stderr)
         return 2
@@ -199,9 +236,9 @@ def run(args: argparse.Namespace) -> int:
                 flush=True,
             )
             results.setdefault(label, []).append(outcome)
-    rows = summarize(results)
-    print(markdown(rows))
-    paths = write_outputs(rows, results, Path(args.out))
+    rows = summarize(results, baseline)
+    print(markdown(rows, baseline))
+    paths = write_outputs(rows, results, Path(args.out), baseline)
     print(f"wrote {', '.join(str(p) for p in paths)}")
     _log_parent_run(name, base, paths)
     return 0

@@ -53,6 +53,13 @@ def test_compare_runs_presets_at_the_same_epsilon(tmp_path, store_root, monkeypa
     eps = [float(r["epsilon"]) for r in rows[:2]]
     assert eps[0] == eps[1] and 4.9 <= eps[0] <= 5.0  # same calibrated budget
     assert rows[2]["epsilon"] == "" and rows[2]["sigma"] == ""
+    # Paired by seed against dp_fedavg: itself exactly 0, the others their mean difference.
+    assert float(rows[0]["diff_vs_baseline_mean"]) == 0.0
+    assert float(rows[0]["diff_vs_baseline_std"]) == 0.0
+    for r in rows[1:]:
+        diff = float(r["final_acc_mean"]) - float(rows[0]["final_acc_mean"])
+        assert abs(float(r["diff_vs_baseline_mean"]) - diff) < 1e-12
+    assert "Δ vs dp_fedavg, paired" in printed
     assert "| fedavg |" in printed and "| ∞ | — |" in printed
     assert (out / "compare_accuracy.png").stat().st_size > 0
     client = MlflowClient(uri)
@@ -81,7 +88,7 @@ def test_paper_and_cpu_configs_validate():
     for path in sorted(Path("configs/papers").glob("*.yaml")):
         load_config(path).build_algorithm()
     base, runs = load_spec(Path("configs/cpu/client_level.yaml"), [])
-    assert len(runs) == 13 and base["privacy"]["calibrate"] == "sigma"
+    assert len(runs) == 14 and base["privacy"]["calibrate"] == "sigma"
 
 
 def test_only_selects_runs_and_names_unknown_ones(tmp_path, capsys):
@@ -89,6 +96,8 @@ def test_only_selects_runs_and_names_unknown_ones(tmp_path, capsys):
     spec.write_text(yaml.safe_dump({"base": {}, "runs": {"a": {}, "b": {}}}))
     assert main(["compare", str(spec), "--only", "c"]) == 2
     assert "no such run; known: a, b" in capsys.readouterr().err
+    assert main(["compare", str(spec), "--baseline", "c"]) == 2
+    assert "--baseline = 'c': not among the runs: a, b" in capsys.readouterr().err
 
 
 def test_non_private_runs_start_from_the_base_without_privacy():
