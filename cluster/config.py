@@ -267,6 +267,15 @@ class ExperimentConfig:
 
     def build_algorithm(self) -> Algorithm:
         a, local = self.algorithm, self.algorithm.local
+        if a.name in PRIVATE_PRESETS and a.noise_multiplier is None:
+            # privacy.calibrate: sigma leaves σ unset; building before calibrating would
+            # silently train without noise.
+            raise ConfigError(
+                "algorithm.noise_multiplier",
+                None,
+                "not calibrated yet: pass the config through "
+                "cluster.privacy_plan.calibrated() first (run_experiment does)",
+            )
         trainer = LocalTrainer(
             lr=local.lr,
             batch_size=local.batch_size,

@@ -84,9 +84,10 @@ def test_paper_and_cpu_configs_validate():
 
     from cluster.compare import load_spec
     from cluster.config import load_config
+    from cluster.privacy_plan import calibrated
 
     for path in sorted(Path("configs/papers").glob("*.yaml")):
-        load_config(path).build_algorithm()
+        calibrated(load_config(path)).build_algorithm()
     base, runs = load_spec(Path("configs/cpu/client_level.yaml"), [])
     assert len(runs) == 14 and base["privacy"]["calibrate"] == "sigma"
 

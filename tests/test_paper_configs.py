@@ -1,0 +1,58 @@
+"""The full-scale paper configs run as written, shrunk only in scale (clients, rounds, steps).
+
+Raw files are tiny CIFAR-10 pickles in the exact torchvision layout; everything else — preset,
+options, partition (incl. DP-FedPGN's resampling), lr decay, privacy settings, augmentation,
+is the config's own (per-client test sets are off: 3 test images cannot fill them).
+"""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers import run_local
+from test_vision_sources import patch_cifar_md5, write_cifar
+
+from cluster.config import load_config
+from cluster.privacy_plan import calibrated
+
+CIFAR10_CONFIGS = sorted(
+    str(p) for p in Path("configs/papers").glob("*.yaml") if "cifar10" in p.name
+)
+
+
+def _shrunk(path: str, raw: Path, tmp_path: Path, store_root: Path) -> list[str]:
+    local = load_config(path).algorithm.local
+    steps = "local_epochs" if local.local_epochs is not None else "local_steps"
+    return [
+        f"data.root={raw}",
+        f"data.store_root={store_root}",
+        f"checkpoint.dir={tmp_path / 'ck'}",
+        "data.num_clients=4",
+        "cohort.size=2",
+        "rounds=2",
+        "eval_every=1",
+        "algorithm.local.batch_size=2",
+        f"algorithm.local.{steps}=1",
+        "executor.kind=local",
+        "executor.num_actors=1",
+        "executor.gpus_per_actor=0",
+        "data.test_per_client=null",  # 3 test images cannot fill per-class test sets
+        "tracking.enabled=false",
+    ]
+
+
+@pytest.mark.parametrize("path", CIFAR10_CONFIGS, ids=lambda p: Path(p).stem)
+def test_cifar10_paper_config_runs(path, tmp_path, monkeypatch, store_root):
+    assert len(CIFAR10_CONFIGS) == 4
+    raw = tmp_path / "raw"
+    write_cifar(raw, "cifar10", np.random.default_rng(0))
+    patch_cifar_md5(monkeypatch, "cifar10", raw)
+    config = calibrated(load_config(path, _shrunk(path, raw, tmp_path, store_root)))
+    sim = run_local(config)
+    assert len(sim.history) == 2 and torch.isfinite(sim.state.params).all()
+    assert all(r.test_accuracy is not None for r in sim.history)
+    assert sim.history[-1].epsilon is not None and sim.history[-1].epsilon > 0
+    local = config.algorithm.local
+    lrs = [r.metrics["local_lr"] for r in sim.history]
+    assert lrs == pytest.approx([local.lr, local.lr * local.lr_decay])
