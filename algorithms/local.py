@@ -155,7 +155,10 @@ class LocalTrainer:
         """The trainer of round t (from 0): η_t = η·lr_decay^t, the papers' per-round decay."""
         if self.lr_decay == 1.0:
             return self
-        return replace(self, lr=self.lr * self.lr_decay**round_index)
+        lr = self.lr * self.lr_decay**round_index
+        if lr <= 0:
+            raise ValueError(f"lr {self.lr}·{self.lr_decay}^{round_index} underflows to 0")
+        return replace(self, lr=lr)
 
     def num_steps(self, num_samples: int) -> int:
         if self.local_steps is not None:

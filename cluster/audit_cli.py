@@ -12,6 +12,7 @@ import dataclasses
 import sys
 import time
 
+from algorithms.presets import PRIVATE_PRESETS
 from cluster.cohort import sample_cohort
 from cluster.config import ConfigError, ExperimentConfig, load_config
 from cluster.privacy_plan import accountant_factory, calibrated
@@ -92,7 +93,8 @@ def audit_config(
 def run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config, args.set)
-        if config.build_algorithm().privacy_unit == "none" and config.privacy.calibrate != "sigma":
+        noised = config.algorithm.noise_multiplier or config.privacy.calibrate == "sigma"
+        if config.algorithm.name not in PRIVATE_PRESETS or not noised:
             raise ConfigError(
                 "algorithm.name", config.algorithm.name, "the audit needs a DP preset"
             )

@@ -10,7 +10,7 @@ A comparison spec is YAML with two keys::
 With ``privacy.calibrate: sigma`` and a ``privacy.target_epsilon`` in the base, every private
 run is calibrated to the same ε (all presets here release one subsampled Gaussian per round,
 so they get the same σ). A run of a non-private preset (``fedavg``, ``fedsam``: the no-noise
-references) takes the base without its ``privacy`` section and DP fields, and reports ε = ∞.
+references) takes the base and ``--set`` without privacy settings and DP fields: ε = ∞.
 Each run × seed is a normal tracked run named
 ``<spec>-<label>-seed<k>``. The summary — final and best test accuracy, mean ± std over seeds,
 ε, and the seed-by-seed difference to ``--baseline`` (default ``dp_fedavg``) — is printed as
@@ -77,22 +77,35 @@ def load_spec(
         raise ConfigError("--only", unknown, f"no such run; known: {', '.join(runs)}")
     runs = {label: changes for label, changes in runs.items() if not only or label in only}
     for changes in runs.values():  # validate every run before any work
-        config_from_dict(run_base(base, overrides, changes), [*overrides, *_assignments(changes)])
+        run_base, run_overrides = run_setup(base, overrides, changes)
+        config_from_dict(run_base, [*run_overrides, *_assignments(changes)])
     return base, runs
 
 
-def run_base(base: dict, overrides: list[str], changes: dict) -> dict:
-    """The base a run starts from: without privacy settings when its preset is non-private."""
+def run_setup(base: dict, overrides: list[str], changes: dict | None) -> tuple[dict, list[str]]:
+    """The base and ``--set`` overrides a run starts from. A non-private preset's run (the
+    no-noise reference) drops the privacy section and the DP fields of both; its own ``changes``
+    are still validated as written."""
     name = (base.get("algorithm") or {}).get("name", "fedavg")
     for assignment in [*overrides, *_assignments(changes)]:
         key, _, value = assignment.partition("=")
+        parsed = yaml.safe_load(value)
         if key.strip() == "algorithm.name":
-            name = yaml.safe_load(value)
+            name = parsed
+        elif key.strip() == "algorithm" and isinstance(parsed, dict):
+            name = parsed.get("name", name)
     if name in PRIVATE_PRESETS:
-        return base
+        return base, list(overrides)
     dp_fields = {"clip_norm", "noise_multiplier", *DP_OPTION_FIELDS}
     algorithm = {k: v for k, v in (base.get("algorithm") or {}).items() if k not in dp_fields}
-    return {**{k: v for k, v in base.items() if k != "privacy"}, "algorithm": algorithm}
+    reference = {**{k: v for k, v in base.items() if k != "privacy"}, "algorithm": algorithm}
+    dp_keys = {f"algorithm.{f}" for f in dp_fields}
+
+    def private_setting(assignment: str) -> bool:
+        key = assignment.partition("=")[0].strip()
+        return key == "privacy" or key.startswith("privacy.") or key in dp_keys
+
+    return reference, [o for o in overrides if not private_setting(o)]
 
 
 def _assignments(changes: dict | None) -> list[str]:
@@ -220,13 +233,14 @@ def run(args: argparse.Namespace) -> int:
     results: dict[str, list] = {}
     for label in labels:
         for seed in range(args.seeds):
+            run_base, run_overrides = run_setup(base, args.set, runs[label])
             overrides = [
-                *args.set,
+                *run_overrides,
                 *_assignments(runs[label]),
                 f"seed={seed}",
                 f"tracking.run_name={name}-{label}-seed{seed}",
             ]
-            run_config = config_from_dict(run_base(base, args.set, runs[label]), overrides)
+            run_config = config_from_dict(run_base, overrides)
             config = calibrate_with_message(run_config, print)
             start = time.perf_counter()
             outcome = run_experiment(config, calibrate=False)

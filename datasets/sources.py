@@ -69,7 +69,8 @@ def _description(
     return {
         "format_version": FORMAT_VERSION,
         "source": {"name": source, **source_params},
-        "partition": dict(partition),
+        # Unset options are not part of the identity: adding an option keeps existing keys.
+        "partition": {k: v for k, v in partition.items() if v is not None},
         "num_clients": int(num_clients),
         "seed": int(seed),
     }

@@ -66,3 +66,10 @@ def test_audit_cli_exit_codes(store_root, capsys):
     assert "consistent" in capsys.readouterr().out
     assert main([*args, *sets, "--noise-scale-for-testing", "0.1"]) == 1
     assert "VIOLATION" in capsys.readouterr().out
+    # σ left to calibration is audited at the calibrated σ.
+    calibrate = ["algorithm.noise_multiplier=null", "privacy.calibrate=sigma"]
+    calibrate.append("privacy.target_epsilon=5")
+    assert main([*args, *sets, *(x for c in calibrate for x in ("--set", c))]) == 0
+    assert "consistent" in capsys.readouterr().out
+    code = main([*args, *sets, "--set", "algorithm.noise_multiplier=0"])
+    assert code == 2 and "the audit needs a DP preset" in capsys.readouterr().err

@@ -102,14 +102,17 @@ def test_only_selects_runs_and_names_unknown_ones(tmp_path, capsys):
 
 
 def test_non_private_runs_start_from_the_base_without_privacy():
-    from cluster.compare import run_base
+    from cluster.compare import run_setup
 
     base = {
         "algorithm": {"name": "dp_fedavg", "clip_norm": 1.0, "noise_placement": "client"},
         "privacy": {"target_epsilon": 2.0},
         "rounds": 4,
     }
-    assert run_base(base, [], {"algorithm.name": "dp_fedsam"}) is base
-    reference = run_base(base, [], {"algorithm.name": "fedsam"})
+    overrides = ["privacy.target_epsilon=3", "algorithm.clip_norm=0.5", "rounds=2"]
+    assert run_setup(base, overrides, {"algorithm.name": "dp_fedsam"}) == (base, overrides)
+    reference, kept = run_setup(base, overrides, {"algorithm.name": "fedsam"})
     assert reference == {"algorithm": {"name": "dp_fedavg"}, "rounds": 4}
-    assert run_base(base, ["algorithm.name=fedavg"], {})["algorithm"] == {"name": "dp_fedavg"}
+    assert kept == ["rounds=2"]  # --set privacy settings do not reach the reference run
+    assert run_setup(base, ["algorithm.name=fedavg"], {})[0]["algorithm"] == {"name": "dp_fedavg"}
+    assert "privacy" not in run_setup(base, [], {"algorithm": {"name": "fedavg"}})[0]

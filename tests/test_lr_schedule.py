@@ -20,6 +20,8 @@ def test_trainer_at_round_decays_geometrically_and_is_identity_without_decay():
     assert trainer.at_round(3).lr == pytest.approx(0.1 * 0.9**3, rel=1e-15)
     constant = LocalTrainer(0.1, batch_size=8, local_steps=2)
     assert constant.at_round(50) is constant
+    with pytest.raises(ValueError, match="underflows to 0"):  # PGN would divide by η_t·K = 0
+        LocalTrainer(0.1, batch_size=8, local_steps=2, lr_decay=0.5).at_round(1200)
 
 
 def test_pgn_direction_uses_the_decayed_lr():
