@@ -51,7 +51,7 @@ def accounted_mechanism(config: ExperimentConfig) -> ExperimentConfig:
     return dataclasses.replace(
         config,
         data=dataclasses.replace(config.data, num_clients=config.population),
-        cohort=dataclasses.replace(config.cohort, size=p.noise_cohort_size or config.cohort.size),
+        cohort=dataclasses.replace(config.cohort, size=config.noise_cohort_size),
         privacy=dataclasses.replace(p, noise_cohort_size=None, population=None),
     )
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from privacy.accountant import ACCOUNTANTS, accountant_class
+from privacy.accountant import accountant_class, accountants_for
 from privacy.adaptive_clipping import effective_noise_multiplier
-from privacy.calibration import calibrate_sigma, max_rounds
+from privacy.calibration import calibrate_sigma, epsilon_for, max_rounds
 from privacy.sample_level import SampleLevelPldAccountant
 from privacy.subsampling_wor import TwoLevelSampleAccountant, dpscaffold_delta
 
-# (label, accountant, sampling assumption) rows of the client-level table
-ROWS = [(name, name, "poisson") for name in ACCOUNTANTS] + [
-    ("rdp-wor", "rdp", "without_replacement")
+# (label, accountant, sampling assumption) rows of the client-level table: rdp, pld, prv, rdp-wor
+ROWS = [(name, name, "poisson") for name in accountants_for("poisson")] + [
+    (f"{name}-wor", name, "without_replacement") for name in accountants_for("without_replacement")
 ]
 
 
@@ -66,7 +66,7 @@ def _client_level(args: argparse.Namespace) -> None:
     if args.sigma is not None and args.rounds is not None:
         header, compute = (
             "ε",
-            lambda cls: _epsilon(cls, args.sigma, args.q, args.rounds, args.delta),
+            lambda cls: epsilon_for(args.sigma, args.q, args.rounds, args.delta, cls),
         )
     elif args.target_epsilon is not None and args.rounds is not None:
         header, compute = (
@@ -88,12 +88,6 @@ def _client_level(args: argparse.Namespace) -> None:
             print(f"{label:<12}{value:.4g}")
         except ValueError as error:
             print(f"{label:<12}n/a ({error})")
-
-
-def _epsilon(cls, sigma: float, q: float, rounds: int, delta: float) -> float:
-    acc = cls()
-    acc.step(sigma, q, rounds)
-    return acc.epsilon(delta)
 
 
 def _sample_level(args: argparse.Namespace) -> None:

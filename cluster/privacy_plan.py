@@ -15,13 +15,22 @@ import math
 import time
 
 from cluster.config import ConfigError, ExperimentConfig
-from privacy.accountant import ACCOUNTANTS, ADJACENCY, accountant_class, assumption_for_sampler
+from privacy.accountant import (
+    ADJACENCY,
+    accountant_class,
+    accountants_for,
+    assumption_for_sampler,
+)
 from privacy.calibration import calibrate_sigma, epsilon_for, max_rounds
 
 
-def accountant_factory(config: ExperimentConfig, name: str | None = None):
-    """A zero-argument factory of the run's accountant (or of ``name`` under its assumption)."""
-    cls = accountant_class(name or config.accountant_name, config.sampling_assumption)
+def accountant_factory(config: ExperimentConfig):
+    """A zero-argument factory of the run's accountant."""
+    return _factory(config.accountant_name, config.sampling_assumption)
+
+
+def _factory(name: str, assumption: str):
+    cls = accountant_class(name, assumption)
     return lambda: cls(fallback_to_rdp=True)
 
 
@@ -46,8 +55,7 @@ def _calibrated_sigma(
     target: float, delta: float, q: float, rounds: int, accountant: str, assumption: str
 ) -> float:
     """Memoised: a comparison calibrates every run × seed to one budget, seconds each with PLD."""
-    cls = accountant_class(accountant, assumption)
-    return calibrate_sigma(target, delta, q, rounds, lambda: cls(fallback_to_rdp=True))
+    return calibrate_sigma(target, delta, q, rounds, _factory(accountant, assumption))
 
 
 def calibrated(config: ExperimentConfig) -> ExperimentConfig:
@@ -121,12 +129,16 @@ def privacy_tags(config: ExperimentConfig, noise_multiplier: float) -> dict[str,
     }
 
 
-def _epsilon_under(config: ExperimentConfig, name: str, sigma: float, rounds: int):
+def _epsilon_under(
+    config: ExperimentConfig, name: str, sigma: float, rounds: int
+) -> float | str | None:
+    """ε under accountant ``name`` (no RDP fallback), "n/a: why" where it refuses; None for ∞."""
     try:
         cls = accountant_class(name, config.sampling_assumption)
-        return epsilon_for(sigma, config.accounting_sample_rate, rounds, config.delta, cls)
+        epsilon = epsilon_for(sigma, config.accounting_sample_rate, rounds, config.delta, cls)
     except ValueError as error:
         return f"n/a: {error}"
+    return epsilon if math.isfinite(epsilon) else None
 
 
 def privacy_report(
@@ -154,17 +166,14 @@ def privacy_report(
         noise_placement=config.noise_placement,
         sample_rate=config.accounting_sample_rate,
         cohort_size=config.cohort.size,
-        noise_cohort_size=p.noise_cohort_size or config.cohort.size,
-        noise_std_on_mean=noise_multiplier
-        * config.algorithm.clip_norm
-        / (p.noise_cohort_size or config.cohort.size),
+        noise_cohort_size=config.noise_cohort_size,
+        noise_std_on_mean=noise_multiplier * config.algorithm.clip_norm / config.noise_cohort_size,
         population=config.population,
         calibrate=p.calibrate,
         target_epsilon=p.target_epsilon,
         epsilon_by_accountant={
             name: _epsilon_under(config, name, noise_multiplier, rounds)
-            for name in ACCOUNTANTS
-            if config.sampling_assumption == "poisson" or name == "rdp"
+            for name in accountants_for(config.sampling_assumption)
         },
     )
     return report

@@ -140,20 +140,28 @@ def default_accountant(sampling: str) -> str:
     return "pld" if sampling == "poisson" else "rdp"
 
 
-def accountant_class(name: str, sampling: str = "poisson") -> type:
-    """The accountant class for a name (rdp|pld|prv) and a sampling assumption."""
-    if name not in ACCOUNTANTS:
-        raise ValueError(f"unknown accountant {name!r}; known: {', '.join(ACCOUNTANTS)}")
+def accountants_for(sampling: str) -> tuple[str, ...]:
+    """The accountants with an analysis of a sampling assumption, in ``ACCOUNTANTS`` order.
+
+    Poisson: all of them. Without replacement: rdp only (Wang et al. 2019, Thm 9).
+    """
     if sampling not in SAMPLING_ASSUMPTIONS:
         raise ValueError(
             f"unknown sampling assumption {sampling!r}; known: {', '.join(SAMPLING_ASSUMPTIONS)}"
         )
+    return ACCOUNTANTS if sampling == "poisson" else ("rdp",)
+
+
+def accountant_class(name: str, sampling: str = "poisson") -> type:
+    """The accountant class for a name (rdp|pld|prv) and a sampling assumption."""
+    if name not in ACCOUNTANTS:
+        raise ValueError(f"unknown accountant {name!r}; known: {', '.join(ACCOUNTANTS)}")
+    if name not in accountants_for(sampling):
+        raise ValueError(
+            f"the {name} accountant has no analysis of sampling without replacement; use "
+            "accountant rdp (Wang et al. 2019), or account the cohort as Poisson"
+        )
     if sampling == "without_replacement":
-        if name != "rdp":
-            raise ValueError(
-                f"the {name} accountant has no analysis of sampling without replacement; use "
-                "accountant rdp (Wang et al. 2019), or account the cohort as Poisson"
-            )
         return WorRdpAccountant
     if name == "pld":
         from privacy.pld import PldAccountant

@@ -123,10 +123,9 @@ def released_scores(
     """Canary-coordinate score of the released model in ``trials`` independent rounds.
 
     The crafted updates have one layer of ``dim`` coordinates, so per-layer clipping acts as
-    flat clipping here.
+    flat clipping here; ``algorithm`` must be bound to that layout (``audit_round`` binds it).
     """
     layout = single_layer(dim)
-    algorithm = algorithm.bind(layout)
     bound = algorithm.pipeline.sensitivity
     canary_update = torch.zeros(dim)
     canary_update[0] = CANARY_NORM_FACTOR * bound

@@ -1,23 +1,35 @@
 """Noise calibration and round budgets for the subsampled Gaussian mechanism.
 
 Both searches use any accountant class with the ``RdpAccountant`` interface, so the answer is
-in the same terms as the ε the run will report:
+in the same terms as the ε the run will report. A probe whose ε the accountant refuses
+(``ValueError``: PLD/PRV beyond their range, ε ≳ 100) counts as ε = ∞, which meets no finite
+budget:
 
 - ``calibrate_sigma``: the smallest σ (to a relative tolerance) with ε(σ; q, T, δ) ≤ ε*,
   by bisection on log σ — ε is decreasing in σ. The returned σ always meets the target.
-- ``max_rounds``: the largest T with ε(T; σ, q, δ) ≤ ε*, by doubling then bisection — ε is
-  increasing in T.
+- ``max_rounds``: the largest T with ε(T; σ, q, δ) ≤ ε*, by doubling then bisection
+  (``privacy.search.largest_meeting``) — ε is increasing in T.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 
 from privacy.accountant import RdpAccountant
+from privacy.search import largest_meeting
 
 AccountantFactory = Callable[[], object]
+
+
+def _composed(
+    noise_multiplier: float, sample_rate: float, rounds: int, accountant: AccountantFactory
+):
+    """A new accountant charged ``rounds`` rounds at (σ, q); none for ``rounds`` ≤ 0."""
+    acc = accountant()
+    if rounds > 0:
+        acc.step(noise_multiplier, sample_rate, rounds)
+    return acc
 
 
 def epsilon_for(
@@ -29,19 +41,28 @@ def epsilon_for(
 ) -> float:
     """ε after ``rounds`` identical rounds of the q-subsampled Gaussian with multiplier σ.
 
-    ∞ where the accountant refuses to compute (PLD/PRV beyond their range, ε ≳ 100): such a
-    probe never meets a budget.
+    Raises:
+        ValueError: where the accountant refuses to compute (PLD/PRV beyond their range,
+            ε ≳ 100, unless built with ``fallback_to_rdp``) or rejects an argument.
     """
-    acc = accountant()
-    if rounds > 0:
-        acc.step(noise_multiplier, sample_rate, rounds)
-    with warnings.catch_warnings():
-        # Search probes far from the answer hit the edge of the RDP order grid; harmless there.
-        warnings.filterwarnings("ignore", message="Optimal order is the")
-        try:
-            return acc.epsilon(delta)
-        except ValueError:
-            return math.inf
+    return _composed(noise_multiplier, sample_rate, rounds, accountant).epsilon(delta)
+
+
+def _within(
+    target_epsilon: float,
+    noise_multiplier: float,
+    sample_rate: float,
+    rounds: int,
+    delta: float,
+    accountant: AccountantFactory,
+) -> bool:
+    """ε ≤ ε*, a refused ε counting as ∞ (arguments the accountant rejects still raise)."""
+    acc = _composed(noise_multiplier, sample_rate, rounds, accountant)
+    try:
+        epsilon = acc.epsilon(delta)
+    except ValueError:
+        epsilon = math.inf
+    return epsilon <= target_epsilon
 
 
 def calibrate_sigma(
@@ -58,7 +79,7 @@ def calibrate_sigma(
         raise ValueError(f"target_epsilon must be > 0, got {target_epsilon}")
 
     def meets(sigma: float) -> bool:
-        return epsilon_for(sigma, sample_rate, rounds, delta, accountant) <= target_epsilon
+        return _within(target_epsilon, sigma, sample_rate, rounds, delta, accountant)
 
     if not meets(sigma_max):
         raise ValueError(
@@ -85,17 +106,6 @@ def max_rounds(
     """Largest T ≤ ``limit`` with ε(T) ≤ ε* (0 when even one round exceeds it)."""
 
     def meets(rounds: int) -> bool:
-        return (
-            epsilon_for(noise_multiplier, sample_rate, rounds, delta, accountant) <= target_epsilon
-        )
+        return _within(target_epsilon, noise_multiplier, sample_rate, rounds, delta, accountant)
 
-    if not meets(1):
-        return 0
-    lo, hi = 1, 2  # invariant: meets(lo)
-    while hi <= limit and meets(hi):
-        lo, hi = hi, hi * 2
-    hi = min(hi, limit + 1)  # invariant: not meets(hi) or hi > limit
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if meets(mid) else (lo, mid)
-    return lo
+    return largest_meeting(meets, limit)

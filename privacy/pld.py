@@ -49,8 +49,6 @@ from functools import lru_cache
 import numpy as np
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
-from privacy.accountant import ORDERS, _round_rdp, epsilon_from_rdp
-
 DEFAULT_VALUE_DISCRETIZATION_INTERVAL = 1e-4
 DEFAULT_MAX_EPSILON = 100.0
 _MEMO_SIZE = 3  # composed PLDs kept per accountant, keyed by the merged history
@@ -59,7 +57,7 @@ Runs = tuple[tuple[float, float, int], ...]  # merged (σ, q, rounds) history
 
 
 @lru_cache(maxsize=8)
-def _round_pld(
+def subsampled_gaussian_pld(
     noise_multiplier: float, sample_rate: float, interval: float
 ) -> pld_lib.PrivacyLossDistribution:
     """PLD of one q-subsampled Gaussian release, built as ``PLDAccountant`` builds it."""
@@ -91,6 +89,10 @@ def extended(history: Runs, sigma: float, q: float, rounds: int) -> Runs:
 
 def rdp_epsilon(history: Runs, delta: float) -> float:
     """RDP upper bound on ε for ``history`` (cheap: cached per-(σ, q) curves)."""
+    # Imported here: Opacus pulls in torch (~5 s), which ``privacy.sample_level`` (using only
+    # ``subsampled_gaussian_pld``) does without.
+    from privacy.accountant import ORDERS, _round_rdp, epsilon_from_rdp
+
     rdp = sum(
         (rounds * _round_rdp(sigma, q) for sigma, q, rounds in history), np.zeros(len(ORDERS))
     )
@@ -198,7 +200,9 @@ class PldAccountant(HistoryAccountant):
         """
         if q == 0.0 or sigma == 0.0 or rounds == 0:
             return base
-        run = _round_pld(sigma, q, self.value_discretization_interval).self_compose(rounds)
+        run = subsampled_gaussian_pld(sigma, q, self.value_discretization_interval).self_compose(
+            rounds
+        )
         if base is None:
             base = pld_lib.identity(
                 value_discretization_interval=self.value_discretization_interval

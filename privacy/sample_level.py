@@ -100,6 +100,9 @@ from dp_accounting import dp_event
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 
+from privacy.pld import subsampled_gaussian_pld
+from privacy.search import largest_meeting
+
 DEFAULT_VALUE_DISCRETIZATION_INTERVAL = 1e-4
 DEFAULT_MAX_EPSILON = 100.0
 _RDP_ORDERS = tuple(rdp_lib.DEFAULT_RDP_ORDERS)
@@ -130,12 +133,12 @@ def mixture_pld(
 def _inner_pld(
     noise_multiplier: float, data_rate: float, local_steps: int, interval: float
 ) -> pld_lib.PrivacyLossDistribution:
-    """PLD_K: K local steps of the s-Poisson-subsampled Gaussian (add/remove one record)."""
-    return pld_lib.from_gaussian_mechanism(
-        standard_deviation=noise_multiplier,
-        sampling_prob=data_rate,
-        value_discretization_interval=interval,
-    ).self_compose(local_steps)
+    """PLD_K: K local steps of the s-Poisson-subsampled Gaussian (add/remove one record).
+
+    ``privacy.pld``'s PLD of one s-subsampled Gaussian release at interval h, self-composed K
+    times (the step is the client-level round's mechanism, applied to records).
+    """
+    return subsampled_gaussian_pld(noise_multiplier, data_rate, interval).self_compose(local_steps)
 
 
 @lru_cache(maxsize=32)
@@ -280,56 +283,27 @@ class SampleLevelPldAccountant:
     def max_rounds(self, target_epsilon: float, delta: float, limit: int = 100_000) -> int:
         """Largest T ≤ ``limit`` with ε(T) ≤ ``target_epsilon``; 0 if even ε(1) exceeds it.
 
-        Doubling then bisection (ε grows with T). The search never goes past the largest T at
-        which the RDP range guard still allows a PLD; if ε there is still within the target
-        (only possible for target_epsilon near ``max_epsilon``), ValueError is raised rather
-        than returning a T that is not the largest.
+        Doubling then bisection (``privacy.search.largest_meeting``; ε grows with T). The
+        search never goes past the largest T at which the RDP range guard still allows a PLD
+        (found the same way; the RDP bound grows with T); if ε there is still within the
+        target (only possible for target_epsilon near ``max_epsilon``), ValueError is raised
+        rather than returning a T that is not the largest.
         """
         if isinstance(limit, bool) or int(limit) != limit or limit < 0:
             raise ValueError(f"limit must be a non-negative integer, got {limit!r}")
         if not target_epsilon >= 0.0:
             raise ValueError(f"target_epsilon must be >= 0, got {target_epsilon!r}")
         _validated(0, delta)
-        cap = self._guard_cap(int(limit), delta)
-        lo, hi = 0, None  # ε(lo) ≤ target (ε(0) = 0); ε(hi) > target
-        t = 1
-        while t <= cap:
-            if self.epsilon(t, delta) > target_epsilon:
-                hi = t
-                break
-            lo = t
-            t *= 2
-        if hi is None:
-            if lo < cap and self.epsilon(cap, delta) > target_epsilon:
-                hi = cap
-            elif cap < limit:
-                raise ValueError(
-                    f"max_rounds: ε({cap}) ≤ target_epsilon={target_epsilon:g} but ε beyond "
-                    f"{cap} rounds is refused (RDP bound > max_epsilon={self.max_epsilon:g}); "
-                    "raise max_epsilon or lower target_epsilon."
-                )
-            else:
-                return cap
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if self.epsilon(mid, delta) <= target_epsilon:
-                lo = mid
-            else:
-                hi = mid
-        return lo
-
-    def _guard_cap(self, limit: int, delta: float) -> int:
-        """Largest T ≤ ``limit`` whose RDP bound is ≤ ``max_epsilon`` (monotone in T)."""
-        if self.rdp_epsilon(limit, delta) <= self.max_epsilon:
-            return limit
-        lo, hi = 0, limit  # bound(lo) ≤ max, bound(hi) > max
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if self.rdp_epsilon(mid, delta) <= self.max_epsilon:
-                lo = mid
-            else:
-                hi = mid
-        return lo
+        limit = int(limit)
+        cap = largest_meeting(lambda t: self.rdp_epsilon(t, delta) <= self.max_epsilon, limit)
+        best = largest_meeting(lambda t: self.epsilon(t, delta) <= target_epsilon, cap)
+        if best == cap < limit:
+            raise ValueError(
+                f"max_rounds: ε({cap}) ≤ target_epsilon={target_epsilon:g} but ε beyond "
+                f"{cap} rounds is refused (RDP bound > max_epsilon={self.max_epsilon:g}); "
+                "raise max_epsilon or lower target_epsilon."
+            )
+        return best
 
 
 def _number(name: str, value: object) -> float:

@@ -26,6 +26,8 @@ import math
 
 import numpy as np
 
+from privacy.search import largest_meeting
+
 _LOG2 = math.log(2.0)
 _LOG4 = math.log(4.0)
 
@@ -203,14 +205,10 @@ class TwoLevelSampleAccountant:
         return float(np.min(bound))
 
     def max_rounds(self, target_epsilon: float, delta: float, limit: int = 5000) -> int:
-        """Largest T ≤ ``limit`` with ε(T) ≤ ``target_epsilon`` (binary search; ε grows with T)."""
+        """Largest T ≤ ``limit`` with ε(T) ≤ ``target_epsilon`` (0 if even ε(1) exceeds it).
+
+        Doubling then bisection (``privacy.search.largest_meeting``; ε grows with T).
+        """
         if limit < 0:
             raise ValueError("limit must be non-negative")
-        lo, hi = 0, int(limit)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self.epsilon(mid, delta) <= target_epsilon:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        return largest_meeting(lambda t: self.epsilon(t, delta) <= target_epsilon, int(limit))
