@@ -40,14 +40,10 @@ def open_store(config: ExperimentConfig) -> tuple[ShardStore, bool]:
                 f"data.source={store.manifest['source']['name']}",
             )
         return store, False
-    if d.source == "synthetic":
-        params = {**asdict(d.synthetic), "num_users": d.num_clients}
-    else:
-        params = d.source_options()
     return build_or_open_store(
         d.resolved_store_root(),
         d.source,
-        params,
+        d.source_options(),
         asdict(d.partition),
         d.num_clients,
         config.seed,

@@ -16,7 +16,14 @@ import sys
 import time
 from pathlib import Path
 
-from cluster.config import ConfigError, PartitionConfig, SyntheticConfig, validate_partition
+from cluster.config import (
+    ConfigError,
+    DataConfig,
+    ExperimentConfig,
+    PartitionConfig,
+    validate_data,
+)
+from datasets.partition import PARTITION_METHODS
 from datasets.partition_report import format_summary, partition_summary, write_partition_report
 from datasets.sources import SOURCES, build_store
 from datasets.vision import EMNIST_SPLITS, SourceMissingError
@@ -35,11 +42,7 @@ def add_parser(commands) -> None:
     p.add_argument("--split", choices=EMNIST_SPLITS, help="emnist split (default byclass)")
     p.add_argument("--only-digits", action="store_true", help="femnist: digits-only files")
     p.add_argument("--clients", type=int, required=True, help="number of clients")
-    p.add_argument(
-        "--method",
-        required=True,
-        choices=("natural", "iid", "dirichlet", "dirichlet_class", "shards"),
-    )
+    p.add_argument("--method", required=True, choices=PARTITION_METHODS)
     p.add_argument("--alpha", type=float, help="Dirichlet concentration")
     p.add_argument("--min-size", type=int, help="dirichlet_class: fewest rows per client")
     p.add_argument("--classes-per-client", type=int, help="shards: shards per client")
@@ -53,32 +56,33 @@ def add_parser(commands) -> None:
     p.set_defaults(handler=run)
 
 
-def _source_params(args: argparse.Namespace) -> dict:
-    if args.dataset == "synthetic":
-        return {**dataclasses.asdict(SyntheticConfig()), "num_users": args.clients}
-    if args.dataset == "emnist":
-        return {"split": args.split or "byclass"}
-    if args.dataset == "femnist":
-        return {"only_digits": args.only_digits}
-    return {}
+def _data_config(args: argparse.Namespace) -> DataConfig:
+    """The run's ``data`` section these options stand for."""
+    return DataConfig(
+        source=args.dataset,
+        num_clients=args.clients,
+        root=args.root,
+        download=args.download,
+        split=args.split,
+        only_digits=args.only_digits,
+        partition=PartitionConfig(
+            args.method, args.alpha, args.min_size, args.classes_per_client, args.samples_per_client
+        ),
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    partition = PartitionConfig(
-        args.method, args.alpha, args.min_size, args.classes_per_client, args.samples_per_client
-    )
+    data = _data_config(args)
     try:
         if args.clients < 1:
             raise ConfigError("--clients", args.clients, "must be >= 1")
-        if args.split is not None and args.dataset != "emnist":
-            raise ConfigError("--split", args.split, "only for --dataset emnist")
-        validate_partition(partition)
+        validate_data(ExperimentConfig(data=data))
         start = time.perf_counter()
         store = build_store(
             args.out,
             args.dataset,
-            _source_params(args),
-            dataclasses.asdict(partition),
+            data.source_options(),
+            dataclasses.asdict(data.partition),
             args.clients,
             args.seed,
             data_root=Path(args.root).expanduser().resolve(),

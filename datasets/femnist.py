@@ -31,17 +31,16 @@ What this module returns:
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import tarfile
-import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
 from datasets.arrays import LabeledArrays
+from datasets.download import download_checked, file_digest
 
 URL_BASE = "https://storage.googleapis.com/tff-datasets-public/"
 # SHA-256 of the archives, as TFF's (HDF5-era) ``emnist.load_data`` checks them.
@@ -183,14 +182,6 @@ def load_femnist(
     )
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def download_femnist(root: str | Path, only_digits: bool = False) -> None:
     """Fetch ``URL_BASE + <prefix>.tar.bz2`` into ROOT, check its SHA-256, extract the two files.
 
@@ -200,18 +191,10 @@ def download_femnist(root: str | Path, only_digits: bool = False) -> None:
     targets = femnist_files(root, only_digits)
     if all(path.is_file() for path in targets):
         return
-    root.mkdir(parents=True, exist_ok=True)
     archive = root / archive_name(only_digits)
     expected = ARCHIVE_SHA256[bool(only_digits)]
-    if not (archive.is_file() and _sha256(archive) == expected):
-        partial = archive.with_name(archive.name + ".part")
-        with urllib.request.urlopen(URL_BASE + archive.name) as response, open(partial, "wb") as f:
-            shutil.copyfileobj(response, f, 1 << 20)
-        actual = _sha256(partial)
-        if actual != expected:
-            partial.unlink()
-            raise OSError(f"{URL_BASE + archive.name}: sha256 {actual}, expected {expected}")
-        os.replace(partial, archive)
+    if not (archive.is_file() and file_digest(archive, "sha256") == expected):
+        download_checked(URL_BASE + archive.name, archive, "sha256", expected)
     wanted = {path.name: path for path in targets}
     with tarfile.open(archive, "r:bz2") as tar:
         for member in tar:

@@ -168,7 +168,7 @@ class DirichletPerClass(Partitioner):
         by_class = [np.flatnonzero(labels == c) for c in range(len(classes))]
         smallest = 0
         for _ in range(self.max_retries):
-            parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+            shuffled, owners = [], []
             for rows in by_class:
                 rows = rng.permutation(rows)
                 weights = rng.dirichlet(np.full(num_clients, self.alpha))
@@ -177,12 +177,16 @@ class DirichletPerClass(Partitioner):
                     weights[rng.integers(num_clients)] = 1.0
                 cuts = np.floor(np.cumsum(weights)[:-1] * len(rows)).astype(np.int64)
                 cuts = np.clip(cuts, 0, len(rows))  # cumsum may overshoot 1 by rounding
-                for client, chunk in enumerate(np.split(rows, cuts)):
-                    parts[client].append(chunk)
-            clients = [np.sort(np.concatenate(chunks)) for chunks in parts]
-            smallest = min(len(c) for c in clients)
+                # rows[cuts[i-1]:cuts[i]] go to client i (cuts are non-decreasing).
+                chunk_sizes = np.diff(cuts, prepend=0, append=len(rows))
+                shuffled.append(rows)
+                owners.append(np.repeat(np.arange(num_clients), chunk_sizes))
+            owner = np.concatenate(owners)
+            sizes = np.bincount(owner, minlength=num_clients)
+            smallest = int(sizes.min())
             if smallest >= self.min_size:
-                return clients
+                by_client = np.concatenate(shuffled)[np.argsort(owner, kind="stable")]
+                return [np.sort(part) for part in np.split(by_client, np.cumsum(sizes)[:-1])]
         raise ValueError(
             f"dirichlet_class: after {self.max_retries} draws with α={self.alpha} some client "
             f"still had fewer than min_size={self.min_size} rows (smallest in the last draw: "
@@ -266,6 +270,19 @@ def make_partitioner(
 
 
 PARTITION_METHODS = ("natural", "iid", "dirichlet", "dirichlet_class", "shards")
+
+
+def client_class_counts(y: np.ndarray, offsets: np.ndarray, num_classes: int) -> np.ndarray:
+    """int64[clients, classes]: the class histogram of each client's labels
+    ``y[offsets[i]:offsets[i + 1]]`` (labels in 0..K-1)."""
+    y = np.asarray(y, dtype=np.int64)
+    num_clients = len(offsets) - 1
+    owner = np.repeat(np.arange(num_clients, dtype=np.int64), np.diff(offsets))
+    bad = (y < 0) | (y >= num_classes)
+    if bad.any():
+        raise ValueError(f"client {owner[bad.argmax()]} has labels outside 0..{num_classes - 1}")
+    counts = np.bincount(owner * num_classes + y, minlength=num_clients * num_classes)
+    return counts.reshape(num_clients, num_classes).astype(np.int64, copy=False)
 
 
 def largest_remainder(weights: np.ndarray, total: int) -> np.ndarray:

@@ -1,7 +1,7 @@
 """How heterogeneous a partition is: summary statistics, a terminal summary and plots.
 
 ``partition_summary`` takes either each client's labels or the (clients × classes) count matrix
-(the store manifest's ``class_histograms``); ``write_partition_report`` writes
+(a store's ``class_counts()``); ``write_partition_report`` writes
 ``class_histogram.png``, ``client_sizes.png`` and ``partition_summary.json``. Plots use the Agg
 canvas directly (no pyplot, no global backend switch), so this is safe in headless workers.
 """
@@ -16,18 +16,17 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from datasets.partition import client_class_counts
+
 MAX_HEATMAP_CLIENTS = 100
 
 
 def class_counts(client_labels: list[np.ndarray], num_classes: int) -> np.ndarray:
     """The (clients × classes) count matrix of per-client label arrays (labels in 0..K-1)."""
-    counts = np.zeros((len(client_labels), num_classes), dtype=np.int64)
-    for i, labels in enumerate(client_labels):
-        labels = np.asarray(labels, dtype=np.int64)
-        if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
-            raise ValueError(f"client {i} has labels outside 0..{num_classes - 1}")
-        counts[i] = np.bincount(labels, minlength=num_classes)
-    return counts
+    labels = [np.asarray(y, dtype=np.int64) for y in client_labels]
+    offsets = np.cumsum([0, *map(len, labels)])
+    y = np.concatenate(labels) if labels else np.empty(0, dtype=np.int64)
+    return client_class_counts(y, offsets, num_classes)
 
 
 def _as_counts(data: list[np.ndarray] | np.ndarray, num_classes: int) -> np.ndarray:

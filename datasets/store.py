@@ -34,7 +34,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from datasets.arrays import LabeledArrays
-from datasets.partition import matched_test_split
+from datasets.download import file_digest
+from datasets.partition import client_class_counts, matched_test_split
 
 FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
@@ -58,27 +59,7 @@ def _write_ipc(table: pa.Table, path: Path) -> str:
     # One record batch, uncompressed: a client's rows are then one contiguous zero-copy slice.
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table, max_chunksize=max(len(table), 1))
-    return _sha256(path)
-
-
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return _sha256_stream(f)
-
-
-def _sha256_stream(stream) -> str:
-    """SHA-256 of a binary stream, read in 4 MiB blocks (stores can be gigabytes)."""
-    digest = hashlib.sha256()
-    for block in iter(lambda: stream.read(1 << 22), b""):
-        digest.update(block)
-    return digest.hexdigest()
-
-
-def _class_counts(y: np.ndarray, offsets: np.ndarray, num_classes: int) -> np.ndarray:
-    owner = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
-    hist = np.zeros((len(offsets) - 1, num_classes), dtype=np.int64)
-    np.add.at(hist, (owner, y), 1)
-    return hist
+    return file_digest(path, "sha256")
 
 
 def write_store(
@@ -105,7 +86,7 @@ def write_store(
             _table(test.take(test_order), test_owner[test_order]), tmp / "test.arrow"
         )
         np.save(tmp / "train_offsets.npy", offsets)
-        np.save(tmp / CLASS_COUNTS, _class_counts(train_sorted.y, offsets, num_classes))
+        np.save(tmp / CLASS_COUNTS, client_class_counts(train_sorted.y, offsets, num_classes))
         manifest = {
             "format_version": FORMAT_VERSION,
             **description,
@@ -223,7 +204,7 @@ class ShardStore:
         """Recompute the checksums; raises if a file changed since it was written."""
         for name, expected in self.manifest["checksums"].items():
             with _open_stream(self.location, name) as stream:
-                digest = _sha256_stream(stream)
+                digest = hashlib.file_digest(stream, "sha256").hexdigest()
             if digest != expected:
                 raise ValueError(f"{self.location}/{name}: checksum mismatch, rebuild the store")
 

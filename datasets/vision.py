@@ -69,12 +69,10 @@ file md5-checked against torchvision's ``CIFAR10``/``CIFAR100`` ``train_list``, 
 from __future__ import annotations
 
 import gzip
-import hashlib
 import os
 import shlex
 import shutil
 import struct
-import urllib.request
 import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -84,6 +82,7 @@ import numpy as np
 
 from datasets import femnist as _femnist
 from datasets.arrays import LabeledArrays
+from datasets.download import MD5, download_checked, file_digest
 
 SOURCE_NAMES = ("mnist", "mnist_test_split", "emnist", "cifar10", "cifar100", "femnist")
 EMNIST_SPLITS = ("byclass", "balanced", "letters")
@@ -479,11 +478,7 @@ def _prepare_idx(name: str, root: Path, opts: dict, steps: list[_Inflate], probl
 
 
 def _md5(path: Path) -> str:
-    digest = hashlib.md5(usedforsecurity=False)
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return file_digest(path, MD5)
 
 
 # ----------------------------------------------------------------------------- MNIST / EMNIST
@@ -583,20 +578,12 @@ def _download_mnist_test(root: Path, files: list[Path]) -> None:
     for path in files:
         if path.is_file() and _md5(path) == MNIST_TEST_MD5[path.name]:
             continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(path.name + ".part")
         for mirror in MNIST_MIRRORS:
             try:
-                with urllib.request.urlopen(mirror + path.name) as src, open(partial, "wb") as dst:
-                    shutil.copyfileobj(src, dst, 1 << 20)
-            except OSError as exc:
-                errors.append(f"{mirror}{path.name}: {exc}")
-                continue
-            if _md5(partial) == MNIST_TEST_MD5[path.name]:
-                os.replace(partial, path)
+                download_checked(mirror + path.name, path, MD5, MNIST_TEST_MD5[path.name])
                 break
-            errors.append(f"{mirror}{path.name}: md5 mismatch")
-        partial.unlink(missing_ok=True)
+            except OSError as exc:
+                errors.append(str(exc))
     if errors and _absent(files):
         raise _error(
             "mnist_test_split", root, {}, _absent(files), "download failed: " + "; ".join(errors)

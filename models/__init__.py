@@ -25,6 +25,7 @@ model, on (1, 28, 28) it is ``mnist_cnn``. A 2-D shape (H, W) means one channel.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from math import prod
 
 from torch import nn
@@ -47,31 +48,20 @@ def _image_shape(name: str, shape: tuple[int, ...]) -> tuple[int, int, int]:
     raise ValueError(f"model {name!r} needs an image shape (C, H, W) or (H, W), got {shape}")
 
 
-def _emnist_cnn(shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    c, h, w = _image_shape("emnist_cnn", shape)
-    return EmnistCnn(num_classes, c, (h, w))
+# Models on images: name -> constructor (num_classes, channels, (H, W)).
+_IMAGE_MODELS: dict[str, Callable[[int, int, tuple[int, int]], nn.Module]] = {
+    "emnist_cnn": EmnistCnn,
+    "reddi_cnn": ReddiCnn,
+    "mnist_cnn": EmnistCnn,
+    "resnet10_gn": lambda k, c, _: resnet10_gn(k, c),
+    "resnet18_gn": lambda k, c, _: resnet18_gn(k, c),
+    "resnet9": lambda k, c, _: ResNet9(k, c),
+}
 
 
-def _mnist_cnn(shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    c, h, w = _image_shape("mnist_cnn", shape)
-    return EmnistCnn(num_classes, c, (h, w))
-
-
-def _reddi_cnn(shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    c, h, w = _image_shape("reddi_cnn", shape)
-    return ReddiCnn(num_classes, c, (h, w))
-
-
-def _resnet10_gn(shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    return resnet10_gn(num_classes, _image_shape("resnet10_gn", shape)[0])
-
-
-def _resnet18_gn(shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    return resnet18_gn(num_classes, _image_shape("resnet18_gn", shape)[0])
-
-
-def _resnet9(shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    return ResNet9(num_classes, _image_shape("resnet9", shape)[0])
+def _image_model(name: str, shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    c, h, w = _image_shape(name, shape)
+    return _IMAGE_MODELS[name](num_classes, c, (h, w))
 
 
 def _mlp_pca60(shape: tuple[int, ...], num_classes: int) -> nn.Module:
@@ -85,12 +75,7 @@ def _mlp_pca60(shape: tuple[int, ...], num_classes: int) -> nn.Module:
 
 MODELS: dict[str, ModelFactory] = {
     "logreg": lambda shape, k: LogisticRegression(prod(shape), k),
-    "emnist_cnn": _emnist_cnn,
-    "reddi_cnn": _reddi_cnn,
-    "mnist_cnn": _mnist_cnn,
-    "resnet10_gn": _resnet10_gn,
-    "resnet18_gn": _resnet18_gn,
-    "resnet9": _resnet9,
+    **{name: partial(_image_model, name) for name in _IMAGE_MODELS},
     "mlp_pca60": _mlp_pca60,
 }
 
