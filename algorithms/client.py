@@ -16,7 +16,7 @@ from algorithms.aggregate import ClientReport
 from algorithms.control_variates import local_correction, updated_client_control
 from algorithms.local import ModelObjective
 from algorithms.presets import Algorithm
-from algorithms.rng import Purpose, torch_generator
+from algorithms.rng import Purpose, stream_seed, torch_generator
 from algorithms.transforms import ClientContext
 
 
@@ -46,7 +46,7 @@ def client_round(
     if objective.augment is not None:
         augment_rng = torch_generator(*keys, Purpose.AUGMENT, device=params.device)
     # Dropout draws from torch's global generator: seed it per (round, client) too.
-    torch.manual_seed(int(torch_generator(*keys, Purpose.DROPOUT).initial_seed()))
+    torch.manual_seed(stream_seed(*keys, Purpose.DROPOUT))
     result = algorithm.trainer.train(
         objective,
         params,
@@ -91,7 +91,7 @@ def client_round(
     update = algorithm.pipeline(delta, ctx)
     report.pre_clip_norm = ctx.stats.get("pre_clip_norm", float(torch.linalg.vector_norm(delta)))
     report.clipped = ctx.stats.get("clipped", math.nan)
-    report.stats = {k: v for k, v in ctx.stats.items() if k in ("alpha", "kept_fraction")}
+    report.stats = {k: v for k, v in ctx.stats.items() if k not in ("pre_clip_norm", "clipped")}
     report.stats["grad_evals_per_step"] = result.grad_evals / max(result.steps, 1)
 
     weight = float(len(y)) if algorithm.server.weighting == "samples" else 1.0

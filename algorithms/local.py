@@ -9,8 +9,9 @@ PyTorch's SGD semantics (dampening 0, no Nesterov)::
     b ← g (first step) | μ·b + g                  # μ = momentum
     w ← w − η·b
 
-G is the trainer's gradient rule: ``SgdGradient`` (∇f, one evaluation per step) or
-``SamGradient`` (SAM/ASAM, two). ``ModelObjective.grad_evals`` counts every evaluation.
+G is the trainer's gradient rule: ``SgdGradient`` (∇f, one evaluation per step),
+``SamGradient`` (SAM/ASAM, two) or ``PgnGradient`` (one), bound once per round to the broadcast
+payload by ``for_round``. ``ModelObjective.grad_evals`` counts every evaluation.
 Mini-batches are drawn without replacement from a fresh permutation of the client's data each
 epoch; with ``local_steps`` the permutations continue across epoch boundaries. With ``lr_decay``
 γ, round t (from 0) uses η_t = η·γ^t (DP-FedSAM's and DP-FedPGN's code: γ = 0.998).
@@ -61,7 +62,10 @@ class ModelObjective:
 class SgdGradient:
     """G(w; ξ) = ∇f(w; ξ): one gradient evaluation per step."""
 
-    def __call__(self, objective: ModelObjective, w: torch.Tensor, x, y, payload=None):
+    def for_round(self, payload: dict[str, torch.Tensor] | None) -> SgdGradient:
+        return self
+
+    def __call__(self, objective: ModelObjective, w: torch.Tensor, x, y):
         return objective.loss_and_grad(w, x, y)
 
 
@@ -81,7 +85,10 @@ class SamGradient:
     rho: float
     adaptive: bool = False
 
-    def __call__(self, objective: ModelObjective, w: torch.Tensor, x, y, payload=None):
+    def for_round(self, payload: dict[str, torch.Tensor] | None) -> SamGradient:
+        return self
+
+    def __call__(self, objective: ModelObjective, w: torch.Tensor, x, y):
         loss, logits, g = objective.loss_and_grad(w, x, y)
         if self.rho == 0:
             return loss, logits, g
@@ -112,17 +119,29 @@ class PgnGradient:
     beta: float = 0.3
     rho: float = 0.2
 
-    def __call__(self, objective: ModelObjective, w: torch.Tensor, x, y, payload=None):
+    def for_round(self, payload: dict[str, torch.Tensor] | None) -> _PgnRound:
+        """The rule with this round's δ and drift (1 − β)·g̃ computed once, not every step."""
         direction = (payload or {}).get("direction")
         norm = 0.0 if direction is None else float(torch.linalg.vector_norm(direction))
-        if self.rho == 0 or norm == 0:
-            loss, logits, g = objective.loss_and_grad(w, x, y)
-        else:
-            # The loss reported is at the perturbed point (PGN evaluates nothing else).
-            loss, logits, g = objective.loss_and_grad(w + direction * (self.rho / norm), x, y)
-        if self.beta == 1 or norm == 0:
-            return loss, logits, g if self.beta == 1 else self.beta * g
-        return loss, logits, self.beta * g + (1 - self.beta) * direction
+        shift = None if self.rho == 0 or norm == 0 else direction * (self.rho / norm)
+        drift = None if self.beta == 1 or norm == 0 else (1 - self.beta) * direction
+        return _PgnRound(self.beta, shift, drift)
+
+
+@dataclass(frozen=True)
+class _PgnRound:
+    beta: float
+    shift: torch.Tensor | None  # δ = ρ·g̃/‖g̃‖
+    drift: torch.Tensor | None  # (1 − β)·g̃
+
+    def __call__(self, objective: ModelObjective, w: torch.Tensor, x, y):
+        # The loss reported is at the perturbed point (PGN evaluates nothing else).
+        at = w if self.shift is None else w + self.shift
+        loss, logits, g = objective.loss_and_grad(at, x, y)
+        if self.beta == 1:
+            return loss, logits, g
+        g = self.beta * g
+        return loss, logits, g if self.drift is None else g + self.drift
 
 
 @dataclass
@@ -190,6 +209,7 @@ class LocalTrainer:
     ) -> LocalResult:
         w = params.clone()
         evals_before = objective.grad_evals
+        gradient = self.gradient.for_round(payload)
         buf = None
         steps, loss_sum, correct, seen = 0, 0.0, 0, 0
         for index in self.batches(len(y), generator):
@@ -197,7 +217,7 @@ class LocalTrainer:
             xb, yb = x[index], y[index]
             if objective.augment is not None:
                 xb = objective.augment(xb, augment_generator)
-            loss, logits, g = self.gradient(objective, w, xb, yb, payload)
+            loss, logits, g = gradient(objective, w, xb, yb)
             for regularizer in self.regularizers:
                 extra = regularizer.grad(w, params)
                 if extra is not None:

@@ -12,12 +12,10 @@ covers every coordinate (LUS is not a sparse upload). c = 0 keeps everything (th
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
 
-import torch
-
+from algorithms.sparsify import topk_mask
 from algorithms.transforms import layer_segments
 
 
@@ -32,12 +30,7 @@ class LocalUpdateSparsification:
         if ctx.local_gradient is None:
             raise ValueError("LUS needs the gradient at the final local weights in the context")
         score = (ctx.local_gradient(self.gradient) * update).abs()
-        mask = torch.zeros_like(update)
-        for start, stop in layer_segments(ctx, update.numel()):
-            keep = math.floor((1 - self.sparsity) * (stop - start))
-            if keep:
-                top = torch.topk(score[start:stop], keep, sorted=False).indices
-                mask[start + top] = 1.0
+        mask = topk_mask(score, layer_segments(ctx, update.numel()), 1 - self.sparsity)
         ctx.stats["kept_fraction"] = float(mask.mean())
         return update * mask
 

@@ -65,10 +65,7 @@ class Algorithm:
         trainer = self.trainer.at_round(round_index)
         if trainer is self.trainer:
             return self
-        server = self.server
-        if server.direction_scale is not None:
-            factor = trainer.lr / self.trainer.lr
-            server = replace(server, direction_scale=server.direction_scale * factor)
+        server = self.server.with_local_lr_factor(trainer.lr / self.trainer.lr)
         return replace(self, trainer=trainer, server=server)
 
     def bind(self, layout: ParamLayout) -> Algorithm:
@@ -276,14 +273,26 @@ PRESETS = {
     "dp_fedpgn_ls": dp_fedpgn_ls,
     "dp_fedavg_ls": dp_fedavg_ls,
 }
+
+
+def presets_taking(option: str) -> frozenset[str]:
+    """The presets whose signature has ``option``."""
+    return frozenset(n for n, p in PRESETS.items() if option in inspect.signature(p).parameters)
+
+
 # A private preset is one that takes a ClientDP part.
-PRIVATE_PRESETS = frozenset(
-    name for name, preset in PRESETS.items() if "dp" in inspect.signature(preset).parameters
-)
-# Their server scale γ = η·K needs a fixed number of local steps.
-FIXED_STEP_PRESETS = frozenset({"dp_fedpgn", "dp_fedpgn_ls"})
-# Noise must be added by each client where a per-client mask restricts it.
-CLIENT_NOISE_PRESETS = frozenset({"dp_fedsam_topk", "fed_smp_topk", "fed_smp_randk"})
+PRIVATE_PRESETS = presets_taking("dp")
+# PGN's server scale γ = η·K needs a fixed number of local steps.
+FIXED_STEP_PRESETS = presets_taking("pgn_beta")
+# A per-client mask (top-k, rand-k) restricts the noise, so each client must add it.
+CLIENT_NOISE_PRESETS = presets_taking("keep_fraction")
+# Options beyond the trainer, the DP part and the server's lr and weighting (config fields).
+PRESET_OPTIONS = frozenset().union(*(inspect.signature(p).parameters for p in PRESETS.values())) - {
+    "trainer",
+    "dp",
+    "server_lr",
+    "weighting",
+}
 # The papers' noise placement where it is the clients (secure aggregation); else the server.
 # (BLUR/LUS add it on the clients too, but accept Poisson cohorts: the server's sum has the
 # same distribution.)

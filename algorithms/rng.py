@@ -37,9 +37,14 @@ def numpy_rng(seed: int, *keys: int) -> np.random.Generator:
     return np.random.default_rng(_seed_words(seed, keys))
 
 
+def stream_seed(seed: int, *keys: int) -> int:
+    """The 64-bit seed of the stream ``(seed, *keys)`` (for APIs that take a seed, not a
+    generator, such as ``torch.manual_seed`` for dropout and model init)."""
+    return int(_seed_words(seed, keys).generate_state(1, np.uint64)[0])
+
+
 def torch_generator(seed: int, *keys: int, device: str | torch.device = "cpu") -> torch.Generator:
     """A torch generator on ``device`` for the stream ``(seed, *keys)``."""
-    state = _seed_words(seed, keys).generate_state(1, np.uint64)[0]
     generator = torch.Generator(device=device)
-    generator.manual_seed(int(state))
+    generator.manual_seed(stream_seed(seed, *keys))
     return generator

@@ -19,7 +19,7 @@ Options, all post-processing of the noisy mean Δ̄ (no privacy cost):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import torch
@@ -52,6 +52,12 @@ class MeanServerRule:
     smoothing: LaplacianSmoothing | None = None
     momentum: float = 0.0
     direction_scale: float | None = None
+
+    def with_local_lr_factor(self, factor: float) -> MeanServerRule:
+        """The rule for a round whose local lr is ``factor`` × the base lr: γ = η·K follows it."""
+        if self.direction_scale is None:
+            return self
+        return replace(self, direction_scale=self.direction_scale * factor)
 
     def initial_extras(self, params: torch.Tensor) -> dict[str, torch.Tensor]:
         """Server state this rule keeps and broadcasts, at round 0."""

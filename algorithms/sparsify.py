@@ -34,6 +34,16 @@ def _kept(p: float, n: int) -> int:
     return math.floor(p * n)
 
 
+def topk_mask(score: torch.Tensor, segments, fraction: float) -> torch.Tensor:
+    """1 on the ⌊p·n⌋ highest-scoring coordinates of each (start, stop) segment, 0 elsewhere."""
+    mask = torch.zeros_like(score)
+    for start, stop in segments:
+        k = _kept(fraction, stop - start)
+        if k:
+            mask[start + torch.topk(score[start:stop], k, sorted=False).indices] = 1.0
+    return mask
+
+
 def _record(ctx: ClientContext, mask: torch.Tensor, before_noise: bool) -> None:
     ctx.stats["kept_fraction"] = float(mask.mean())
     if before_noise:
@@ -55,12 +65,8 @@ class TopK:
     def apply(self, update, ctx, input_bound):
         if self.fraction >= 1.0:
             return update
-        mask = torch.zeros_like(update)
-        for start, stop in _segments(ctx, update.numel(), self.scope):
-            k = _kept(self.fraction, stop - start)
-            if k:
-                top = torch.topk(update[start:stop].abs(), k, sorted=False).indices
-                mask[start + top] = 1.0
+        segments = _segments(ctx, update.numel(), self.scope)
+        mask = topk_mask(update.abs(), segments, self.fraction)
         _record(ctx, mask, before_noise=self.source == "clean")
         return update * mask
 

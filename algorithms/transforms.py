@@ -57,17 +57,6 @@ class UpdateTransform(Protocol):
         """L2 bound of the output, given the L2 bound of the input."""
 
 
-def clip_to_norm(update: torch.Tensor, clip_norm: float) -> tuple[torch.Tensor, float]:
-    """Scale ``update`` by min(1, C/‖update‖₂); returns (clipped, pre-clip norm).
-
-    An update already within C is returned unchanged (the same tensor, bit for bit).
-    """
-    norm = float(torch.linalg.vector_norm(update))
-    if norm <= clip_norm:
-        return update, norm
-    return update * (clip_norm / norm), norm
-
-
 @dataclass(frozen=True)
 class Clip:
     """L2 clipping to norm C.

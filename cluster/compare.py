@@ -21,6 +21,7 @@ markdown and written as ``compare.md``, ``compare.csv`` and
 from __future__ import annotations
 
 import argparse
+import copy
 import csv
 import io
 import statistics
@@ -31,7 +32,13 @@ from pathlib import Path
 import yaml
 
 from algorithms.presets import PRIVATE_PRESETS
-from cluster.config import DP_OPTION_FIELDS, ConfigError, config_from_dict
+from cluster.config import (
+    DP_FIELDS,
+    AlgorithmConfig,
+    ConfigError,
+    apply_override,
+    config_from_dict,
+)
 
 
 def add_parser(commands) -> None:
@@ -86,17 +93,12 @@ def run_setup(base: dict, overrides: list[str], changes: dict | None) -> tuple[d
     """The base and ``--set`` overrides a run starts from. A non-private preset's run (the
     no-noise reference) drops the privacy section and the DP fields of both; its own ``changes``
     are still validated as written."""
-    name = (base.get("algorithm") or {}).get("name", "fedavg")
+    merged = copy.deepcopy(base)
     for assignment in [*overrides, *_assignments(changes)]:
-        key, _, value = assignment.partition("=")
-        parsed = yaml.safe_load(value)
-        if key.strip() == "algorithm.name":
-            name = parsed
-        elif key.strip() == "algorithm" and isinstance(parsed, dict):
-            name = parsed.get("name", name)
-    if name in PRIVATE_PRESETS:
+        apply_override(merged, assignment)
+    if (merged.get("algorithm") or {}).get("name", AlgorithmConfig.name) in PRIVATE_PRESETS:
         return base, list(overrides)
-    dp_fields = {"clip_norm", "noise_multiplier", *DP_OPTION_FIELDS}
+    dp_fields = set(DP_FIELDS)
     algorithm = {k: v for k, v in (base.get("algorithm") or {}).items() if k not in dp_fields}
     reference = {**{k: v for k, v in base.items() if k != "privacy"}, "algorithm": algorithm}
     dp_keys = {f"algorithm.{f}" for f in dp_fields}

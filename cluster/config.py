@@ -24,16 +24,18 @@ from algorithms.presets import (
     CLIENT_NOISE_PRESETS,
     DEFAULT_PLACEMENT,
     FIXED_STEP_PRESETS,
+    PRESET_OPTIONS,
     PRESETS,
     PRIVATE_PRESETS,
     Algorithm,
     ClientDP,
+    presets_taking,
 )
 from datasets.partition import PARTITION_METHODS
 from datasets.sources import SOURCES
 from datasets.tasks import TASKS
 from datasets.vision import EMNIST_SPLITS
-from privacy.accountant import assumption_for_sampler, default_accountant
+from privacy.accountant import accountants_for, assumption_for_sampler, default_accountant
 
 
 class ConfigError(ValueError):
@@ -91,6 +93,8 @@ class DataConfig:
 
     def source_options(self) -> dict:
         """The source's own options (they key the store)."""
+        if self.source == "synthetic":
+            return {**asdict(self.synthetic), "num_users": self.num_clients}
         if self.source == "emnist":
             return {"split": self.split or "byclass"}
         if self.source == "femnist":
@@ -144,22 +148,15 @@ class AlgorithmConfig:
 
 
 # AlgorithmConfig fields passed, when set, as keyword arguments of the preset function, which
-# accepts its own (its signature holds the papers' defaults).
-PRESET_OPTION_FIELDS = (
-    "keep_fraction",
-    "mask_scope",
-    "mask_source",
-    "rho",
-    "sam_adaptive",
-    "blur_lambda",
-    "blur_bound",
-    "lus_sparsity",
-    "lus_gradient",
-    "pgn_beta",
-    "pgn_rho",
-    "ls_sigma",
-)
+# accepts its own (its signature holds the papers' defaults): every option some preset takes.
+PRESET_OPTION_FIELDS = tuple(f.name for f in fields(AlgorithmConfig) if f.name in PRESET_OPTIONS)
+if set(PRESET_OPTION_FIELDS) != PRESET_OPTIONS:
+    missing = sorted(PRESET_OPTIONS - set(PRESET_OPTION_FIELDS))
+    raise TypeError(f"AlgorithmConfig lacks fields for the preset options {missing}")
+
+
 DP_OPTION_FIELDS = ("noise_placement", "clip_scope")  # private presets (ClientDP)
+DP_FIELDS = ("clip_norm", "noise_multiplier", *DP_OPTION_FIELDS)
 
 
 @dataclass
@@ -233,14 +230,19 @@ class ExperimentConfig:
         return self.privacy.population or self.data.num_clients
 
     @property
+    def noise_cohort_size(self) -> int:
+        """C_n: the cohort the noise and the accounting are for (default: the cohort itself)."""
+        return self.privacy.noise_cohort_size or self.cohort.size
+
+    @property
     def accounting_sample_rate(self) -> float:
         """q the accountant is charged: noise cohort (or cohort) size over the population."""
-        return (self.privacy.noise_cohort_size or self.cohort.size) / self.population
+        return self.noise_cohort_size / self.population
 
     @property
     def noise_scale(self) -> float:
         """m / noise_cohort_size: the sum's noise std is σC·m/C_n, as if C_n clients took part."""
-        return self.cohort.size / (self.privacy.noise_cohort_size or self.cohort.size)
+        return self.cohort.size / self.noise_cohort_size
 
     @property
     def sampling_assumption(self) -> str:
@@ -453,7 +455,7 @@ def validate(c: ExperimentConfig) -> None:
     _positive("rounds", c.rounds, "100")
     _positive("eval_every", c.eval_every, "1")
     _positive("data.num_clients", c.data.num_clients, "100")
-    _validate_data(c)
+    validate_data(c)
     _validate_algorithm(c)
     _validate_cohort(c)
     _validate_privacy(c)
@@ -462,7 +464,7 @@ def validate(c: ExperimentConfig) -> None:
         raise ConfigError("checkpoint.every", c.checkpoint.every, "must be >= 0 (0: at the end)")
 
 
-def _validate_data(c: ExperimentConfig) -> None:
+def validate_data(c: ExperimentConfig) -> None:
     s, p = c.data.synthetic, c.data.partition
     if c.data.split is not None and (
         c.data.source != "emnist" or c.data.split not in EMNIST_SPLITS
@@ -612,7 +614,7 @@ def _validate_preset_options(a: AlgorithmConfig) -> None:
     accepted = inspect.signature(PRESETS[a.name]).parameters
     for name, value in a.preset_options().items():
         if name not in accepted:
-            users = sorted(p for p, f in PRESETS.items() if name in inspect.signature(f).parameters)
+            users = sorted(presets_taking(name))
             raise ConfigError(
                 f"algorithm.{name}",
                 value,
@@ -682,7 +684,7 @@ def _validate_privacy(c: ExperimentConfig) -> None:
             f"must be in [1, {c.population}] (the population); raise privacy.population to "
             "claim ε for a larger deployment",
         )
-    if c.sampling_assumption == "without_replacement" and c.accountant_name != "rdp":
+    if c.accountant_name not in accountants_for(c.sampling_assumption):
         raise ConfigError(
             "privacy.accountant",
             p.accountant,

@@ -17,7 +17,7 @@ import torch
 from actors.client_host import Broadcast, build_model
 from algorithms.aggregate import PartialAggregate
 from algorithms.layout import ParamLayout
-from algorithms.rng import Purpose, torch_generator
+from algorithms.rng import Purpose, stream_seed, torch_generator
 from algorithms.server import ServerContext, ServerState
 from cluster.cohort import sample_cohort
 from cluster.config import ExperimentConfig
@@ -48,9 +48,13 @@ def initial_params(
 ) -> tuple[torch.nn.Module, torch.Tensor]:
     """The model and its initial flat parameters, seeded by (seed, MODEL_INIT)."""
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(torch_generator(config.seed, Purpose.MODEL_INIT).initial_seed()))
+        torch.manual_seed(stream_seed(config.seed, Purpose.MODEL_INIT))
         model = build_model(store, config.task)
     return model, ParamLayout.flatten(model)
+
+
+# Per-client stats whose round mean is logged under another name.
+STAT_METRICS = {"alpha": "mean_alpha"}
 
 
 def round_metrics(total: PartialAggregate) -> dict[str, float]:
@@ -65,14 +69,9 @@ def round_metrics(total: PartialAggregate) -> dict[str, float]:
         clipped = np.array([r.clipped for r in reports])
         if not np.isnan(clipped).all():
             metrics["clip_fraction"] = float(np.nanmean(clipped))
-        for name, metric in (
-            ("alpha", "mean_alpha"),
-            ("kept_fraction", "kept_fraction"),
-            ("grad_evals_per_step", "grad_evals_per_step"),
-        ):
+        for name in dict.fromkeys(k for r in reports for k in r.stats):  # α_i, kept fraction, …
             values = [r.stats[name] for r in reports if name in r.stats]
-            if values:
-                metrics[metric] = float(np.mean(values))
+            metrics[STAT_METRICS.get(name, name)] = float(np.mean(values))
         metrics["train_loss"] = float(np.mean([r.train_loss for r in reports]))
         metrics["train_accuracy"] = float(np.mean([r.train_accuracy for r in reports]))
     return metrics
