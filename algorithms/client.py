@@ -20,6 +20,12 @@ from algorithms.rng import Purpose, stream_seed, torch_generator
 from algorithms.transforms import ClientContext
 
 
+def upload_bytes(update: torch.Tensor) -> int:
+    """Bytes to send ``update``: dense values, or (value, int32 index) pairs if that is smaller."""
+    nonzero = int(torch.count_nonzero(update))
+    return min(update.numel() * update.element_size(), nonzero * (update.element_size() + 4))
+
+
 def client_round(
     algorithm: Algorithm,
     objective: ModelObjective,
@@ -80,9 +86,7 @@ def client_round(
         torch_generator(*keys, Purpose.CLIENT_NOISE, device=params.device),
         nominal_cohort_size,
         layout=objective.layout,
-        shared_generator=torch_generator(
-            seed, round_index, Purpose.SHARED_MASK, device=params.device
-        ),
+        round_key=(seed, round_index),
         local_gradient=final_gradient,  # for LUS
         payload=payload,
         local_steps=result.steps,
@@ -93,6 +97,7 @@ def client_round(
     report.clipped = ctx.stats.get("clipped", math.nan)
     report.stats = {k: v for k, v in ctx.stats.items() if k not in ("pre_clip_norm", "clipped")}
     report.stats["grad_evals_per_step"] = result.grad_evals / max(result.steps, 1)
+    report.stats["upload_bytes"] = float(upload_bytes(update))
 
     weight = float(len(y)) if algorithm.server.weighting == "samples" else 1.0
     uploads = {"delta": update * weight if weight != 1.0 else update}

@@ -6,14 +6,15 @@ on all the client's data (``gradient="data"``, default) or on one mini-batch of 
 batch size drawn from a per-(round, client) stream (``gradient="batch"``) — the paper leaves it
 open (spec 001, [A]); ``ClientContext.local_gradient(kind)`` computes it. Per layer the ⌊(1 − c)·n⌋
 highest-scoring coordinates are kept and the rest zeroed. The mask depends only on the client's
-own data before clipping, so the L2 bound of what follows is unchanged, and the noise still
-covers every coordinate (LUS is not a sparse upload). c = 0 keeps everything (the identity).
+own data before clipping, so the L2 bound of what follows is unchanged; the mechanism's noise
+stays dense (LUS is not a sparse upload), so its data-dependent mask costs no privacy.
+c = 0 keeps everything (the identity).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from algorithms.sparsify import topk_mask
 from algorithms.transforms import layer_segments
@@ -23,14 +24,15 @@ from algorithms.transforms import layer_segments
 class LocalUpdateSparsification:
     sparsity: float  # c: the fraction of each layer's coordinates to drop
     gradient: Literal["data", "batch"] = "data"
+    selects_by_value: ClassVar[bool] = True
 
-    def apply(self, update, ctx, input_bound):
+    def apply(self, update, ctx):
         if self.sparsity == 0:
             return update
         if ctx.local_gradient is None:
             raise ValueError("LUS needs the gradient at the final local weights in the context")
         score = (ctx.local_gradient(self.gradient) * update).abs()
-        mask = topk_mask(score, layer_segments(ctx, update.numel()), 1 - self.sparsity)
+        mask = topk_mask(score, layer_segments(ctx.layout, update.numel()), 1 - self.sparsity)
         ctx.stats["kept_fraction"] = float(mask.mean())
         return update * mask
 

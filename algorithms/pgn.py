@@ -11,6 +11,7 @@ only the private part is clipped and noised; ``AddDrift`` puts it back after the
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -25,8 +26,9 @@ def _drift(ctx, beta: float) -> torch.Tensor | None:
 @dataclass(frozen=True)
 class StripDrift:
     beta: float
+    selects_by_value: ClassVar[bool] = False
 
-    def apply(self, update, ctx, input_bound):
+    def apply(self, update, ctx):
         drift = _drift(ctx, self.beta)
         return update if drift is None else update + drift
 
@@ -37,8 +39,9 @@ class StripDrift:
 @dataclass(frozen=True)
 class AddDrift:
     beta: float
+    selects_by_value: ClassVar[bool] = False
 
-    def apply(self, update, ctx, input_bound):
+    def apply(self, update, ctx):
         drift = _drift(ctx, self.beta)
         return update if drift is None else update - drift
 

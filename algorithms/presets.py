@@ -7,10 +7,10 @@
 | fedsam          | SAM           | (none)                                   | Qu et al. 22       |
 | dp_fedavg       | SGD           | Clip(C) → Noise(σ)                       | McMahan et al. 18  |
 | dp_fedsam       | SAM           | Clip(C) → Noise(σ)                       | Shi et al. 23      |
-| dp_fedsam_topk  | SAM           | Clip → TopK(p, clean) → Noise, or        | Shi et al. 23      |
-|                 |               | Clip → Noise → TopK(p, noisy)            |                    |
-| fed_smp_topk    | SGD           | TopK(p) → Clip → Noise (kept coords)     | Hu et al. 22       |
+| dp_fedsam_topk  | SAM           | Clip → TopK(p) → Noise (dense)           | Shi et al. 23      |
+| fed_smp_topk    | SGD           | TopK(p) → Clip → Noise (dense)           | Hu et al. 22       |
 | fed_smp_randk   | SGD           | RandK(p, shared mask) → Clip → Noise     | Hu et al. 22       |
+|                 |               | (noise on the shared mask)               |                    |
 | dp_fedavg_blur  | SGD + BLUR    | Clip(C) → Noise(σ)                       | Cheng et al. 22    |
 | dp_fedavg_lus   | SGD           | LUS(c) → Clip → Noise                    | Cheng et al. 22    |
 | dp_fedavg_blurs | SGD + BLUR    | LUS(c) → Clip → Noise                    | Cheng et al. 22    |
@@ -21,9 +21,12 @@
 
 Every private preset is client-level DP: each client's delta is clipped to L2 norm C (flat, or
 per layer with sensitivity C·√L) and the mean of the m clients carries Gaussian noise of std
-σ·S/m per coordinate, S the pipeline's L2 bound. A preset's keyword arguments are its options,
-with the paper's values as defaults; trainer options (SAM's ρ, BLUR's λ, PGN's β and ρ) are set on
-the base trainer the caller passes in.
+σ·S/m per coordinate, S the mechanism's L2 bound (``algorithms.mechanism``). The top-k presets
+put that noise on every coordinate by default; the papers' literal variants (``noise_support:
+kept``, ``mask_source: noisy``) run but are unaccounted: their pipelines say why, and no ε is
+reported for them. A preset's keyword arguments are its options, with the paper's values as
+defaults; trainer options (SAM's ρ, BLUR's λ, PGN's β and ρ) are set on the base trainer the
+caller passes in.
 """
 
 from __future__ import annotations
@@ -35,14 +38,21 @@ from typing import Literal
 from algorithms.layout import ParamLayout
 from algorithms.local import LocalTrainer, PgnGradient, SamGradient
 from algorithms.lus import LocalUpdateSparsification
+from algorithms.mechanism import (
+    DENSE,
+    GaussianMechanism,
+    NoiseSupport,
+    Placement,
+    SharedMaskSupport,
+    UploadSupport,
+)
 from algorithms.pgn import AddDrift, StripDrift
+from algorithms.pipeline import UpdatePipeline
 from algorithms.regularizers import BoundedLocalUpdate
 from algorithms.server import MeanServerRule
 from algorithms.smoothing import LaplacianSmoothing
 from algorithms.sparsify import RandK, TopK
-from algorithms.transforms import Clip, GaussianNoise, UpdatePipeline
-
-Placement = Literal["server", "client"]
+from algorithms.transforms import Clip
 
 
 @dataclass(frozen=True)
@@ -56,6 +66,10 @@ class Algorithm:
     @property
     def privacy_unit(self) -> Literal["client", "none"]:
         return "client" if self.pipeline.noise_multiplier > 0 else "none"
+
+    @property
+    def mechanism(self) -> GaussianMechanism | None:
+        return self.pipeline.mechanism
 
     def at_round(self, round_index: int) -> Algorithm:
         """This round's algorithm under the trainer's per-round lr decay (``at_round``).
@@ -106,11 +120,19 @@ class ClientDP:
     noise_scale: float = 1.0  # m / noise_cohort_size
     clip_scope: Literal["flat", "layer"] = "flat"
 
-    def pipeline(self, before=(), between=(), after=()) -> UpdatePipeline:
-        """``before`` → Clip → ``between`` → GaussianNoise → ``after``."""
-        clip = Clip(self.clip_norm, self.clip_scope)
-        noise = GaussianNoise(self.noise_multiplier, self.noise_placement, self.noise_scale)
-        return UpdatePipeline((*before, clip, *between, noise, *after))
+    def pipeline(
+        self, before=(), between=(), after=(), support: NoiseSupport = DENSE
+    ) -> UpdatePipeline:
+        """``before`` → [Clip → ``between`` → noise on ``support``] → ``after``."""
+        mechanism = GaussianMechanism(
+            Clip(self.clip_norm, self.clip_scope),
+            self.noise_multiplier,
+            self.noise_placement,
+            self.noise_scale,
+            support,
+            tuple(between),
+        )
+        return UpdatePipeline(tuple(before), mechanism, tuple(after))
 
 
 def _private(name: str, trainer: LocalTrainer, pipeline: UpdatePipeline, server_lr: float):
@@ -131,6 +153,17 @@ def dp_fedsam(
     return _private("dp_fedsam", _sam(trainer, rho, sam_adaptive), dp.pipeline(), server_lr)
 
 
+NoiseSupportName = Literal["dense", "kept"]
+
+
+def _topk_support(noise_support: NoiseSupportName) -> NoiseSupport:
+    """dense: noise on every coordinate (DP). kept: only on each client's kept coordinates, as
+    the top-k papers describe (unaccounted: the support depends on the data)."""
+    if noise_support not in ("dense", "kept"):
+        raise ValueError(f"noise_support must be dense or kept, got {noise_support!r}")
+    return DENSE if noise_support == "dense" else UploadSupport()
+
+
 def dp_fedsam_topk(
     trainer: LocalTrainer,
     dp: ClientDP,
@@ -140,11 +173,17 @@ def dp_fedsam_topk(
     keep_fraction: float = 0.4,
     mask_scope: Literal["layer", "global"] = "layer",
     mask_source: Literal["clean", "noisy"] = "clean",
+    noise_support: NoiseSupportName = "dense",
 ) -> Algorithm:
-    # clean: Clip → TopK → Noise (noise on kept coordinates); noisy: Clip → Noise → TopK.
-    topk = (TopK(keep_fraction, mask_scope, mask_source),)
-    clean = mask_source == "clean"
-    pipeline = dp.pipeline(between=topk) if clean else dp.pipeline(after=topk)
+    """clean: Clip → TopK → noise (dense, or on the kept coordinates: the paper's intent).
+    noisy: Clip → noise → TopK of the noisy update (Eq. 12 read literally; unaccounted)."""
+    topk = TopK(keep_fraction, mask_scope)
+    if mask_source == "clean":
+        pipeline = dp.pipeline(between=(topk,), support=_topk_support(noise_support))
+    elif noise_support == "dense":
+        pipeline = dp.pipeline(after=(topk,))
+    else:
+        raise ValueError("mask_source noisy masks dense noise; noise_support kept does not apply")
     return _private("dp_fedsam_topk", _sam(trainer, rho, sam_adaptive), pipeline, server_lr)
 
 
@@ -154,9 +193,12 @@ def fed_smp_topk(
     server_lr: float = 1.0,
     keep_fraction: float = 0.4,
     mask_scope: Literal["layer", "global"] = "layer",
+    noise_support: NoiseSupportName = "dense",
 ) -> Algorithm:
-    topk = (TopK(keep_fraction, mask_scope, "clean"),)
-    return _private("fed_smp_topk", trainer, dp.pipeline(before=topk), server_lr)
+    """TopK → Clip → noise: dense by default; ``kept``: Fed-SMP's noise on kept coordinates."""
+    topk = (TopK(keep_fraction, mask_scope),)
+    pipeline = dp.pipeline(before=topk, support=_topk_support(noise_support))
+    return _private("fed_smp_topk", trainer, pipeline, server_lr)
 
 
 def fed_smp_randk(
@@ -166,8 +208,10 @@ def fed_smp_randk(
     keep_fraction: float = 0.4,
     mask_scope: Literal["layer", "global"] = "layer",
 ) -> Algorithm:
-    randk = (RandK(keep_fraction, mask_scope),)
-    return _private("fed_smp_randk", trainer, dp.pipeline(before=randk), server_lr)
+    """RandK (the round's shared public mask) → Clip → noise on that mask only."""
+    randk = RandK(keep_fraction, mask_scope)
+    pipeline = dp.pipeline(before=(randk,), support=SharedMaskSupport(randk))
+    return _private("fed_smp_randk", trainer, pipeline, server_lr)
 
 
 def _blur(trainer: LocalTrainer, dp: ClientDP, blur_lambda: float, blur_bound: float | None):
@@ -284,8 +328,6 @@ def presets_taking(option: str) -> frozenset[str]:
 PRIVATE_PRESETS = presets_taking("dp")
 # PGN's server scale γ = η·K needs a fixed number of local steps.
 FIXED_STEP_PRESETS = presets_taking("pgn_beta")
-# A per-client mask (top-k, rand-k) restricts the noise, so each client must add it.
-CLIENT_NOISE_PRESETS = presets_taking("keep_fraction")
 # Options beyond the trainer, the DP part and the server's lr and weighting (config fields).
 PRESET_OPTIONS = frozenset().union(*(inspect.signature(p).parameters for p in PRESETS.values())) - {
     "trainer",
@@ -297,5 +339,5 @@ PRESET_OPTIONS = frozenset().union(*(inspect.signature(p).parameters for p in PR
 # (BLUR/LUS add it on the clients too, but accept Poisson cohorts: the server's sum has the
 # same distribution.)
 DEFAULT_PLACEMENT = dict.fromkeys(
-    {"dp_fedsam", "dp_fedpgn", "dp_fedpgn_ls"} | CLIENT_NOISE_PRESETS, "client"
+    {"dp_fedsam", "dp_fedpgn", "dp_fedpgn_ls"} | presets_taking("keep_fraction"), "client"
 )

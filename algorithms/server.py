@@ -2,7 +2,7 @@
 
 ``MeanServerRule`` (FedAvg / DP-FedAvg, McMahan et al. 2018)::
 
-    Δ̄ = (Σ_{i∈S} Δ_i + N(0, s²I)) / m        s = server-placed noise std on the sum (σC)
+    Δ̄ = (Σ_{i∈S} Δ_i + Z) / m        Z = the mechanism's server-placed noise on the sum (σS)
     x ← x + η_g Δ̄
 
 With uniform weighting m is the *nominal* cohort size (the fixed size, or qN under Poisson
@@ -33,8 +33,8 @@ from algorithms.smoothing import LaplacianSmoothing
 class ServerContext:
     nominal_cohort_size: float
     num_clients: int
-    noise_std_on_sum: float
-    noise_generator: torch.Generator
+    # Z, drawn by the preset's GaussianMechanism (None: client-placed noise, or none at all)
+    noise_on_sum: torch.Tensor | None = None
 
 
 @dataclass
@@ -72,9 +72,8 @@ class MeanServerRule:
         summed = total.sums.get("delta")
         if summed is None:  # empty cohort: the noise is still due
             summed = torch.zeros(size, dtype=torch.float64)
-        if ctx.noise_std_on_sum > 0:
-            noise = torch.randn(size, generator=ctx.noise_generator, dtype=torch.float64)
-            summed = summed + ctx.noise_std_on_sum * noise
+        if ctx.noise_on_sum is not None:
+            summed = summed + ctx.noise_on_sum
         if self.weighting == "samples":
             return summed / max(total.weight, 1.0)
         return summed / ctx.nominal_cohort_size

@@ -1,33 +1,36 @@
-"""Sparsifying update transforms: top-k by magnitude and random-k with a shared mask.
+"""Sparsifying update transforms: top-k by magnitude and random-k with a shared public mask.
 
 Both keep exactly ⌊p·n⌋ coordinates of every layer (``scope="layer"``, n = the layer's size) or
 of the whole update (``scope="global"``, n = d) and zero the rest, so the L2 bound of the output
-is that of the input. Placed before client-placed ``GaussianNoise``, a sparsifier records its
-mask in the ``ClientContext`` and the noise then lands only on the kept coordinates (Fed-SMP;
-DP-FedSAM-top_k's stated intent: expected squared noise norm p·d·σ²C²/m). ``TopK`` placed
-after the noise (``source="noisy"``, DP-FedSAM Eq. 12 read literally) masks the noisy update:
-at p = 0.4 it keeps ≈ 87% of the noise energy, since the largest noisy coordinates are mostly
-noise.
+is that of the input.
 
-Privacy: a top-k mask computed from the clean update depends on the data and is released
-implicitly by the sparse upload; the RDP proofs of DP-FedSAM-top_k and Fed-SMP-top_k do not
-cover it (spec 000 §1, ambiguity 2). The random mask of ``RandK`` is drawn from a generator
-seeded by (seed, round) only: the same for every client and independent of the data.
+Privacy. ``TopK`` decides from the update's values which coordinates survive
+(``selects_by_value``): the mask is a function of the client's data. The Gaussian mechanism
+stays valid only if its noise does not follow that mask (dense noise on the sum,
+``algorithms.mechanism.DenseSupport``); noise on each client's kept coordinates only, as the
+top-k papers describe (``UploadSupport``), or a top-k of a client's noisy update (DP-FedSAM
+Eq. 12 read literally: at p = 0.4 it keeps ≈ 87% of the noise energy, since the largest noisy
+coordinates are mostly noise) make the preset unaccounted. ``RandK``'s mask is drawn from the
+round's public randomness (seed, round) only, the same for every client, so noise restricted to
+it (``SharedMaskSupport``) is a Gaussian mechanism on the coordinates anyone can release.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 
+from algorithms.layout import ParamLayout
+from algorithms.rng import Purpose, torch_generator
 from algorithms.transforms import ClientContext, layer_segments
 
 
-def _segments(ctx: ClientContext, size: int, scope: str) -> list[tuple[int, int]]:
-    return [(0, size)] if scope == "global" else layer_segments(ctx, size)
+def _segments(layout: ParamLayout | None, size: int, scope: str) -> list[tuple[int, int]]:
+    return [(0, size)] if scope == "global" else layer_segments(layout, size)
 
 
 def _kept(p: float, n: int) -> int:
@@ -44,62 +47,70 @@ def topk_mask(score: torch.Tensor, segments, fraction: float) -> torch.Tensor:
     return mask
 
 
-def _record(ctx: ClientContext, mask: torch.Tensor, before_noise: bool) -> None:
-    ctx.stats["kept_fraction"] = float(mask.mean())
-    if before_noise:
-        ctx.mask = mask if ctx.mask is None else ctx.mask * mask
-
-
 @dataclass(frozen=True)
 class TopK:
-    """Keep the ⌊p·n⌋ largest-|·| coordinates per layer (or globally); p = 1 is the identity.
-
-    ``source="clean"``: the mask comes from this transform's input (place it before the noise;
-    the noise is then restricted to the mask). ``source="noisy"``: place it after the noise.
-    """
+    """Keep the ⌊p·n⌋ largest-|·| coordinates per layer (or globally); p = 1 is the identity."""
 
     fraction: float
     scope: Literal["layer", "global"] = "layer"
-    source: Literal["clean", "noisy"] = "clean"
+    selects_by_value: ClassVar[bool] = True
 
-    def apply(self, update, ctx, input_bound):
+    def apply(self, update, ctx):
         if self.fraction >= 1.0:
             return update
-        segments = _segments(ctx, update.numel(), self.scope)
+        segments = _segments(ctx.layout, update.numel(), self.scope)
         mask = topk_mask(update.abs(), segments, self.fraction)
-        _record(ctx, mask, before_noise=self.source == "clean")
+        ctx.stats["kept_fraction"] = float(mask.mean())
         return update * mask
 
     def output_bound(self, input_bound):
         return input_bound
 
 
+@functools.lru_cache(maxsize=4)
+def _shared_mask(randk, size, layout, round_key, device, dtype) -> torch.Tensor:
+    generator = torch_generator(*round_key, Purpose.SHARED_MASK, device=device)
+    mask = torch.zeros(size, device=device, dtype=dtype)
+    for start, stop in _segments(layout, size, randk.scope):
+        k = _kept(randk.fraction, stop - start)
+        if k:
+            order = torch.randperm(stop - start, generator=generator, device=device)
+            mask[start + order[:k]] = 1.0
+    return mask
+
+
 @dataclass(frozen=True)
 class RandK:
     """Keep ⌊p·n⌋ uniformly random coordinates per layer (or globally), one mask per round.
 
-    The mask is drawn from ``ctx.shared_generator`` (seeded by seed and round only), so every
-    client of a round keeps the same coordinates; noise placed after it lands on them only.
+    The mask is a pure function of the round's public key (seed, round) and the layout: every
+    client of a round keeps the same coordinates, and the server can recompute them.
     """
 
     fraction: float
     scope: Literal["layer", "global"] = "layer"
+    selects_by_value: ClassVar[bool] = False
 
-    def apply(self, update, ctx, input_bound):
+    def shared_mask(
+        self,
+        size: int,
+        layout: ParamLayout | None,
+        round_key: tuple[int, int],
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> torch.Tensor:
+        """The round's mask: 1 on the kept coordinates (drawn on ``device``; do not modify).
+
+        Every client of a round and the server ask for the same mask: the last few are cached.
+        """
+        return _shared_mask(self, size, layout, round_key, str(device), dtype)
+
+    def apply(self, update, ctx: ClientContext):
         if self.fraction >= 1.0:
             return update
-        if ctx.shared_generator is None:
-            raise ValueError("RandK needs the round's shared generator in the ClientContext")
-        mask = torch.zeros_like(update)
-        for start, stop in _segments(ctx, update.numel(), self.scope):
-            k = _kept(self.fraction, stop - start)
-            if k:
-                order = torch.randperm(
-                    stop - start, generator=ctx.shared_generator, device=ctx.shared_generator.device
-                )
-                mask[start + order[:k].to(update.device)] = 1.0
-        _record(ctx, mask, before_noise=True)
-        return update * mask
+        mask = self.shared_mask(update.numel(), ctx.layout, ctx.round_key, update.device)
+        ctx.stats["kept_fraction"] = float(mask.mean())
+        return update * mask.to(update.dtype)
 
     def output_bound(self, input_bound):
         return input_bound

@@ -11,10 +11,10 @@ from cluster.simulation import RoundRecord
 from datasets.vision import SourceMissingError
 
 
-def _progress_line(record: RoundRecord, total: int) -> str:
+def _progress_line(record: RoundRecord, total: int, claim) -> str:
     parts = [f"round {record.round:>4}/{total}"]
-    if record.epsilon is not None:
-        parts.append(f"ε {record.epsilon:7.3f}")
+    if claim.private:
+        parts.append(claim.epsilon_text(record.epsilon, record.metrics.get("epsilon_vs_server")))
     if record.test_accuracy is not None:
         parts.append(f"acc {record.test_accuracy:.4f}")
     if "clip_fraction" in record.metrics:
@@ -70,7 +70,7 @@ def _resume(args: argparse.Namespace) -> int:
 
 def _execute(config, checkpoint: dict | None) -> int:
     from cluster.experiment import run_experiment
-    from cluster.privacy_plan import calibrate_with_message
+    from cluster.privacy_plan import calibrate_with_message, privacy_claim
 
     def say(message: str) -> None:
         print(message, flush=True)
@@ -89,10 +89,11 @@ def _execute(config, checkpoint: dict | None) -> int:
         f"{config.executor.kind}",
         flush=True,
     )
+    claim = privacy_claim(config, config.build_algorithm())
     try:
         outcome = run_experiment(
             config,
-            lambda r: print(_progress_line(r, config.rounds), flush=True),
+            lambda r: print(_progress_line(r, config.rounds, claim), flush=True),
             checkpoint,
             say,
             calibrate=False,
@@ -104,11 +105,8 @@ def _execute(config, checkpoint: dict | None) -> int:
     print(f"done: {result.stop_reason}")
     if outcome.final_accuracy is not None:
         print(f"final test accuracy {outcome.final_accuracy:.4f}")
-    if outcome.result.history and outcome.result.history[-1].epsilon is not None:
-        print(
-            f"privacy spent: ε = {outcome.epsilon:.3f} at δ = {config.delta:g} "
-            f"(client-level, {config.accountant_name}, {config.sampling_assumption} sampling)"
-        )
+    if outcome.claim.private:
+        print(outcome.privacy_line())
     print(
         f"checkpoint: {outcome.checkpoint} (continue with: python -m cluster resume "
         f"{outcome.checkpoint} --set rounds=N)"

@@ -39,6 +39,7 @@ from cluster.config import (
     apply_override,
     config_from_dict,
 )
+from cluster.privacy_plan import format_sigma
 
 
 def add_parser(commands) -> None:
@@ -145,7 +146,7 @@ def summarize(results: dict[str, list], baseline: str | None = None) -> list[dic
         ]
         final, final_sd = _stats(finals)
         best, best_sd = _stats(bests)
-        eps = outcomes[0].epsilon
+        first = outcomes[0]
         rows.append(
             {
                 "run": label,
@@ -153,8 +154,12 @@ def summarize(results: dict[str, list], baseline: str | None = None) -> list[dic
                 "final_acc_std": final_sd,
                 "best_acc_mean": best,
                 "best_acc_std": best_sd,
-                "epsilon": eps if eps != float("inf") else None,
-                "sigma": outcomes[0].config.algorithm.noise_multiplier,
+                # From the run's own PrivacyClaim: a number only where the mechanism has one.
+                "epsilon": first.epsilon if first.claim.dp_valid else None,
+                "epsilon_vs_server": first.epsilon_vs_server,
+                "dp_valid": first.claim.dp_valid,
+                "private": first.claim.private,
+                "sigma": first.claim.noise_multiplier if first.claim.private else None,
                 "seeds": len(outcomes),
             }
         )
@@ -165,14 +170,26 @@ def summarize(results: dict[str, list], baseline: str | None = None) -> list[dic
     return rows
 
 
+def epsilon_cell(row: dict) -> str:
+    """ε as the run's claim allows: ∞ without noise, n/a for an unaccounted mechanism."""
+    if not row["private"]:
+        return "∞"
+    if not row["dp_valid"]:
+        return "n/a (dp_valid=false)"
+    cell = f"{row['epsilon']:.3f}"
+    if row["epsilon_vs_server"] is not None:
+        cell += f" (vs server {row['epsilon_vs_server']:.3g})"
+    return cell
+
+
 def markdown(rows: list[dict], baseline: str | None = None) -> str:
     header = "| run | final acc (%) | best acc (%) | ε | σ |"
     if baseline:
         header += f" Δ vs {baseline}, paired (pts) |"
     lines = [header, "|---" * header.count(" |") + "|"]
     for r in rows:
-        eps = "∞" if r["epsilon"] is None else f"{r['epsilon']:.3f}"
-        sigma = "—" if r["sigma"] is None else f"{r['sigma']:.4g}"
+        sigma = "—" if r["sigma"] is None else format_sigma(r["sigma"])
+        eps = epsilon_cell(r)
         line = (
             f"| {r['run']} | {100 * r['final_acc_mean']:.2f} ± {100 * r['final_acc_std']:.2f} "
             f"| {100 * r['best_acc_mean']:.2f} ± {100 * r['best_acc_std']:.2f} | {eps} | {sigma} |"
@@ -246,9 +263,10 @@ def run(args: argparse.Namespace) -> int:
             config = calibrate_with_message(run_config, print)
             start = time.perf_counter()
             outcome = run_experiment(config, calibrate=False)
+            eps = outcome.claim.epsilon_text(outcome.epsilon, outcome.epsilon_vs_server)
             print(
-                f"{label} seed {seed}: final acc {outcome.final_accuracy:.4f}, "
-                f"ε {outcome.epsilon:.3f}, {time.perf_counter() - start:.0f} s",
+                f"{label} seed {seed}: final acc {outcome.final_accuracy:.4f}, {eps}, "
+                f"{time.perf_counter() - start:.0f} s",
                 flush=True,
             )
             results.setdefault(label, []).append(outcome)

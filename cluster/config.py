@@ -21,7 +21,6 @@ import yaml
 
 from algorithms.local import LocalTrainer
 from algorithms.presets import (
-    CLIENT_NOISE_PRESETS,
     DEFAULT_PLACEMENT,
     FIXED_STEP_PRESETS,
     PRESET_OPTIONS,
@@ -125,6 +124,8 @@ class AlgorithmConfig:
     keep_fraction: float | None = None  # p of top-k / rand-k (0.4)
     mask_scope: Literal["layer", "global"] | None = None
     mask_source: Literal["clean", "noisy"] | None = None  # dp_fedsam_topk's mask
+    # top-k presets: dense (DP) or kept (the papers' noise on kept coordinates; unaccounted)
+    noise_support: Literal["dense", "kept"] | None = None
     rho: float | None = None  # SAM radius ρ (0.5, DP-FedSAM)
     sam_adaptive: bool | None = None  # ASAM (the DP-FedSAM authors' code) instead of SAM
     blur_lambda: float | None = None  # BLUR coefficient λ (0.4)
@@ -167,7 +168,7 @@ class CohortConfig:
 
 @dataclass
 class PrivacyConfig:
-    delta: float | None = None  # default 1/population
+    delta: float | None = None  # default population^-1.1
     target_epsilon: float | None = None  # stop before a round would exceed it
     # auto: pld under Poisson sampling, rdp without replacement (see default_accountant)
     accountant: Literal["auto", "rdp", "pld", "prv"] = "auto"
@@ -258,7 +259,22 @@ class ExperimentConfig:
 
     @property
     def delta(self) -> float:
-        return self.privacy.delta if self.privacy.delta is not None else 1 / self.population
+        """δ: the configured one, else N^-1.1 for a population of N (below 1/N, which would
+        allow a mechanism that publishes one client's data outright)."""
+        if self.privacy.delta is not None:
+            return self.privacy.delta
+        return self.population**-1.1
+
+    @property
+    def delta_warning(self) -> str | None:
+        """Why the configured δ is weak: δ ≥ 1/N permits releasing some client's data."""
+        if self.privacy.delta is None or self.privacy.delta < 1 / self.population:
+            return None
+        return (
+            f"privacy: δ = {self.privacy.delta:g} ≥ 1/N = {1 / self.population:g}: a mechanism "
+            "that publishes one random client's data in the clear meets such a δ; prefer "
+            f"δ ≤ N^-1.1 = {self.population**-1.1:.3g} (the default when privacy.delta is unset)"
+        )
 
     @property
     def noise_placement(self) -> str:
@@ -268,7 +284,7 @@ class ExperimentConfig:
         return DEFAULT_PLACEMENT.get(self.algorithm.name, "server")
 
     def build_algorithm(self) -> Algorithm:
-        a, local = self.algorithm, self.algorithm.local
+        a = self.algorithm
         if a.name in PRIVATE_PRESETS and a.noise_multiplier is None:
             # privacy.calibrate: sigma leaves σ unset; building before calibrating would
             # silently train without noise.
@@ -278,6 +294,17 @@ class ExperimentConfig:
                 "not calibrated yet: pass the config through "
                 "cluster.privacy_plan.calibrated() first (run_experiment does)",
             )
+        return self._build_algorithm(a.noise_multiplier)
+
+    @property
+    def unaccounted_reason(self) -> str | None:
+        """Why the configured preset's mechanism has no ε (read off its pipeline), else None."""
+        if self.algorithm.name not in PRIVATE_PRESETS:
+            return None
+        return self._build_algorithm(0.0).pipeline.unaccounted_reason  # structural: any σ
+
+    def _build_algorithm(self, noise_multiplier: float | None) -> Algorithm:
+        a, local = self.algorithm, self.algorithm.local
         trainer = LocalTrainer(
             lr=local.lr,
             batch_size=local.batch_size,
@@ -295,7 +322,7 @@ class ExperimentConfig:
         if "dp" in accepted:
             kwargs["dp"] = ClientDP(
                 a.clip_norm,
-                a.noise_multiplier,
+                noise_multiplier,
                 self.noise_placement,
                 self.noise_scale,
                 a.clip_scope or "flat",
@@ -592,13 +619,7 @@ def _validate_algorithm(c: ExperimentConfig) -> None:
                 "client-placed noise sums to σC only over a fixed-size cohort; "
                 "use cohort.sampling: fixed or noise_placement: server",
             )
-        if a.name in CLIENT_NOISE_PRESETS and c.noise_placement != "client":
-            raise ConfigError(
-                "algorithm.noise_placement",
-                a.noise_placement,
-                f"{a.name} restricts each client's noise to its kept coordinates, so the "
-                "noise must be added by the clients: use client (and a fixed cohort)",
-            )
+        _validate_noise_support(c)
     else:
         for name in ("clip_norm", "noise_multiplier"):
             if getattr(a, name) is not None:
@@ -608,6 +629,26 @@ def _validate_algorithm(c: ExperimentConfig) -> None:
                     f"{a.name} is non-private; remove it or use dp_fedavg",
                 )
     _validate_preset_options(a)
+
+
+def _validate_noise_support(c: ExperimentConfig) -> None:
+    """The papers' literal top-k variants: noise that follows a client's mask is added by it."""
+    a = c.algorithm
+    if a.mask_source == "noisy" and a.noise_support == "kept":
+        raise ConfigError(
+            "algorithm.noise_support",
+            a.noise_support,
+            "mask_source: noisy takes the top-k of a densely noised update; remove noise_support",
+        )
+    literal = {"noise_support": "kept", "mask_source": "noisy"}
+    for name, value in literal.items():
+        if getattr(a, name) == value and c.noise_placement != "client":
+            raise ConfigError(
+                f"algorithm.{name}",
+                value,
+                "this paper-literal variant masks each client's own noise, so the clients must "
+                "add it: set algorithm.noise_placement: client (and a fixed cohort)",
+            )
 
 
 def _validate_preset_options(a: AlgorithmConfig) -> None:
@@ -669,7 +710,9 @@ def _validate_cohort(c: ExperimentConfig) -> None:
 def _validate_privacy(c: ExperimentConfig) -> None:
     p = c.privacy
     if p.delta is not None and not 0 < p.delta < 1:
-        raise ConfigError("privacy.delta", p.delta, "δ must be in (0, 1), e.g. 1/num_clients")
+        raise ConfigError(
+            "privacy.delta", p.delta, f"δ must be in (0, 1), e.g. {c.population**-1.1:.3g}"
+        )
     if p.population is not None and p.population < c.data.num_clients:
         raise ConfigError(
             "privacy.population",
@@ -695,6 +738,17 @@ def _validate_privacy(c: ExperimentConfig) -> None:
     if p.calibrate != "none" and p.target_epsilon is None:
         raise ConfigError(
             "privacy.calibrate", p.calibrate, "calibration needs privacy.target_epsilon, e.g. 8.0"
+        )
+    budgeted = p.calibrate != "none" or p.target_epsilon is not None
+    reason = c.unaccounted_reason if budgeted else None
+    if reason is not None:
+        field_name = "privacy.calibrate" if p.calibrate != "none" else "privacy.target_epsilon"
+        raise ConfigError(
+            field_name,
+            getattr(p, field_name.split(".")[1]),
+            f"{c.algorithm.name} as configured has no ε to calibrate or budget ({reason}); "
+            "remove it and set algorithm.noise_multiplier, or use the accounted variant "
+            "(noise_support: dense, mask_source: clean)",
         )
     if p.calibrate == "rounds" and c.algorithm.noise_multiplier is None:
         raise ConfigError(

@@ -15,10 +15,10 @@ from cluster.checkpoint import save_checkpoint
 from cluster.config import ConfigError, ExperimentConfig
 from cluster.executors import LocalExecutor, RayExecutor
 from cluster.privacy_plan import (
+    PrivacyClaim,
     calibrate_with_message,
-    mismatch_warning,
     privacy_report,
-    privacy_tags,
+    privacy_warnings,
 )
 from cluster.simulation import RoundRecord, Simulation, SimulationResult, final_epsilon
 from datasets.partition_report import write_partition_report
@@ -85,6 +85,7 @@ class Outcome:
     run_id: str | None
     tracking_uri: str | None
     checkpoint: Path
+    claim: PrivacyClaim  # what the run may say about privacy; every ε comes from it
 
     @property
     def final_accuracy(self) -> float | None:
@@ -93,7 +94,31 @@ class Outcome:
 
     @property
     def epsilon(self) -> float:
+        """The accountant's final ε (∞ for a run without one: check ``claim.dp_valid``)."""
         return final_epsilon(self.result.history)
+
+    @property
+    def epsilon_vs_server(self) -> float | None:
+        values = [r.metrics.get("epsilon_vs_server") for r in self.result.history]
+        return values[-1] if values else None
+
+    def privacy_line(self) -> str:
+        """The run's final privacy statement for the terminal."""
+        claim = self.claim
+        if not claim.private:
+            return "privacy: none (non-private run)"
+        if not claim.dp_valid:
+            return f"privacy: ε not available ({claim.status})"
+        line = (
+            f"privacy spent: ε = {self.epsilon:.3f} at δ = {claim.delta:g} (client-level, "
+            f"{claim.accountant_name}, {claim.assumption} sampling)"
+        )
+        if claim.client_placed and self.epsilon_vs_server is not None:
+            line += (
+                f"; against a server that sees each upload: ε = {self.epsilon_vs_server:.4g} "
+                f"(per-client σ {claim.client_noise_multiplier:.4g})"
+            )
+        return line
 
 
 def _start_tracking(
@@ -107,7 +132,7 @@ def _start_tracking(
         "algorithm": config.algorithm.name,
         "task": config.task,
         "store": store.path.name,
-        **privacy_tags(config, sim.noise_multiplier),
+        **sim.claim.tags(),
     }
     tracker = MlflowTracker(
         config.tracking.experiment, config.tracking.run_name, flatten(config.to_dict()), tags
@@ -138,14 +163,16 @@ def run_experiment(
     """
     if resume is None and calibrate:
         config = calibrate_with_message(config, say)
-    warning = mismatch_warning(config)
-    if warning and config.build_algorithm().privacy_unit != "none":
-        say(f"warning: {warning}")
+    if config.build_algorithm().privacy_unit != "none":
+        for warning in privacy_warnings(config):
+            say(f"warning: {warning}")
     store, _ = open_store(config)
     executor = make_executor(config, store)
     tracker = None
     try:
         sim = Simulation(config, store, executor)
+        for notice in sim.claim.notices():
+            say(notice)
         if resume is not None:
             sim.load_state_dict(resume["simulation"])
         if config.tracking.enabled:
@@ -171,9 +198,11 @@ def run_experiment(
                 "rounds": len(result.history),
                 "stop_reason": result.stop_reason,
                 "epsilon": eps if math.isfinite(eps) else None,
-                "delta": config.delta,
+                "epsilon_vs_server": sim.claim.epsilon_vs_server(len(result.history)),
+                "dp_valid": sim.claim.dp_valid,
+                "delta": sim.claim.delta,
             }
-            report = privacy_report(config, sim.noise_multiplier, len(result.history), eps)
+            report = privacy_report(config, sim.claim, len(result.history), eps)
             tracker.finish(config.to_dict(), result.history, sim.model, summary, report)
     except BaseException:
         if tracker is not None:
@@ -181,4 +210,4 @@ def run_experiment(
         raise
     finally:
         executor.close()
-    return Outcome(result, config, run_id, tracker.uri if tracker else None, path)
+    return Outcome(result, config, run_id, tracker.uri if tracker else None, path, sim.claim)

@@ -1,10 +1,15 @@
-"""What a run's ε rests on: the accountant it uses, calibration before it starts, and the report.
+"""What a run's ε rests on: the mechanism that runs, the accountant, calibration, the report.
 
-The driver charges one subsampled Gaussian per round at the accounting rate q = C_n/N (the
-noise cohort, by default the cohort, over the population) with the configured σ. The sampling
-assumption follows the cohort sampler unless ``privacy.sampling`` overrides it; an override is
-recorded and warned about, because the ε is then an approximation (e.g. a fixed-size cohort
-accounted as Poisson, as the DP-FedSAM paper does).
+``PrivacyClaim`` is the one object every ε of a run comes from (terminal lines, MLflow metrics
+and tags, the privacy report, compare tables). It reads σ, the sensitivity, the placement and
+the noise support off the algorithm's ``GaussianMechanism``, and only the sampling (q = C_n/N,
+the assumption, the accountant) and δ off the config. A mechanism whose noise support depends
+on the clients' data is *unaccounted*: the claim has no ε, says why, and tags the run
+``privacy.dp_valid=false``.
+
+The sampling assumption follows the cohort sampler unless ``privacy.sampling`` overrides it; an
+override is recorded and warned about, because the ε is then an approximation (e.g. a
+fixed-size cohort accounted as Poisson, as the DP-FedSAM paper does).
 """
 
 from __future__ import annotations
@@ -13,7 +18,10 @@ import dataclasses
 import functools
 import math
 import time
+from dataclasses import dataclass
 
+from algorithms.mechanism import GaussianMechanism
+from algorithms.presets import Algorithm
 from cluster.config import ConfigError, ExperimentConfig
 from privacy.accountant import (
     ADJACENCY,
@@ -22,6 +30,7 @@ from privacy.accountant import (
     assumption_for_sampler,
 )
 from privacy.calibration import calibrate_sigma, epsilon_for, max_rounds
+from privacy.participation import epsilon_vs_server
 
 
 def accountant_factory(config: ExperimentConfig):
@@ -34,8 +43,16 @@ def _factory(name: str, assumption: str):
     return lambda: cls(fallback_to_rdp=True)
 
 
-def make_accountant(config: ExperimentConfig):
-    return accountant_factory(config)()
+def ceil_significant(value: float, digits: int = 4) -> float:
+    """``value`` rounded *up* to ``digits`` significant digits (a printed σ never undershoots)."""
+    if value <= 0 or not math.isfinite(value):
+        return value
+    scale = 10 ** (digits - 1 - math.floor(math.log10(value)))
+    return math.ceil(value * scale - 1e-9) / scale
+
+
+def format_sigma(sigma: float) -> str:
+    return f"{ceil_significant(sigma):g}"
 
 
 def mismatch_warning(config: ExperimentConfig) -> str | None:
@@ -50,6 +67,162 @@ def mismatch_warning(config: ExperimentConfig) -> str | None:
     )
 
 
+THREAT_SERVER = (
+    "trusted server: the server sees the clipped updates and adds the noise; ε holds against "
+    "anyone who sees the released models"
+)
+THREAT_CLIENT = (
+    "secure aggregation with honest clients: ε holds against an observer of the noisy sum "
+    "(the released models); a server that sees each upload faces each client's own noise "
+    "only (epsilon_vs_server)"
+)
+
+
+@dataclass(frozen=True)
+class PrivacyClaim:
+    """The privacy a run may claim: read off its mechanism, with the config's sampling and δ."""
+
+    preset: str
+    mechanism: GaussianMechanism | None
+    unaccounted_reason: str | None
+    sample_rate: float  # q = C_n / N, what the accountant is charged
+    noise_cohort_size: int  # C_n: the cohort the noise is sized for
+    assumption: str
+    accountant_name: str
+    delta: float
+
+    @property
+    def private(self) -> bool:
+        return self.mechanism is not None and self.mechanism.noise_multiplier > 0
+
+    @property
+    def dp_valid(self) -> bool:
+        """An accountant's ε holds for what is released."""
+        return self.private and self.unaccounted_reason is None
+
+    @property
+    def noise_multiplier(self) -> float:
+        return 0.0 if self.mechanism is None else self.mechanism.noise_multiplier
+
+    @property
+    def client_placed(self) -> bool:
+        return self.private and self.mechanism.placement == "client"
+
+    @property
+    def client_noise_multiplier(self) -> float:
+        """σ/√C_n: one client's own noise, relative to the sensitivity (client placement)."""
+        return self.noise_multiplier / math.sqrt(self.noise_cohort_size)
+
+    def new_accountant(self):
+        """A fresh accountant for this claim (None when there is no ε to account)."""
+        return _factory(self.accountant_name, self.assumption)() if self.dp_valid else None
+
+    def epsilon(self, rounds: int) -> float:
+        """ε after ``rounds`` rounds (for calculators and tests; runs step their accountant)."""
+        if not self.dp_valid:
+            raise ValueError(f"{self.preset} has no ε: {self.status}")
+        accountant = self.new_accountant()
+        if rounds:
+            accountant.step(self.noise_multiplier, self.sample_rate, rounds)
+        return accountant.epsilon(self.delta)
+
+    def epsilon_vs_server(self, rounds: int) -> float | None:
+        """ε against a server that sees each upload (client placement only; else None)."""
+        if not (self.dp_valid and self.client_placed):
+            return None
+        factor = 2.0 if self.assumption == "without_replacement" else 1.0
+        return epsilon_vs_server(
+            self.client_noise_multiplier, self.sample_rate, rounds, self.delta, factor
+        )
+
+    @property
+    def status(self) -> str:
+        if not self.private:
+            return "non-private (no noise)"
+        if self.unaccounted_reason is not None:
+            return f"dp_valid=false: {self.unaccounted_reason}"
+        return "dp_valid=true"
+
+    @property
+    def threat_model(self) -> str:
+        if not self.private:
+            return "none: no noise is added"
+        if self.unaccounted_reason is not None:
+            return f"none: the mechanism is not DP as accounted ({self.unaccounted_reason})"
+        return THREAT_CLIENT if self.client_placed else THREAT_SERVER
+
+    def epsilon_text(self, epsilon: float | None, vs_server: float | None = None) -> str:
+        """How an ε reads on the terminal: a number only where the mechanism has one."""
+        if not self.private:
+            return "ε ∞ (non-private)"
+        if not self.dp_valid:
+            return "ε n/a (dp_valid=false)"
+        text = f"ε {epsilon:.3f}"
+        if vs_server is not None:
+            text += f" (vs server {vs_server:.3g})"
+        return text
+
+    def notices(self) -> list[str]:
+        """Lines for the start of a run: what the ε means, or why there is none."""
+        if not self.private:
+            return []
+        if not self.dp_valid:
+            return [
+                f"privacy: dp_valid=false for {self.preset}: {self.unaccounted_reason}. "
+                "No ε is reported for this run (ε not available)."
+            ]
+        if self.client_placed:
+            return [
+                "privacy: client-placed noise; ε holds against an observer of the noisy sum "
+                "(secure aggregation). Against a server that sees each upload, each client's "
+                f"noise multiplier is σ/√C_n = {self.client_noise_multiplier:.4g}: "
+                "epsilon_vs_server"
+            ]
+        return []
+
+    def tags(self) -> dict[str, str]:
+        """MLflow tags: what the ε rests on, or why there is none."""
+        if not self.private:
+            return {"privacy.unit": "none", "privacy.threat_model": self.threat_model}
+        m = self.mechanism
+        tags = {
+            "privacy.unit": "client",
+            "privacy.dp_valid": str(self.dp_valid).lower(),
+            "privacy.threat_model": self.threat_model,
+            "privacy.noise_placement": m.placement,
+            "privacy.noise_support": m.support.description,
+            "privacy.sensitivity": f"{m.sensitivity:g}",
+            "privacy.noise_multiplier": f"{self.noise_multiplier:g}",
+            "privacy.sample_rate": f"{self.sample_rate:g}",
+            "privacy.delta": f"{self.delta:g}",
+        }
+        if self.dp_valid:
+            tags.update(
+                {
+                    "privacy.accountant": self.accountant_name,
+                    "privacy.assumption": f"{self.assumption}-subsampled gaussian",
+                    "privacy.adjacency": ADJACENCY[self.assumption],
+                }
+            )
+        else:
+            tags["privacy.unaccounted_reason"] = self.unaccounted_reason[:5000]
+        return tags
+
+
+def privacy_claim(config: ExperimentConfig, algorithm: Algorithm) -> PrivacyClaim:
+    """The claim of ``config`` run with ``algorithm`` (already built, e.g. bound to a model)."""
+    return PrivacyClaim(
+        preset=config.algorithm.name,
+        mechanism=algorithm.mechanism,
+        unaccounted_reason=algorithm.pipeline.unaccounted_reason,
+        sample_rate=config.accounting_sample_rate,
+        noise_cohort_size=config.noise_cohort_size,
+        assumption=config.sampling_assumption,
+        accountant_name=config.accountant_name,
+        delta=config.delta,
+    )
+
+
 @functools.lru_cache(maxsize=64)
 def _calibrated_sigma(
     target: float, delta: float, q: float, rounds: int, accountant: str, assumption: str
@@ -59,7 +232,9 @@ def _calibrated_sigma(
 
 
 def calibrated(config: ExperimentConfig) -> ExperimentConfig:
-    """``config`` with σ or the number of rounds set by ``privacy.calibrate`` (else unchanged)."""
+    """``config`` with σ or the number of rounds set by ``privacy.calibrate`` (else unchanged).
+
+    Config validation has already refused calibration for an unaccounted preset."""
     p = config.privacy
     if p.calibrate == "none":
         return config
@@ -92,7 +267,7 @@ def calibrated(config: ExperimentConfig) -> ExperimentConfig:
 
 def calibration_line(before: ExperimentConfig, after: ExperimentConfig, seconds: float) -> str:
     what = (
-        f"σ = {after.algorithm.noise_multiplier:.4g}"
+        f"σ = {format_sigma(after.algorithm.noise_multiplier)}"
         if before.privacy.calibrate == "sigma"
         else f"{after.rounds} rounds"
     )
@@ -111,69 +286,68 @@ def calibrate_with_message(config: ExperimentConfig, say=print) -> ExperimentCon
     return after
 
 
-def privacy_tags(config: ExperimentConfig, noise_multiplier: float) -> dict[str, str]:
-    """MLflow tags: what the ε rests on."""
-    if not noise_multiplier:
-        return {"privacy.unit": "none"}
-    assumption = config.sampling_assumption
-    return {
-        "privacy.unit": "client",
-        "privacy.accountant": config.accountant_name,
-        "privacy.assumption": f"{assumption}-subsampled gaussian",
-        "privacy.adjacency": ADJACENCY[assumption],
-        "privacy.cohort_sampler": config.cohort.sampling,
-        "privacy.assumption_mismatch": str(mismatch_warning(config) is not None).lower(),
-        "privacy.delta": f"{config.delta:g}",
-        "privacy.noise_multiplier": f"{noise_multiplier:g}",
-        "privacy.sample_rate": f"{config.accounting_sample_rate:g}",
-    }
+def privacy_warnings(config: ExperimentConfig) -> list[str]:
+    """Config-level warnings for a private run: an approximate assumption, a weak δ."""
+    return [w for w in (mismatch_warning(config), config.delta_warning) if w]
 
 
-def _epsilon_under(
-    config: ExperimentConfig, name: str, sigma: float, rounds: int
-) -> float | str | None:
+def _epsilon_under(claim: PrivacyClaim, name: str, rounds: int) -> float | str | None:
     """ε under accountant ``name`` (no RDP fallback), "n/a: why" where it refuses; None for ∞."""
     try:
-        cls = accountant_class(name, config.sampling_assumption)
-        epsilon = epsilon_for(sigma, config.accounting_sample_rate, rounds, config.delta, cls)
+        cls = accountant_class(name, claim.assumption)
+        epsilon = epsilon_for(claim.noise_multiplier, claim.sample_rate, rounds, claim.delta, cls)
     except ValueError as error:
         return f"n/a: {error}"
     return epsilon if math.isfinite(epsilon) else None
 
 
 def privacy_report(
-    config: ExperimentConfig, noise_multiplier: float, rounds: int, epsilon: float | None
+    config: ExperimentConfig, claim: PrivacyClaim, rounds: int, epsilon: float | None
 ) -> dict:
     """The JSON privacy report a run attaches to MLflow."""
-    p = config.privacy
     report = {
-        "unit": "client" if noise_multiplier else "none",
+        "unit": "client" if claim.private else "none",
+        "dp_valid": claim.dp_valid,
+        "threat_model": claim.threat_model,
         "rounds": rounds,
-        "delta": config.delta,
+        "delta": claim.delta,
         "epsilon": epsilon if epsilon is not None and math.isfinite(epsilon) else None,
     }
-    if not noise_multiplier:
+    if not claim.private:
+        return report
+    m = claim.mechanism
+    report.update(
+        noise_multiplier=claim.noise_multiplier,
+        clip_norm=m.clip.clip_norm,
+        clipping=f"fixed, {m.clip.scope} L2",
+        sensitivity=m.sensitivity,
+        noise_placement=m.placement,
+        noise_support=m.support.description,
+        noise_std_on_sum=m.sum_noise_std,
+        noise_std_on_mean=m.sum_noise_std / config.cohort.size,
+        sample_rate=claim.sample_rate,
+        cohort_size=config.cohort.size,
+        cohort_sampler=config.cohort.sampling,
+        noise_cohort_size=claim.noise_cohort_size,
+        population=config.population,
+    )
+    if not claim.dp_valid:
+        report.update(epsilon=None, epsilon_not_available=claim.unaccounted_reason)
         return report
     report.update(
-        accountant=config.accountant_name,
-        sampling_assumption=config.sampling_assumption,
-        adjacency=ADJACENCY[config.sampling_assumption],
-        cohort_sampler=config.cohort.sampling,
+        accountant=claim.accountant_name,
+        sampling_assumption=claim.assumption,
+        adjacency=ADJACENCY[claim.assumption],
         assumption_warning=mismatch_warning(config),
-        noise_multiplier=noise_multiplier,
-        clip_norm=config.algorithm.clip_norm,
-        clipping=f"fixed, {config.algorithm.clip_scope or 'flat'} L2",
-        noise_placement=config.noise_placement,
-        sample_rate=config.accounting_sample_rate,
-        cohort_size=config.cohort.size,
-        noise_cohort_size=config.noise_cohort_size,
-        noise_std_on_mean=noise_multiplier * config.algorithm.clip_norm / config.noise_cohort_size,
-        population=config.population,
-        calibrate=p.calibrate,
-        target_epsilon=p.target_epsilon,
+        calibrate=config.privacy.calibrate,
+        target_epsilon=config.privacy.target_epsilon,
         epsilon_by_accountant={
-            name: _epsilon_under(config, name, noise_multiplier, rounds)
-            for name in accountants_for(config.sampling_assumption)
+            name: _epsilon_under(claim, name, rounds) for name in accountants_for(claim.assumption)
         },
     )
+    if claim.client_placed:
+        report.update(
+            client_noise_multiplier=claim.client_noise_multiplier,
+            epsilon_vs_server=claim.epsilon_vs_server(rounds),
+        )
     return report

@@ -21,7 +21,7 @@ from algorithms.rng import Purpose, stream_seed, torch_generator
 from algorithms.server import ServerContext, ServerState
 from cluster.cohort import sample_cohort
 from cluster.config import ExperimentConfig
-from cluster.privacy_plan import make_accountant
+from cluster.privacy_plan import privacy_claim
 from datasets.store import ShardStore
 
 
@@ -83,25 +83,23 @@ class Simulation:
         self.store = store
         self.executor = executor
         self.model, params = initial_params(config, store)
-        self.algorithm = config.build_algorithm().bind(ParamLayout.of(self.model))
+        self.layout = ParamLayout.of(self.model)
+        self.algorithm = config.build_algorithm().bind(self.layout)
         extras = self.algorithm.server.initial_extras(params)
         if self.algorithm.control_variates:
             extras["control"] = torch.zeros_like(params)
         self.state = ServerState(params, extras)
-        self.private = self.algorithm.privacy_unit == "client"
-        self.accountant = make_accountant(config) if self.private else None
+        # Every ε of the run comes from this claim, read off the mechanism that runs.
+        self.claim = privacy_claim(config, self.algorithm)
+        self.accountant = self.claim.new_accountant()
         self.history: list[RoundRecord] = []
-
-    @property
-    def noise_multiplier(self) -> float:
-        return self.algorithm.pipeline.noise_multiplier
 
     def _budget_exhausted(self) -> str | None:
         target = self.config.privacy.target_epsilon
         if self.accountant is None or target is None:
             return None
         nxt = self.accountant.epsilon_after(
-            self.noise_multiplier, self.config.accounting_sample_rate, self.config.delta
+            self.claim.noise_multiplier, self.claim.sample_rate, self.claim.delta
         )
         if nxt > target:
             return (
@@ -120,19 +118,26 @@ class Simulation:
             self.state.params.numpy(), {k: v.numpy() for k, v in self.state.extras.items()}
         )
         total = self.executor.run_round(round_index, broadcast, cohort, float(c.cohort.size))
-        ctx = ServerContext(
-            nominal_cohort_size=float(c.cohort.size),
-            num_clients=c.data.num_clients,
-            noise_std_on_sum=self.algorithm.pipeline.server_noise_std(),
-            noise_generator=torch_generator(c.seed, round_index, Purpose.SERVER_NOISE),
+        noise = self.algorithm.pipeline.server_noise(
+            self.state.params.numel(),
+            self.layout,
+            (c.seed, round_index),
+            torch_generator(c.seed, round_index, Purpose.SERVER_NOISE),
         )
+        ctx = ServerContext(float(c.cohort.size), c.data.num_clients, noise)
         algorithm = self.algorithm.at_round(round_index)
         self.state = algorithm.server.step(self.state, total, ctx, algorithm.control_variates)
         record = RoundRecord(round_index + 1, 0.0, len(cohort), metrics=round_metrics(total))
         record.metrics["local_lr"] = algorithm.trainer.lr
+        record.metrics["download_bytes"] = float(
+            sum(a.nbytes for a in (broadcast.params, *broadcast.payload.values()))
+        )
         if self.accountant is not None:
-            self.accountant.step(self.noise_multiplier, c.accounting_sample_rate)
-            record.epsilon = self.accountant.epsilon(c.delta)
+            self.accountant.step(self.claim.noise_multiplier, self.claim.sample_rate)
+            record.epsilon = self.accountant.epsilon(self.claim.delta)
+            vs_server = self.claim.epsilon_vs_server(round_index + 1)
+            if vs_server is not None:
+                record.metrics["epsilon_vs_server"] = vs_server
         if (round_index + 1) % c.eval_every == 0 or round_index + 1 == c.rounds:
             result = self.executor.evaluate(self.state.params.numpy())
             record.test_accuracy = result.correct / max(result.count, 1)

@@ -1,73 +1,96 @@
-"""Empirical privacy audit of one round of the client → server mechanism, with a canary client.
+"""Empirical privacy audit of one round of a preset's real mechanism, with a canary client.
 
-The audited mechanism is the algorithm's own: its ``UpdatePipeline`` (clipping, client-placed
-noise) on every sampled client's update, float64 summation in a ``PartialAggregate``, and its
-server rule's ``step`` (server-placed noise, the mean over the nominal cohort size, the server
-learning rate). Only local training is replaced: clients send crafted updates, as in the
-"update canary" audits of federated learning (e.g. Maddock et al. 2022; Andrew et al. 2024).
+What runs is the preset's own: its ``UpdatePipeline`` (sparsifiers, clipping, the
+``GaussianMechanism`` with its placement and noise support, post-processing) on every client of
+the cohort, float64 summation in a ``PartialAggregate`` and its server rule's ``step``
+(server-placed noise, the mean, momentum, smoothing). Only local training is replaced by
+crafted updates, as in the "update canary" audits of federated learning (Maddock et al. 2022;
+Andrew et al. 2024):
 
-Neighbouring worlds, for one round:
+- every other client sends a realistic, varied update: a shared direction plus its own
+  Gaussian part on per-coordinate scales where half of each layer's parameters move (log-normal
+  scales) and half barely do, with norms spread around the clip norm (some clipped, some not);
+  each brings its own gradient for LUS and sees the same public drift direction (DP-FedPGN);
+- the canary puts a large update B = 10·S on its canary coordinates: one per layer (so that
+  per-layer clipping gives it the full sensitivity S = C·√L), a quiet coordinate of each layer
+  (which the other clients' top-k masks leave alone), or, with a shared public mask (rand-k),
+  the least-moving coordinate of each layer that the round's mask releases.
 
-- *with*: client 0 is the canary and sends B·e₁ with B = 10·C (clipping brings it to C);
-- *without*: client 0 sends a zero update (for the mean over a nominal cohort size this is the
-  same release as client 0 being absent, and it is one replace-one neighbour).
+Neighbouring worlds of one round, with the canary always in the cohort (the audit tests the
+mechanism — clipping, support, noise — not the amplification by sampling, which is the
+accountant's and is checked against reference values elsewhere):
 
-Every other client sends zero. The cohort is drawn by the run's own sampler, so the canary is
-included with the configured probability. The adversary observes the released global model and
-scores it by its canary coordinate, s = ⟨x_new − x_old, e₁⟩.
+- replace-one adjacency (fixed cohorts): the canary's update is +B·v in one world and −B·v in
+  the other (its clipped difference is 2S, the sensitivity the accountant assumes);
+- add/remove adjacency (Poisson): the canary sends +B·v, or is absent.
 
-Test (many trials, Clopper–Pearson): the trials of each world are split in halves. On the first
-halves the threshold τ maximising the bound below is chosen; on the second halves the true
-and false positive rates of "s > τ" get two-sided Clopper–Pearson intervals at the stated
-confidence (each at 1 − (1 − confidence)/2, a union bound). An (ε, δ)-DP mechanism satisfies
-TPR ≤ e^ε·FPR + δ and 1 − FPR ≤ e^ε·(1 − TPR) + δ, so with the stated confidence
+The score of a trial is the released model's move along v. The claim to test is the ε(δ) of
+one Gaussian release with μ = Δ/(σ·S) (Δ = 2S or S): the unamplified one-round ε the
+mechanism's σ stands for. For an unaccounted mechanism (a paper's literal top-k) the claim is
+what the paper's accounting assumes of the same σ.
+
+Test. The trials of each world are split in halves. On the first halves the δ of a grid, the
+threshold τ and the direction of the test are chosen to maximise the lower bound minus the
+claim; on the second halves the true and false positive rates of that test get two-sided
+Clopper–Pearson intervals at the stated confidence (each at 1 − (1 − confidence)/2). An
+(ε, δ)-DP mechanism has TPR ≤ e^ε·FPR + δ and 1 − FPR ≤ e^ε·(1 − TPR) + δ, so with that
+confidence
 
     ε ≥ max( log((TPR_low − δ)/FPR_high), log((1 − FPR_high − δ)/(1 − TPR_low)) ),
 
-floored at 0. A correct accountant's one-round ε must be at least this lower bound (up to the
-1 − confidence chance of an unlucky draw); a larger lower bound means the mechanism is
-broken, e.g. noise smaller than claimed. ``noise_scale_for_testing`` multiplies the noise
-the mechanism actually adds (the accountant still uses the claimed σ), so tests can check that
-the audit catches an under-noised mechanism.
+floored at 0. A lower bound above the claim at that δ means the mechanism leaks more than its
+σ says. ``noise_scale_for_testing`` multiplies the noise the mechanism actually adds (the claim
+keeps σ), so tests can show that the audit catches an under-noised mechanism.
+
+Power. ``detectable_noise_scale`` is the largest factor s such that a Gaussian mechanism whose
+noise is s × the claimed noise is flagged at this size, under the Gaussian model of the score
+and expected counts (the median audit): the audit reports what it could have found, not only
+pass or fail.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
-from scipy.stats import beta
+from scipy.stats import beta, norm
 
 from algorithms.aggregate import PartialAggregate
 from algorithms.layout import ParamLayout
+from algorithms.mechanism import SharedMaskSupport
 from algorithms.presets import Algorithm
-from algorithms.rng import Purpose, torch_generator
+from algorithms.rng import Purpose, numpy_rng, torch_generator
 from algorithms.server import ServerContext, ServerState
-from algorithms.transforms import ClientContext, GaussianNoise, UpdatePipeline
+from algorithms.transforms import ClientContext, layer_segments
+from privacy.participation import gaussian_epsilon
 
-CANARY = 0
+Adjacency = Literal["replace_one", "add_remove"]
 CANARY_NORM_FACTOR = 10.0
+DELTA_GRID = (0.3, 0.2, 0.1, 0.05, 0.02, 0.01, 1e-3)
+LOCAL_STEPS, LOCAL_LR = 5, 0.1  # the crafted clients' K and η (DP-FedPGN's public drift)
 
 
 @dataclass(frozen=True)
 class AuditResult:
     epsilon_lower_bound: float
-    accountant_epsilon: float
+    claimed_epsilon: float  # ε(δ) of one release at the claimed σ, at the audit's δ
+    delta: float  # the δ of the grid chosen on the first half
     confidence: float
-    delta: float
     trials: int  # per world
     threshold: float
     tpr_low: float
     fpr_high: float
+    dp_valid: bool  # the mechanism is accounted (its support is public)
+    detectable_noise_scale: float  # power: noise ≤ this × the claim is flagged at this size
 
     @property
     def consistent(self) -> bool:
-        """The empirical lower bound does not exceed the accountant's ε."""
-        return self.epsilon_lower_bound <= self.accountant_epsilon
+        """The empirical lower bound does not exceed the claim."""
+        return self.epsilon_lower_bound <= self.claimed_epsilon
 
 
 def clopper_pearson(successes: int, trials: int, confidence: float) -> tuple[float, float]:
@@ -92,125 +115,252 @@ def epsilon_from_rates(tpr: float, fpr: float, delta: float) -> float:
     return max(bounds)
 
 
+def claimed_mu(noise_multiplier: float, adjacency: Adjacency) -> float:
+    """μ = Δ/(σS) of one release: Δ = 2S for replace-one, S for add/remove."""
+    return (2.0 if adjacency == "replace_one" else 1.0) / noise_multiplier
+
+
 def with_noise_scaled(algorithm: Algorithm, factor: float) -> Algorithm:
-    """``algorithm`` whose Gaussian noise is multiplied by ``factor`` (test-only knob)."""
+    """``algorithm`` whose mechanism adds ``factor`` × its noise (test-only knob)."""
     if factor == 1.0:
         return algorithm
-    transforms = tuple(
-        dataclasses.replace(t, noise_multiplier=t.noise_multiplier * factor)
-        if isinstance(t, GaussianNoise)
-        else t
-        for t in algorithm.pipeline.transforms
+    pipeline = algorithm.pipeline
+    mechanism = dataclasses.replace(
+        pipeline.mechanism, noise_multiplier=pipeline.mechanism.noise_multiplier * factor
     )
-    return dataclasses.replace(algorithm, pipeline=UpdatePipeline(transforms))
+    return dataclasses.replace(
+        algorithm, pipeline=dataclasses.replace(pipeline, mechanism=mechanism)
+    )
 
 
-def single_layer(dim: int) -> ParamLayout:
-    """The crafted updates' layout: one layer, so per-layer clipping acts as flat clipping."""
-    return ParamLayout(("update",), ((dim,),), (0, dim))
+def audit_layout(dim: int) -> ParamLayout:
+    """Three layers of d/2, d/4 and d/4 coordinates: per-layer clipping and masks act."""
+    sizes = (dim - 2 * (dim // 4), dim // 4, dim // 4)
+    offsets = tuple(int(o) for o in np.cumsum((0, *sizes)))
+    return ParamLayout(("a", "b", "c"), tuple((s,) for s in sizes), offsets)
+
+
+@dataclass(frozen=True)
+class CraftedRound:
+    """The public side of the audit's rounds: coordinate scales, layout, drift direction."""
+
+    layout: ParamLayout
+    profile: torch.Tensor  # per-coordinate scale of the clients' updates (heavy-tailed)
+    clip_norm: float
+    sensitivity: float
+
+    @classmethod
+    def make(cls, dim: int, clip_norm: float, sensitivity: float, seed: int) -> CraftedRound:
+        """Half of each layer's coordinates active (log-normal scales), half quiet (1/100):
+        the other clients' top-k masks keep their active coordinates, not the quiet ones."""
+        rng = numpy_rng(seed, Purpose.DATA)
+        layout = audit_layout(dim)
+        profile = np.full(dim, 0.01)
+        for start, stop in layer_segments(layout, dim):
+            active = start + rng.permutation(stop - start)[: (stop - start + 1) // 2]
+            profile[active] = rng.lognormal(0.0, 0.5, size=active.size)
+        return cls(layout, torch.tensor(profile, dtype=torch.float32), clip_norm, sensitivity)
+
+    def canary_direction(self, algorithm: Algorithm, round_key: tuple[int, int]) -> torch.Tensor:
+        """Unit v on the least-moving coordinate of each layer that the round releases."""
+        size = self.profile.numel()
+        support = algorithm.mechanism.support
+        released = (
+            support.public_mask(size, self.layout, round_key)
+            if isinstance(support, SharedMaskSupport)
+            else None
+        )
+        scores = self.profile.double().clone()
+        if released is not None:
+            scores[released == 0] = math.inf
+        v = torch.zeros(size)
+        for start, stop in layer_segments(self.layout, size):
+            v[start + int(torch.argmin(scores[start:stop]))] = 1.0
+        return v / torch.linalg.vector_norm(v)
+
+    def client_updates(self, generator: torch.Generator, count: int) -> torch.Tensor:
+        """``count`` realistic updates (rows): a shared and an own direction on heavy-tailed
+        coordinate scales, norms spread log-normally around C (some clipped, some not)."""
+        size = self.profile.numel()
+        shared = torch.randn(size, generator=generator) * self.profile
+        own = torch.randn(count, size, generator=generator) * self.profile
+        rows = 0.5 * shared / shared.norm() + own / own.norm(dim=1, keepdim=True)
+        spread = torch.exp(0.5 * torch.randn(count, 1, generator=generator))
+        return rows / rows.norm(dim=1, keepdim=True) * self.clip_norm * spread
+
+    def gradients(self, generator: torch.Generator, count: int) -> torch.Tensor:
+        """Each client's ∇f at its final weights (LUS's score), on the same coordinate scales."""
+        return torch.randn(count, self.profile.numel(), generator=generator) * self.profile
 
 
 def released_scores(
     algorithm: Algorithm,
-    sample_cohort: Callable[[int], np.ndarray],
-    nominal_cohort_size: float,
+    crafted: CraftedRound,
+    cohort_size: int,
     num_clients: int,
-    dim: int,
     trials: int,
-    canary: bool,
+    canary_sign: float | None,
     seed: int,
+    world: int,
 ) -> np.ndarray:
-    """Canary-coordinate score of the released model in ``trials`` independent rounds.
+    """The release's move along the canary direction in ``trials`` independent rounds.
 
-    The crafted updates have one layer of ``dim`` coordinates, so per-layer clipping acts as
-    flat clipping here; ``algorithm`` must be bound to that layout (``audit_round`` binds it).
+    ``canary_sign`` +1 / −1: the canary sends ±B·v; None: it is absent (add/remove).
+    The other clients and the public randomness of trial t are the same in every world; the
+    noise is drawn afresh per world.
     """
-    layout = single_layer(dim)
-    bound = algorithm.pipeline.sensitivity
-    canary_update = torch.zeros(dim)
-    canary_update[0] = CANARY_NORM_FACTOR * bound
-    zero = torch.zeros(dim)
-    state = ServerState(torch.zeros(dim))
-    world = 1 if canary else 2
+    size = crafted.profile.numel()
+    magnitude = CANARY_NORM_FACTOR * crafted.sensitivity
+    state = ServerState(torch.zeros(size), algorithm.server.initial_extras(torch.zeros(size)))
     scores = np.empty(trials)
     for t in range(trials):
+        round_key = (seed, t)
+        data = torch_generator(seed, t, Purpose.DATA)  # the same in every world
+        updates = crafted.client_updates(data, cohort_size)
+        gradients = crafted.gradients(data, cohort_size)
+        direction = torch.randn(size, generator=data)
+        drift = crafted.clip_norm / (LOCAL_STEPS * LOCAL_LR)  # ‖(1−β)Kη·g̃‖ ≤ C
+        payload = {"direction": direction / torch.linalg.vector_norm(direction) * drift}
+        v = crafted.canary_direction(algorithm, round_key)
+        if canary_sign is not None:
+            updates[0] = canary_sign * magnitude * v
+        noise_generator = torch_generator(seed, world, t, Purpose.CLIENT_NOISE)
         total = PartialAggregate()
-        for client in sample_cohort(t):
+        for client in range(0 if canary_sign is not None else 1, cohort_size):
             ctx = ClientContext(
-                torch_generator(seed, world, t, int(client), Purpose.CLIENT_NOISE),
-                nominal_cohort_size,
-                layout=layout,
-                shared_generator=torch_generator(seed, world, t, Purpose.SHARED_MASK),
+                noise_generator,  # one stream per trial and world: independent draws
+                float(cohort_size),
+                layout=crafted.layout,
+                round_key=round_key,
+                local_gradient=lambda kind, g=gradients[client]: g,
+                payload=payload,
+                local_steps=LOCAL_STEPS,
+                lr=LOCAL_LR,
             )
-            update = canary_update if canary and client == CANARY else zero
-            total.add({"delta": algorithm.pipeline(update, ctx)}, 1.0)
-        server_ctx = ServerContext(
-            nominal_cohort_size=nominal_cohort_size,
-            num_clients=num_clients,
-            noise_std_on_sum=algorithm.pipeline.server_noise_std(),
-            noise_generator=torch_generator(seed, world, t, Purpose.SERVER_NOISE),
+            total.add({"delta": algorithm.pipeline(updates[client], ctx)}, 1.0)
+        noise = algorithm.pipeline.server_noise(
+            size,
+            crafted.layout,
+            round_key,
+            torch_generator(seed, world, t, Purpose.SERVER_NOISE),
         )
+        server_ctx = ServerContext(float(cohort_size), num_clients, noise)
         released = algorithm.server.step(state, total, server_ctx, algorithm.control_variates)
-        scores[t] = float(released.params[0] - state.params[0])
+        scores[t] = float(torch.dot((released.params - state.params).double(), v.double()))
     return scores
 
 
-def bounded_epsilon(
-    with_canary: np.ndarray, without: np.ndarray, tau: float, delta: float, confidence: float
-) -> tuple[float, float, float]:
-    """(ε lower bound, TPR_low, FPR_high) of the test "score > τ" at ``confidence``."""
+def _bounds(
+    positives: np.ndarray, negatives: np.ndarray, taus: np.ndarray, delta: float, confidence: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ε lower bound, TPR_low, FPR_high) of "score > τ" at ``confidence``, for every τ."""
     per_rate = 1 - (1 - confidence) / 2  # union bound over the two intervals
-    tpr_low, _ = clopper_pearson(int(np.sum(with_canary > tau)), with_canary.size, per_rate)
-    _, fpr_high = clopper_pearson(int(np.sum(without > tau)), without.size, per_rate)
-    return epsilon_from_rates(tpr_low, fpr_high, delta), tpr_low, fpr_high
+    tp = (positives[None, :] > taus[:, None]).sum(axis=1)
+    fp = (negatives[None, :] > taus[:, None]).sum(axis=1)
+    return _rate_bounds(tp, positives.size, fp, negatives.size, delta, per_rate)
 
 
-def _best_threshold(
-    with_canary: np.ndarray, without: np.ndarray, delta: float, confidence: float
-) -> float:
-    """τ with the largest bound on these trials (bounded, so that FPR = 0 is not free)."""
-    candidates = np.quantile(np.concatenate([with_canary, without]), np.linspace(0, 1, 201))
-    bounds = [
-        bounded_epsilon(with_canary, without, tau, delta, confidence)[0] for tau in candidates
-    ]
-    return float(candidates[int(np.argmax(bounds))])
+def _rate_bounds(tp, n_pos, fp, n_neg, delta, per_rate):
+    """Clopper–Pearson TPR_low and FPR_high from counts (vectorised), and the ε they force."""
+    tp, fp = np.asarray(tp), np.asarray(fp)
+    tpr_low = np.where(tp > 0, beta.ppf(1 - per_rate, np.maximum(tp, 1), n_pos - tp + 1), 0.0)
+    fpr_high = np.where(fp < n_neg, beta.ppf(per_rate, fp + 1, np.maximum(n_neg - fp, 1)), 1.0)
+    eps = np.array(
+        [epsilon_from_rates(a, b, delta) for a, b in zip(tpr_low, fpr_high, strict=True)]
+    )
+    return eps, tpr_low, fpr_high
+
+
+def _choose_test(
+    positives: np.ndarray, negatives: np.ndarray, claims: dict[float, float], confidence: float
+) -> tuple[float, float, float]:
+    """(δ, τ, sign) with the largest lower bound minus claim on these trials."""
+    best, choice = -math.inf, (DELTA_GRID[0], 0.0, 1.0)
+    for sign in (1.0, -1.0):  # "score > τ" or "score < −τ"
+        pos, neg = sign * positives, sign * negatives
+        taus = np.quantile(np.concatenate([pos, neg]), np.linspace(0, 1, 201))
+        for delta, claim in claims.items():
+            margins = _bounds(pos, neg, taus, delta, confidence)[0] - claim
+            if margins.max() > best:
+                best, choice = float(margins.max()), (delta, float(taus[margins.argmax()]), sign)
+    return choice
+
+
+def _expected_margin(mu_true: float, claims: dict[float, float], half: int, confidence: float):
+    """max over (δ, τ) of the expected-count lower bound minus the claim (Gaussian model)."""
+    per_rate = 1 - (1 - confidence) / 2
+    taus = np.linspace(-2.0, mu_true + 6.0, 161)
+    tp = np.round(half * norm.sf(taus - mu_true)).astype(int)
+    fp = np.round(half * norm.sf(taus)).astype(int)
+    return max(
+        float((_rate_bounds(tp, half, fp, half, delta, per_rate)[0] - claim).max())
+        for delta, claim in claims.items()
+    )
+
+
+def detectable_noise_scale(mu: float, trials: int, confidence: float) -> float:
+    """Largest s in (0, 1] whose mechanism (noise s × claimed, μ/s) this audit size flags."""
+    claims = {delta: gaussian_epsilon(mu, delta) for delta in DELTA_GRID}
+    half = trials - trials // 2
+
+    def flagged(scale: float) -> bool:
+        return _expected_margin(mu / scale, claims, half, confidence) > 0
+
+    if not flagged(0.02):
+        return 0.0
+    lo, hi = 0.02, 1.0
+    while hi - lo > 0.01:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if flagged(mid) else (lo, mid)
+    return lo
 
 
 def audit_round(
     algorithm: Algorithm,
-    sample_cohort: Callable[[int], np.ndarray],
-    nominal_cohort_size: float,
+    cohort_size: int,
     num_clients: int,
-    accountant_epsilon: float,
-    delta: float,
+    adjacency: Adjacency,
     trials: int = 2000,
     confidence: float = 0.95,
-    dim: int = 16,
+    dim: int = 64,
     seed: int = 0,
     noise_scale_for_testing: float = 1.0,
 ) -> AuditResult:
-    """Audit one round; ``sample_cohort(t)`` returns trial t's cohort (client 0 = canary)."""
-    algorithm = algorithm.bind(single_layer(dim))
-    if algorithm.pipeline.noise_multiplier <= 0 or math.isinf(algorithm.pipeline.sensitivity):
+    """Audit one round of ``algorithm``'s mechanism; the canary is client 0 of the cohort."""
+    if algorithm.mechanism is None or algorithm.pipeline.noise_multiplier <= 0:
         raise ValueError("the audit needs a private algorithm: clipping and Gaussian noise")
     if trials < 20:
-        raise ValueError(f"trials must be >= 20 (10 to pick a threshold, 10 to test), got {trials}")
-    mechanism = with_noise_scaled(algorithm, noise_scale_for_testing)
-    args = (mechanism, sample_cohort, nominal_cohort_size, num_clients, dim, trials)
-    with_canary = released_scores(*args, canary=True, seed=seed)
-    without = released_scores(*args, canary=False, seed=seed)
+        raise ValueError(f"trials must be >= 20 (10 to pick a test, 10 to run it), got {trials}")
+    if dim < 8:
+        raise ValueError(f"dim must be >= 8 (three layers of the audit layout), got {dim}")
+    layout = audit_layout(dim)
+    claim_algorithm = algorithm.bind(layout)
+    mechanism = claim_algorithm.mechanism
+    crafted = CraftedRound.make(dim, mechanism.clip.clip_norm, mechanism.sensitivity, seed)
+    mu = claimed_mu(mechanism.noise_multiplier * mechanism.noise_scale, adjacency)
+    claims = {delta: gaussian_epsilon(mu, delta) for delta in DELTA_GRID}
+    run = with_noise_scaled(claim_algorithm, noise_scale_for_testing)
+    args = (run, crafted, cohort_size, num_clients, trials)
+    positives = released_scores(*args, canary_sign=1.0, seed=seed, world=1)
+    other = -1.0 if adjacency == "replace_one" else None
+    negatives = released_scores(*args, canary_sign=other, seed=seed, world=2)
     half = trials // 2
-    tau = _best_threshold(with_canary[:half], without[:half], delta, confidence)
-    eps, tpr_low, fpr_high = bounded_epsilon(
-        with_canary[half:], without[half:], tau, delta, confidence
+    delta, tau, sign = _choose_test(positives[:half], negatives[:half], claims, confidence)
+    eps, tpr_low, fpr_high = (
+        float(x[0])
+        for x in _bounds(
+            sign * positives[half:], sign * negatives[half:], np.array([tau]), delta, confidence
+        )
     )
     return AuditResult(
         epsilon_lower_bound=eps,
-        accountant_epsilon=accountant_epsilon,
-        confidence=confidence,
+        claimed_epsilon=claims[delta],
         delta=delta,
+        confidence=confidence,
         trials=trials,
-        threshold=tau,
+        threshold=sign * tau,
         tpr_low=tpr_low,
         fpr_high=fpr_high,
+        dp_valid=claim_algorithm.pipeline.unaccounted_reason is None,
+        detectable_noise_scale=detectable_noise_scale(mu, trials, confidence),
     )

@@ -50,7 +50,7 @@ def test_pgn_direction_uses_the_decayed_lr():
     ctx = ClientContext(torch.Generator(), 1.0, payload=payload, local_steps=k, lr=at_t.trainer.lr)
     total = PartialAggregate()
     total.add({"delta": at_t.pipeline(result.params - x0, ctx)}, 1.0)
-    server_ctx = ServerContext(1.0, 10, 0.0, torch.Generator())
+    server_ctx = ServerContext(1.0, 10)
     state = ServerState(x0, at_t.server.initial_extras(x0))
     state = at_t.server.step(state, total, server_ctx, False)
     expected = beta * torch.stack(grads).mean(0) + (1 - beta) * direction

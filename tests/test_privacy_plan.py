@@ -9,7 +9,7 @@ from helpers import run_local, small_config
 from algorithms.aggregate import PartialAggregate
 from algorithms.server import MeanServerRule, ServerContext
 from cluster.config import ConfigError
-from cluster.privacy_plan import calibrated, make_accountant, mismatch_warning
+from cluster.privacy_plan import calibrated, mismatch_warning, privacy_claim
 from privacy.accountant import RdpAccountant, WorRdpAccountant, accountant_class
 from privacy.calibration import epsilon_for
 from privacy.pld import PldAccountant
@@ -17,13 +17,17 @@ from privacy.pld import PldAccountant
 DP = ("algorithm.name=dp_fedavg", "algorithm.clip_norm=1.0", "algorithm.noise_multiplier=1.0")
 
 
+def _accountant(config):
+    return privacy_claim(config, config.build_algorithm()).new_accountant()
+
+
 def test_the_accountant_follows_the_cohort_sampler(store_root):
     fixed = small_config(store_root, *DP)
     assert (fixed.sampling_assumption, fixed.accountant_name) == ("without_replacement", "rdp")
-    assert isinstance(make_accountant(fixed), WorRdpAccountant)
+    assert isinstance(_accountant(fixed), WorRdpAccountant)
     assert mismatch_warning(fixed) is None
     poisson = small_config(store_root, *DP, "cohort.sampling=poisson")
-    assert isinstance(make_accountant(poisson), PldAccountant)
+    assert isinstance(_accountant(poisson), PldAccountant)
     assert mismatch_warning(poisson) is None
     as_paper = small_config(store_root, *DP, "privacy.sampling=poisson")
     assert "approximation" in mismatch_warning(as_paper)
@@ -79,17 +83,17 @@ def test_noise_cohort_scales_the_noise_and_the_accounted_rate(store_root):
         "privacy.accountant=rdp",
         "rounds=3",
     )
-    assert config.accounting_sample_rate == 0.05 and config.delta == 1e-3
+    assert config.accounting_sample_rate == 0.05 and config.delta == 1000**-1.1
     algorithm = config.build_algorithm()
-    std_on_sum = algorithm.pipeline.server_noise_std()
-    assert std_on_sum == pytest.approx(1.0 * 1.0 * 5 / 50)  # σC·m/C_n
+    assert algorithm.mechanism.sum_noise_std == pytest.approx(1.0 * 1.0 * 5 / 50)  # σC·m/C_n
     # The mean over the m=5 simulated clients carries std σC/C_n = 0.02 (statistical, seeded).
-    ctx = ServerContext(5.0, 20, std_on_sum, torch.Generator().manual_seed(0))
+    noise = algorithm.pipeline.server_noise(10**6, None, (0, 0), torch.Generator().manual_seed(0))
+    ctx = ServerContext(5.0, 20, noise)
     mean = MeanServerRule().noisy_mean(PartialAggregate(), 10**6, ctx)
     assert float(mean.std()) == pytest.approx(0.02, rel=0.01)
     sim = run_local(config)
     assert sim.history[-1].epsilon == pytest.approx(
-        epsilon_for(1.0, 0.05, 3, 1e-3, RdpAccountant), rel=1e-12
+        epsilon_for(1.0, 0.05, 3, 1000**-1.1, RdpAccountant), rel=1e-12
     )
 
 

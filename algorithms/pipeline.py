@@ -1,0 +1,83 @@
+"""A client's update pipeline: transforms before the mechanism, the mechanism, post-processing.
+
+``before`` (e.g. LUS, Fed-SMP's top-k, a shared rand-k mask, DP-FedPGN's drift removal) shapes
+the raw delta; the ``GaussianMechanism`` clips it and adds the client's share of the noise;
+``after`` (e.g. DP-FedPGN's drift, added back) post-processes what the client uploads.
+
+Whether the accountants' ε applies is decided here, from the parts (never from a preset's
+name): the mechanism's noise support must be public, and under client-placed noise nothing
+after the noise may select coordinates by value (a top-k of a client's noisy update makes the
+sum's noise depend on the clients' data: DP-FedSAM Eq. 12 read literally).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from algorithms.layout import ParamLayout
+from algorithms.mechanism import GaussianMechanism
+from algorithms.transforms import ClientContext, bind_all
+
+
+@dataclass(frozen=True)
+class UpdatePipeline:
+    before: tuple = ()
+    mechanism: GaussianMechanism | None = None
+    after: tuple = ()
+
+    def bind(self, layout: ParamLayout) -> UpdatePipeline:
+        """The pipeline with layout-dependent parts (per-layer clipping) resolved."""
+        mechanism = None if self.mechanism is None else self.mechanism.bind(layout)
+        return UpdatePipeline(
+            bind_all(self.before, layout), mechanism, bind_all(self.after, layout)
+        )
+
+    def __call__(self, update: torch.Tensor, ctx: ClientContext) -> torch.Tensor:
+        for transform in self.before:
+            update = transform.apply(update, ctx)
+        if self.mechanism is not None:
+            update = self.mechanism.privatize(update, ctx)
+        for transform in self.after:
+            update = transform.apply(update, ctx)
+        return update
+
+    @property
+    def noise_multiplier(self) -> float:
+        """σ of the mechanism (0 without one)."""
+        return 0.0 if self.mechanism is None else self.mechanism.noise_multiplier
+
+    @property
+    def sensitivity(self) -> float:
+        """L2 bound of one client's contribution (before noise); inf without a mechanism."""
+        return math.inf if self.mechanism is None else self.mechanism.sensitivity
+
+    @property
+    def unaccounted_reason(self) -> str | None:
+        """Why no accountant's ε holds for what this pipeline releases (None: it does)."""
+        if self.mechanism is None:
+            return None
+        reason = self.mechanism.unaccounted_reason
+        if reason is None and self.mechanism.placement == "client":
+            selecting = [t for t in self.after if t.selects_by_value]
+            if selecting:
+                reason = (
+                    f"{type(selecting[0]).__name__} after each client's noise: which noisy "
+                    "coordinates reach the sum depends on the clients' data, so the sum's noise "
+                    "is not N(0, σ²S²) on every coordinate"
+                )
+        return reason
+
+    def server_noise(
+        self,
+        size: int,
+        layout: ParamLayout | None,
+        round_key: tuple[int, int],
+        generator: torch.Generator,
+    ) -> torch.Tensor | None:
+        """The noise the server adds to the sum (None: none, or the clients add it)."""
+        if self.mechanism is None:
+            return None
+        return self.mechanism.server_noise(size, layout, round_key, generator)
