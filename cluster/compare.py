@@ -10,7 +10,9 @@ A comparison spec is YAML with two keys::
 With ``privacy.calibrate: sigma`` and a ``privacy.target_epsilon`` in the base, every private
 run is calibrated to the same ε (all presets here release one subsampled Gaussian per round,
 so they get the same σ). A run of a non-private preset (``fedavg``, ``fedsam``: the no-noise
-references) takes the base and ``--set`` without privacy settings and DP fields: ε = ∞.
+references) takes the base and ``--set`` without privacy settings and DP fields: ε = ∞. A run
+of a paper's unaccounted variant (``noise_support: kept``, ``mask_source: noisy``) runs at the
+σ its accounted twin is calibrated to, with no budget, and its ε reads "n/a (dp_valid=false)".
 Each run × seed is a normal tracked run named
 ``<spec>-<label>-seed<k>``. The summary — final and best test accuracy, mean ± std over seeds,
 ε, and the seed-by-seed difference to ``--baseline`` (default ``dp_fedavg``) — is printed as
@@ -98,6 +100,8 @@ def run_setup(base: dict, overrides: list[str], changes: dict | None) -> tuple[d
     for assignment in [*overrides, *_assignments(changes)]:
         apply_override(merged, assignment)
     if (merged.get("algorithm") or {}).get("name", AlgorithmConfig.name) in PRIVATE_PRESETS:
+        if _unaccounted(merged):
+            return _at_claimed_sigma(base, overrides, merged)
         return base, list(overrides)
     dp_fields = set(DP_FIELDS)
     algorithm = {k: v for k, v in (base.get("algorithm") or {}).items() if k not in dp_fields}
@@ -109,6 +113,38 @@ def run_setup(base: dict, overrides: list[str], changes: dict | None) -> tuple[d
         return key == "privacy" or key.startswith("privacy.") or key in dp_keys
 
     return reference, [o for o in overrides if not private_setting(o)]
+
+
+BUDGET_KEYS = ("privacy.calibrate", "privacy.target_epsilon")
+LITERAL_OPTIONS = ("noise_support", "mask_source")  # the papers' unaccounted top-k variants
+
+
+def _without_budget(raw: dict) -> dict:
+    """``raw`` with no privacy budget or calibration (an unaccounted run has no ε to meet)."""
+    raw = copy.deepcopy(raw)
+    privacy = raw.setdefault("privacy", {})
+    privacy.pop("target_epsilon", None)
+    privacy["calibrate"] = "none"
+    return raw
+
+
+def _unaccounted(merged: dict) -> bool:
+    probe = _without_budget(merged)
+    probe.setdefault("algorithm", {})["noise_multiplier"] = 1.0
+    return config_from_dict(probe).unaccounted_reason is not None
+
+
+def _at_claimed_sigma(base: dict, overrides: list[str], merged: dict) -> tuple[dict, list[str]]:
+    """An unaccounted run (a paper's literal top-k) at the σ its accounted twin runs with: the
+    σ the paper would claim the budget for. It keeps no budget (it has no ε)."""
+    from cluster.privacy_plan import calibrated
+
+    twin = copy.deepcopy(merged)
+    for option in LITERAL_OPTIONS:
+        twin["algorithm"].pop(option, None)
+    sigma = calibrated(config_from_dict(twin)).algorithm.noise_multiplier
+    kept = [o for o in overrides if o.partition("=")[0].strip() not in BUDGET_KEYS]
+    return _without_budget(base), [*kept, f"algorithm.noise_multiplier={sigma!r}"]
 
 
 def _assignments(changes: dict | None) -> list[str]:

@@ -90,6 +90,7 @@ class PrivacyClaim:
     assumption: str
     accountant_name: str
     delta: float
+    cohort_sampler: str = "fixed"
 
     @property
     def private(self) -> bool:
@@ -195,6 +196,7 @@ class PrivacyClaim:
             "privacy.noise_multiplier": f"{self.noise_multiplier:g}",
             "privacy.sample_rate": f"{self.sample_rate:g}",
             "privacy.delta": f"{self.delta:g}",
+            "privacy.cohort_sampler": self.cohort_sampler,
         }
         if self.dp_valid:
             tags.update(
@@ -202,6 +204,9 @@ class PrivacyClaim:
                     "privacy.accountant": self.accountant_name,
                     "privacy.assumption": f"{self.assumption}-subsampled gaussian",
                     "privacy.adjacency": ADJACENCY[self.assumption],
+                    "privacy.assumption_mismatch": str(
+                        self.assumption != assumption_for_sampler(self.cohort_sampler)
+                    ).lower(),
                 }
             )
         else:
@@ -220,6 +225,7 @@ def privacy_claim(config: ExperimentConfig, algorithm: Algorithm) -> PrivacyClai
         assumption=config.sampling_assumption,
         accountant_name=config.accountant_name,
         delta=config.delta,
+        cohort_sampler=config.cohort.sampling,
     )
 
 

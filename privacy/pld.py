@@ -30,10 +30,11 @@ q=0.001, σ=2, T=100: +25%).
 
 Range: the cost of a PLD grows with ε (its support is the range of the privacy loss over a
 grid of that interval): ≈2-6 s and ~1 GB for ε in the hundreds, and σ=0.1, q=0.1, T=300
-(ε≈2200) took 31 s and 3 GB; σ=0.01 does not finish. ε is therefore only computed while the
-cheap RDP upper bound (``privacy.accountant``) is at most ``max_epsilon`` (default 100, where a
-call costs at most ~10 s); beyond it ``epsilon`` and ``epsilon_after`` raise ``ValueError``
-(such an ε carries no meaningful guarantee; ``RdpAccountant`` still gives a bound there).
+(ε≈2200) took 31 s and 3 GB; σ=0.01 does not finish. ε is therefore only computed while it is
+known to be at most ``max_epsilon`` (default 100, where a call costs at most ~10 s): by the
+cheap RDP upper bound, or, where RDP is above it, by a PLD probe 100× coarser (an upper bound
+too). Beyond that ``epsilon`` and ``epsilon_after`` raise ``ValueError`` (such an ε carries no
+meaningful guarantee; ``RdpAccountant`` still gives a bound there).
 
 Assumptions: Poisson sampling of clients and add/remove-one adjacency (dp-accounting's
 ``ADD_OR_REMOVE_ONE``; ε is the larger of the two directions). A fixed-size cohort drawn without
@@ -51,6 +52,7 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
 DEFAULT_VALUE_DISCRETIZATION_INTERVAL = 1e-4
 DEFAULT_MAX_EPSILON = 100.0
+PROBE_LIMIT = 20.0  # the coarse PLD probe runs while the RDP bound is ≤ 20 × max_epsilon
 _MEMO_SIZE = 3  # composed PLDs kept per accountant, keyed by the merged history
 
 Runs = tuple[tuple[float, float, int], ...]  # merged (σ, q, rounds) history
@@ -85,6 +87,18 @@ def extended(history: Runs, sigma: float, q: float, rounds: int) -> Runs:
     if history and history[-1][:2] == (sigma, q):
         return (*history[:-1], (sigma, q, history[-1][2] + rounds))
     return (*history, (sigma, q, rounds))
+
+
+def coarse_pld_epsilon(history: Runs, delta: float) -> float:
+    """A cheap pessimistic PLD upper bound on ε (discretisation ×100 coarser than the default)."""
+    interval = 100 * DEFAULT_VALUE_DISCRETIZATION_INTERVAL
+    pld = None
+    for sigma, q, rounds in history:
+        if q == 0.0 or rounds == 0:
+            continue
+        run = subsampled_gaussian_pld(sigma, q, interval).self_compose(rounds)
+        pld = run if pld is None else pld.compose(run)
+    return 0.0 if pld is None else float(pld.get_epsilon_for_delta(delta))
 
 
 def rdp_epsilon(history: Runs, delta: float) -> float:
@@ -142,15 +156,27 @@ class HistoryAccountant:
         return self._eps_memo[key]
 
     def _guarded(self, history: Runs, delta: float) -> float:
+        """The tight ε where its computation is affordable, judged on its own merits.
+
+        Cheap first: the RDP bound. Where it exceeds ``max_epsilon`` (RDP can be far looser
+        than the PLD there), a coarse PLD probe (interval ×100, cheap, still an upper bound)
+        decides: the tight ε is computed if the probe is within ``max_epsilon``; beyond
+        ``PROBE_LIMIT`` × ``max_epsilon`` of RDP even the probe would be too wide to build.
+        """
         bound = rdp_epsilon(history, delta)
-        if not bound <= self.max_epsilon:
-            raise ValueError(
-                f"{self.name.upper()} accounting refused: the RDP bound ε={bound:.4g} at "
-                f"δ={delta:g} exceeds max_epsilon={self.max_epsilon:g}; {self.refusal} Such an "
-                "ε gives no meaningful guarantee; use the rdp accountant for these parameters "
-                "(or raise max_epsilon)."
-            )
-        return self._compute(history, delta)
+        if bound <= self.max_epsilon:
+            return self._compute(history, delta)
+        probe = math.inf
+        if bound <= PROBE_LIMIT * self.max_epsilon:
+            probe = coarse_pld_epsilon(history, delta)
+        if probe <= self.max_epsilon:
+            return self._compute(history, delta)
+        raise ValueError(
+            f"{self.name.upper()} accounting refused: the RDP bound ε={bound:.4g} and a coarse "
+            f"PLD bound ε={probe:.4g} at δ={delta:g} exceed max_epsilon={self.max_epsilon:g}; "
+            f"{self.refusal} Such an ε gives no meaningful guarantee; use the rdp accountant "
+            "for these parameters (or raise max_epsilon)."
+        )
 
     @property
     def rounds(self) -> int:

@@ -146,6 +146,17 @@ def test_huge_epsilon_is_refused_not_attempted(cls):
         acc.epsilon(DELTA)
 
 
+def test_pld_is_judged_on_its_own_merits_where_rdp_exceeds_the_cap():
+    # σ=0.8, q=0.1, T=3500, δ=1e-5: RDP says 100.5 (above max_epsilon=100), PLD itself ≈ 95
+    # (the coarse probe: 95.2). It used to be refused because of the RDP bound alone.
+    from privacy.pld import rdp_epsilon
+
+    acc = PldAccountant()
+    acc.step(0.8, 0.1, 3500)
+    assert rdp_epsilon(((0.8, 0.1, 3500),), 1e-5) > 100
+    assert 80 < acc.epsilon(1e-5) < 100
+
+
 def test_prv_grid_guard_suggests_pld():
     # ε≈40 but T=50000 rounds: opacus's grid needs ~1e7 points (~10 s); refuse above the cap.
     acc = PrvAccountant(max_grid_points=1_000_000)

@@ -82,7 +82,7 @@ def test_clopper_pearson_and_the_rate_bound():
 
 
 def test_audit_cli_exit_codes(store_root, capsys):
-    args = ["audit", "configs/quickstart.yaml", "--trials", "400", "--dim", "8"]
+    args = ["audit", "configs/quickstart.yaml", "--trials", "300", "--dim", "8"]
     sets = ["--set", f"data.store_root={store_root}"]
     assert main([*args, *sets]) == 0
     out = capsys.readouterr().out

@@ -108,7 +108,10 @@ def test_overrides_are_typed_and_applied():
     assert c.delta == 1e-5
     assert c.sample_rate == pytest.approx(0.2)
     default = load_config("configs/quickstart.yaml")
-    assert default.delta == pytest.approx(1 / 100)  # δ defaults to 1/num_clients
+    assert default.delta == pytest.approx(100**-1.1)  # δ defaults to N^-1.1, below 1/N
+    assert default.delta_warning is None
+    weak = load_config("configs/quickstart.yaml", ["privacy.delta=0.01"])
+    assert "δ = 0.01 ≥ 1/N" in weak.delta_warning
 
 
 def test_store_root_is_absolute_for_actors(monkeypatch, tmp_path):

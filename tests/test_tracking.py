@@ -67,7 +67,8 @@ def test_run_is_logged_with_params_metrics_and_artifacts(store_root, tracking_ur
     assert report["unit"] == "client" and report["accountant"] == "pld"
     assert report["rounds"] == 4 and report["sample_rate"] == 0.25
     assert report["noise_multiplier"] == 1.0 and report["clip_norm"] == 0.5
-    assert report["delta"] == pytest.approx(1 / 20)  # default δ = 1/population
+    assert report["delta"] == pytest.approx(20**-1.1)  # default δ = population^-1.1
+    assert report["dp_valid"] is True and "trusted server" in report["threat_model"]
     assert report["epsilon"] == pytest.approx(outcome.epsilon)
     assert report["noise_cohort_size"] == 5 and report["noise_std_on_mean"] == 0.1
     assert "approximation" in report["assumption_warning"]

@@ -1,0 +1,113 @@
+"""Every ε a run prints or logs is its mechanism's own, and no unaccounted run shows a number.
+
+Walks every preset (and the papers' literal top-k variants) through ``python -m cluster run``
+with MLflow on, and checks the terminal, the metrics, the tags, the privacy report and the
+compare table cell against ε recomputed independently from the mechanism's σ.
+"""
+
+import json
+import re
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from algorithms.presets import PRESETS, PRIVATE_PRESETS
+from cluster.cli import main
+from cluster.compare import epsilon_cell
+from cluster.config import load_config
+from privacy.accountant import accountant_class
+from privacy.calibration import epsilon_for
+from privacy.participation import epsilon_vs_server
+
+LITERAL = {
+    "dp_fedsam_topk kept": ("algorithm.name=dp_fedsam_topk", "algorithm.noise_support=kept"),
+    "dp_fedsam_topk noisy": ("algorithm.name=dp_fedsam_topk", "algorithm.mask_source=noisy"),
+    "fed_smp_topk kept": ("algorithm.name=fed_smp_topk", "algorithm.noise_support=kept"),
+}
+CASES = {name: (f"algorithm.name={name}",) for name in PRESETS} | LITERAL
+ROUNDS = 2
+
+
+@pytest.fixture(scope="module")
+def tracking(tmp_path_factory):
+    uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'm.db'}"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MLFLOW_TRACKING_URI", uri)
+        yield MlflowClient(uri)
+
+
+def _overrides(store_root, case):
+    sets = [
+        f"data.store_root={store_root}",
+        f"checkpoint.dir={store_root}/checkpoints",
+        "data.num_clients=20",
+        "data.synthetic.samples_per_user=100",
+        "cohort.size=5",
+        "cohort.sampling=fixed",
+        "algorithm.noise_placement=null",
+        f"rounds={ROUNDS}",
+        "algorithm.local.local_steps=2",
+        "executor.kind=local",
+        "tracking.experiment=claims",
+        f"tracking.run_name={case}",
+        *CASES[case],
+    ]
+    name = CASES[case][0].split("=")[1]
+    private = name in PRIVATE_PRESETS
+    sets += [f"algorithm.clip_norm={1.0 if private else 'null'}"]
+    sets += [f"algorithm.noise_multiplier={1.5 if private else 'null'}"]
+    return sets
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_epsilon_comes_from_the_mechanism(store_root, tracking, capsys, case):
+    sets = _overrides(store_root, case)
+    assert main(["run", "configs/quickstart.yaml", *(x for s in sets for x in ("--set", s))]) == 0
+    out = capsys.readouterr().out
+    config = load_config("configs/quickstart.yaml", sets)
+    (run,) = tracking.search_runs(
+        [tracking.get_experiment_by_name("claims").experiment_id],
+        f"tags.mlflow.runName = '{case}'",
+    )
+    tags, metrics = run.data.tags, run.data.metrics
+    with open(tracking.download_artifacts(run.info.run_id, "privacy_report.json")) as f:
+        report = json.load(f)
+    literal = case in LITERAL
+    private = config.algorithm.name in PRIVATE_PRESETS
+    if not private:
+        assert "epsilon" not in metrics and tags["privacy.unit"] == "none"
+        assert "ε" not in out.replace("ε ∞", "") and report["epsilon"] is None
+        return
+    assert tags["privacy.dp_valid"] == str(not literal).lower()
+    assert tags["privacy.threat_model"] == report["threat_model"]
+    row = {"private": True, "dp_valid": not literal, "epsilon": None, "epsilon_vs_server": None}
+    if literal:
+        assert "epsilon" not in metrics and "epsilon_vs_server" not in metrics
+        assert report["epsilon"] is None and "depends on" in report["epsilon_not_available"]
+        assert (
+            "privacy.accountant" not in tags and "depends on" in tags["privacy.unaccounted_reason"]
+        )
+        assert "ε not available" in out and "ε n/a" in out and "privacy spent" not in out
+        assert re.search(r"ε\s+\d", out) is None  # no number after any ε on the terminal
+        assert epsilon_cell(row) == "n/a (dp_valid=false)"
+        return
+    # Independently: σ from the config (= the mechanism's), q = m/N, δ = N^-1.1, fixed cohort.
+    cls = accountant_class("rdp", "without_replacement")
+    expected = [epsilon_for(1.5, 0.25, t, 20**-1.1, cls) for t in (1, ROUNDS)]
+    history = tracking.get_metric_history(run.info.run_id, "epsilon")
+    assert [m.value for m in history] == pytest.approx(expected, rel=1e-12)
+    assert report["epsilon"] == pytest.approx(expected[-1], rel=1e-12)
+    assert f"ε = {expected[-1]:.3f} at δ = {20**-1.1:g}" in out
+    assert f"ε {expected[0]:.3f}" in out  # the progress line of round 1
+    vs_server = report.get("epsilon_vs_server")
+    if config.noise_placement == "client":
+        expected_vs = epsilon_vs_server(1.5 / 5**0.5, 0.25, ROUNDS, 20**-1.1, 2.0)
+        assert vs_server == pytest.approx(expected_vs)
+        assert metrics["epsilon_vs_server"] == pytest.approx(expected_vs)
+        assert (
+            f"ε = {expected_vs:.4g}" in out and "secure aggregation" in tags["privacy.threat_model"]
+        )
+    else:
+        assert vs_server is None and "trusted server" in tags["privacy.threat_model"]
+    row.update(epsilon=expected[-1], epsilon_vs_server=vs_server)
+    assert epsilon_cell(row).startswith(f"{expected[-1]:.3f}")
