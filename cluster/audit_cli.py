@@ -29,9 +29,9 @@ def add_parser(commands) -> None:
     )
     p.add_argument("config", help="experiment YAML")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--trials", type=int, default=2000, help="rounds per world (default 2000)")
+    p.add_argument("--trials", type=int, default=1000, help="rounds per world (default 1000)")
     p.add_argument("--confidence", type=float, default=0.95, help="default 0.95")
-    p.add_argument("--dim", type=int, default=64, help="update dimension (default 64)")
+    p.add_argument("--dim", type=int, default=16, help="update dimension (default 16)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--noise-scale-for-testing",

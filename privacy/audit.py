@@ -320,9 +320,9 @@ def audit_round(
     cohort_size: int,
     num_clients: int,
     adjacency: Adjacency,
-    trials: int = 2000,
+    trials: int = 1000,
     confidence: float = 0.95,
-    dim: int = 64,
+    dim: int = 16,
     seed: int = 0,
     noise_scale_for_testing: float = 1.0,
 ) -> AuditResult:

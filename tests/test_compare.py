@@ -89,7 +89,15 @@ def test_paper_and_cpu_configs_validate():
     for path in sorted(Path("configs/papers").glob("*.yaml")):
         calibrated(load_config(path)).build_algorithm()
     base, runs = load_spec(Path("configs/cpu/client_level.yaml"), [])
-    assert len(runs) == 14 and base["privacy"]["calibrate"] == "sigma"
+    assert len(runs) == 16 and base["privacy"]["calibrate"] == "sigma"
+    # A paper's literal top-k runs at its accounted twin's calibrated σ, with no budget.
+    from cluster.compare import run_setup
+
+    literal_base, overrides = run_setup(base, [], runs["fed_smp_topk_kept"])
+    assert literal_base["privacy"]["calibrate"] == "none"
+    assert "target_epsilon" not in literal_base["privacy"]
+    twin = calibrated(load_config(None, [f"{k}={v}" for k, v in _flat(base).items()]))
+    assert overrides == [f"algorithm.noise_multiplier={twin.algorithm.noise_multiplier!r}"]
 
 
 def test_only_selects_runs_and_names_unknown_ones(tmp_path, capsys):
@@ -116,3 +124,14 @@ def test_non_private_runs_start_from_the_base_without_privacy():
     assert kept == ["rounds=2"]  # --set privacy settings do not reach the reference run
     assert run_setup(base, ["algorithm.name=fedavg"], {})[0]["algorithm"] == {"name": "dp_fedavg"}
     assert "privacy" not in run_setup(base, [], {"algorithm": {"name": "fedavg"}})[0]
+
+
+def _flat(tree, prefix=""):
+    out = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
