@@ -144,15 +144,9 @@ class GaussianMechanism:
     @property
     def sum_noise_std(self) -> float:
         """σ·S·k: per-coordinate std of the noise on the sum of the cohort's updates."""
-        return (
-            0.0
-            if self.noise_multiplier == 0
-            else self.noise_multiplier * self.sensitivity * (self.noise_scale)
-        )
-
-    def client_noise_multiplier(self, cohort_size: float) -> float:
-        """σ·k/√m: the multiplier of one client's own noise (client placement)."""
-        return self.noise_multiplier * self.noise_scale / math.sqrt(cohort_size)
+        if self.noise_multiplier == 0:
+            return 0.0
+        return self.noise_multiplier * self.sensitivity * self.noise_scale
 
     @property
     def unaccounted_reason(self) -> str | None:
