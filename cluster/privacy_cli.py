@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from privacy.accountant import accountant_class, accountants_for
 from privacy.adaptive_clipping import effective_noise_multiplier
 from privacy.calibration import calibrate_sigma, epsilon_for, max_rounds
+from privacy.participation import epsilon_vs_server
 from privacy.sample_level import SampleLevelPldAccountant
 from privacy.subsampling_wor import TwoLevelSampleAccountant, dpscaffold_delta
 
@@ -37,6 +39,12 @@ def add_parser(commands) -> None:
         type=float,
         help="adaptive clipping: σ_b of the noisy clipped-count release (Andrew et al. 2021); "
         "--sigma is then the update noise and ε is charged at σ_eff = (σ⁻² + (2σ_b)⁻²)^(-1/2)",
+    )
+    p.add_argument(
+        "--client-cohort",
+        type=int,
+        help="noise added by the clients of a cohort of this size: also print ε against a server "
+        "that sees each upload (per-client multiplier σ/√C_n, participation ~ Binomial(T, q))",
     )
     p.add_argument("--sample-level", action="store_true", help="record-level DP-SGD in clients")
     p.add_argument("--l", type=float, help="client sampling rate (sample level)")
@@ -88,6 +96,20 @@ def _client_level(args: argparse.Namespace) -> None:
             print(f"{label:<12}{value:.4g}")
         except ValueError as error:
             print(f"{label:<12}n/a ({error})")
+    if args.client_cohort is not None:
+        _vs_server(args)
+
+
+def _vs_server(args: argparse.Namespace) -> None:
+    """ε against a server that sees every upload of client-placed noise (privacy.participation)."""
+    _need(args, "sigma", "rounds")
+    if args.client_cohort < 1:
+        raise ValueError(f"--client-cohort must be >= 1, got {args.client_cohort}")
+    per_client = args.sigma / math.sqrt(args.client_cohort)
+    print(f"against a server that sees each upload (per-client σ/√C_n = {per_client:.4g}):")
+    for label, factor in (("zero-out", 1.0), ("replace-one", 2.0)):
+        eps = epsilon_vs_server(per_client, args.q, args.rounds, args.delta, factor)
+        print(f"{label:<12}{eps:.4g}")
 
 
 def _sample_level(args: argparse.Namespace) -> None:

@@ -48,6 +48,19 @@ def test_fed_smp_runs_and_reports_the_kept_fraction(store_root):
         sim = run_local(small_config(store_root, f"algorithm.name={name}", *DP))
         kept = sim.history[-1].metrics["kept_fraction"]
         assert kept == pytest.approx(0.4, abs=0.02)  # ⌊0.4·n⌋ per layer of logreg's 400 + 10
+        # Client-placed dense noise makes a top-k upload dense (410 float32 values); noise on
+        # rand-k's public mask keeps it sparse: (value, int32 index) pairs.
+        dense = 410 * 4
+        expected = 8 * (160 + 4) if name == "fed_smp_randk" else dense
+        assert sim.history[-1].metrics["upload_bytes"] == expected
+    # With the (trusted) server adding the noise, a top-k upload is sparse.
+    server = run_local(
+        small_config(
+            store_root, "algorithm.name=fed_smp_topk", *DP, "algorithm.noise_placement=server"
+        )
+    )
+    assert server.history[-1].metrics["upload_bytes"] == 8 * (160 + 4)
+    assert server.history[-1].metrics["download_bytes"] == dense
 
 
 @pytest.mark.parametrize("scope", ["layer", "global"])
