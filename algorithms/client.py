@@ -62,6 +62,7 @@ def client_round(
         correction,
         augment_generator=augment_rng,
         payload=payload,
+        noise_stream=lambda: torch_generator(*keys, Purpose.SAMPLE_NOISE, device=params.device),
     )
     delta = result.params - params
     report = ClientReport(

@@ -10,8 +10,9 @@ PyTorch's SGD semantics (dampening 0, no Nesterov)::
     w ← w − η·b
 
 G is the trainer's gradient rule: ``SgdGradient`` (∇f, one evaluation per step),
-``SamGradient`` (SAM/ASAM, two) or ``PgnGradient`` (one), bound once per round to the broadcast
-payload by ``for_round``. ``ModelObjective.grad_evals`` counts every evaluation.
+``SamGradient`` (SAM/ASAM, two), ``PgnGradient`` (one) or ``DpSgdGradient`` (per-example
+clipping and noise, ``algorithms.dpsgd``), bound once per round to the broadcast payload and the
+client's noise stream by ``for_round``. ``ModelObjective.grad_evals`` counts every evaluation.
 Mini-batches are drawn without replacement from a fresh permutation of the client's data each
 epoch; with ``local_steps`` the permutations continue across epoch boundaries. With ``lr_decay``
 γ, round t (from 0) uses η_t = η·γ^t (DP-FedSAM's and DP-FedPGN's code: γ = 0.998).
@@ -62,7 +63,7 @@ class ModelObjective:
 class SgdGradient:
     """G(w; ξ) = ∇f(w; ξ): one gradient evaluation per step."""
 
-    def for_round(self, payload: dict[str, torch.Tensor] | None) -> SgdGradient:
+    def for_round(self, payload=None, noise_stream=None) -> SgdGradient:
         return self
 
     def __call__(self, objective: ModelObjective, w: torch.Tensor, x, y):
@@ -85,7 +86,7 @@ class SamGradient:
     rho: float
     adaptive: bool = False
 
-    def for_round(self, payload: dict[str, torch.Tensor] | None) -> SamGradient:
+    def for_round(self, payload=None, noise_stream=None) -> SamGradient:
         return self
 
     def __call__(self, objective: ModelObjective, w: torch.Tensor, x, y):
@@ -119,7 +120,7 @@ class PgnGradient:
     beta: float = 0.3
     rho: float = 0.2
 
-    def for_round(self, payload: dict[str, torch.Tensor] | None) -> _PgnRound:
+    def for_round(self, payload=None, noise_stream=None) -> _PgnRound:
         """The rule with this round's δ and drift (1 − β)·g̃ computed once, not every step."""
         direction = (payload or {}).get("direction")
         norm = 0.0 if direction is None else float(torch.linalg.vector_norm(direction))
@@ -206,10 +207,13 @@ class LocalTrainer:
         correction: torch.Tensor | None = None,
         augment_generator: torch.Generator | None = None,
         payload: dict[str, torch.Tensor] | None = None,
+        noise_stream: Callable[[], torch.Generator] | None = None,
     ) -> LocalResult:
+        """K steps from ``params``. ``noise_stream()`` makes the client's generator for a rule
+        that adds noise per step (``algorithms.dpsgd.DpSgdGradient``); others never call it."""
         w = params.clone()
         evals_before = objective.grad_evals
-        gradient = self.gradient.for_round(payload)
+        gradient = self.gradient.for_round(payload, noise_stream)
         buf = None
         steps, loss_sum, correct, seen = 0, 0.0, 0, 0
         for index in self.batches(len(y), generator):

@@ -26,6 +26,7 @@ class Purpose(IntEnum):
     DROPOUT = 8
     SHARED_MASK = 9
     LUS_BATCH = 10
+    SAMPLE_NOISE = 11  # per-step DP-SGD noise inside a client
 
 
 def _seed_words(seed: int, keys: tuple[int, ...]) -> np.random.SeedSequence:

@@ -1,0 +1,131 @@
+"""Sample-level DP-SGD as a local gradient rule (DP-SCAFFOLD, DP-FedAvg at sample level).
+
+Per step, on a mini-batch of B records (spec 004, Alg. 1 line 9; Abadi et al. 2016):
+
+    g_j = ∇ℓ(w; x_j, y_j)                         per example, torch.func: vmap(grad(·))
+    ḡ_j = g_j · min(1, C/‖g_j‖₂)                  ``scope="flat"``: L2 bound C
+    ḡ_j,l = g_j,l · min(1, C/‖g_j,l‖₂) per tensor ``scope="layer"``: L2 bound C·√L
+    G = (Σ_j ḡ_j + N(0, (κ·S·σ_g)² I)) / B        S = C or C·√L
+
+κ = 2 for replace-one adjacency (the paper's noise std 2Cσ_g/(sR) on the mean, sR = B: one
+record swapped for another moves the clipped sum by up to 2S) and κ = 1 for add/remove. The
+noise is drawn from the client's own seeded stream, bound once per round by ``for_round``.
+Models with BatchNorm are refused: it mixes the records of a batch, so a per-example gradient
+(and its clipping bound) does not exist.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+Adjacency = Literal["replace_one", "add_remove"]
+
+
+def refuse_batchnorm(model: nn.Module) -> None:
+    """ValueError naming the first BatchNorm layer: per-example gradients need none."""
+    for name, module in model.named_modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            raise ValueError(
+                f"sample-level DP needs per-example gradients, but layer {name!r} is "
+                f"{type(module).__name__}, which mixes the records of a batch; use a model with "
+                "GroupNorm (every model in models/ has one)"
+            )
+
+
+def per_example_gradients(objective, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor):
+    """(mean loss, logits, B × d matrix of per-example gradients of the cross-entropy at flat)."""
+    layout, model = objective.layout, objective.model
+
+    def example_loss(params, xi, yi):
+        logits = functional_call(model, params, (xi.unsqueeze(0),))
+        return nn.functional.cross_entropy(logits, yi.unsqueeze(0)), logits.squeeze(0)
+
+    params = layout.unflatten(flat.detach())
+    grads, logits = vmap(
+        grad(example_loss, has_aux=True), in_dims=(None, 0, 0), randomness="different"
+    )(params, x, y)
+    matrix = torch.cat([grads[name].reshape(len(y), -1) for name in layout.names], dim=1)
+    loss = nn.functional.cross_entropy(logits.detach(), y)
+    objective.grad_evals += 1
+    return loss, logits, matrix
+
+
+def clipped_sum(
+    per_example: torch.Tensor, clip_norm: float, offsets: tuple[int, ...] | None = None
+) -> torch.Tensor:
+    """Σ_j of the per-example rows clipped to L2 norm C: whole rows, or each (start, stop)
+    segment of ``offsets`` separately (per-tensor clipping)."""
+    if offsets is None:
+        norms = torch.linalg.vector_norm(per_example, dim=1, keepdim=True)
+        return (per_example * (clip_norm / norms).clamp(max=1.0)).sum(0)
+    sizes = [stop - start for start, stop in zip(offsets[:-1], offsets[1:], strict=True)]
+    parts = per_example.split(sizes, dim=1)
+    return torch.cat(
+        [
+            (p * (clip_norm / torch.linalg.vector_norm(p, dim=1, keepdim=True)).clamp(max=1.0)).sum(
+                0
+            )
+            for p in parts
+        ]
+    )
+
+
+@dataclass(frozen=True)
+class DpSgdGradient:
+    """G = (clipped per-example sum + N(0, (κSσ_g)²)) / B; one per-example pass per step."""
+
+    clip_norm: float
+    noise_multiplier: float
+    scope: Literal["flat", "layer"] = "flat"
+    adjacency: Adjacency = "replace_one"
+
+    def __post_init__(self) -> None:
+        if not self.clip_norm > 0:
+            raise ValueError(f"clip_norm must be > 0, got {self.clip_norm}")
+        if self.noise_multiplier < 0:
+            raise ValueError(f"noise_multiplier must be >= 0, got {self.noise_multiplier}")
+        if self.noise_multiplier > 0 and math.isinf(self.clip_norm):
+            raise ValueError("per-step noise needs a finite clip norm")
+
+    def sensitivity(self, num_tensors: int) -> float:
+        """S: the L2 bound of one record's clipped gradient."""
+        return self.clip_norm * (math.sqrt(num_tensors) if self.scope == "layer" else 1.0)
+
+    def noise_std_on_sum(self, num_tensors: int) -> float:
+        """κ·S·σ_g: per-coordinate std of the noise on the clipped sum (κ = 2 replace-one)."""
+        kappa = 2.0 if self.adjacency == "replace_one" else 1.0
+        return kappa * self.sensitivity(num_tensors) * self.noise_multiplier
+
+    def for_round(self, payload=None, noise_stream: Callable[[], torch.Generator] | None = None):
+        """The rule for one client's round, with its noise stream (made once, here)."""
+        if self.noise_multiplier == 0:
+            return _DpSgdRound(self, None)
+        if noise_stream is None:
+            raise ValueError("DP-SGD needs the client's noise stream for the round")
+        return _DpSgdRound(self, noise_stream())
+
+
+@dataclass(frozen=True)
+class _DpSgdRound:
+    rule: DpSgdGradient
+    noise_generator: torch.Generator | None
+
+    def __call__(self, objective, w: torch.Tensor, x, y):
+        loss, logits, per_example = per_example_gradients(objective, w, x, y)
+        layout = objective.layout
+        offsets = tuple(layout.offsets) if self.rule.scope == "layer" else None
+        total = clipped_sum(per_example, self.rule.clip_norm, offsets)
+        std = self.rule.noise_std_on_sum(len(layout.names))
+        if std > 0:
+            noise = torch.randn(
+                total.shape, generator=self.noise_generator, device=total.device, dtype=total.dtype
+            )
+            total = total + std * noise
+        return loss, logits, total / len(y)
