@@ -174,3 +174,11 @@ def test_bad_call_arguments_and_huge_epsilon_raise():
     # No amplification, σ = 0.1: the RDP bound is ~3e4, refused before building any PLD.
     with pytest.raises(ValueError, match="max_epsilon"):
         SampleLevelPldAccountant(1.0, 1.0, 50, 0.1).epsilon(10, 1e-5)
+
+
+def test_per_client_noise_only_bound_matches_issue_13_check_value():
+    # The record protected by its own client's DP-SGD noise only (σ_g, not σ_e = σ_g√(lM)):
+    # participation n ~ Binomial(T, l), then n·K subsampled-Gaussian steps; the T-fold product
+    # of the mixture (1 − l)·δ₀ + l·PLD_K has exactly that loss distribution.
+    accountant = SampleLevelPldAccountant(0.2, 0.2, 50, 60.0)
+    assert accountant.epsilon(400, 2.5e-6) == pytest.approx(0.855, abs=0.002)
