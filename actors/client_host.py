@@ -26,6 +26,7 @@ class Broadcast:
 
     params: np.ndarray
     payload: dict[str, np.ndarray] = field(default_factory=dict)
+    warmup: bool = False  # DP-SCAFFOLD-warm: clients compute c_i⁰ only, no local training
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,7 @@ class ClientHost:
                 round_index,
                 cid,
                 nominal_cohort_size,
+                warmup=broadcast.warmup,
             )
             if state:
                 self.client_state[cid] = state

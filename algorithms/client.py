@@ -38,15 +38,30 @@ def client_round(
     round_index: int,
     client_id: int,
     nominal_cohort_size: float,
+    warmup: bool = False,
 ) -> tuple[dict[str, torch.Tensor], float, dict[str, torch.Tensor], ClientReport]:
-    """Returns (uploads to sum, aggregation weight, new client state, report)."""
+    """Returns (uploads to sum, aggregation weight, new client state, report).
+
+    ``warmup`` (DP-SCAFFOLD-warm): no training; the client sets c_i⁰ = (1/K) Σ_k G(x⁰; ξ_k)
+    with the round's batches and noise, and uploads only Δc_i."""
     algorithm = algorithm.at_round(round_index)
     keys = (seed, round_index, client_id)
     training_rng = torch_generator(*keys, Purpose.LOCAL_TRAINING)
+
+    def noise_stream() -> torch.Generator:
+        return torch_generator(*keys, Purpose.SAMPLE_NOISE, device=params.device)
+
     correction = None
     if algorithm.control_variates:
         client_control = state.get("control", torch.zeros_like(params))
         correction = local_correction(payload["control"], client_control)
+    if warmup:
+        control = algorithm.trainer.mean_gradient(
+            objective, params, x, y, training_rng, noise_stream
+        )
+        steps = algorithm.trainer.num_steps(len(y))
+        report = ClientReport(client_id, len(y), steps, math.nan, math.nan)
+        return {"control": control - client_control}, 1.0, {**state, "control": control}, report
 
     augment_rng = None
     if objective.augment is not None:
@@ -62,7 +77,7 @@ def client_round(
         correction,
         augment_generator=augment_rng,
         payload=payload,
-        noise_stream=lambda: torch_generator(*keys, Purpose.SAMPLE_NOISE, device=params.device),
+        noise_stream=noise_stream,
     )
     delta = result.params - params
     report = ClientReport(
@@ -91,7 +106,7 @@ def client_round(
         local_gradient=final_gradient,  # for LUS
         payload=payload,
         local_steps=result.steps,
-        lr=algorithm.trainer.lr,
+        lr=result.lr,
     )
     update = algorithm.pipeline(delta, ctx)
     report.pre_clip_norm = ctx.stats.get("pre_clip_norm", float(torch.linalg.vector_norm(delta)))
@@ -109,7 +124,7 @@ def client_round(
             params,
             result.params,
             result.steps,
-            algorithm.trainer.lr,
+            result.lr,
         )
         uploads["control"] = new_control - client_control
         state = {**state, "control": new_control}

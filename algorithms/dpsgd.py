@@ -12,6 +12,11 @@ record swapped for another moves the clipped sum by up to 2S) and κ = 1 for add
 noise is drawn from the client's own seeded stream, bound once per round by ``for_round``.
 Models with BatchNorm are refused: it mixes the records of a batch, so a per-example gradient
 (and its clipping bound) does not exist.
+
+``clip_rule="median"`` is the DP-SCAFFOLD authors' heuristic (spec 004 §1 f): every step, each
+tensor's C_l is the median of the batch's per-example norms of that tensor, and its noise std is
+κ·C_l·σ_g. The noise scale then depends on the batch's data, so no accountant's ε holds:
+``unaccounted_reason`` says so and runs using it report none.
 """
 
 from __future__ import annotations
@@ -77,6 +82,22 @@ def clipped_sum(
     )
 
 
+def median_clipped_sum(
+    per_example: torch.Tensor, offsets: tuple[int, ...] | None, rule: DpSgdGradient
+) -> tuple[torch.Tensor, torch.Tensor | float]:
+    """The authors' heuristic: clip each segment to C_l = median of its per-example norms;
+    returns (clipped sum, per-coordinate noise std κ·C_l·σ_g)."""
+    bounds = offsets or (0, per_example.shape[1])
+    sums, stds = [], []
+    for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
+        part = per_example[:, start:stop]
+        norms = torch.linalg.vector_norm(part, dim=1, keepdim=True)
+        clip = norms.median()
+        sums.append((part * (clip / norms).nan_to_num(1.0).clamp(max=1.0)).sum(0))
+        stds.append(torch.full((stop - start,), float(rule.kappa * clip * rule.noise_multiplier)))
+    return torch.cat(sums), torch.cat(stds).to(per_example.device, per_example.dtype)
+
+
 @dataclass(frozen=True)
 class DpSgdGradient:
     """G = (clipped per-example sum + N(0, (κSσ_g)²)) / B; one per-example pass per step."""
@@ -85,14 +106,33 @@ class DpSgdGradient:
     noise_multiplier: float
     scope: Literal["flat", "layer"] = "flat"
     adjacency: Adjacency = "replace_one"
+    clip_rule: Literal["fixed", "median"] = "fixed"
 
     def __post_init__(self) -> None:
-        if not self.clip_norm > 0:
-            raise ValueError(f"clip_norm must be > 0, got {self.clip_norm}")
+        if self.clip_rule not in ("fixed", "median"):
+            raise ValueError(f"clip_rule must be fixed or median, got {self.clip_rule!r}")
         if self.noise_multiplier < 0:
             raise ValueError(f"noise_multiplier must be >= 0, got {self.noise_multiplier}")
+        if self.clip_rule == "median":
+            return
+        if not self.clip_norm > 0:
+            raise ValueError(f"clip_norm must be > 0, got {self.clip_norm}")
         if self.noise_multiplier > 0 and math.isinf(self.clip_norm):
             raise ValueError("per-step noise needs a finite clip norm")
+
+    @property
+    def unaccounted_reason(self) -> str | None:
+        if self.clip_rule == "median" and self.noise_multiplier > 0:
+            return (
+                "clip_rule median: each step's C is the median of the batch's per-example "
+                "gradient norms, so the noise scale depends on the data (DP-SCAFFOLD's code)"
+            )
+        return None
+
+    @property
+    def kappa(self) -> float:
+        """2 for replace-one adjacency (a swapped record moves the sum by up to 2S), else 1."""
+        return 2.0 if self.adjacency == "replace_one" else 1.0
 
     def sensitivity(self, num_tensors: int) -> float:
         """S: the L2 bound of one record's clipped gradient."""
@@ -100,32 +140,46 @@ class DpSgdGradient:
 
     def noise_std_on_sum(self, num_tensors: int) -> float:
         """κ·S·σ_g: per-coordinate std of the noise on the clipped sum (κ = 2 replace-one)."""
-        kappa = 2.0 if self.adjacency == "replace_one" else 1.0
-        return kappa * self.sensitivity(num_tensors) * self.noise_multiplier
+        return self.kappa * self.sensitivity(num_tensors) * self.noise_multiplier
 
-    def for_round(self, payload=None, noise_stream: Callable[[], torch.Generator] | None = None):
-        """The rule for one client's round, with its noise stream (made once, here)."""
+    def for_round(
+        self,
+        payload=None,
+        noise_stream: Callable[[], torch.Generator] | None = None,
+        batch_size: int | None = None,
+    ):
+        """The rule for one client's round: its noise stream (made once, here) and B, the
+        expected batch size the noisy sum is divided by (the drawn size under Poisson sampling
+        would depend on the data; None: the drawn size)."""
         if self.noise_multiplier == 0:
-            return _DpSgdRound(self, None)
+            return _DpSgdRound(self, None, batch_size)
         if noise_stream is None:
             raise ValueError("DP-SGD needs the client's noise stream for the round")
-        return _DpSgdRound(self, noise_stream())
+        return _DpSgdRound(self, noise_stream(), batch_size)
 
 
 @dataclass(frozen=True)
 class _DpSgdRound:
     rule: DpSgdGradient
     noise_generator: torch.Generator | None
+    batch_size: int | None
 
     def __call__(self, objective, w: torch.Tensor, x, y):
-        loss, logits, per_example = per_example_gradients(objective, w, x, y)
         layout = objective.layout
-        offsets = tuple(layout.offsets) if self.rule.scope == "layer" else None
-        total = clipped_sum(per_example, self.rule.clip_norm, offsets)
-        std = self.rule.noise_std_on_sum(len(layout.names))
-        if std > 0:
+        if len(y):
+            loss, logits, per_example = per_example_gradients(objective, w, x, y)
+            offsets = tuple(layout.offsets) if self.rule.scope == "layer" else None
+            if self.rule.clip_rule == "median":
+                total, std = median_clipped_sum(per_example, offsets, self.rule)
+            else:
+                total = clipped_sum(per_example, self.rule.clip_norm, offsets)
+                std = self.rule.noise_std_on_sum(len(layout.names))
+        else:  # an empty Poisson batch: the step is noise alone
+            loss, logits, total = torch.tensor(0.0), w.new_zeros((0, 1)), torch.zeros_like(w)
+            std = self.rule.noise_std_on_sum(len(layout.names))
+        if self.rule.noise_multiplier > 0:
             noise = torch.randn(
                 total.shape, generator=self.noise_generator, device=total.device, dtype=total.dtype
             )
             total = total + std * noise
-        return loss, logits, total / len(y)
+        return loss, logits, total / (self.batch_size or max(len(y), 1))

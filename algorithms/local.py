@@ -11,11 +11,20 @@ PyTorch's SGD semantics (dampening 0, no Nesterov)::
 
 G is the trainer's gradient rule: ``SgdGradient`` (∇f, one evaluation per step),
 ``SamGradient`` (SAM/ASAM, two), ``PgnGradient`` (one) or ``DpSgdGradient`` (per-example
-clipping and noise, ``algorithms.dpsgd``), bound once per round to the broadcast payload and the
-client's noise stream by ``for_round``. ``ModelObjective.grad_evals`` counts every evaluation.
-Mini-batches are drawn without replacement from a fresh permutation of the client's data each
-epoch; with ``local_steps`` the permutations continue across epoch boundaries. With ``lr_decay``
-γ, round t (from 0) uses η_t = η·γ^t (DP-FedSAM's and DP-FedPGN's code: γ = 0.998).
+clipping and noise, ``algorithms.dpsgd``), bound once per round to the broadcast payload, the
+client's noise stream and the expected batch size (DP-SGD's denominator) by ``for_round``.
+``ModelObjective.grad_evals`` counts every evaluation.
+Mini-batches (``batch_sampling``): ``epoch``, without replacement from a fresh permutation of
+the client's data each epoch (with ``local_steps`` the permutations continue across epoch
+boundaries); ``fresh``, B records without replacement drawn afresh every step (DP-SCAFFOLD's
+Alg. 1: each step is an s-subsample, s = B/n, independent of the others, which the sample-level
+accountant needs); ``poisson``, every record independently with probability s = B/n each step
+(DP-SGD's standard analysis; the batch size varies, its expectation is B).
+
+With ``lr_decay`` γ, round t (from 0) uses η_t = η·γ^t (DP-FedSAM's and DP-FedPGN's code:
+γ = 0.998). With ``lr_scaling="inverse_sk"`` the configured lr is η₀ and a client of n records
+trains with η_l = η₀/(s·K), s = B/n (DP-SCAFFOLD's experiments); ``LocalResult.lr`` is the η_l
+used.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 import torch
 from torch import nn
@@ -63,7 +73,7 @@ class ModelObjective:
 class SgdGradient:
     """G(w; ξ) = ∇f(w; ξ): one gradient evaluation per step."""
 
-    def for_round(self, payload=None, noise_stream=None) -> SgdGradient:
+    def for_round(self, payload=None, noise_stream=None, batch_size=None) -> SgdGradient:
         return self
 
     def __call__(self, objective: ModelObjective, w: torch.Tensor, x, y):
@@ -86,7 +96,7 @@ class SamGradient:
     rho: float
     adaptive: bool = False
 
-    def for_round(self, payload=None, noise_stream=None) -> SamGradient:
+    def for_round(self, payload=None, noise_stream=None, batch_size=None) -> SamGradient:
         return self
 
     def __call__(self, objective: ModelObjective, w: torch.Tensor, x, y):
@@ -120,7 +130,7 @@ class PgnGradient:
     beta: float = 0.3
     rho: float = 0.2
 
-    def for_round(self, payload=None, noise_stream=None) -> _PgnRound:
+    def for_round(self, payload=None, noise_stream=None, batch_size=None) -> _PgnRound:
         """The rule with this round's δ and drift (1 − β)·g̃ computed once, not every step."""
         direction = (payload or {}).get("direction")
         norm = 0.0 if direction is None else float(torch.linalg.vector_norm(direction))
@@ -153,6 +163,10 @@ class LocalResult:
     correct: int
     seen: int
     grad_evals: int = 0  # gradient evaluations (forward/backward passes) over the steps
+    lr: float = math.nan  # the local lr η_l the steps used
+
+
+BatchSampling = Literal["epoch", "fresh", "poisson"]
 
 
 @dataclass(frozen=True)
@@ -166,10 +180,28 @@ class LocalTrainer:
     lr_decay: float = 1.0  # per-round: round t trains with lr·lr_decay^t (see ``at_round``)
     gradient: SgdGradient | SamGradient | PgnGradient = field(default_factory=SgdGradient)
     regularizers: tuple = ()  # objects with grad(w, w0) -> Tensor | None (algorithms.regularizers)
+    batch_sampling: BatchSampling = "epoch"
+    lr_scaling: Literal["none", "inverse_sk"] = "none"
 
     def __post_init__(self) -> None:
         if (self.local_steps is None) == (self.local_epochs is None):
             raise ValueError("set exactly one of local_steps and local_epochs")
+        if self.batch_sampling not in ("epoch", "fresh", "poisson"):
+            raise ValueError(
+                f"batch_sampling must be epoch, fresh or poisson, not {self.batch_sampling!r}"
+            )
+        if self.lr_scaling not in ("none", "inverse_sk"):
+            raise ValueError(f"lr_scaling must be none or inverse_sk, not {self.lr_scaling!r}")
+
+    def record_rate(self, num_samples: int) -> float:
+        """s = B/n: the probability that a step's batch holds a given record."""
+        return min(1.0, self.batch_size / max(num_samples, 1))
+
+    def local_lr(self, num_samples: int) -> float:
+        """η_l for a client of ``num_samples`` records: η, or η₀/(s·K) under ``inverse_sk``."""
+        if self.lr_scaling == "none":
+            return self.lr
+        return self.lr / (self.record_rate(num_samples) * self.num_steps(num_samples))
 
     def at_round(self, round_index: int) -> LocalTrainer:
         """The trainer of round t (from 0): η_t = η·lr_decay^t, the papers' per-round decay."""
@@ -186,9 +218,18 @@ class LocalTrainer:
         return self.local_epochs * math.ceil(num_samples / self.batch_size)
 
     def batches(self, num_samples: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
-        """Index batches for ``num_steps`` steps, without replacement within each epoch."""
+        """Index batches for ``num_steps`` steps, drawn as ``batch_sampling`` says."""
         size = min(self.batch_size, num_samples)
         left = self.num_steps(num_samples)
+        if self.batch_sampling == "fresh":
+            for _ in range(left):
+                yield torch.randperm(num_samples, generator=generator)[:size]
+            return
+        if self.batch_sampling == "poisson":
+            rate = self.record_rate(num_samples)
+            for _ in range(left):
+                yield torch.nonzero(torch.rand(num_samples, generator=generator) < rate)[:, 0]
+            return
         while left > 0:
             perm = torch.randperm(num_samples, generator=generator)
             for start in range(0, num_samples, size):
@@ -196,6 +237,20 @@ class LocalTrainer:
                     return
                 yield perm[start : start + size]
                 left -= 1
+
+    def _round_batches(self, objective, x, y, generator, payload, noise_stream, augment_rng):
+        """(the gradient rule bound to this round, iterator of (x_batch, y_batch))."""
+        gradient = self.gradient.for_round(payload, noise_stream, min(self.batch_size, len(y)))
+
+        def batches():
+            for index in self.batches(len(y), generator):
+                index = index.to(x.device)
+                xb = x[index]
+                if objective.augment is not None:
+                    xb = objective.augment(xb, augment_rng)
+                yield xb, y[index]
+
+        return gradient, batches()
 
     def train(
         self,
@@ -212,15 +267,14 @@ class LocalTrainer:
         """K steps from ``params``. ``noise_stream()`` makes the client's generator for a rule
         that adds noise per step (``algorithms.dpsgd.DpSgdGradient``); others never call it."""
         w = params.clone()
+        lr = self.local_lr(len(y))
         evals_before = objective.grad_evals
-        gradient = self.gradient.for_round(payload, noise_stream)
+        gradient, batches = self._round_batches(
+            objective, x, y, generator, payload, noise_stream, augment_generator
+        )
         buf = None
         steps, loss_sum, correct, seen = 0, 0.0, 0, 0
-        for index in self.batches(len(y), generator):
-            index = index.to(x.device)
-            xb, yb = x[index], y[index]
-            if objective.augment is not None:
-                xb = objective.augment(xb, augment_generator)
+        for xb, yb in batches:
             loss, logits, g = gradient(objective, w, xb, yb)
             for regularizer in self.regularizers:
                 extra = regularizer.grad(w, params)
@@ -233,11 +287,32 @@ class LocalTrainer:
             if self.momentum:
                 buf = g if buf is None else buf.mul_(self.momentum).add_(g)
                 g = buf
-            w = w - self.lr * g
+            w = w - lr * g
             steps += 1
             loss_sum += float(loss) * len(yb)
             correct += int((logits.argmax(1) == yb).sum())
             seen += len(yb)
         return LocalResult(
-            w.detach(), steps, loss_sum, correct, seen, objective.grad_evals - evals_before
+            w.detach(), steps, loss_sum, correct, seen, objective.grad_evals - evals_before, lr
         )
+
+    def mean_gradient(
+        self,
+        objective: ModelObjective,
+        params: torch.Tensor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        generator: torch.Generator,
+        noise_stream: Callable[[], torch.Generator] | None = None,
+        augment_generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """(1/K) Σ_k G(x; ξ_k) at fixed ``params``: K batches drawn as in ``train``, no step taken
+        (DP-SCAFFOLD's warm start c_i⁰ = (1/K) Σ_k H̃_i^k(x⁰), with the same per-step noise)."""
+        gradient, batches = self._round_batches(
+            objective, x, y, generator, None, noise_stream, augment_generator
+        )
+        total, steps = torch.zeros_like(params), 0
+        for xb, yb in batches:
+            total += gradient(objective, params, xb, yb)[2]
+            steps += 1
+        return total / steps

@@ -18,13 +18,22 @@
 |                 |               | server: g̃ ← −Δ̄/(ηK) broadcast           |                    |
 | dp_fedpgn_ls    | PGN           | as dp_fedpgn; server: A⁻¹ on Δ̄ and g̃      | Liu et al. 25      |
 | dp_fedavg_ls    | SGD           | Clip → Noise; server: A⁻¹ on Δ̄            | Liang et al. 24    |
+| dp_fedavg_sample| DP-SGD        | (none)                                   | Noble et al. 22    |
+| dp_scaffold     | DP-SGD + c−c_i| (none); warm start optional              | Noble et al. 22    |
 
 Every private preset is client-level DP: each client's delta is clipped to L2 norm C (flat, or
 per layer with sensitivity C·√L) and the mean of the m clients carries Gaussian noise of std
 σ·S/m per coordinate, S the mechanism's L2 bound (``algorithms.mechanism``). The top-k presets
 put that noise on every coordinate by default; the papers' literal variants (``noise_support:
 kept``, ``mask_source: noisy``) run but are unaccounted: their pipelines say why, and no ε is
-reported for them. A preset's keyword arguments are its options, with the paper's values as
+reported for them.
+
+The two sample-level presets (DP-SCAFFOLD's Alg. 1 and 2) protect one *record*: every local
+step is DP-SGD (``SampleDP``: per-example clip to C, Gaussian noise κ·C·σ_g on the batch sum,
+``algorithms.dpsgd``) and the uploads are post-processing of those noisy steps. σ_g = 0 with
+C = ∞ keeps the trainer's plain SGD gradient: SCAFFOLD / FedAvg bit for bit.
+
+A preset's keyword arguments are its options, with the paper's values as
 defaults; trainer options (SAM's ρ, BLUR's λ, PGN's β and ρ) are set on the base trainer the
 caller passes in.
 """
@@ -32,9 +41,11 @@ caller passes in.
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from algorithms.dpsgd import Adjacency, DpSgdGradient
 from algorithms.layout import ParamLayout
 from algorithms.local import LocalTrainer, PgnGradient, SamGradient
 from algorithms.lus import LocalUpdateSparsification
@@ -62,10 +73,27 @@ class Algorithm:
     pipeline: UpdatePipeline = field(default_factory=UpdatePipeline)
     server: MeanServerRule = field(default_factory=MeanServerRule)
     control_variates: bool = False
+    # DP-SCAFFOLD-warm: ⌈4/l⌉ rounds that only compute c_i⁰ = (1/K) Σ_k H̃_i^k(x⁰) first
+    warm_start: bool = False
 
     @property
-    def privacy_unit(self) -> Literal["client", "none"]:
+    def sample_dp(self) -> DpSgdGradient | None:
+        """The DP-SGD rule of a sample-level preset (None for every other preset)."""
+        gradient = self.trainer.gradient
+        return gradient if isinstance(gradient, DpSgdGradient) else None
+
+    @property
+    def privacy_unit(self) -> Literal["client", "sample", "none"]:
+        if self.sample_dp is not None and self.sample_dp.noise_multiplier > 0:
+            return "sample"
         return "client" if self.pipeline.noise_multiplier > 0 else "none"
+
+    @property
+    def unaccounted_reason(self) -> str | None:
+        """Why no accountant's ε holds for what this algorithm releases (None: one does)."""
+        if self.sample_dp is not None:
+            return self.sample_dp.unaccounted_reason
+        return self.pipeline.unaccounted_reason
 
     @property
     def mechanism(self) -> GaussianMechanism | None:
@@ -133,6 +161,54 @@ class ClientDP:
             tuple(between),
         )
         return UpdatePipeline(tuple(before), mechanism, tuple(after))
+
+
+@dataclass(frozen=True)
+class SampleDP:
+    """Sample-level DP of a preset: DP-SGD in every local step (``algorithms.dpsgd``).
+
+    Each step's batch sum of per-example gradients clipped to C (flat, or per tensor with
+    S = C·√L) gets Gaussian noise of std κ·S·σ_g (κ = 2 replace-one, 1 add/remove), then is
+    divided by the expected batch size B = sR.
+    """
+
+    clip_norm: float
+    noise_multiplier: float  # σ_g
+    clip_scope: Literal["flat", "layer"] = "flat"
+    adjacency: Adjacency = "replace_one"
+    clip_rule: Literal["fixed", "median"] = "fixed"
+
+    def trainer(self, trainer: LocalTrainer) -> LocalTrainer:
+        """``trainer`` with the DP-SGD gradient rule; σ_g = 0 and C = ∞ leave it plain SGD."""
+        if self.noise_multiplier == 0 and math.isinf(self.clip_norm) and self.clip_rule == "fixed":
+            return trainer
+        rule = DpSgdGradient(
+            self.clip_norm, self.noise_multiplier, self.clip_scope, self.adjacency, self.clip_rule
+        )
+        return replace(trainer, gradient=rule)
+
+
+def dp_fedavg_sample(trainer: LocalTrainer, sample_dp: SampleDP, server_lr: float = 1.0):
+    """DP-FedAvg at sample level (DP-SCAFFOLD's Alg. 2): DP-SGD local steps, mean of Δy_i."""
+    return Algorithm(
+        "dp_fedavg_sample", sample_dp.trainer(trainer), server=MeanServerRule(server_lr)
+    )
+
+
+def dp_scaffold(
+    trainer: LocalTrainer, sample_dp: SampleDP, server_lr: float = 1.0, warm_start: bool = False
+) -> Algorithm:
+    """DP-SCAFFOLD (Alg. 1): DP-SGD steps along −(H̃ − c_i + c), option-II control variates.
+
+    ``warm_start``: the paper's DP-SCAFFOLD-warm, whose first ⌈4/l⌉ sampled rounds set
+    c_i⁰ = (1/K) Σ_k H̃_i^k(x⁰) (noisy, charged to ε) without moving x."""
+    return Algorithm(
+        "dp_scaffold",
+        sample_dp.trainer(trainer),
+        server=MeanServerRule(server_lr),
+        control_variates=True,
+        warm_start=warm_start,
+    )
 
 
 def _private(name: str, trainer: LocalTrainer, pipeline: UpdatePipeline, server_lr: float):
@@ -316,6 +392,8 @@ PRESETS = {
     "dp_fedpgn": dp_fedpgn,
     "dp_fedpgn_ls": dp_fedpgn_ls,
     "dp_fedavg_ls": dp_fedavg_ls,
+    "dp_fedavg_sample": dp_fedavg_sample,
+    "dp_scaffold": dp_scaffold,
 }
 
 
@@ -324,14 +402,17 @@ def presets_taking(option: str) -> frozenset[str]:
     return frozenset(n for n, p in PRESETS.items() if option in inspect.signature(p).parameters)
 
 
-# A private preset is one that takes a ClientDP part.
-PRIVATE_PRESETS = presets_taking("dp")
+# A client-level private preset takes a ClientDP part, a sample-level one a SampleDP part.
+CLIENT_LEVEL_PRESETS = presets_taking("dp")
+SAMPLE_LEVEL_PRESETS = presets_taking("sample_dp")
+PRIVATE_PRESETS = CLIENT_LEVEL_PRESETS | SAMPLE_LEVEL_PRESETS
 # PGN's server scale γ = η·K needs a fixed number of local steps.
 FIXED_STEP_PRESETS = presets_taking("pgn_beta")
 # Options beyond the trainer, the DP part and the server's lr and weighting (config fields).
 PRESET_OPTIONS = frozenset().union(*(inspect.signature(p).parameters for p in PRESETS.values())) - {
     "trainer",
     "dp",
+    "sample_dp",
     "server_lr",
     "weighting",
 }

@@ -92,8 +92,18 @@ class MeanServerRule:
         if self.direction_scale is not None:
             extras["direction"] = (-mean / self.direction_scale).to(state.params.dtype)
         params = (state.params.double() + self.server_lr * step).to(state.params.dtype)
-        if control and "control" in total.sums:
-            extras["control"] = updated_server_control(
-                state.extras["control"], total.sums["control"].to(params.dtype), ctx.num_clients
-            )
-        return ServerState(params, extras)
+        new = ServerState(params, extras)
+        return self.control_step(new, total, ctx) if control else new
+
+    def control_step(
+        self, state: ServerState, total: PartialAggregate, ctx: ServerContext
+    ) -> ServerState:
+        """c ← c + (1/N) Σ Δc_i, x unchanged (also DP-SCAFFOLD-warm's warm-up rounds)."""
+        if "control" not in total.sums:
+            return state
+        control = updated_server_control(
+            state.extras["control"],
+            total.sums["control"].to(state.params.dtype),
+            ctx.num_clients,
+        )
+        return ServerState(state.params, {**state.extras, "control": control})

@@ -13,7 +13,7 @@ import dataclasses
 import sys
 import time
 
-from algorithms.presets import PRIVATE_PRESETS
+from algorithms.presets import CLIENT_LEVEL_PRESETS
 from cluster.config import ConfigError, ExperimentConfig, load_config
 from cluster.privacy_plan import calibrated
 from privacy.audit import AuditResult, audit_round
@@ -83,9 +83,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config, args.set)
         noised = config.algorithm.noise_multiplier or config.privacy.calibrate == "sigma"
-        if config.algorithm.name not in PRIVATE_PRESETS or not noised:
+        if config.algorithm.name not in CLIENT_LEVEL_PRESETS or not noised:
             raise ConfigError(
-                "algorithm.name", config.algorithm.name, "the audit needs a DP preset with σ > 0"
+                "algorithm.name",
+                config.algorithm.name,
+                "the audit runs client-level DP presets with σ > 0 (sample-level presets: "
+                "see the README's record-level audit)",
             )
         start = time.perf_counter()
         result = audit_config(

@@ -13,6 +13,8 @@ from datasets.vision import SourceMissingError
 
 def _progress_line(record: RoundRecord, total: int, claim) -> str:
     parts = [f"round {record.round:>4}/{total}"]
+    if record.metrics.get("warmup"):
+        parts.append("warm-up (c_i⁰)")
     if claim.private:
         parts.append(claim.epsilon_text(record.epsilon, record.metrics.get("epsilon_vs_server")))
     if record.test_accuracy is not None:
@@ -93,7 +95,7 @@ def _execute(config, checkpoint: dict | None) -> int:
     try:
         outcome = run_experiment(
             config,
-            lambda r: print(_progress_line(r, config.rounds, claim), flush=True),
+            lambda r: print(_progress_line(r, config.total_rounds, claim), flush=True),
             checkpoint,
             say,
             calibrate=False,

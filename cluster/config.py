@@ -26,8 +26,10 @@ from algorithms.presets import (
     PRESET_OPTIONS,
     PRESETS,
     PRIVATE_PRESETS,
+    SAMPLE_LEVEL_PRESETS,
     Algorithm,
     ClientDP,
+    SampleDP,
     presets_taking,
 )
 from datasets.partition import PARTITION_METHODS
@@ -35,6 +37,7 @@ from datasets.sources import SOURCES
 from datasets.tasks import TASKS
 from datasets.vision import EMNIST_SPLITS
 from privacy.accountant import accountants_for, assumption_for_sampler, default_accountant
+from privacy.record_level import methods_for
 
 
 class ConfigError(ValueError):
@@ -110,6 +113,11 @@ class LocalConfig:
     momentum: float = 0.0
     weight_decay: float = 0.0
     lr_decay: float = 1.0  # per round: round t uses lr·lr_decay^t
+    # epoch: permutations; fresh: B records without replacement afresh every step; poisson:
+    # each record with probability B/n every step. null: fresh for sample-level presets.
+    batch_sampling: Literal["epoch", "fresh", "poisson"] | None = None
+    # inverse_sk: lr is η₀ and a client of n records trains with η_l = η₀/(sK), s = B/n
+    lr_scaling: Literal["none", "inverse_sk"] = "none"
 
 
 @dataclass
@@ -136,6 +144,10 @@ class AlgorithmConfig:
     pgn_rho: float | None = None  # DP-FedPGN perturbation radius ρ (0.2)
     ls_sigma: float | None = None  # Laplacian smoothing σ_ls (0.01)
     server_momentum: float | None = None  # server momentum μ (any preset; off by default)
+    # Sample-level presets (dp_fedavg_sample, dp_scaffold): DP-SGD in every local step
+    adjacency: Literal["replace_one", "add_remove"] | None = None  # replace_one (the paper)
+    clip_rule: Literal["fixed", "median"] | None = None  # median: the authors' code; no ε
+    warm_start: bool | None = None  # dp_scaffold: ⌈4/l⌉ warm-up rounds computing c_i⁰
     server_lr: float = 1.0
     weighting: Literal["uniform", "samples"] = "uniform"
 
@@ -156,7 +168,8 @@ if set(PRESET_OPTION_FIELDS) != PRESET_OPTIONS:
     raise TypeError(f"AlgorithmConfig lacks fields for the preset options {missing}")
 
 
-DP_OPTION_FIELDS = ("noise_placement", "clip_scope")  # private presets (ClientDP)
+DP_OPTION_FIELDS = ("noise_placement", "clip_scope")  # client-level presets (ClientDP)
+SAMPLE_DP_OPTION_FIELDS = ("clip_scope", "adjacency", "clip_rule")  # sample-level (SampleDP)
 DP_FIELDS = ("clip_norm", "noise_multiplier", *DP_OPTION_FIELDS)
 
 
@@ -170,8 +183,9 @@ class CohortConfig:
 class PrivacyConfig:
     delta: float | None = None  # default population^-1.1
     target_epsilon: float | None = None  # stop before a round would exceed it
-    # auto: pld under Poisson sampling, rdp without replacement (see default_accountant)
-    accountant: Literal["auto", "rdp", "pld", "prv"] = "auto"
+    # auto: pld under Poisson sampling, rdp without replacement (see default_accountant);
+    # sample level: pld for Poisson batches, rdp for fixed-size ones; paper: DP-SCAFFOLD's own
+    accountant: Literal["auto", "rdp", "pld", "prv", "paper"] = "auto"
     # match: the assumption of the cohort sampler (poisson → poisson, fixed → without_replacement)
     sampling: Literal["match", "poisson", "without_replacement"] = "match"
     # sigma: the smallest σ reaching target_epsilon after `rounds`; rounds: the most rounds at σ
@@ -252,10 +266,36 @@ class ExperimentConfig:
         return self.privacy.sampling
 
     @property
+    def sample_level(self) -> bool:
+        """Record-level DP (DP-SGD in the clients) rather than client-level."""
+        return self.algorithm.name in SAMPLE_LEVEL_PRESETS
+
+    @property
+    def warmup_rounds(self) -> int:
+        """DP-SCAFFOLD-warm's ⌈4/l⌉ rounds before training (0 without ``warm_start``)."""
+        if not self.algorithm.warm_start:
+            return 0
+        return math.ceil(4 / self.sample_rate - 1e-9)
+
+    @property
+    def total_rounds(self) -> int:
+        """Rounds the driver runs: the warm-up, then ``rounds`` training rounds."""
+        return self.warmup_rounds + self.rounds
+
+    @property
+    def batch_sampling(self) -> str:
+        """How local batches are drawn: the config's choice, else fresh for sample level."""
+        if self.algorithm.local.batch_sampling is not None:
+            return self.algorithm.local.batch_sampling
+        return "fresh" if self.sample_level else "epoch"
+
+    @property
     def accountant_name(self) -> str:
-        if self.privacy.accountant == "auto":
-            return default_accountant(self.sampling_assumption)
-        return self.privacy.accountant
+        if self.privacy.accountant != "auto":
+            return self.privacy.accountant
+        if self.sample_level:
+            return methods_for(self.batch_sampling, self.algorithm.adjacency or "replace_one")[0]
+        return default_accountant(self.sampling_assumption)
 
     @property
     def delta(self) -> float:
@@ -301,7 +341,7 @@ class ExperimentConfig:
         """Why the configured preset's mechanism has no ε (read off its pipeline), else None."""
         if self.algorithm.name not in PRIVATE_PRESETS:
             return None
-        return self._build_algorithm(0.0).pipeline.unaccounted_reason  # structural: any σ
+        return self._build_algorithm(1.0).unaccounted_reason  # structural: any σ > 0
 
     def _build_algorithm(self, noise_multiplier: float | None) -> Algorithm:
         a, local = self.algorithm, self.algorithm.local
@@ -313,6 +353,8 @@ class ExperimentConfig:
             momentum=local.momentum,
             weight_decay=local.weight_decay,
             lr_decay=local.lr_decay,
+            batch_sampling=self.batch_sampling,
+            lr_scaling=local.lr_scaling,
         )
         preset = PRESETS[a.name]
         accepted = inspect.signature(preset).parameters
@@ -326,6 +368,14 @@ class ExperimentConfig:
                 self.noise_placement,
                 self.noise_scale,
                 a.clip_scope or "flat",
+            )
+        if "sample_dp" in accepted:
+            kwargs["sample_dp"] = SampleDP(
+                math.nan if a.clip_norm is None else a.clip_norm,  # median: chosen per step
+                noise_multiplier,
+                a.clip_scope or "flat",
+                a.adjacency or "replace_one",
+                a.clip_rule or "fixed",
             )
         algorithm = preset(trainer, **kwargs)
         if a.server_momentum:
@@ -586,8 +636,22 @@ def _validate_algorithm(c: ExperimentConfig) -> None:
             "must be in (0, 1]: round t uses lr·lr_decay^t (1 = constant, the papers use 0.998)",
         )
     _positive("algorithm.server_lr", a.server_lr, "1.0")
+    if a.local.batch_sampling == "poisson" and not c.sample_level:
+        raise ConfigError(
+            "algorithm.local.batch_sampling",
+            "poisson",
+            "Poisson batches are for the sample-level presets (dp_fedavg_sample, dp_scaffold); "
+            "use epoch or fresh",
+        )
     if a.name in PRIVATE_PRESETS:
-        if a.clip_norm is None or not a.clip_norm > 0:
+        if a.clip_rule == "median":
+            if a.clip_norm is not None:
+                raise ConfigError(
+                    "algorithm.clip_norm",
+                    a.clip_norm,
+                    "clip_rule median picks C from every batch; remove clip_norm",
+                )
+        elif a.clip_norm is None or not a.clip_norm > 0:
             raise ConfigError(
                 "algorithm.clip_norm",
                 a.clip_norm,
@@ -600,7 +664,8 @@ def _validate_algorithm(c: ExperimentConfig) -> None:
                 a.noise_multiplier,
                 "the noise multiplier σ must be >= 0 (e.g. 1.0)",
             )
-        if (sigma_is_calibrated or a.noise_multiplier > 0) and math.isinf(a.clip_norm):
+        noised = sigma_is_calibrated or a.noise_multiplier > 0
+        if noised and a.clip_norm is not None and math.isinf(a.clip_norm):
             raise ConfigError(
                 "algorithm.clip_norm",
                 a.clip_norm,
@@ -612,14 +677,17 @@ def _validate_algorithm(c: ExperimentConfig) -> None:
                 a.weighting,
                 "DP needs uniform weighting (sample counts are private); use uniform",
             )
-        if c.noise_placement == "client" and c.cohort.sampling == "poisson":
+        if c.sample_level:
+            _validate_sample_level(c)
+        elif c.noise_placement == "client" and c.cohort.sampling == "poisson":
             raise ConfigError(
                 "algorithm.noise_placement",
                 c.noise_placement,
                 "client-placed noise sums to σC only over a fixed-size cohort; "
                 "use cohort.sampling: fixed or noise_placement: server",
             )
-        _validate_noise_support(c)
+        if not c.sample_level:
+            _validate_noise_support(c)
     else:
         for name in ("clip_norm", "noise_multiplier"):
             if getattr(a, name) is not None:
@@ -629,6 +697,59 @@ def _validate_algorithm(c: ExperimentConfig) -> None:
                     f"{a.name} is non-private; remove it or use dp_fedavg",
                 )
     _validate_preset_options(a)
+
+
+def _validate_sample_level(c: ExperimentConfig) -> None:
+    """DP-SGD presets: what the record-level accountant needs to describe the run."""
+    a = c.algorithm
+    if a.local.local_steps is None:
+        raise ConfigError(
+            "algorithm.local.local_epochs",
+            a.local.local_epochs,
+            "sample-level accounting charges K noisy steps per round: set local_steps (and "
+            "local_epochs: null)",
+        )
+    if c.batch_sampling == "epoch":
+        raise ConfigError(
+            "algorithm.local.batch_sampling",
+            "epoch",
+            "the record-level accountant analyses independent subsamples per step: use fresh "
+            "(B records without replacement, the paper) or poisson",
+        )
+    if a.noise_placement is not None:
+        raise ConfigError(
+            "algorithm.noise_placement",
+            a.noise_placement,
+            f"{a.name} adds its noise in every local DP-SGD step of the clients; remove it",
+        )
+    if c.privacy.noise_cohort_size is not None or c.privacy.sampling != "match":
+        field_name = (
+            "privacy.noise_cohort_size"
+            if c.privacy.noise_cohort_size is not None
+            else "privacy.sampling"
+        )
+        raise ConfigError(
+            field_name,
+            getattr(c.privacy, field_name.split(".")[1]),
+            "client-level accounting option; the record-level ε holds for either cohort "
+            "sampler (only the participation rate l enters): remove it",
+        )
+    adjacency = a.adjacency or "replace_one"
+    methods = methods_for(c.batch_sampling, adjacency)
+    if not methods:
+        raise ConfigError(
+            "algorithm.adjacency",
+            adjacency,
+            "fixed-size batches (fresh) are analysed under replace-one adjacency; use "
+            "replace_one, or algorithm.local.batch_sampling: poisson",
+        )
+    if c.accountant_name not in methods:
+        raise ConfigError(
+            "privacy.accountant",
+            c.privacy.accountant,
+            f"no analysis of {c.batch_sampling} batches under {adjacency} adjacency; use "
+            f"{' or '.join(m for m in methods if m != 'aggregate')} (or auto)",
+        )
 
 
 def _validate_noise_support(c: ExperimentConfig) -> None:
@@ -661,10 +782,18 @@ def _validate_preset_options(a: AlgorithmConfig) -> None:
                 value,
                 f"{a.name} has no such option; only for {', '.join(users)}; remove it",
             )
-    for name in DP_OPTION_FIELDS:
+    for name in DP_OPTION_FIELDS + SAMPLE_DP_OPTION_FIELDS:
         if getattr(a, name) is not None and a.name not in PRIVATE_PRESETS:
             raise ConfigError(
                 f"algorithm.{name}", getattr(a, name), f"{a.name} is non-private; remove it"
+            )
+    for name in ("adjacency", "clip_rule"):
+        if getattr(a, name) is not None and a.name not in SAMPLE_LEVEL_PRESETS:
+            raise ConfigError(
+                f"algorithm.{name}",
+                getattr(a, name),
+                f"a DP-SGD option; {a.name} is client-level: remove it, or use "
+                f"{' or '.join(sorted(SAMPLE_LEVEL_PRESETS))}",
             )
     for name in ("blur_lambda", "blur_bound"):
         if getattr(a, name) is not None and getattr(a, name) < 0:
@@ -727,7 +856,13 @@ def _validate_privacy(c: ExperimentConfig) -> None:
             f"must be in [1, {c.population}] (the population); raise privacy.population to "
             "claim ε for a larger deployment",
         )
-    if c.accountant_name not in accountants_for(c.sampling_assumption):
+    if c.accountant_name == "paper" and not c.sample_level:
+        raise ConfigError(
+            "privacy.accountant",
+            "paper",
+            "DP-SCAFFOLD's accountant is for the sample-level presets; use auto, rdp, pld or prv",
+        )
+    if not c.sample_level and c.accountant_name not in accountants_for(c.sampling_assumption):
         raise ConfigError(
             "privacy.accountant",
             p.accountant,
@@ -748,7 +883,11 @@ def _validate_privacy(c: ExperimentConfig) -> None:
             getattr(p, field_name.split(".")[1]),
             f"{c.algorithm.name} as configured has no ε to calibrate or budget ({reason}); "
             "remove it and set algorithm.noise_multiplier, or use the accounted variant "
-            "(noise_support: dense, mask_source: clean)",
+            + (
+                "(clip_rule: fixed with a clip_norm)"
+                if c.sample_level
+                else "(noise_support: dense, mask_source: clean)"
+            ),
         )
     if p.calibrate == "rounds" and c.algorithm.noise_multiplier is None:
         raise ConfigError(

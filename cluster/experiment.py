@@ -110,8 +110,8 @@ class Outcome:
         if not claim.dp_valid:
             return f"privacy: ε not available ({claim.status})"
         line = (
-            f"privacy spent: ε = {self.epsilon:.3f} at δ = {claim.delta:g} (client-level, "
-            f"{claim.accountant_name}, {claim.assumption} sampling)"
+            f"privacy spent: ε = {self.epsilon:.3f} at δ = {claim.delta:g} "
+            f"({claim.accounting_text})"
         )
         if claim.client_placed and self.epsilon_vs_server is not None:
             line += (

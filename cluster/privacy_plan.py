@@ -22,7 +22,9 @@ from dataclasses import dataclass
 
 from algorithms.mechanism import GaussianMechanism
 from algorithms.presets import Algorithm
+from cluster.claim_status import ClaimStatus
 from cluster.config import ConfigError, ExperimentConfig
+from cluster.sample_claim import SampleLevelClaim, sample_level_claim
 from privacy.accountant import (
     ADJACENCY,
     accountant_class,
@@ -79,7 +81,7 @@ THREAT_CLIENT = (
 
 
 @dataclass(frozen=True)
-class PrivacyClaim:
+class PrivacyClaim(ClaimStatus):
     """The privacy a run may claim: read off its mechanism, with the config's sampling and δ."""
 
     preset: str
@@ -95,11 +97,6 @@ class PrivacyClaim:
     @property
     def private(self) -> bool:
         return self.mechanism is not None and self.mechanism.noise_multiplier > 0
-
-    @property
-    def dp_valid(self) -> bool:
-        """An accountant's ε holds for what is released."""
-        return self.private and self.unaccounted_reason is None
 
     @property
     def noise_multiplier(self) -> float:
@@ -137,41 +134,23 @@ class PrivacyClaim:
         )
 
     @property
-    def status(self) -> str:
-        if not self.private:
-            return "non-private (no noise)"
-        if self.unaccounted_reason is not None:
-            return f"dp_valid=false: {self.unaccounted_reason}"
-        return "dp_valid=true"
-
-    @property
-    def threat_model(self) -> str:
-        if not self.private:
-            return "none: no noise is added"
-        if self.unaccounted_reason is not None:
-            return f"none: the mechanism is not DP as accounted ({self.unaccounted_reason})"
+    def valid_threat_model(self) -> str:
         return THREAT_CLIENT if self.client_placed else THREAT_SERVER
 
-    def epsilon_text(self, epsilon: float | None, vs_server: float | None = None) -> str:
-        """How an ε reads on the terminal: a number only where the mechanism has one."""
-        if not self.private:
-            return "ε ∞ (non-private)"
-        if not self.dp_valid:
-            return "ε n/a (dp_valid=false)"
+    def _epsilon_number(self, epsilon: float, vs_server: float | None) -> str:
         text = f"ε {epsilon:.3f}"
         if vs_server is not None:
             text += f" (vs server {vs_server:.3g})"
         return text
 
+    @property
+    def accounting_text(self) -> str:
+        return f"client-level, {self.accountant_name}, {self.assumption} sampling"
+
     def notices(self) -> list[str]:
         """Lines for the start of a run: what the ε means, or why there is none."""
-        if not self.private:
-            return []
         if not self.dp_valid:
-            return [
-                f"privacy: dp_valid=false for {self.preset}: {self.unaccounted_reason}. "
-                "No ε is reported for this run (ε not available)."
-            ]
+            return self.unaccounted_notices()
         if self.client_placed:
             return [
                 "privacy: client-placed noise; ε holds against an observer of the noisy sum "
@@ -187,9 +166,7 @@ class PrivacyClaim:
             return {"privacy.unit": "none", "privacy.threat_model": self.threat_model}
         m = self.mechanism
         tags = {
-            "privacy.unit": "client",
-            "privacy.dp_valid": str(self.dp_valid).lower(),
-            "privacy.threat_model": self.threat_model,
+            **self.base_tags("client"),
             "privacy.noise_placement": m.placement,
             "privacy.noise_support": m.support.description,
             "privacy.sensitivity": f"{m.sensitivity:g}",
@@ -209,13 +186,18 @@ class PrivacyClaim:
                     ).lower(),
                 }
             )
-        else:
-            tags["privacy.unaccounted_reason"] = self.unaccounted_reason[:5000]
         return tags
 
 
-def privacy_claim(config: ExperimentConfig, algorithm: Algorithm) -> PrivacyClaim:
-    """The claim of ``config`` run with ``algorithm`` (already built, e.g. bound to a model)."""
+def privacy_claim(
+    config: ExperimentConfig, algorithm: Algorithm, client_sizes=None
+) -> PrivacyClaim | SampleLevelClaim:
+    """The claim of ``config`` run with ``algorithm`` (already built, e.g. bound to a model).
+
+    Sample-level presets get a ``SampleLevelClaim``; its accountant needs the clients' sizes
+    (the record rate s), which only the text and tags can do without."""
+    if config.sample_level:
+        return sample_level_claim(config, algorithm, client_sizes)
     return PrivacyClaim(
         preset=config.algorithm.name,
         mechanism=algorithm.mechanism,
@@ -237,31 +219,51 @@ def _calibrated_sigma(
     return calibrate_sigma(target, delta, q, rounds, _factory(accountant, assumption))
 
 
-def calibrated(config: ExperimentConfig) -> ExperimentConfig:
+def _sample_level_accounting(config: ExperimentConfig, client_sizes):
+    """(accountant factory, δ) of a sample-level config; opens its store for the sizes."""
+    if client_sizes is None:
+        from cluster.experiment import open_store
+
+        client_sizes = open_store(config)[0].client_sizes
+    algorithm = config._build_algorithm(1.0)  # structure only; σ is the search variable
+    claim = sample_level_claim(config, algorithm, client_sizes)
+    return claim.factory(), claim.delta
+
+
+def calibrated(config: ExperimentConfig, client_sizes=None) -> ExperimentConfig:
     """``config`` with σ or the number of rounds set by ``privacy.calibrate`` (else unchanged).
 
-    Config validation has already refused calibration for an unaccounted preset."""
+    Sample level: σ_g or T for the run's record-level accountant over all the rounds it
+    charges (warm-up included). Config validation has already refused calibration for an
+    unaccounted preset."""
     p = config.privacy
     if p.calibrate == "none":
         return config
     q, delta = config.accounting_sample_rate, config.delta
+    factory, extra = accountant_factory(config), 0
+    if config.sample_level:
+        factory, delta = _sample_level_accounting(config, client_sizes)
+        extra = config.warmup_rounds
     if p.calibrate == "sigma":
         try:
-            sigma = _calibrated_sigma(
-                p.target_epsilon,
-                delta,
-                q,
-                config.rounds,
-                config.accountant_name,
-                config.sampling_assumption,
-            )
+            if config.sample_level:
+                sigma = calibrate_sigma(p.target_epsilon, delta, q, config.total_rounds, factory)
+            else:
+                sigma = _calibrated_sigma(
+                    p.target_epsilon,
+                    delta,
+                    q,
+                    config.rounds,
+                    config.accountant_name,
+                    config.sampling_assumption,
+                )
         except ValueError as error:
             raise ConfigError("privacy.target_epsilon", p.target_epsilon, str(error)) from error
         algorithm = dataclasses.replace(config.algorithm, noise_multiplier=sigma)
         return dataclasses.replace(config, algorithm=algorithm)
     sigma = config.algorithm.noise_multiplier
-    rounds = max_rounds(sigma, q, delta, p.target_epsilon, accountant_factory(config), limit=10**6)
-    if rounds == 0:
+    rounds = max_rounds(sigma, q, delta, p.target_epsilon, factory, limit=10**6) - extra
+    if rounds <= 0:
         raise ConfigError(
             "privacy.target_epsilon",
             p.target_epsilon,
@@ -311,6 +313,8 @@ def privacy_report(
     config: ExperimentConfig, claim: PrivacyClaim, rounds: int, epsilon: float | None
 ) -> dict:
     """The JSON privacy report a run attaches to MLflow."""
+    if isinstance(claim, SampleLevelClaim):
+        return claim.report(rounds, epsilon)
     report = {
         "unit": "client" if claim.private else "none",
         "dp_valid": claim.dp_valid,

@@ -72,8 +72,10 @@ def round_metrics(total: PartialAggregate) -> dict[str, float]:
         for name in dict.fromkeys(k for r in reports for k in r.stats):  # α_i, kept fraction, …
             values = [r.stats[name] for r in reports if name in r.stats]
             metrics[STAT_METRICS.get(name, name)] = float(np.mean(values))
-        metrics["train_loss"] = float(np.mean([r.train_loss for r in reports]))
-        metrics["train_accuracy"] = float(np.mean([r.train_accuracy for r in reports]))
+        trained = [r for r in reports if math.isfinite(r.train_loss)]  # not warm-up reports
+        if trained:
+            metrics["train_loss"] = float(np.mean([r.train_loss for r in trained]))
+            metrics["train_accuracy"] = float(np.mean([r.train_accuracy for r in trained]))
     return metrics
 
 
@@ -90,7 +92,7 @@ class Simulation:
             extras["control"] = torch.zeros_like(params)
         self.state = ServerState(params, extras)
         # Every ε of the run comes from this claim, read off the mechanism that runs.
-        self.claim = privacy_claim(config, self.algorithm)
+        self.claim = privacy_claim(config, self.algorithm, store.client_sizes)
         self.accountant = self.claim.new_accountant()
         self.history: list[RoundRecord] = []
 
@@ -114,8 +116,11 @@ class Simulation:
         cohort = sample_cohort(
             c.cohort.sampling, c.data.num_clients, c.cohort.size, c.seed, round_index
         )
+        warmup = round_index < c.warmup_rounds
         broadcast = Broadcast(
-            self.state.params.numpy(), {k: v.numpy() for k, v in self.state.extras.items()}
+            self.state.params.numpy(),
+            {k: v.numpy() for k, v in self.state.extras.items()},
+            warmup=warmup,
         )
         total = self.executor.run_round(round_index, broadcast, cohort, float(c.cohort.size))
         noise = self.algorithm.pipeline.server_noise(
@@ -125,9 +130,13 @@ class Simulation:
             torch_generator(c.seed, round_index, Purpose.SERVER_NOISE),
         )
         ctx = ServerContext(float(c.cohort.size), c.data.num_clients, noise)
-        algorithm = self.algorithm.at_round(round_index)
-        self.state = algorithm.server.step(self.state, total, ctx, algorithm.control_variates)
+        algorithm = self.algorithm.at_round(max(round_index - c.warmup_rounds, 0))
+        if warmup:  # c_i⁰ only: x stays x⁰
+            self.state = algorithm.server.control_step(self.state, total, ctx)
+        else:
+            self.state = algorithm.server.step(self.state, total, ctx, algorithm.control_variates)
         record = RoundRecord(round_index + 1, 0.0, len(cohort), metrics=round_metrics(total))
+        record.metrics["warmup"] = float(warmup)
         record.metrics["local_lr"] = algorithm.trainer.lr
         record.metrics["download_bytes"] = float(
             sum(a.nbytes for a in (broadcast.params, *broadcast.payload.values()))
@@ -138,7 +147,8 @@ class Simulation:
             vs_server = self.claim.epsilon_vs_server(round_index + 1)
             if vs_server is not None:
                 record.metrics["epsilon_vs_server"] = vs_server
-        if (round_index + 1) % c.eval_every == 0 or round_index + 1 == c.rounds:
+        last = round_index + 1 == c.total_rounds
+        if not warmup and ((round_index + 1) % c.eval_every == 0 or last):
             result = self.executor.evaluate(self.state.params.numpy())
             record.test_accuracy = result.correct / max(result.count, 1)
             record.test_loss = result.loss_sum / max(result.count, 1)
@@ -173,7 +183,9 @@ class Simulation:
 
     def run(self, on_round: Callable[[RoundRecord], None] = lambda r: None) -> SimulationResult:
         stop_reason = f"completed {self.config.rounds} rounds"
-        for round_index in range(len(self.history), self.config.rounds):
+        if self.config.warmup_rounds:
+            stop_reason += f" after {self.config.warmup_rounds} warm-up rounds"
+        for round_index in range(len(self.history), self.config.total_rounds):
             reason = self._budget_exhausted()
             if reason is not None:
                 stop_reason = reason

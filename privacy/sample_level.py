@@ -98,11 +98,13 @@ from functools import lru_cache
 import numpy as np
 from dp_accounting import dp_event
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
+from dp_accounting.privacy_accountant import NeighboringRelation as NeighborRel
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 
 from privacy.pld import subsampled_gaussian_pld
 from privacy.search import largest_meeting
 
+ADJACENCIES = ("add_remove", "replace_one")
 DEFAULT_VALUE_DISCRETIZATION_INTERVAL = 1e-4
 DEFAULT_MAX_EPSILON = 100.0
 _RDP_ORDERS = tuple(rdp_lib.DEFAULT_RDP_ORDERS)
@@ -131,14 +133,29 @@ def mixture_pld(
 
 @lru_cache(maxsize=32)
 def _inner_pld(
-    noise_multiplier: float, data_rate: float, local_steps: int, interval: float
+    noise_multiplier: float,
+    data_rate: float,
+    local_steps: int,
+    interval: float,
+    adjacency: str = "add_remove",
 ) -> pld_lib.PrivacyLossDistribution:
-    """PLD_K: K local steps of the s-Poisson-subsampled Gaussian (add/remove one record).
+    """PLD_K: K local steps of the s-Poisson-subsampled Gaussian.
 
-    ``privacy.pld``'s PLD of one s-subsampled Gaussian release at interval h, self-composed K
-    times (the step is the client-level round's mechanism, applied to records).
+    add/remove: ``privacy.pld``'s PLD of one s-subsampled Gaussian release at interval h (the
+    client-level round's mechanism, applied to records). replace-one: dp-accounting's
+    ``REPLACE_ONE`` relation, σ relative to the replace sensitivity 2C (noise 2Cσ_g). Either is
+    self-composed K times.
     """
-    return subsampled_gaussian_pld(noise_multiplier, data_rate, interval).self_compose(local_steps)
+    if adjacency == "replace_one":
+        step = pld_lib.from_gaussian_mechanism(
+            standard_deviation=noise_multiplier,
+            value_discretization_interval=interval,
+            sampling_prob=data_rate,
+            neighboring_relation=NeighborRel.REPLACE_ONE,
+        )
+    else:
+        step = subsampled_gaussian_pld(noise_multiplier, data_rate, interval)
+    return step.self_compose(local_steps)
 
 
 @lru_cache(maxsize=32)
@@ -148,9 +165,10 @@ def _round_pld(
     local_steps: int,
     noise_multiplier: float,
     interval: float,
+    adjacency: str = "add_remove",
 ) -> pld_lib.PrivacyLossDistribution:
-    """PLD_round = (1 − l)·δ₀ + l·PLD_K, cached per (l, s, K, σ_e, h)."""
-    inner = _inner_pld(noise_multiplier, data_rate, local_steps, interval)
+    """PLD_round = (1 − l)·δ₀ + l·PLD_K, cached per (l, s, K, σ_e, h, adjacency)."""
+    inner = _inner_pld(noise_multiplier, data_rate, local_steps, interval, adjacency)
     return mixture_pld(inner, client_rate, value_discretization_interval=interval)
 
 
@@ -192,6 +210,7 @@ class SampleLevelPldAccountant:
         noise_multiplier: float,
         value_discretization_interval: float = DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
         max_epsilon: float = DEFAULT_MAX_EPSILON,
+        adjacency: str = "add_remove",
     ) -> None:
         """Validate and store the parameters; nothing is computed until ε is asked for.
 
@@ -202,6 +221,8 @@ class SampleLevelPldAccountant:
             noise_multiplier: σ_e > 0, noise std relative to the per-record L2 sensitivity.
             value_discretization_interval: h > 0, the PLD's loss grid (pessimistic rounding).
             max_epsilon: refuse (ValueError) where the cheap RDP bound on ε exceeds this.
+            adjacency: ``add_remove`` (σ relative to C) or ``replace_one`` (σ relative to the
+                replace sensitivity 2C; the range guard then uses add/remove at σ/2).
 
         Raises:
             ValueError: naming the first argument out of range.
@@ -225,6 +246,9 @@ class SampleLevelPldAccountant:
             raise ValueError(f"value_discretization_interval must be finite and > 0, got {h!r}")
         if not max_epsilon > 0.0:
             raise ValueError(f"max_epsilon must be > 0, got {max_epsilon!r}")
+        if adjacency not in ADJACENCIES:
+            raise ValueError(f"adjacency must be one of {ADJACENCIES}, got {adjacency!r}")
+        self.adjacency = adjacency
         self.client_rate = float(client_rate)
         self.data_rate = float(data_rate)
         self.local_steps = int(local_steps)
@@ -242,6 +266,7 @@ class SampleLevelPldAccountant:
             self.local_steps,
             self.noise_multiplier,
             self.value_discretization_interval,
+            self.adjacency,
         )
 
     def rdp_epsilon(self, rounds: int, delta: float) -> float:
@@ -249,8 +274,9 @@ class SampleLevelPldAccountant:
         rounds, delta = _validated(rounds, delta)
         if rounds == 0:
             return 0.0
-        params = (self.client_rate, self.data_rate, self.local_steps, self.noise_multiplier)
-        curve = _round_rdp(*params)
+        # replace-one (sensitivity 2C, noise 2Cσ) is guarded with add/remove at σ/2
+        sigma = self.noise_multiplier / (2.0 if self.adjacency == "replace_one" else 1.0)
+        curve = _round_rdp(self.client_rate, self.data_rate, self.local_steps, sigma)
         eps, _ = rdp_lib.compute_epsilon(_RDP_ORDERS, rounds * curve, delta)
         return float(eps)
 

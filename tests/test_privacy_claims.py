@@ -8,8 +8,13 @@ compare table cell against ε recomputed independently from the mechanism's σ.
 import json
 import re
 
+import numpy as np
 import pytest
+from dp_accounting import dp_event
+from dp_accounting.privacy_accountant import NeighboringRelation
+from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 from mlflow.tracking import MlflowClient
+from opacus.accountants.analysis.rdp import get_privacy_spent
 
 from algorithms.presets import PRESETS, PRIVATE_PRESETS
 from cluster.cli import main
@@ -23,6 +28,7 @@ LITERAL = {
     "dp_fedsam_topk kept": ("algorithm.name=dp_fedsam_topk", "algorithm.noise_support=kept"),
     "dp_fedsam_topk noisy": ("algorithm.name=dp_fedsam_topk", "algorithm.mask_source=noisy"),
     "fed_smp_topk kept": ("algorithm.name=fed_smp_topk", "algorithm.noise_support=kept"),
+    "dp_scaffold median": ("algorithm.name=dp_scaffold", "algorithm.clip_rule=median"),
 }
 CASES = {name: (f"algorithm.name={name}",) for name in PRESETS} | LITERAL
 ROUNDS = 2
@@ -54,7 +60,8 @@ def _overrides(store_root, case):
     ]
     name = CASES[case][0].split("=")[1]
     private = name in PRIVATE_PRESETS
-    sets += [f"algorithm.clip_norm={1.0 if private else 'null'}"]
+    median = "algorithm.clip_rule=median" in CASES[case]
+    sets += [f"algorithm.clip_norm={1.0 if private and not median else 'null'}"]
     sets += [f"algorithm.noise_multiplier={1.5 if private else 'null'}"]
     return sets
 
@@ -84,12 +91,16 @@ def test_every_epsilon_comes_from_the_mechanism(store_root, tracking, capsys, ca
     if literal:
         assert "epsilon" not in metrics and "epsilon_vs_server" not in metrics
         assert report["epsilon"] is None and "depends on" in report["epsilon_not_available"]
+        assert "privacy spent" not in out
         assert (
             "privacy.accountant" not in tags and "depends on" in tags["privacy.unaccounted_reason"]
         )
         assert "ε not available" in out and "ε n/a" in out and "privacy spent" not in out
         assert re.search(r"ε\s+\d", out) is None  # no number after any ε on the terminal
         assert epsilon_cell(row) == "n/a (dp_valid=false)"
+        return
+    if config.sample_level:
+        _check_record_level(config, out, metrics, tags, report)
         return
     # Independently: σ from the config (= the mechanism's), q = m/N, δ = N^-1.1, fixed cohort.
     cls = accountant_class("rdp", "without_replacement")
@@ -111,3 +122,36 @@ def test_every_epsilon_comes_from_the_mechanism(store_root, tracking, capsys, ca
         assert vs_server is None and "trusted server" in tags["privacy.threat_model"]
     row.update(epsilon=expected[-1], epsilon_vs_server=vs_server)
     assert epsilon_cell(row).startswith(f"{expected[-1]:.3f}")
+
+
+def _record_level_rdp(sigma, client_rate, data_rate, steps, rounds, delta):
+    """ε of T rounds: K WOR-subsampled replace-one Gaussian steps (dp-accounting), mixed over
+    participation in closed form, converted with Opacus's Balle et al. conversion."""
+    orders = rdp_lib.DEFAULT_RDP_ORDERS
+    acc = rdp_lib.RdpAccountant(orders, NeighboringRelation.REPLACE_ONE)
+    n = 80  # records per client: 100 samples, 80% train
+    acc.compose(
+        dp_event.SampledWithoutReplacementDpEvent(
+            n, round(data_rate * n), dp_event.GaussianDpEvent(sigma)
+        ),
+        steps,
+    )
+    alphas = np.array(orders)
+    log_mixture = np.logaddexp(np.log1p(-client_rate), np.log(client_rate) + (alphas - 1) * acc.rdp)
+    mixed = log_mixture / (alphas - 1)
+    return get_privacy_spent(orders=list(orders), rdp=rounds * mixed, delta=delta)[0]
+
+
+def _check_record_level(config, out, metrics, tags, report):
+    """σ_g from the config, l = m/M, s = B/n, K, δ = R^-1.1 (R = 20·80 records)."""
+    delta = (20 * 80) ** -1.1
+    batch = config.algorithm.local.batch_size
+    expected = [_record_level_rdp(1.5, 0.25, batch / 80, 2, t, delta) for t in (1, ROUNDS)]
+    assert report["epsilon"] == pytest.approx(expected[-1], rel=1e-9)
+    assert metrics["epsilon"] == pytest.approx(expected[-1], rel=1e-9)
+    assert f"ε = {expected[-1]:.3f} at δ = {delta:g}" in out
+    assert f"ε {expected[0]:.3f}" in out
+    assert tags["privacy.unit"] == "record" and tags["privacy.accountant"] == "rdp"
+    assert "a server that sees every upload" in tags["privacy.threat_model"]
+    paper = report["epsilon_by_accountant"]["paper"]
+    assert "σ_e = σ_g·√(lM)" in paper["assumption"] and paper["epsilon"] > 0
