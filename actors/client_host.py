@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from actors.client_state import ClientStateStore
 from algorithms.aggregate import PartialAggregate
 from algorithms.client import client_round
 from algorithms.layout import ParamLayout
@@ -71,7 +72,7 @@ class ClientHost:
         self.eval_batch_size = eval_batch_size
         # Loaded once: the hosted clients' rows live on this host's device for the whole run.
         self.data = {cid: self._tensors(self.store.client(cid)) for cid in client_ids}
-        self.client_state: dict[int, dict[str, torch.Tensor]] = {}
+        self.client_state = ClientStateStore(self.device)  # c_i on disk, not in memory
         self._test_cache: dict[tuple[int, int], list] = {}
         # Per-client test sets in each hosted client's label mix (optional evaluation).
         self.client_tests = {}
@@ -111,31 +112,25 @@ class ClientHost:
                 payload,
                 x,
                 y,
-                self.client_state.get(cid, {}),
+                self.client_state.get(cid),
                 self.seed,
                 round_index,
                 cid,
                 nominal_cohort_size,
                 warmup=broadcast.warmup,
             )
-            if state:
-                self.client_state[cid] = state
+            self.client_state.put(cid, state)
             if not report.dropped:
                 partial.add(uploads, weight)
             partial.reports.append(report)
         return partial.cpu()
 
-    def client_states(self) -> dict[int, dict[str, torch.Tensor]]:
-        """Per-client algorithm state (e.g. SCAFFOLD c_i), on the CPU, for checkpoints."""
-        return {
-            cid: {k: v.cpu() for k, v in state.items()} for cid, state in self.client_state.items()
-        }
+    def client_states(self) -> dict:
+        """Per-client algorithm state (e.g. SCAFFOLD c_i) as arrays, for checkpoints."""
+        return self.client_state.state_dict()
 
-    def load_client_states(self, states: dict[int, dict[str, torch.Tensor]]) -> None:
-        self.client_state = {
-            int(cid): {k: v.to(self.device) for k, v in state.items()}
-            for cid, state in states.items()
-        }
+    def load_client_states(self, states: dict) -> None:
+        self.client_state.load_state_dict(states)
 
     def _test_batches(self, start: int, stop: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """This host's test slice, loaded onto its device once and kept, like client data."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from actors.client_host import Broadcast, ClientHost, EvalResult
+from actors.client_state import ClientStateStore
 from actors.scheduling import pin_clients
 from algorithms.aggregate import PartialAggregate
 from algorithms.presets import Algorithm
@@ -135,16 +136,12 @@ class RayExecutor:
         )
 
     def client_states(self) -> dict:
-        states: dict = {}
-        for part in self._ray.get([a.client_states.remote() for a in self.actors]):
-            states.update(part)
-        return states
+        parts = self._ray.get([a.client_states.remote() for a in self.actors])
+        return ClientStateStore.merge(parts)
 
     def load_client_states(self, states: dict) -> None:
         futures = [
-            actor.load_client_states.remote(
-                {cid: s for cid, s in states.items() if self.owner[cid] == index}
-            )
+            actor.load_client_states.remote(ClientStateStore.select(states, self.owner == index))
             for index, actor in enumerate(self.actors)
         ]
         self._ray.get(futures)

@@ -20,7 +20,8 @@ def test_resume_continues_bit_for_bit_with_client_state(store_root, tmp_path):
     )
     saved = load_checkpoint(first.checkpoint)
     assert saved["simulation"]["rounds_done"] == 3
-    assert saved["simulation"]["client_states"]  # SCAFFOLD's c_i travel with the checkpoint
+    states = saved["simulation"]["client_states"]  # SCAFFOLD's c_i travel with the checkpoint
+    assert len(states["client_ids"]) > 0 and states["control"].shape[0] == len(states["client_ids"])
     config = config_from_dict(saved["config"], ["rounds=6"])
     resumed = run_experiment(config, resume=saved)
 

@@ -1,0 +1,234 @@
+"""DP-SCAFFOLD and DP-FedAvg at sample level (spec 004 §6.2): identities, warm start, batches,
+per-client state, resume, config errors."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from helpers import run_local, small_config
+
+from actors.client_state import ClientStateStore
+from algorithms.client import client_round
+from algorithms.layout import ParamLayout
+from algorithms.local import LocalTrainer, ModelObjective
+from cluster.config import ConfigError
+from cluster.executors import LocalExecutor
+from cluster.experiment import open_store
+from cluster.simulation import Simulation
+from models.logreg import LogisticRegression
+
+SCAFFOLD_DP = (
+    "algorithm.name=dp_scaffold",
+    "algorithm.clip_norm=1.0",
+    "algorithm.noise_multiplier=2.0",
+    "algorithm.local.batch_size=20",
+    "algorithm.local.lr=0.5",
+)
+
+
+def test_client_state_store_allocates_rows_only_for_clients_with_state(tmp_path):
+    store = ClientStateStore(directory=str(tmp_path))
+    generator = torch.Generator().manual_seed(0)
+    values = {cid: torch.randn(1000, generator=generator) for cid in (7, 3, 500_000)}
+    for cid, value in values.items():
+        store.put(cid, {"control": value})
+    store.put(11, {})  # a stateless client costs nothing
+    assert len(store) == 3 and 11 not in store and store.get(11) == {}
+    for cid, value in values.items():
+        assert torch.equal(store.get(cid)["control"], value)
+    # The file holds the allocated rows (capacity ≥ 16), not one per hosted client id.
+    (path,) = store.path.iterdir()
+    assert path.stat().st_size == 16 * 1000 * 4
+    state = store.state_dict()
+    assert state["client_ids"].tolist() == [3, 7, 500_000]
+    copy = ClientStateStore(directory=str(tmp_path))
+    copy.load_state_dict(state)
+    assert all(torch.equal(copy.get(c)["control"], v) for c, v in values.items())
+    keep = np.zeros(500_001, dtype=bool)
+    keep[[3, 500_000]] = True
+    half = ClientStateStore.select(state, keep)
+    merged = ClientStateStore.merge([half, ClientStateStore.select(state, ~keep)])
+    assert sorted(merged["client_ids"].tolist()) == [3, 7, 500_000]
+
+
+class Recording:
+    """A gradient rule that records every H̃ the wrapped rule returns (for identity checks)."""
+
+    def __init__(self, rule):
+        self.rule, self.seen = rule, []
+
+    def for_round(self, payload=None, noise_stream=None, batch_size=None):
+        bound = self.rule.for_round(payload, noise_stream, batch_size)
+
+        def call(objective, w, x, y):
+            out = bound(objective, w, x, y)
+            self.seen.append(out[2].clone())
+            return out
+
+        return call
+
+
+def _objective():
+    torch.manual_seed(0)
+    model = LogisticRegression(6, 3)
+    return ModelObjective(model, ParamLayout.of(model)), ParamLayout.flatten(model)
+
+
+@pytest.mark.parametrize("lr_scaling", ["none", "inverse_sk"])
+def test_new_client_control_is_the_mean_of_the_rounds_noisy_gradients(lr_scaling):
+    config = small_config("unused", *SCAFFOLD_DP, f"algorithm.local.lr_scaling={lr_scaling}")
+    algorithm = config.build_algorithm()
+    recording = Recording(algorithm.trainer.gradient)
+    trainer = LocalTrainer(**{**vars(algorithm.trainer), "gradient": recording})
+    algorithm = type(algorithm)(**{**vars(algorithm), "trainer": trainer})
+    objective, params = _objective()
+    x, y = torch.randn(50, 6), torch.randint(0, 3, (50,))
+    payload = {"control": 0.1 * torch.randn_like(params)}
+    state = {"control": 0.1 * torch.randn_like(params)}
+    uploads, _, new_state, report = client_round(
+        algorithm, objective, params, payload, x, y, state, 0, 3, 4, 5.0
+    )
+    assert len(recording.seen) == report.steps == 5
+    mean_h = torch.stack(recording.seen).mean(0)
+    torch.testing.assert_close(new_state["control"], mean_h, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(uploads["control"], mean_h - state["control"], atol=1e-5, rtol=0)
+
+
+def test_inverse_sk_local_lr_and_fresh_and_poisson_batches():
+    trainer = LocalTrainer(lr=0.2, batch_size=10, local_steps=4, lr_scaling="inverse_sk")
+    assert trainer.local_lr(50) == pytest.approx(0.2 / (0.2 * 4))  # η₀/(sK), s = 10/50
+    generator = torch.Generator().manual_seed(1)
+    fresh = LocalTrainer(lr=0.1, batch_size=10, local_steps=400, batch_sampling="fresh")
+    batches = list(fresh.batches(50, generator))
+    assert all(len(b) == 10 == len(set(b.tolist())) for b in batches)
+    counts = np.bincount(torch.cat(batches).numpy(), minlength=50)
+    assert counts.min() > 40  # every record ≈ s·K = 80 times, independently per step
+    poisson = LocalTrainer(lr=0.1, batch_size=10, local_steps=2000, batch_sampling="poisson")
+    sizes = np.array([len(b) for b in poisson.batches(50, generator)])
+    assert abs(sizes.mean() - 10) < 0.3 and sizes.std() > 2  # Binomial(50, 0.2): sd 2.83
+
+
+def test_sigma_zero_infinite_clip_is_scaffold_bit_for_bit(store_root):
+    common = ("algorithm.local.batch_sampling=fresh", "algorithm.local.batch_size=20")
+    scaffold = run_local(small_config(store_root, "algorithm.name=scaffold", *common))
+    dp = run_local(
+        small_config(
+            store_root,
+            "algorithm.name=dp_scaffold",
+            "algorithm.clip_norm=.inf",
+            "algorithm.noise_multiplier=0",
+            *common,
+        )
+    )
+    assert torch.equal(scaffold.state.params, dp.state.params)
+    assert torch.equal(scaffold.state.extras["control"], dp.state.extras["control"])
+    assert dp.accountant is None
+
+
+def test_first_round_with_zero_controls_is_dp_fedavg_sample(store_root):
+    runs = {
+        name: run_local(
+            small_config(store_root, *SCAFFOLD_DP, f"algorithm.name={name}", "rounds=1")
+        )
+        for name in ("dp_scaffold", "dp_fedavg_sample")
+    }
+    assert torch.equal(runs["dp_scaffold"].state.params, runs["dp_fedavg_sample"].state.params)
+    assert runs["dp_scaffold"].history[0].epsilon == runs["dp_fedavg_sample"].history[0].epsilon
+
+
+def _simulation(config):
+    store, _ = open_store(config)
+    executor = LocalExecutor(store, config.task, config.build_algorithm(), config.seed)
+    return Simulation(config, store, executor), executor
+
+
+def test_server_control_stays_the_mean_of_client_controls(store_root):
+    sim, executor = _simulation(small_config(store_root, *SCAFFOLD_DP, "rounds=4"))
+    sim.run()
+    states = executor.host.client_state.state_dict()
+    expected = torch.from_numpy(states["control"]).sum(0) / 20
+    torch.testing.assert_close(sim.state.extras["control"], expected, atol=1e-6, rtol=1e-5)
+
+
+def test_warm_start_moves_no_parameters_and_is_charged(store_root):
+    # l = 5/20: ⌈4/l⌉ = 16 warm-up rounds, then 2 training rounds.
+    config = small_config(store_root, *SCAFFOLD_DP, "algorithm.warm_start=true", "rounds=2")
+    assert config.warmup_rounds == 16 and config.total_rounds == 18
+    sim, _ = _simulation(config)
+    initial = sim.state.params.clone()
+    for index in range(16):
+        sim.history.append(sim.run_round(index))
+    assert torch.equal(sim.state.params, initial)  # no x update during warm-up
+    assert torch.linalg.vector_norm(sim.state.extras["control"]) > 0  # c⁰ = mean c_i⁰
+    sim.run()
+    assert len(sim.history) == 18 and not torch.equal(sim.state.params, initial)
+    cold = run_local(small_config(store_root, *SCAFFOLD_DP, "rounds=2"))
+    # Every warm-up round is charged: ε after 18 rounds, not 2.
+    assert sim.history[-1].epsilon == pytest.approx(sim.claim.epsilon(18), rel=1e-12)
+    assert sim.history[-1].epsilon > 2 * cold.history[-1].epsilon
+
+
+def test_resume_is_bit_identical_with_client_controls(store_root):
+    config = small_config(store_root, *SCAFFOLD_DP, "rounds=4")
+    straight, _ = _simulation(config)
+    straight.run()
+    first, _ = _simulation(small_config(store_root, *SCAFFOLD_DP, "rounds=2"))
+    first.run()
+    saved = first.state_dict()
+    resumed, executor = _simulation(config)
+    resumed.load_state_dict(saved)
+    resumed.run()
+    assert torch.equal(resumed.state.params, straight.state.params)
+    assert resumed.history[-1].epsilon == straight.history[-1].epsilon
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        (("algorithm.local.batch_sampling=epoch",), "algorithm.local.batch_sampling"),
+        (("algorithm.local.local_steps=null", "algorithm.local.local_epochs=1"), "local_epochs"),
+        (("algorithm.adjacency=add_remove",), "algorithm.adjacency"),
+        (("algorithm.noise_placement=client",), "algorithm.noise_placement"),
+        (("algorithm.clip_rule=median",), "algorithm.clip_norm"),
+        (("privacy.accountant=pld",), "privacy.accountant"),
+        (("privacy.noise_cohort_size=10",), "privacy.noise_cohort_size"),
+    ],
+)
+def test_sample_level_config_errors_name_the_field(overrides, field):
+    with pytest.raises(ConfigError) as error:
+        small_config("unused", *SCAFFOLD_DP, *overrides)
+    assert field in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        (
+            ("algorithm.name=dp_fedavg", *SCAFFOLD_DP[1:3], "algorithm.adjacency=add_remove"),
+            "algorithm.adjacency",
+        ),
+        (("algorithm.local.batch_sampling=poisson",), "algorithm.local.batch_sampling"),
+        (("privacy.accountant=paper", *SCAFFOLD_DP[1:3], "algorithm.name=dp_fedavg"), "paper"),
+    ],
+)
+def test_sample_level_options_are_refused_elsewhere(overrides, field):
+    with pytest.raises(ConfigError) as error:
+        small_config("unused", *overrides)
+    assert field in str(error.value)
+
+
+def test_poisson_batches_with_add_remove_account_with_pld(store_root):
+    sim = run_local(
+        small_config(
+            store_root,
+            *SCAFFOLD_DP,
+            "algorithm.local.batch_sampling=poisson",
+            "algorithm.adjacency=add_remove",
+            "rounds=2",
+        )
+    )
+    assert sim.claim.accountant_name == "pld" and sim.claim.data_rate == 0.25  # 20 of 80
+    assert math.isfinite(sim.history[-1].epsilon)
+    rdp = sim.claim.epsilon(2, "rdp")
+    assert sim.history[-1].epsilon <= rdp  # the PLD is the tighter of the two
