@@ -170,7 +170,7 @@ if set(PRESET_OPTION_FIELDS) != PRESET_OPTIONS:
 
 DP_OPTION_FIELDS = ("noise_placement", "clip_scope")  # client-level presets (ClientDP)
 SAMPLE_DP_OPTION_FIELDS = ("clip_scope", "adjacency", "clip_rule")  # sample-level (SampleDP)
-DP_FIELDS = ("clip_norm", "noise_multiplier", *DP_OPTION_FIELDS)
+DP_FIELDS = ("clip_norm", "noise_multiplier", *DP_OPTION_FIELDS, "adjacency", "clip_rule")
 
 
 @dataclass

@@ -32,15 +32,16 @@ def _opacus_per_example(model, x, y):
 
 
 @pytest.mark.filterwarnings("ignore:Full backward hook")
+@pytest.mark.parametrize("method", ["expanded", "vmap_grad"])
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_per_example_gradients_and_clipped_sums_match_opacus(name):
+def test_per_example_gradients_and_clipped_sums_match_opacus(name, method):
     torch.manual_seed(0)
     shape, classes = MODELS[name]
     model = build_model(name, shape, classes)
     layout = ParamLayout.of(model)
     objective = ModelObjective(model, layout)
     x, y = _batch(shape, classes)
-    _, _, ours = per_example_gradients(objective, ParamLayout.flatten(model), x, y)
+    _, _, ours = per_example_gradients(objective, ParamLayout.flatten(model), x, y, method)
     reference = _opacus_per_example(model, x, y)
     torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-6)
     for offsets in (None, tuple(layout.offsets)):
