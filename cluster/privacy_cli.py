@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import sys
 
@@ -10,8 +11,8 @@ from privacy.accountant import accountant_class, accountants_for
 from privacy.adaptive_clipping import effective_noise_multiplier
 from privacy.calibration import calibrate_sigma, epsilon_for, max_rounds
 from privacy.participation import epsilon_vs_server
-from privacy.sample_level import SampleLevelPldAccountant
-from privacy.subsampling_wor import TwoLevelSampleAccountant, dpscaffold_delta
+from privacy.record_level import ASSUMPTIONS, RecordLevelAccountant, methods_for
+from privacy.subsampling_wor import dpscaffold_delta
 
 # (label, accountant, sampling assumption) rows of the client-level table: rdp, pld, prv, rdp-wor
 ROWS = [(name, name, "poisson") for name in accountants_for("poisson")] + [
@@ -27,7 +28,9 @@ def add_parser(commands) -> None:
         "and --rounds for ε; --target-epsilon and --rounds for σ; --sigma and --target-epsilon "
         "for the largest number of rounds. Rows rdp/pld/prv: Poisson sampling, add/remove-one "
         "adjacency; rdp-wor: a fixed-size cohort without replacement, replace-one adjacency. "
-        "--sample-level: DP-SCAFFOLD's two-level accountant and a tight PLD composition.",
+        "--sample-level: record-level DP-SGD in the clients: the default accountant (each "
+        "record protected by its own client's noise against a server that sees every upload), "
+        "DP-SCAFFOLD's own accountant and the aggregation PLD, each with its assumption.",
     )
     p.add_argument("--sigma", type=float, help="noise multiplier σ")
     p.add_argument("--q", type=float, help="client sampling rate (client level)")
@@ -52,6 +55,18 @@ def add_parser(commands) -> None:
     p.add_argument("--local-steps", type=int, help="noisy local steps K per round")
     p.add_argument("--clients", type=int, help="number of clients M (sample level)")
     p.add_argument("--samples-per-client", type=int, help="training records per client R_train")
+    p.add_argument(
+        "--batches",
+        choices=["fresh", "poisson"],
+        default="fresh",
+        help="sample level: fixed-size batches without replacement (the paper) or Poisson",
+    )
+    p.add_argument(
+        "--adjacency",
+        choices=["replace_one", "add_remove"],
+        default="replace_one",
+        help="sample level: neighbouring datasets (replace_one: the paper, noise 2Cσ_g)",
+    )
     p.set_defaults(handler=run)
 
 
@@ -119,25 +134,31 @@ def _sample_level(args: argparse.Namespace) -> None:
         args.delta = dpscaffold_delta(args.clients, args.samples_per_client)
     if args.rounds is None and args.target_epsilon is None:
         raise ValueError("give --rounds or --target-epsilon")
-    paper = TwoLevelSampleAccountant(args.clients, args.l, args.s, args.local_steps, args.sigma)
-    tight = SampleLevelPldAccountant(
-        args.l, args.s, args.local_steps, paper.effective_noise_multiplier
-    )
+    methods = methods_for(args.batches, args.adjacency)
+    if not methods:
+        raise ValueError("fixed-size batches are analysed under --adjacency replace_one only")
     print(
         f"sample level, l={args.l:g}, s={args.s:g}, K={args.local_steps}, M={args.clients}, "
-        f"σ_g={args.sigma:g} (σ_e=σ_g·√(lM)={paper.effective_noise_multiplier:.4g}), "
-        f"δ={args.delta:g}"
+        f"σ_g={args.sigma:g}, {args.batches} batches, {args.adjacency}, δ={args.delta:g}"
     )
-    for label, acc in (
-        ("DP-SCAFFOLD two-level RDP (paper, without replacement)", paper),
-        ("tight PLD (participation mixture, Poisson steps)", tight),
-    ):
-        print(label)
+    for method in methods:
+        factory = functools.partial(
+            RecordLevelAccountant,
+            args.s,
+            args.local_steps,
+            args.batches,
+            args.adjacency,
+            method,
+            args.clients,
+        )
+        default = " [default]" if method == methods[0] else ""
+        print(f"{method}{default}: {ASSUMPTIONS[method]}")
         try:
             if args.rounds is not None:
-                print(f"  ε after {args.rounds} rounds: {acc.epsilon(args.rounds, args.delta):.4g}")
+                eps = factory().epsilon_of(args.sigma, args.l, args.rounds, args.delta)
+                print(f"  ε after {args.rounds} rounds: {eps:.4g}")
             if args.target_epsilon is not None:
-                best = acc.max_rounds(args.target_epsilon, args.delta)
+                best = max_rounds(args.sigma, args.l, args.delta, args.target_epsilon, factory)
                 print(f"  max rounds at ε={args.target_epsilon:g}: {best}")
         except ValueError as error:
             print(f"  n/a ({error})")

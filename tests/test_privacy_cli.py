@@ -3,6 +3,8 @@
 import pytest
 
 from cluster.cli import main
+from privacy.calibration import max_rounds
+from privacy.record_level import RecordLevelAccountant
 
 
 def _rows(out: str) -> dict[str, str]:
@@ -65,35 +67,29 @@ def test_calibrated_sigma_and_round_budget(capsys):
     assert abs(int(_rows(capsys.readouterr().out)["rdp"]) - 180) <= 2
 
 
-def test_sample_level_uses_the_papers_two_level_accountant(capsys):
-    assert (
-        main(
-            [
-                "privacy",
-                "--sample-level",
-                "--l",
-                "0.05",
-                "--s",
-                "0.2",
-                "--local-steps",
-                "10",
-                "--sigma",
-                "10",
-                "--clients",
-                "100",
-                "--samples-per-client",
-                "4000",
-                "--target-epsilon",
-                "3",
-            ]
-        )
-        == 0
-    )
+def test_sample_level_prints_the_default_beside_the_papers_accountant(capsys):
+    args = "--sample-level --l 0.05 --s 0.2 --local-steps 40 --sigma 10 --clients 100"
+    args += " --samples-per-client 4000 --target-epsilon 3"
+    assert main(["privacy", *args.split()]) == 0
     out = capsys.readouterr().out
-    paper, tight = out.split("tight PLD")
-    assert "max rounds at ε=3: 428" in paper  # DP-SCAFFOLD Table 1
-    # The tight composition allows far more rounds (the paper's bound has a floor set by l).
-    assert int(tight.rsplit(":", 1)[1]) > 428
+    rows = {}
+    for block in out.split("\n")[1:]:
+        if block and not block.startswith(" "):
+            name = block.split(":")[0].split(" ")[0]
+        elif "max rounds" in block:
+            rows[name] = int(block.rsplit(":", 1)[1])
+    assert "rdp [default]: server sees every upload" in out
+    assert rows["paper"] == 72  # DP-SCAFFOLD Table 1, K = 40
+    assert rows["rdp"] == 58  # each record's own client's noise, against the server
+    assert rows["aggregate"] > 1000  # the aggregation assumption's PLD
+
+
+@pytest.mark.parametrize("k, rounds", [(1, 542), (5, 488), (10, 428), (20, 324), (40, 72)])
+def test_papers_accountant_reproduces_table_1_rounds(k, rounds):
+    def paper():
+        return RecordLevelAccountant(0.2, k, "fresh", "replace_one", "paper", num_clients=100)
+
+    assert max_rounds(10.0, 0.05, 2.5e-6, 3.0, paper) == rounds
 
 
 def test_missing_arguments_are_named(capsys):
