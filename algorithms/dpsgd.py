@@ -62,8 +62,12 @@ def per_example_gradients(
       ``vmap(functional_call)`` over (θ_j, x_j), one autograd pass of Σ_j ℓ_j: ∂/∂θ_j is
       example j's gradient, since ℓ_j depends on θ_j only.
 
-    ``auto`` picks ``expanded`` below ``EXPANDED_MAX_PARAMS`` parameters.
+    ``auto`` picks ``expanded`` below ``EXPANDED_MAX_PARAMS`` parameters. An objective with
+    its own ``per_example_gradients`` (crafted gradients: ``privacy.audit_sample``) is used as is.
     """
+    own = getattr(objective, "per_example_gradients", None)
+    if own is not None:
+        return own(flat, x, y)
     layout, model = objective.layout, objective.model
     params = layout.unflatten(flat.detach())
     if method == "auto":

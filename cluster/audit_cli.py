@@ -4,6 +4,8 @@ It audits the mechanism the ε is claimed for: one round of the configured prese
 pipeline and server rule with the canary in the cohort (with a noise cohort: a cohort of
 ``noise_cohort_size``, as accounted), against the ε of one release at the preset's σ. The
 papers' unaccounted top-k variants are audited against the σ they claim. See ``privacy.audit``.
+Sample-level presets: one client round with a canary record in every batch, against the K
+composed Gaussian steps at σ_g (``privacy.audit_sample``).
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ import dataclasses
 import sys
 import time
 
-from algorithms.presets import CLIENT_LEVEL_PRESETS
+from algorithms.presets import PRIVATE_PRESETS
 from cluster.config import ConfigError, ExperimentConfig, load_config
 from cluster.privacy_plan import calibrated
 from privacy.audit import AuditResult, audit_round
+from privacy.audit_sample import audit_sample_round
 
 
 def add_parser(commands) -> None:
@@ -83,25 +86,32 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config, args.set)
         noised = config.algorithm.noise_multiplier or config.privacy.calibrate == "sigma"
-        if config.algorithm.name not in CLIENT_LEVEL_PRESETS or not noised:
+        if config.algorithm.name not in PRIVATE_PRESETS or not noised:
             raise ConfigError(
-                "algorithm.name",
-                config.algorithm.name,
-                "the audit runs client-level DP presets with σ > 0 (sample-level presets: "
-                "see the README's record-level audit)",
+                "algorithm.name", config.algorithm.name, "the audit needs a DP preset with σ > 0"
             )
         start = time.perf_counter()
-        result = audit_config(
-            config, args.trials, args.confidence, args.dim, args.seed, args.noise_scale_for_testing
-        )
+        options = (args.trials, args.confidence, args.dim, args.seed, args.noise_scale_for_testing)
+        if config.sample_level:
+            result = audit_sample_round(calibrated(config).build_algorithm(), *options)
+        else:
+            result = audit_config(config, *options)
     except (ConfigError, ValueError) as error:
         print(f"audit: {error}", file=sys.stderr)
         return 2
-    print(
-        f"audit of one round of {config.algorithm.name} (canary always in the cohort): cohort "
-        f"{config.cohort.size} of {config.data.num_clients}, {args.trials} trials per world, "
-        f"{time.perf_counter() - start:.1f} s"
-    )
+    seconds = time.perf_counter() - start
+    if config.sample_level:
+        print(
+            f"audit of one client round of {config.algorithm.name} (canary record in every "
+            f"batch, the server sees the upload): K = {config.algorithm.local.local_steps}, "
+            f"{args.trials} trials per world, {seconds:.1f} s"
+        )
+    else:
+        print(
+            f"audit of one round of {config.algorithm.name} (canary always in the cohort): "
+            f"cohort {config.cohort.size} of {config.data.num_clients}, {args.trials} trials "
+            f"per world, {seconds:.1f} s"
+        )
     if args.noise_scale_for_testing != 1.0:
         print(f"TEST KNOB: the mechanism's noise is scaled by {args.noise_scale_for_testing:g}")
     if not result.dp_valid:

@@ -338,12 +338,22 @@ def audit_round(
     mechanism = claim_algorithm.mechanism
     crafted = CraftedRound.make(dim, mechanism.clip.clip_norm, mechanism.sensitivity, seed)
     mu = claimed_mu(mechanism.noise_multiplier * mechanism.noise_scale, adjacency)
-    claims = {delta: gaussian_epsilon(mu, delta) for delta in DELTA_GRID}
     run = with_noise_scaled(claim_algorithm, noise_scale_for_testing)
     args = (run, crafted, cohort_size, num_clients, trials)
     positives = released_scores(*args, canary_sign=1.0, seed=seed, world=1)
     other = -1.0 if adjacency == "replace_one" else None
     negatives = released_scores(*args, canary_sign=other, seed=seed, world=2)
+    valid = claim_algorithm.pipeline.unaccounted_reason is None
+    return audit_result(positives, negatives, mu, confidence, valid)
+
+
+def audit_result(
+    positives: np.ndarray, negatives: np.ndarray, mu: float, confidence: float, dp_valid: bool
+) -> AuditResult:
+    """The test chosen on the first halves of the two worlds' scores, run on the second
+    halves, against the claim of a Gaussian release with μ (at every δ of the grid)."""
+    claims = {delta: gaussian_epsilon(mu, delta) for delta in DELTA_GRID}
+    trials = len(positives)
     half = trials // 2
     delta, tau, sign = _choose_test(positives[:half], negatives[:half], claims, confidence)
     eps, tpr_low, fpr_high = (
@@ -361,6 +371,6 @@ def audit_round(
         threshold=sign * tau,
         tpr_low=tpr_low,
         fpr_high=fpr_high,
-        dp_valid=claim_algorithm.pipeline.unaccounted_reason is None,
+        dp_valid=dp_valid,
         detectable_noise_scale=detectable_noise_scale(mu, trials, confidence),
     )
