@@ -164,7 +164,7 @@ class CraftedRound:
     def canary_direction(self, algorithm: Algorithm, round_key: tuple[int, int]) -> torch.Tensor:
         """Unit v on the least-moving coordinate of each layer that the round releases."""
         size = self.profile.numel()
-        support = algorithm.mechanism.support
+        support = algorithm.mechanism.support if algorithm.mechanism else None  # sample level
         released = (
             support.public_mask(size, self.layout, round_key)
             if isinstance(support, SharedMaskSupport)

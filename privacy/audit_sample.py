@@ -66,7 +66,7 @@ def canary_scores(
 ) -> list[float]:
     """⟨Δy, v⟩ of the canary's client in ``trials`` rounds; canary gradient ``canary_sign``·B·v."""
     size = crafted.profile.numel()
-    v = _quiet_direction(crafted)
+    v = crafted.canary_direction(algorithm, (seed, 0))  # a quiet coordinate of each layer
     x = torch.arange(RECORDS, dtype=torch.float32)[:, None]
     y = torch.zeros(RECORDS, dtype=torch.long)
     # Public and fixed over the trials (else their spread would only dilute the test): x, c, c_i.
@@ -85,16 +85,6 @@ def canary_scores(
         )
         scores.append(float(torch.dot(uploads["delta"].double(), v.double())))
     return scores
-
-
-def _quiet_direction(crafted: CraftedRound) -> torch.Tensor:
-    """Unit v on the least-moving coordinate of each layer (full S under per-tensor clips)."""
-    size = crafted.profile.numel()
-    v = torch.zeros(size)
-    offsets = crafted.layout.offsets
-    for start, stop in zip(offsets[:-1], offsets[1:], strict=True):
-        v[start + int(torch.argmin(crafted.profile[start:stop]))] = 1.0
-    return v / torch.linalg.vector_norm(v)
 
 
 def audit_sample_round(
