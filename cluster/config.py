@@ -65,8 +65,10 @@ class PartitionConfig:
     alpha: float | None = None  # Dirichlet concentration (dirichlet, dirichlet_class)
     min_size: int | None = None  # dirichlet_class: fewest rows per client (default 10)
     classes_per_client: int | None = None  # shards: k shards per client (default 2)
-    # dirichlet: draws per client with class pools refilled (rows repeat; DP-FedPGN's code)
+    # dirichlet: draws per client with class pools refilled (rows repeat; DP-FedPGN's code);
+    # label_skew: rows per user
     samples_per_client: int | None = None
+    iid_fraction: float | None = None  # label_skew: γ i.i.d., the rest from label u mod K
 
 
 @dataclass
@@ -579,7 +581,8 @@ PARTITION_OPTIONS = {
     "alpha": ("dirichlet", "dirichlet_class"),
     "min_size": ("dirichlet_class",),
     "classes_per_client": ("shards",),
-    "samples_per_client": ("dirichlet",),
+    "samples_per_client": ("dirichlet", "label_skew"),
+    "iid_fraction": ("label_skew",),
 }
 
 
@@ -596,6 +599,12 @@ def validate_partition(p: PartitionConfig) -> None:
     if p.method in PARTITION_OPTIONS["alpha"] and (p.alpha is None or not p.alpha > 0):
         raise ConfigError(
             "data.partition.alpha", p.alpha, "the Dirichlet concentration α must be > 0 (e.g. 0.3)"
+        )
+    if p.method == "label_skew" and (p.iid_fraction is None or not 0 <= p.iid_fraction <= 1):
+        raise ConfigError(
+            "data.partition.iid_fraction",
+            p.iid_fraction,
+            "label_skew needs the i.i.d. fraction γ in [0, 1] (DP-SCAFFOLD: 0, 0.1 or 1)",
         )
     if p.min_size is not None and p.min_size < 0:
         raise ConfigError("data.partition.min_size", p.min_size, "must be >= 0, e.g. 10")

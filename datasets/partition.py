@@ -7,9 +7,10 @@ partitioner is deterministic given ``rng`` and never repeats a row, except ``dir
 
 Methods (``make_partitioner``): ``natural`` (the source's own users), ``iid``, ``dirichlet``
 (per-client class prior, equal sizes), ``dirichlet_class`` (per-class Dirichlet/LDA split,
-unequal sizes, ``min_size``) and ``shards`` (McMahan et al.'s label-sorted shards,
-``classes_per_client``). ``matched_test_split`` builds per-client test sets with each client's
-training label mix.
+unequal sizes, ``min_size``), ``shards`` (McMahan et al.'s label-sorted shards,
+``classes_per_client``) and ``label_skew`` (DP-SCAFFOLD's γ i.i.d. + one label per user,
+``iid_fraction``, ``samples_per_client``). ``matched_test_split`` builds per-client test sets
+with each client's training label mix.
 """
 
 from __future__ import annotations
@@ -244,12 +245,62 @@ class ShardsPartitioner(Partitioner):
         return [np.sort(np.concatenate(chunks)) for chunks in parts]
 
 
+@dataclass(frozen=True)
+class SingleLabelSkew(Partitioner):
+    """DP-SCAFFOLD's FEMNIST and MNIST split (spec 004 §4): γ of each user's rows i.i.d., the
+    rest from one label.
+
+    User u gets n rows (``samples_per_client``, default ⌊N/M⌋): ⌊(1 − γ)·n⌋ drawn without
+    replacement from label u mod K, then the rest uniformly from every row still unassigned.
+    γ = 0 is one label per user, γ = 1 is i.i.d. Rows never repeat; a label that runs out raises
+    ValueError naming the sizes (lower n or γ, or use fewer users).
+    """
+
+    iid_fraction: float
+    samples_per_client: int | None = None
+    method = "label_skew"
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.iid_fraction <= 1.0:
+            raise ValueError(f"iid_fraction γ must be in [0, 1], got {self.iid_fraction}")
+
+    def split(self, data, num_clients, rng):
+        n = self.samples_per_client or len(data) // num_clients
+        _check_clients(num_clients, len(data))
+        if n * num_clients > len(data):
+            raise ValueError(f"label_skew: {num_clients} users × {n} rows > {len(data)} rows")
+        classes, labels = np.unique(data.y, return_inverse=True)
+        pools = [rng.permutation(np.flatnonzero(labels == c)).tolist() for c in range(len(classes))]
+        skewed = int((1.0 - self.iid_fraction) * n)
+        taken = np.zeros(len(data), dtype=bool)
+        parts = []
+        for user in range(num_clients):
+            pool = pools[user % len(classes)]
+            if len(pool) < skewed:
+                raise ValueError(
+                    f"label_skew: label {classes[user % len(classes)]} has {len(pool)} rows left "
+                    f"for user {user}, which needs {skewed}; lower samples_per_client or raise "
+                    "iid_fraction"
+                )
+            rows = [pool.pop() for _ in range(skewed)]
+            taken[rows] = True
+            parts.append(rows)
+        free = rng.permutation(np.flatnonzero(~taken))
+        start = 0
+        for user in range(num_clients):
+            extra = n - skewed
+            parts[user] = np.sort(np.concatenate([parts[user], free[start : start + extra]]))
+            start += extra
+        return [part.astype(np.int64) for part in parts]
+
+
 def make_partitioner(
     method: str,
     alpha: float | None = None,
     min_size: int = 10,
     classes_per_client: int = 2,
     samples_per_client: int | None = None,
+    iid_fraction: float | None = None,
 ) -> Partitioner:
     """The partitioner named ``method``; ``alpha`` is required by the two Dirichlet methods,
     ``min_size`` is used by ``dirichlet_class``, ``samples_per_client`` by ``dirichlet`` and
@@ -266,10 +317,14 @@ def make_partitioner(
         return DirichletPerClass(alpha=float(alpha), min_size=int(min_size))
     if method == "shards":
         return ShardsPartitioner(classes_per_client=int(classes_per_client))
+    if method == "label_skew":
+        if iid_fraction is None:
+            raise ValueError("partition method 'label_skew' needs iid_fraction γ (e.g. 0.1)")
+        return SingleLabelSkew(float(iid_fraction), samples_per_client)
     raise ValueError(f"unknown partition method {method!r}; known: {', '.join(PARTITION_METHODS)}")
 
 
-PARTITION_METHODS = ("natural", "iid", "dirichlet", "dirichlet_class", "shards")
+PARTITION_METHODS = ("natural", "iid", "dirichlet", "dirichlet_class", "shards", "label_skew")
 
 
 def client_class_counts(y: np.ndarray, offsets: np.ndarray, num_classes: int) -> np.ndarray:

@@ -157,7 +157,14 @@ def test_make_partitioner_keeps_old_calls_and_describes_new_methods():
         "method": "shards",
         "classes_per_client": 3,
     }
-    assert set(PARTITION_METHODS) == {"natural", "iid", "dirichlet", "dirichlet_class", "shards"}
+    assert set(PARTITION_METHODS) == {
+        "natural",
+        "iid",
+        "dirichlet",
+        "dirichlet_class",
+        "shards",
+        "label_skew",
+    }
     with pytest.raises(ValueError, match="needs alpha"):
         make_partitioner("dirichlet_class")
     with pytest.raises(ValueError, match="α must be"):
@@ -260,3 +267,20 @@ def test_report_files_and_json(tmp_path, clients):
     written = json.loads((tmp_path / "report" / "partition_summary.json").read_text())
     assert written == partition_summary(counts, K)
     assert written["total_rows"] == N and written["num_clients"] == clients
+
+
+@pytest.mark.parametrize("gamma", [0.0, 0.1, 1.0])
+def test_label_skew_gives_each_user_its_label_plus_an_iid_fraction(gamma):
+    data = LabeledArrays(np.zeros((3000, 1)), np.repeat(np.arange(10), 300))
+    parts = make_partitioner("label_skew", iid_fraction=gamma, samples_per_client=100).split(
+        data, 20, np.random.default_rng(0)
+    )
+    rows = np.concatenate(parts)
+    assert len(rows) == len(set(rows.tolist())) == 2000 and all(len(p) == 100 for p in parts)
+    own = [np.mean(data.y[p] == u % 10) for u, p in enumerate(parts)]
+    # (1 − γ)·n rows of label u mod K, the γ·n i.i.d. rows hit it with probability 1/10.
+    assert min(own) >= 1 - gamma and np.mean(own) == pytest.approx(1 - 0.9 * gamma, abs=0.03)
+    with pytest.raises(ValueError, match="lower samples_per_client"):  # 2 users × 250 > 300
+        make_partitioner("label_skew", iid_fraction=0.0, samples_per_client=250).split(
+            data, 12, np.random.default_rng(0)
+        )

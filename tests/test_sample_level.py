@@ -12,9 +12,10 @@ from actors.client_state import ClientStateStore
 from algorithms.client import client_round
 from algorithms.layout import ParamLayout
 from algorithms.local import LocalTrainer, ModelObjective
-from cluster.config import ConfigError
+from cluster.config import ConfigError, load_config
 from cluster.executors import LocalExecutor
 from cluster.experiment import open_store
+from cluster.privacy_plan import privacy_claim
 from cluster.simulation import Simulation
 from models.logreg import LogisticRegression
 
@@ -232,3 +233,11 @@ def test_poisson_batches_with_add_remove_account_with_pld(store_root):
     assert math.isfinite(sim.history[-1].epsilon)
     rdp = sim.claim.epsilon(2, "rdp")
     assert sim.history[-1].epsilon <= rdp  # the PLD is the tighter of the two
+
+
+def test_femnist_paper_config_claims_the_papers_epsilon_with_its_accountant():
+    config = load_config("configs/papers/dpscaffold_femnist_logreg.yaml")
+    claim = privacy_claim(config, config.build_algorithm(), [2000] * 40)
+    assert config.warmup_rounds == 20 and claim.data_rate == 0.2
+    assert claim.epsilon(400, "paper") == pytest.approx(11.36, abs=0.05)  # spec 004 §3
+    assert claim.epsilon(config.total_rounds) < claim.epsilon(config.total_rounds, "paper")
