@@ -81,6 +81,7 @@ class DataConfig:
     download: bool = False  # fetch missing raw files (needs internet)
     split: str | None = None  # emnist: byclass (default) | balanced | letters
     only_digits: bool = False  # femnist: the 10-class digits-only files
+    pca_components: int | None = None  # mnist sources: features = top-k PCA of the pixels
     # Also evaluate on per-client test sets of this size in each client's label mix (DP-FedSAM)
     test_per_client: int | None = None
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
@@ -103,6 +104,8 @@ class DataConfig:
             return {"split": self.split or "byclass"}
         if self.source == "femnist":
             return {"only_digits": self.only_digits}
+        if self.pca_components is not None:
+            return {"pca_components": self.pca_components}
         return {}
 
 
@@ -556,6 +559,14 @@ def validate_data(c: ExperimentConfig) -> None:
     if c.data.test_per_client is not None and c.data.test_per_client < 1:
         raise ConfigError(
             "data.test_per_client", c.data.test_per_client, "must be >= 1 (e.g. 100) or null"
+        )
+    if c.data.pca_components is not None and (
+        c.data.source not in ("mnist", "mnist_test_split") or c.data.pca_components < 1
+    ):
+        raise ConfigError(
+            "data.pca_components",
+            c.data.pca_components,
+            "only for sources mnist and mnist_test_split, >= 1 (DP-SCAFFOLD: 60)",
         )
     if c.data.only_digits and c.data.source != "femnist":
         raise ConfigError("data.only_digits", True, "only for source femnist; remove it")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from datasets.arrays import LabeledArrays
 from datasets.partition import make_partitioner
 from datasets.store import FORMAT_VERSION, ShardStore, write_store
 from datasets.synthetic import SyntheticSpec, generate_synthetic
@@ -29,9 +30,31 @@ def _load(source: str, params: dict, seed: int, data_root: str | Path | None, do
     if source in SOURCE_NAMES:
         if data_root is None:
             raise ValueError(f"source {source!r} reads files: give a data root")
+        params = dict(params)
+        components = params.pop("pca_components", None)
         train, test = load_source(source, data_root, download=download, **params)
+        if components:
+            train, test = pca_features(train, test, components)
         return train, test, num_classes(source, **params)
     raise ValueError(f"unknown data source {source!r}; known: {', '.join(SOURCES)}")
+
+
+def pca_features(train: LabeledArrays, test: LabeledArrays, components: int):
+    """Both splits projected on the top ``components`` principal directions of the training
+    pixels (in [0, 1], centred on their mean): DP-SCAFFOLD's non-private MNIST preprocessing.
+    Features are float32; the PCA is fitted once, on the training split only."""
+    pixels = train.x.reshape(len(train.x), -1).astype(np.float64) / 255.0
+    if not 0 < components <= pixels.shape[1]:
+        raise ValueError(f"pca_components must be in [1, {pixels.shape[1]}], got {components}")
+    mean = pixels.mean(axis=0)
+    _, _, vt = np.linalg.svd(pixels - mean, full_matrices=False)
+    basis = vt[:components].T
+
+    def project(split: LabeledArrays) -> LabeledArrays:
+        flat = split.x.reshape(len(split.x), -1).astype(np.float64) / 255.0
+        return LabeledArrays(((flat - mean) @ basis).astype(np.float32), split.y, split.group)
+
+    return project(train), project(test)
 
 
 def store_key(description: dict) -> str:

@@ -9,6 +9,7 @@ accuracy. ``sources`` lists the data sources a task accepts (the first is its us
 | mnist_cnn          | mnist, mnist_test_split    | mnist_cnn    | —                   |
 | emnist_cnn         | emnist                     | emnist_cnn   | —                   |
 | emnist_logreg      | emnist                     | logreg       | —                   |
+| mnist_pca_mlp      | mnist, mnist_test_split    | mlp_pca60    | — (PCA-60 features) |
 | femnist_cnn        | femnist                    | reddi_cnn    | —                   |
 | cifar10_resnet18   | cifar10                    | resnet18_gn  | crop 32 pad 4, flip |
 | cifar100_resnet18  | cifar100                   | resnet18_gn  | crop 32 pad 4, flip |
@@ -57,6 +58,7 @@ _TASKS = [
     Task("mnist_cnn", ("mnist", "mnist_test_split"), "mnist_cnn", MNIST_STATS),
     Task("emnist_cnn", ("emnist",), "emnist_cnn", MNIST_STATS),
     Task("emnist_logreg", ("emnist",), "logreg", MNIST_STATS),
+    Task("mnist_pca_mlp", ("mnist", "mnist_test_split"), "mlp_pca60"),  # data.pca_components
     Task("femnist_cnn", ("femnist",), "reddi_cnn"),
     Task("cifar10_resnet18", ("cifar10",), "resnet18_gn", CIFAR10_STATS, CIFAR_AUGMENT),
     Task("cifar100_resnet18", ("cifar100",), "resnet18_gn", CIFAR100_STATS, CIFAR_AUGMENT),
