@@ -235,9 +235,18 @@ def test_poisson_batches_with_add_remove_account_with_pld(store_root):
     assert sim.history[-1].epsilon <= rdp  # the PLD is the tighter of the two
 
 
-def test_femnist_paper_config_claims_the_papers_epsilon_with_its_accountant():
-    config = load_config("configs/papers/dpscaffold_femnist_logreg.yaml")
-    claim = privacy_claim(config, config.build_algorithm(), [2000] * 40)
+@pytest.mark.parametrize(
+    "path, clients, records, rounds, paper",
+    [
+        ("configs/papers/dpscaffold_femnist_logreg.yaml", 40, 2000, 400, 11.36),
+        ("configs/papers/dpscaffold_mnist_mlp.yaml", 60, 800, 100, 7.15),
+    ],
+)
+def test_paper_configs_claim_the_papers_epsilon_with_its_accountant(
+    path, clients, records, rounds, paper
+):
+    config = load_config(path)
+    claim = privacy_claim(config, config.build_algorithm(), [records] * clients)
     assert config.warmup_rounds == 20 and claim.data_rate == 0.2
-    assert claim.epsilon(400, "paper") == pytest.approx(11.36, abs=0.05)  # spec 004 §3
+    assert claim.epsilon(rounds, "paper") == pytest.approx(paper, abs=0.05)  # spec 004 §3
     assert claim.epsilon(config.total_rounds) < claim.epsilon(config.total_rounds, "paper")
