@@ -43,24 +43,39 @@ def client_round(
     """Returns (uploads to sum, aggregation weight, new client state, report).
 
     ``warmup`` (DP-SCAFFOLD-warm): no training; the client sets c_i⁰ = (1/K) Σ_k G(x⁰; ξ_k)
-    with the round's batches and noise, and uploads only Δc_i."""
+    with the round's batches and noise, and uploads only Δc_i. Under the authors' variant c_i⁰
+    is the one drawn with round 0's keys at x⁰ (``payload["warm_start_point"]``), as if every
+    client computed it in round 0; a client uploads it once, and one never sampled in the
+    warm-up trains from it."""
     algorithm = algorithm.at_round(round_index)
     keys = (seed, round_index, client_id)
     training_rng = torch_generator(*keys, Purpose.LOCAL_TRAINING)
 
-    def noise_stream() -> torch.Generator:
+    def noise_stream(keys=keys) -> torch.Generator:
         return torch_generator(*keys, Purpose.SAMPLE_NOISE, device=params.device)
+
+    def warm_control(at: torch.Tensor, keys=keys) -> torch.Tensor:
+        rng = torch_generator(*keys, Purpose.LOCAL_TRAINING)
+        return algorithm.trainer.mean_gradient(objective, at, x, y, rng, lambda: noise_stream(keys))
 
     correction = None
     if algorithm.control_variates:
-        client_control = state.get("control", torch.zeros_like(params))
+        client_control = state.get("control")
+        if client_control is None and algorithm.warm_start == "authors_code":
+            client_control = warm_control(payload["warm_start_point"], (seed, 0, client_id))
+            if not warmup:  # never collected: trains from it, as in the authors' code
+                state = {**state, "control": client_control}
+        elif client_control is None:
+            client_control = torch.zeros_like(params)
         correction = local_correction(payload["control"], client_control)
     if warmup:
-        control = algorithm.trainer.mean_gradient(
-            objective, params, x, y, training_rng, noise_stream
-        )
         steps = algorithm.trainer.num_steps(len(y))
         report = ClientReport(client_id, len(y), steps, math.nan, math.nan)
+        if algorithm.warm_start == "authors_code":
+            if "control" in state:  # collected already: nothing new
+                return {}, 0.0, state, report
+            return {"control": client_control}, 1.0, {**state, "control": client_control}, report
+        control = warm_control(params)
         return {"control": control - client_control}, 1.0, {**state, "control": control}, report
 
     augment_rng = None

@@ -73,8 +73,8 @@ class Algorithm:
     pipeline: UpdatePipeline = field(default_factory=UpdatePipeline)
     server: MeanServerRule = field(default_factory=MeanServerRule)
     control_variates: bool = False
-    # DP-SCAFFOLD-warm: ⌈4/l⌉ rounds that only compute c_i⁰ = (1/K) Σ_k H̃_i^k(x⁰) first
-    warm_start: bool = False
+    # DP-SCAFFOLD-warm: rounds that only compute c_i⁰ = (1/K) Σ_k H̃_i^k(x⁰) (None: cold)
+    warm_start: Literal["paper", "authors_code"] | None = None
 
     @property
     def sample_dp(self) -> DpSgdGradient | None:
@@ -196,18 +196,27 @@ def dp_fedavg_sample(trainer: LocalTrainer, sample_dp: SampleDP, server_lr: floa
 
 
 def dp_scaffold(
-    trainer: LocalTrainer, sample_dp: SampleDP, server_lr: float = 1.0, warm_start: bool = False
+    trainer: LocalTrainer,
+    sample_dp: SampleDP,
+    server_lr: float = 1.0,
+    warm_start: bool = False,
+    warm_start_variant: Literal["paper", "authors_code"] = "paper",
 ) -> Algorithm:
     """DP-SCAFFOLD (Alg. 1): DP-SGD steps along −(H̃ − c_i + c), option-II control variates.
 
-    ``warm_start``: the paper's DP-SCAFFOLD-warm, whose first ⌈4/l⌉ sampled rounds set
-    c_i⁰ = (1/K) Σ_k H̃_i^k(x⁰) (noisy, charged to ε) without moving x."""
+    ``warm_start``: DP-SCAFFOLD-warm. ``paper``: ⌈4/l⌉ sampled rounds before the T training
+    rounds set c_i⁰ = (1/K) Σ_k H̃_i^k(x⁰) (noisy, charged to ε) without moving x.
+    ``authors_code``: every client's c_i⁰ is computed at x⁰ in round 0 (its noise drawn then);
+    the first round(4/l) of the T rounds only collect it from the clients they sample, once
+    each; the cost the authors do not count (one K-step release of every record) is charged."""
+    if warm_start_variant not in ("paper", "authors_code"):
+        raise ValueError(f"warm_start_variant must be paper or authors_code: {warm_start_variant}")
     return Algorithm(
         "dp_scaffold",
         sample_dp.trainer(trainer),
         server=MeanServerRule(server_lr),
         control_variates=True,
-        warm_start=warm_start,
+        warm_start=warm_start_variant if warm_start else None,
     )
 
 

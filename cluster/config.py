@@ -153,6 +153,8 @@ class AlgorithmConfig:
     adjacency: Literal["replace_one", "add_remove"] | None = None  # replace_one (the paper)
     clip_rule: Literal["fixed", "median"] | None = None  # median: the authors' code; no ε
     warm_start: bool | None = None  # dp_scaffold: ⌈4/l⌉ warm-up rounds computing c_i⁰
+    # paper: warm-up before the rounds; authors_code: inside them, c_i⁰ of all at round 0
+    warm_start_variant: Literal["paper", "authors_code"] | None = None
     server_lr: float = 1.0
     weighting: Literal["uniform", "samples"] = "uniform"
 
@@ -276,15 +278,27 @@ class ExperimentConfig:
         return self.algorithm.name in SAMPLE_LEVEL_PRESETS
 
     @property
-    def warmup_rounds(self) -> int:
-        """DP-SCAFFOLD-warm's ⌈4/l⌉ rounds before training (0 without ``warm_start``)."""
+    def warm_start_variant(self) -> str | None:
         if not self.algorithm.warm_start:
+            return None
+        return self.algorithm.warm_start_variant or "paper"
+
+    @property
+    def warmup_rounds(self) -> int:
+        """DP-SCAFFOLD-warm's warm-up rounds: ⌈4/l⌉ (paper), round(4/l) (authors' code)."""
+        variant = self.warm_start_variant
+        if variant is None:
             return 0
+        if variant == "authors_code":
+            return max(1, round(4 / self.sample_rate))
         return math.ceil(4 / self.sample_rate - 1e-9)
 
     @property
     def total_rounds(self) -> int:
-        """Rounds the driver runs: the warm-up, then ``rounds`` training rounds."""
+        """Rounds the driver runs: the paper's warm-up, then ``rounds`` training rounds (the
+        authors' code counts its warm-up inside ``rounds``)."""
+        if self.warm_start_variant == "authors_code":
+            return self.rounds
         return self.warmup_rounds + self.rounds
 
     @property
@@ -540,6 +554,7 @@ def validate(c: ExperimentConfig) -> None:
     validate_data(c)
     _validate_algorithm(c)
     _validate_cohort(c)
+    _validate_warm_start(c)
     _validate_privacy(c)
     _validate_executor(c)
     if c.checkpoint.every < 0:
@@ -769,6 +784,30 @@ def _validate_sample_level(c: ExperimentConfig) -> None:
             c.privacy.accountant,
             f"no analysis of {c.batch_sampling} batches under {adjacency} adjacency; use "
             f"{' or '.join(m for m in methods if m != 'aggregate')} (or auto)",
+        )
+
+
+def _validate_warm_start(c: ExperimentConfig) -> None:
+    a = c.algorithm
+    if a.warm_start_variant is not None and not a.warm_start:
+        raise ConfigError(
+            "algorithm.warm_start_variant",
+            a.warm_start_variant,
+            "only with algorithm.warm_start: true; remove it",
+        )
+    if c.warm_start_variant == "authors_code" and c.privacy.calibrate != "none":
+        raise ConfigError(
+            "algorithm.warm_start_variant",
+            "authors_code",
+            "the authors' warm start is for reproducing their runs, not for calibration; use "
+            "warm_start_variant: paper (or a cold start) with privacy.calibrate",
+        )
+    if c.warm_start_variant == "authors_code" and c.rounds <= c.warmup_rounds:
+        raise ConfigError(
+            "rounds",
+            c.rounds,
+            f"the authors' warm start spends the first {c.warmup_rounds} of the rounds on c_i⁰; "
+            f"set rounds > {c.warmup_rounds}",
         )
 
 

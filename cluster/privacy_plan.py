@@ -115,6 +115,14 @@ class PrivacyClaim(ClaimStatus):
         """A fresh accountant for this claim (None when there is no ε to account)."""
         return _factory(self.accountant_name, self.assumption)() if self.dp_valid else None
 
+    def charge(self, accountant, round_index: int) -> None:
+        """Charge round ``round_index`` to the run's accountant: one q-subsampled Gaussian."""
+        accountant.step(self.noise_multiplier, self.sample_rate)
+
+    def epsilon_after(self, accountant, round_index: int) -> float:
+        """ε if round ``round_index`` were charged too (the budget check)."""
+        return accountant.epsilon_after(self.noise_multiplier, self.sample_rate, self.delta)
+
     def epsilon(self, rounds: int) -> float:
         """ε after ``rounds`` rounds (for calculators and tests; runs step their accountant)."""
         if not self.dp_valid:

@@ -58,6 +58,7 @@ class SampleLevelClaim(ClaimStatus):
     delta: float
     warmup_rounds: int = 0
     cohort_sampler: str = "fixed"
+    warm_start: str | None = None  # None, paper, authors_code
 
     @property
     def private(self) -> bool:
@@ -101,11 +102,53 @@ class SampleLevelClaim(ClaimStatus):
         """A zero-argument factory of the run's accountant (for calibration)."""
         return lambda: self._accountant(self.accountant_name)
 
+    def round_charge(self, round_index: int) -> float | None:
+        """The participation rate round ``round_index`` is charged at (None: nothing new).
+
+        Every round is K steps at rate l, except under the authors' warm start: round 0 computes
+        every client's c_i⁰ (a K-step release of every record, rate 1), and the rest of its
+        warm-up only collects those."""
+        if self.warm_start == "authors_code" and round_index < self.warmup_rounds:
+            return 1.0 if round_index == 0 else None
+        return self.client_rate
+
+    def history(self, rounds: int) -> list[tuple[float, float, int]]:
+        """(σ_g, rate, count) runs charged by ``rounds`` rounds."""
+        runs: list[tuple[float, float, int]] = []
+        for index in range(rounds):
+            rate = self.round_charge(index)
+            if rate is None:
+                continue
+            if runs and runs[-1][1] == rate:
+                runs[-1] = (self.noise_multiplier, rate, runs[-1][2] + 1)
+            else:
+                runs.append((self.noise_multiplier, rate, 1))
+        return runs
+
+    def charge(self, accountant: RecordLevelAccountant, round_index: int) -> None:
+        rate = self.round_charge(round_index)
+        if rate is not None:
+            accountant.step(self.noise_multiplier, rate)
+
+    def epsilon_after(self, accountant: RecordLevelAccountant, round_index: int) -> float:
+        rate = self.round_charge(round_index)
+        if rate is None:
+            return accountant.epsilon(self.delta)
+        return accountant.epsilon_after(self.noise_multiplier, rate, self.delta)
+
     def epsilon(self, rounds: int, method: str | None = None) -> float:
         if not self.dp_valid:
             raise ValueError(f"{self.preset} has no ε: {self.status}")
         accountant = self._accountant(method or self.accountant_name)
-        return accountant.epsilon_of(self.noise_multiplier, self.client_rate, rounds, self.delta)
+        return accountant.epsilon_of_history(self.history(rounds), self.delta)
+
+    def uncounted_warm_start_epsilon(self, rounds: int) -> float | None:
+        """ε the authors' code would claim for its warm start (the training rounds only)."""
+        if self.warm_start != "authors_code" or not self.dp_valid:
+            return None
+        accountant = self._accountant(self.accountant_name)
+        training = max(rounds - self.warmup_rounds, 0)
+        return accountant.epsilon_of(self.noise_multiplier, self.client_rate, training, self.delta)
 
     def epsilon_vs_server(self, rounds: int) -> float | None:
         """The default ε already holds against the server; the paper's does not."""
@@ -132,10 +175,15 @@ class SampleLevelClaim(ClaimStatus):
             f"K {self.local_steps}, l {self.client_rate:.4g}); ε by {self.accountant_name}: "
             f"{self.assumption}"
         ]
-        if self.warmup_rounds:
+        if self.warm_start == "paper":
             lines.append(
                 f"privacy: {self.warmup_rounds} warm-up rounds (c_i⁰, no model update) are "
                 "charged like training rounds"
+            )
+        elif self.warm_start == "authors_code":
+            lines.append(
+                "privacy: the authors' warm start computes every client's c_i⁰ in round 0: one "
+                "K-step release of every record (rate 1), charged; the authors do not count it"
             )
         return lines
 
@@ -197,6 +245,13 @@ class SampleLevelClaim(ClaimStatus):
             except ValueError as error:
                 by_method[method] = {"epsilon": f"n/a: {error}", "assumption": ASSUMPTIONS[method]}
         report.update(accountant=self.accountant_name, epsilon_by_accountant=by_method)
+        uncounted = self.uncounted_warm_start_epsilon(rounds)
+        if uncounted is not None:
+            report.update(
+                warm_start="authors_code",
+                epsilon_without_warm_start_cost=uncounted,
+                warm_start_extra_epsilon=(epsilon or self.epsilon(rounds)) - uncounted,
+            )
         return report
 
 
@@ -217,4 +272,5 @@ def sample_level_claim(config, algorithm, client_sizes=None) -> SampleLevelClaim
         delta=config.privacy.delta or (record_delta(client_sizes) if known else config.delta),
         warmup_rounds=config.warmup_rounds,
         cohort_sampler=config.cohort.sampling,
+        warm_start=algorithm.warm_start,
     )

@@ -90,6 +90,8 @@ class Simulation:
         extras = self.algorithm.server.initial_extras(params)
         if self.algorithm.control_variates:
             extras["control"] = torch.zeros_like(params)
+        if self.algorithm.warm_start == "authors_code":  # every client's c_i⁰ is taken at x⁰
+            extras["warm_start_point"] = params.clone()
         self.state = ServerState(params, extras)
         # Every ε of the run comes from this claim, read off the mechanism that runs.
         self.claim = privacy_claim(config, self.algorithm, store.client_sizes)
@@ -100,9 +102,7 @@ class Simulation:
         target = self.config.privacy.target_epsilon
         if self.accountant is None or target is None:
             return None
-        nxt = self.accountant.epsilon_after(
-            self.claim.noise_multiplier, self.claim.sample_rate, self.claim.delta
-        )
+        nxt = self.claim.epsilon_after(self.accountant, len(self.history))
         if nxt > target:
             return (
                 f"privacy budget: round {len(self.history) + 1} would reach ε={nxt:.3f} "
@@ -142,7 +142,7 @@ class Simulation:
             sum(a.nbytes for a in (broadcast.params, *broadcast.payload.values()))
         )
         if self.accountant is not None:
-            self.accountant.step(self.claim.noise_multiplier, self.claim.sample_rate)
+            self.claim.charge(self.accountant, round_index)
             record.epsilon = self.accountant.epsilon(self.claim.delta)
             vs_server = self.claim.epsilon_vs_server(round_index + 1)
             if vs_server is not None:

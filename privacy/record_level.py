@@ -101,9 +101,9 @@ def _mixed(inner: np.ndarray, orders: np.ndarray, client_rate: float) -> np.ndar
 class RecordLevelAccountant:
     """A run's record-level accountant, with the client-level accountants' interface.
 
-    ``step(σ_g, l, rounds)`` composes identical rounds (σ_g, l) of K local steps at record rate
-    s; ``epsilon(δ)`` is the chosen method's ε. Calibration and round budgets
-    (``privacy.calibration``) therefore work unchanged.
+    ``step(σ_g, l, rounds)`` composes rounds of K local steps at record rate s (runs of equal
+    (σ_g, l) merged); ``epsilon(δ)`` is the chosen method's ε of the composition. Calibration
+    and round budgets (``privacy.calibration``) therefore work unchanged.
     """
 
     def __init__(
@@ -139,57 +139,80 @@ class RecordLevelAccountant:
         self.num_clients = num_clients
         self.name = method
         self.assumption = ASSUMPTIONS[method]
-        self._params: tuple[float, float] | None = None  # (σ_g, l) of every round
-        self._rounds = 0
+        self.history: list[tuple[float, float, int]] = []  # (σ_g, l, rounds), merged when equal
 
     @property
     def rounds(self) -> int:
-        return self._rounds
+        return sum(n for _, _, n in self.history)
 
-    def _check(self, noise_multiplier: float, client_rate: float) -> tuple[float, float]:
+    @staticmethod
+    def _checked(noise_multiplier: float, client_rate: float) -> tuple[float, float]:
         params = (float(noise_multiplier), float(client_rate))
         if not params[0] > 0 or not 0 < params[1] <= 1:
             raise ValueError(f"need σ_g > 0 and l in (0, 1], got {params}")
-        if self._params is not None and params != self._params and self._rounds:
-            raise ValueError(
-                f"record-level rounds must be identical: {params} after {self._params}"
-            )
         return params
 
     def step(self, noise_multiplier: float, client_rate: float, rounds: int = 1) -> None:
-        self._params = self._check(noise_multiplier, client_rate)
-        self._rounds += int(rounds)
+        """Compose ``rounds`` rounds at (σ_g, l); l = 1 is a K-step release every record's
+        client takes part in (DP-SCAFFOLD's authors'-code warm start)."""
+        self.history = _extended(
+            self.history, *self._checked(noise_multiplier, client_rate), rounds
+        )
 
     def epsilon(self, delta: float) -> float:
-        if not self._rounds:
-            return 0.0
-        return self.epsilon_of(*self._params, self._rounds, delta)
+        return self.epsilon_of_history(self.history, delta) if self.history else 0.0
 
     def epsilon_after(self, noise_multiplier: float, client_rate: float, delta: float) -> float:
-        params = self._check(noise_multiplier, client_rate)
-        return self.epsilon_of(*params, self._rounds + 1, delta)
+        params = self._checked(noise_multiplier, client_rate)
+        return self.epsilon_of_history(_extended(self.history, *params, 1), delta)
 
     def epsilon_of(self, sigma: float, client_rate: float, rounds: int, delta: float) -> float:
-        """ε after ``rounds`` rounds at (σ_g, l), by this accountant's method."""
+        """ε after ``rounds`` identical rounds at (σ_g, l), by this accountant's method."""
+        return self.epsilon_of_history([(sigma, client_rate, rounds)], delta)
+
+    def epsilon_of_history(self, history, delta: float) -> float:
+        """ε of the composed runs (σ_g, l, rounds), by this accountant's method."""
         s, k = self.data_rate, self.local_steps
-        if self.method == "pld":
-            acc = SampleLevelPldAccountant(client_rate, s, k, sigma, adjacency=self.adjacency)
-            return acc.epsilon(rounds, delta)
-        if self.method == "aggregate":
-            sigma_e = sigma * math.sqrt(client_rate * self.num_clients)
-            return SampleLevelPldAccountant(client_rate, s, k, sigma_e).epsilon(rounds, delta)
+        history = [(sg, rate, n) for sg, rate, n in history if n > 0]
+        if not history:
+            return 0.0
+        if self.method in ("pld", "aggregate"):
+            plds = []
+            for sigma, rate, n in history:
+                if self.method == "aggregate":  # σ_e = σ_g·√(lM), add/remove
+                    acc = SampleLevelPldAccountant(
+                        rate, s, k, sigma * math.sqrt(rate * self.num_clients)
+                    )
+                else:
+                    acc = SampleLevelPldAccountant(rate, s, k, sigma, adjacency=self.adjacency)
+                if len(history) == 1:
+                    return acc.epsilon(n, delta)  # with its RDP range guard
+                plds.append(acc.round_pld.self_compose(n))
+            composed = plds[0]
+            for pld in plds[1:]:
+                composed = composed.compose(pld)
+            return float(composed.get_epsilon_for_delta(delta))
         if self.method == "paper":
-            paper = TwoLevelSampleAccountant(self.num_clients, client_rate, s, k, sigma)
-            return paper.epsilon(rounds, delta)
-        if self.batch_sampling == "poisson":
-            curve = _round_rdp(client_rate, s, k, sigma)
-        else:
-            curve = _fresh_round_rdp(client_rate, s, k, sigma)
-        return epsilon_from_rdp(RDP_ORDERS, rounds * curve, delta)
+            runs = [
+                (n, TwoLevelSampleAccountant(self.num_clients, rate, s, k, sigma))
+                for sigma, rate, n in history
+            ]
+            total = sum(n * paper.round_rdp for n, paper in runs)
+            orders = runs[0][1].orders
+            return float(np.min(total + math.log(1.0 / delta) / (orders - 1)))
+        curve_of = _round_rdp if self.batch_sampling == "poisson" else _fresh_round_rdp
+        total = sum(n * curve_of(rate, s, k, sigma) for sigma, rate, n in history)
+        return epsilon_from_rdp(RDP_ORDERS, total, delta)
 
     def state_dict(self) -> dict:
-        return {"params": self._params, "rounds": self._rounds}
+        return {"history": [list(run) for run in self.history]}
 
     def load_state_dict(self, state: dict) -> None:
-        self._params = None if state["params"] is None else tuple(state["params"])
-        self._rounds = int(state["rounds"])
+        self.history = [(float(a), float(b), int(n)) for a, b, n in state["history"]]
+
+
+def _extended(history, sigma: float, rate: float, rounds: int):
+    """``history`` with ``rounds`` more rounds at (σ, l), merged into the last run if equal."""
+    if history and history[-1][:2] == (sigma, rate):
+        return [*history[:-1], (sigma, rate, history[-1][2] + int(rounds))]
+    return [*history, (sigma, rate, int(rounds))]

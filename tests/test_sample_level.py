@@ -170,6 +170,30 @@ def test_warm_start_moves_no_parameters_and_is_charged(store_root):
     assert sim.history[-1].epsilon > 2 * cold.history[-1].epsilon
 
 
+def test_authors_warm_start_counts_inside_the_rounds_and_charges_round_zero(store_root):
+    # l = 5/20: round(4/l) = 16 of the 20 rounds collect c_i⁰ computed at x⁰ in round 0.
+    extra = ("algorithm.warm_start=true", "algorithm.warm_start_variant=authors_code")
+    config = small_config(store_root, *SCAFFOLD_DP, *extra, "rounds=20")
+    assert config.warmup_rounds == 16 and config.total_rounds == 20
+    sim, executor = _simulation(config)
+    initial = sim.state.params.clone()
+    for index in range(16):
+        sim.history.append(sim.run_round(index))
+    assert torch.equal(sim.state.params, initial)
+    collected = executor.host.client_state.state_dict()
+    # c = (1/N) Σ of the c_i⁰ collected once each, every one computed with round 0's keys.
+    expected = torch.from_numpy(collected["control"]).sum(0) / 20
+    torch.testing.assert_close(sim.state.extras["control"], expected, atol=1e-6, rtol=1e-5)
+    sim.run()
+    claim = sim.claim
+    # Charged: one K-step release of every record (rate 1) plus 4 training rounds at l.
+    assert claim.history(20) == [(2.0, 1.0, 1), (2.0, 0.25, 4)]
+    assert sim.history[-1].epsilon == pytest.approx(claim.epsilon(20), rel=1e-12)
+    assert claim.epsilon(20) > claim.uncounted_warm_start_epsilon(20)
+    report = claim.report(20, sim.history[-1].epsilon)
+    assert report["warm_start_extra_epsilon"] > 0
+
+
 def test_resume_is_bit_identical_with_client_controls(store_root):
     config = small_config(store_root, *SCAFFOLD_DP, "rounds=4")
     straight, _ = _simulation(config)
