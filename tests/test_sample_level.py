@@ -15,7 +15,7 @@ from algorithms.local import LocalTrainer, ModelObjective
 from cluster.config import ConfigError, load_config
 from cluster.executors import LocalExecutor
 from cluster.experiment import open_store
-from cluster.privacy_plan import privacy_claim
+from cluster.privacy_plan import calibrated, privacy_claim
 from cluster.simulation import Simulation
 from models.logreg import LogisticRegression
 
@@ -274,3 +274,29 @@ def test_paper_configs_claim_the_papers_epsilon_with_its_accountant(
     assert config.warmup_rounds == 20 and claim.data_rate == 0.2
     assert claim.epsilon(rounds, "paper") == pytest.approx(paper, abs=0.05)  # spec 004 §3
     assert claim.epsilon(config.total_rounds) < claim.epsilon(config.total_rounds, "paper")
+
+
+def test_calibration_uses_the_record_level_accountant(store_root):
+    rounds = small_config(
+        store_root,
+        *SCAFFOLD_DP,
+        "algorithm.noise_multiplier=10",
+        "privacy.target_epsilon=2.0",
+        "privacy.calibrate=rounds",
+        "algorithm.warm_start=true",
+    )
+    after = calibrated(rounds)
+    claim = privacy_claim(after, after.build_algorithm(), [80] * 20)
+    # T counts training rounds; the 16 warm-up rounds are charged on top of them.
+    assert after.rounds > 1 and after.total_rounds == after.rounds + 16
+    assert claim.epsilon(after.total_rounds) <= 2.0 < claim.epsilon(after.total_rounds + 1)
+    sigma = small_config(
+        store_root,
+        *SCAFFOLD_DP,
+        "algorithm.noise_multiplier=null",
+        "privacy.target_epsilon=2.0",
+        "privacy.calibrate=sigma",
+    )
+    after = calibrated(sigma)
+    claim = privacy_claim(after, after.build_algorithm(), [80] * 20)
+    assert 1.99 < claim.epsilon(after.rounds) <= 2.0
