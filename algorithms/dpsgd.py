@@ -70,6 +70,9 @@ def per_example_gradients(
         return own(flat, x, y)
     layout, model = objective.layout, objective.model
     params = layout.unflatten(flat.detach())
+    # Dropout needs independent masks per example; without it, vmap can skip that machinery.
+    random = any(isinstance(m, nn.modules.dropout._DropoutNd) for m in model.modules())
+    randomness = "different" if random else "error"
     if method == "auto":
         method = "expanded" if flat.numel() <= EXPANDED_MAX_PARAMS else "vmap_grad"
     objective.grad_evals += 1
@@ -83,7 +86,7 @@ def per_example_gradients(
             return functional_call(model, p, (xi.unsqueeze(0),)).squeeze(0)
 
         with torch.enable_grad():
-            logits = vmap(forward, randomness="different")(copies, x)
+            logits = vmap(forward, randomness=randomness)(copies, x)
             total = nn.functional.cross_entropy(logits, y, reduction="sum")
             values = torch.autograd.grad(total, list(copies.values()))
         grads = dict(zip(copies, values, strict=True))
@@ -95,7 +98,7 @@ def per_example_gradients(
             return nn.functional.cross_entropy(out, yi.unsqueeze(0)), out.squeeze(0)
 
         grads, logits = vmap(
-            grad(example_loss, has_aux=True), in_dims=(None, 0, 0), randomness="different"
+            grad(example_loss, has_aux=True), in_dims=(None, 0, 0), randomness=randomness
         )(params, x, y)
     matrix = torch.cat([grads[name].reshape(len(y), -1) for name in layout.names], dim=1)
     return nn.functional.cross_entropy(logits, y), logits, matrix
