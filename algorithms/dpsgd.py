@@ -55,53 +55,118 @@ def per_example_gradients(
 ):
     """(mean loss, logits, B × d matrix of per-example gradients of the cross-entropy at flat).
 
-    Two torch.func paths, equal to float rounding:
+    Three paths on ``functional_call``, equal to float rounding:
 
-    - ``vmap_grad``: ``vmap(grad(ℓ(θ; x_j, y_j)))`` over the batch, θ shared;
+    - ``vmap_grad``: ``vmap(grad(ℓ(θ; x_j, y_j)))`` over the batch, θ shared (torch.func);
     - ``expanded``: θ expanded to B per-example copies (views, no memory), the forward
       ``vmap(functional_call)`` over (θ_j, x_j), one autograd pass of Σ_j ℓ_j: ∂/∂θ_j is
-      example j's gradient, since ℓ_j depends on θ_j only.
+      example j's gradient, since ℓ_j depends on θ_j only;
+    - ``linear``: for models whose parameters all sit in ``nn.Linear`` layers, each called once
+      (logistic regression, MLPs): one batched forward and one backward of Σ_j ℓ_j to each
+      layer's output z; example j's gradient is g_j = ∂ℓ_j/∂z_j, W: g_j a_jᵀ, b: g_j (a_j the
+      layer's input), since z_j depends on example j only.
 
-    ``auto`` picks ``expanded`` below ``EXPANDED_MAX_PARAMS`` parameters. An objective with
-    its own ``per_example_gradients`` (crafted gradients: ``privacy.audit_sample``) is used as is.
+    ``auto``: ``linear`` where it applies, else ``expanded`` below ``EXPANDED_MAX_PARAMS``
+    parameters, else ``vmap_grad``. An objective with its own ``per_example_gradients``
+    (crafted gradients: ``privacy.audit_sample``) is used as is.
     """
     own = getattr(objective, "per_example_gradients", None)
     if own is not None:
         return own(flat, x, y)
     layout, model = objective.layout, objective.model
     params = layout.unflatten(flat.detach())
-    # Dropout needs independent masks per example; without it, vmap can skip that machinery.
-    random = any(isinstance(m, nn.modules.dropout._DropoutNd) for m in model.modules())
-    randomness = "different" if random else "error"
+    linears = _linear_owners(model, layout.names)
     if method == "auto":
-        method = "expanded" if flat.numel() <= EXPANDED_MAX_PARAMS else "vmap_grad"
+        if linears is not None:
+            method = "linear"
+        else:
+            method = "expanded" if flat.numel() <= EXPANDED_MAX_PARAMS else "vmap_grad"
     objective.grad_evals += 1
-    if method == "expanded":
-        copies = {
-            name: value.unsqueeze(0).expand(len(y), *value.shape).requires_grad_()
-            for name, value in params.items()
-        }
-
-        def forward(p, xi):
-            return functional_call(model, p, (xi.unsqueeze(0),)).squeeze(0)
-
-        with torch.enable_grad():
-            logits = vmap(forward, randomness=randomness)(copies, x)
-            total = nn.functional.cross_entropy(logits, y, reduction="sum")
-            values = torch.autograd.grad(total, list(copies.values()))
-        grads = dict(zip(copies, values, strict=True))
-        logits = logits.detach()
+    if method == "linear":
+        if linears is None:
+            raise ValueError("method linear needs every parameter in an nn.Linear layer")
+        logits, grads = _linear_outer_products(model, params, linears, x, y)
+    elif method == "expanded":
+        logits, grads = _expanded(model, params, x, y)
     else:
-
-        def example_loss(p, xi, yi):
-            out = functional_call(model, p, (xi.unsqueeze(0),))
-            return nn.functional.cross_entropy(out, yi.unsqueeze(0)), out.squeeze(0)
-
-        grads, logits = vmap(
-            grad(example_loss, has_aux=True), in_dims=(None, 0, 0), randomness=randomness
-        )(params, x, y)
+        logits, grads = _vmap_grad(model, params, x, y)
     matrix = torch.cat([grads[name].reshape(len(y), -1) for name in layout.names], dim=1)
     return nn.functional.cross_entropy(logits, y), logits, matrix
+
+
+def _randomness(model: nn.Module) -> str:
+    """Dropout needs independent masks per example; without it, vmap skips that machinery."""
+    random = any(isinstance(m, nn.modules.dropout._DropoutNd) for m in model.modules())
+    return "different" if random else "error"
+
+
+def _vmap_grad(model, params, x, y):
+    def example_loss(p, xi, yi):
+        out = functional_call(model, p, (xi.unsqueeze(0),))
+        return nn.functional.cross_entropy(out, yi.unsqueeze(0)), out.squeeze(0)
+
+    grads, logits = vmap(
+        grad(example_loss, has_aux=True), in_dims=(None, 0, 0), randomness=_randomness(model)
+    )(params, x, y)
+    return logits, grads
+
+
+def _expanded(model, params, x, y):
+    copies = {
+        name: value.unsqueeze(0).expand(len(y), *value.shape).requires_grad_()
+        for name, value in params.items()
+    }
+
+    def forward(p, xi):
+        return functional_call(model, p, (xi.unsqueeze(0),)).squeeze(0)
+
+    with torch.enable_grad():
+        logits = vmap(forward, randomness=_randomness(model))(copies, x)
+        total = nn.functional.cross_entropy(logits, y, reduction="sum")
+        values = torch.autograd.grad(total, list(copies.values()))
+    return logits.detach(), dict(zip(copies, values, strict=True))
+
+
+def _linear_owners(model: nn.Module, names) -> dict[str, nn.Linear] | None:
+    """Module name → ``nn.Linear`` if every parameter is a Linear's weight or bias, else None."""
+    modules = dict(model.named_modules())
+    owners = {}
+    for name in names:
+        owner, _, leaf = name.rpartition(".")
+        module = modules.get(owner)
+        if not isinstance(module, nn.Linear) or leaf not in ("weight", "bias"):
+            return None
+        owners[owner] = module
+    return owners
+
+
+def _linear_outer_products(model, params, linears: dict[str, nn.Linear], x, y):
+    seen: dict[str, list] = {name: [] for name in linears}
+
+    def capture(name):
+        return lambda module, inputs, output: seen[name].append((inputs[0], output))
+
+    handles = [m.register_forward_hook(capture(n)) for n, m in linears.items()]
+    try:
+        with torch.enable_grad():
+            leaves = {k: v.requires_grad_() for k, v in params.items()}  # z gets a graph
+            logits = functional_call(model, leaves, (x,))
+            total = nn.functional.cross_entropy(logits, y, reduction="sum")
+            if any(len(calls) != 1 for calls in seen.values()):
+                raise ValueError("method linear needs each Linear layer called exactly once")
+            outputs = torch.autograd.grad(total, [calls[0][1] for calls in seen.values()])
+    finally:
+        for handle in handles:
+            handle.remove()
+    grads = {}
+    for (name, module), g in zip(linears.items(), outputs, strict=True):
+        a = seen[name][0][0].detach()
+        g = g.reshape(len(y), -1, g.shape[-1])  # (B, positions, out)
+        a = a.reshape(len(y), -1, a.shape[-1])  # (B, positions, in)
+        grads[f"{name}.weight"] = torch.einsum("bko,bki->boi", g, a)
+        if module.bias is not None:
+            grads[f"{name}.bias"] = g.sum(1)
+    return logits.detach(), grads
 
 
 def clipped_sum(

@@ -1,11 +1,12 @@
 """Per-example gradients, the cost centre of sample-level DP: torch.func vs Opacus vs a loop.
 
-    uv run python -m benchmarks.per_example [--models logreg mnist_cnn] [--batches 16 64]
+    uv run python -m benchmarks.per_example [--models logreg mlp_pca60 mnist_cnn] [--batches 16]
 
 Three ways to get the B × d matrix of per-example gradients of the cross-entropy on one batch:
-the project's two torch.func paths (``algorithms.dpsgd.per_example_gradients``: ``vmap(grad(·))``
-over ``functional_call``, and the vmapped forward over expanded parameters with one autograd
-pass; ``auto`` is the one a run uses), Opacus's ``GradSampleModule`` hooks, and a plain loop of
+the project's paths (``algorithms.dpsgd.per_example_gradients``: ``vmap(grad(·))`` over
+``functional_call``, the vmapped forward over expanded parameters with one autograd pass, and
+``auto``, the one a run uses: per-layer outer products for Linear-only models, else one of the
+two), Opacus's ``GradSampleModule`` hooks, and a plain loop of
 B autograd passes. All are checked to agree before timing. Writes JSON (median ms per batch
 and the ratio of ``auto`` to Opacus) to ``benchmarks/results/per_example.json``.
 """
@@ -87,7 +88,7 @@ def measure(name: str, batch: int, repeats: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", default=["logreg", "mnist_cnn"])
+    parser.add_argument("--models", nargs="+", default=["logreg", "mlp_pca60", "mnist_cnn"])
     parser.add_argument("--batches", nargs="+", type=int, default=[16, 64, 160])
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--out", default="benchmarks/results/per_example.json")

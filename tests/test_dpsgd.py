@@ -33,7 +33,7 @@ def _opacus_per_example(model, x, y):
 
 
 @pytest.mark.filterwarnings("ignore:Full backward hook")
-@pytest.mark.parametrize("method", ["expanded", "vmap_grad"])
+@pytest.mark.parametrize("method", ["auto", "expanded", "vmap_grad"])
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_per_example_gradients_and_clipped_sums_match_opacus(name, method):
     torch.manual_seed(0)
@@ -104,3 +104,11 @@ def test_batchnorm_is_refused_and_sigma_zero_is_clipped_sgd():
     a = sgd.train(objective, w0, x, y, torch.Generator().manual_seed(3)).params
     b = dp.train(objective, w0, x, y, torch.Generator().manual_seed(3)).params
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_linear_path_is_for_linear_only_models():
+    model = build_model("mnist_cnn", (1, 28, 28), 10)
+    objective = ModelObjective(model, ParamLayout.of(model))
+    x, y = _batch((1, 28, 28), 10)
+    with pytest.raises(ValueError, match="nn.Linear"):
+        per_example_gradients(objective, ParamLayout.flatten(model), x, y, "linear")
