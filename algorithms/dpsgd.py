@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
 import torch
@@ -75,7 +76,7 @@ def per_example_gradients(
         return own(flat, x, y)
     layout, model = objective.layout, objective.model
     params = layout.unflatten(flat.detach())
-    linears = _linear_owners(model, layout.names)
+    linears = _linear_owners(model, tuple(layout.names))  # once per model: every step asks
     if method == "auto":
         if linears is not None:
             method = "linear"
@@ -94,6 +95,7 @@ def per_example_gradients(
     return nn.functional.cross_entropy(logits, y), logits, matrix
 
 
+@lru_cache(maxsize=16)
 def _randomness(model: nn.Module) -> str:
     """Dropout needs independent masks per example; without it, vmap skips that machinery."""
     random = any(isinstance(m, nn.modules.dropout._DropoutNd) for m in model.modules())
@@ -127,7 +129,8 @@ def _expanded(model, params, x, y):
     return logits.detach(), dict(zip(copies, values, strict=True))
 
 
-def _linear_owners(model: nn.Module, names) -> dict[str, nn.Linear] | None:
+@lru_cache(maxsize=16)
+def _linear_owners(model: nn.Module, names: tuple[str, ...]) -> dict[str, nn.Linear] | None:
     """Module name → ``nn.Linear`` if every parameter is a Linear's weight or bias, else None."""
     modules = dict(model.named_modules())
     owners = {}

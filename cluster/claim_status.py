@@ -1,28 +1,39 @@
 """What every privacy claim says the same way: valid or not, why, and how an ε reads.
 
 A claim (``PrivacyClaim`` for client-level presets, ``SampleLevelClaim`` for sample-level ones)
-supplies ``preset``, ``private``, ``unaccounted_reason``, ``valid_threat_model`` (the threat
-model its ε holds under) and ``_epsilon_number`` (how a valid ε is written); this mixin derives
-the rest, so that an unaccounted run reads identically whatever its unit.
+supplies ``preset``, ``unaccounted_reason``, ``noise_multiplier`` (0: no noise),
+``valid_threat_model`` (the threat model its ε holds under) and ``_epsilon_number`` (how a valid
+ε is written); this base derives the rest, so that an unaccounted run reads identically
+whatever its unit.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 
-class ClaimStatus:
+
+class ClaimStatus(ABC):
     preset: str
     unaccounted_reason: str | None
 
     @property
-    def private(self) -> bool:
-        raise NotImplementedError
+    @abstractmethod
+    def noise_multiplier(self) -> float:
+        """σ of the mechanism that runs (0 without one)."""
 
     @property
+    @abstractmethod
     def valid_threat_model(self) -> str:
-        raise NotImplementedError
+        """Whom the ε holds against, when it holds."""
 
+    @abstractmethod
     def _epsilon_number(self, epsilon: float, vs_server: float | None) -> str:
-        raise NotImplementedError
+        """The terminal text of a valid ε."""
+
+    @property
+    def private(self) -> bool:
+        """Noise is added (σ > 0)."""
+        return self.noise_multiplier > 0
 
     @property
     def dp_valid(self) -> bool:

@@ -95,10 +95,6 @@ class PrivacyClaim(ClaimStatus):
     cohort_sampler: str = "fixed"
 
     @property
-    def private(self) -> bool:
-        return self.mechanism is not None and self.mechanism.noise_multiplier > 0
-
-    @property
     def noise_multiplier(self) -> float:
         return 0.0 if self.mechanism is None else self.mechanism.noise_multiplier
 

@@ -61,10 +61,6 @@ class SampleLevelClaim(ClaimStatus):
     warm_start: str | None = None  # None, paper, authors_code
 
     @property
-    def private(self) -> bool:
-        return self.rule is not None and self.rule.noise_multiplier > 0
-
-    @property
     def noise_multiplier(self) -> float:
         return 0.0 if self.rule is None else self.rule.noise_multiplier
 
@@ -113,17 +109,13 @@ class SampleLevelClaim(ClaimStatus):
         return self.client_rate
 
     def history(self, rounds: int) -> list[tuple[float, float, int]]:
-        """(σ_g, rate, count) runs charged by ``rounds`` rounds."""
-        runs: list[tuple[float, float, int]] = []
-        for index in range(rounds):
-            rate = self.round_charge(index)
-            if rate is None:
-                continue
-            if runs and runs[-1][1] == rate:
-                runs[-1] = (self.noise_multiplier, rate, runs[-1][2] + 1)
-            else:
-                runs.append((self.noise_multiplier, rate, 1))
-        return runs
+        """(σ_g, rate, count) runs charged by ``rounds`` rounds (as ``round_charge`` says)."""
+        sigma = self.noise_multiplier
+        if self.warm_start != "authors_code":
+            return [(sigma, self.client_rate, rounds)] if rounds else []
+        training = max(rounds - self.warmup_rounds, 0)
+        runs = [(sigma, 1.0, 1)] if rounds else []
+        return runs + ([(sigma, self.client_rate, training)] if training else [])
 
     def charge(self, accountant: RecordLevelAccountant, round_index: int) -> None:
         rate = self.round_charge(round_index)
