@@ -47,7 +47,7 @@ def client_round(
     is the one drawn with round 0's keys at x⁰ (``payload["warm_start_point"]``), as if every
     client computed it in round 0; a client uploads it once, and one never sampled in the
     warm-up trains from it."""
-    algorithm = algorithm.at_round(round_index)
+    algorithm = algorithm.at_round(round_index).with_state(payload)
     keys = (seed, round_index, client_id)
     training_rng = torch_generator(*keys, Purpose.LOCAL_TRAINING)
 
@@ -131,7 +131,15 @@ def client_round(
     report.stats["upload_bytes"] = float(upload_bytes(update))
 
     weight = float(len(y)) if algorithm.server.weighting == "samples" else 1.0
-    uploads = {"delta": update * weight if weight != 1.0 else update}
+    uploads = {algorithm.pipeline.upload_name: update * weight if weight != 1.0 else update}
+    if algorithm.adaptive_clip is not None:
+        mechanism = algorithm.mechanism
+        uploads["clip_bit"] = algorithm.adaptive_clip.client_upload(
+            report.pre_clip_norm,
+            mechanism.clip.clip_norm,
+            torch_generator(*keys, Purpose.CLIP_BIT),
+            noised=mechanism.placement != "server",
+        )
     if algorithm.control_variates:
         new_control = updated_client_control(
             client_control,

@@ -23,7 +23,14 @@ with noise multiplier σ that the accountants analyse iff
 Placement. ``server``: the server adds Z to the sum (``server_noise``; a trusted aggregator sees
 the clipped updates). ``client``: each of the m clients adds N(0, σ²S²k²/m) on the support
 (``privatize``), which sums to Z over a fixed-size cohort (secure aggregation, honest clients);
-a server that sees each upload faces the per-client multiplier σ·k/√m.
+a server that sees each upload faces the per-client multiplier σ·k/√m. ``local``: each client
+adds the whole N(0, σ²S²k²) to its own upload (DPSFL's Alg. 1: every upload is released as
+is), so the sum carries √m times Z.
+
+``between`` transforms act after the clip and before the noise; the sensitivity is the clip's
+bound carried through their ``output_bound`` (a count sketch raises it: ``algorithms.sketch``).
+A transform that claims a bound it does not have (``unaccounted_reason``, DPSFL's C√l) makes
+the mechanism unaccounted.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from algorithms.layout import ParamLayout
 from algorithms.sparsify import RandK
 from algorithms.transforms import ClientContext, Clip, bind_all
 
-Placement = Literal["server", "client"]
+Placement = Literal["server", "client", "local"]
 
 
 class NoiseSupport(Protocol):
@@ -126,9 +133,6 @@ class GaussianMechanism:
             raise ValueError("Gaussian noise needs a bounded input: a finite clip norm")
         if self.placement == "server" and not self.support.public:
             raise ValueError(f"noise on {self.support.description} can only be client-placed")
-        for transform in self.between:
-            if transform.output_bound(1.0) > 1.0:
-                raise ValueError(f"{transform} between clip and noise may not raise the norm")
 
     def bind(self, layout: ParamLayout) -> GaussianMechanism:
         return replace(self, clip=self.clip.bind(layout), between=bind_all(self.between, layout))
@@ -150,6 +154,9 @@ class GaussianMechanism:
 
     @property
     def unaccounted_reason(self) -> str | None:
+        for transform in self.between:
+            if getattr(transform, "unaccounted_reason", None):
+                return transform.unaccounted_reason
         if self.support.public:
             return None
         return (
@@ -168,7 +175,9 @@ class GaussianMechanism:
             update = update * mask  # nothing is released outside the support
         if self.placement == "server" or self.noise_multiplier == 0:
             return update
-        std = self.sum_noise_std / math.sqrt(ctx.nominal_cohort_size)
+        std = self.sum_noise_std
+        if self.placement == "client":
+            std /= math.sqrt(ctx.nominal_cohort_size)
         noise = torch.randn(
             update.shape, generator=ctx.noise_generator, device=update.device, dtype=update.dtype
         )
@@ -184,7 +193,7 @@ class GaussianMechanism:
         generator: torch.Generator,
     ) -> torch.Tensor | None:
         """Z for the sum (float64) when the server adds it; None under client placement."""
-        if self.placement == "client" or self.noise_multiplier == 0:
+        if self.placement != "server" or self.noise_multiplier == 0:
             return None
         noise = self.sum_noise_std * torch.randn(size, generator=generator, dtype=torch.float64)
         mask = self.support.public_mask(size, layout, round_key)

@@ -45,6 +45,13 @@ class UpdatePipeline:
         return update
 
     @property
+    def upload_name(self) -> str:
+        """What a client uploads: ``sketch`` when a transform sketches it, else ``delta``."""
+        between = () if self.mechanism is None else self.mechanism.between
+        names = [getattr(t, "upload_name", None) for t in (*between, *self.after)]
+        return next((n for n in names if n is not None), "delta")
+
+    @property
     def noise_multiplier(self) -> float:
         """σ of the mechanism (0 without one)."""
         return 0.0 if self.mechanism is None else self.mechanism.noise_multiplier

@@ -45,7 +45,11 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+import torch
+
+from algorithms.adaptive_clip import AdaptiveClip
 from algorithms.dpsgd import Adjacency, DpSgdGradient
+from algorithms.fetchsgd import FetchSgdServerRule
 from algorithms.layout import ParamLayout
 from algorithms.local import LocalTrainer, PgnGradient, SamGradient
 from algorithms.lus import LocalUpdateSparsification
@@ -60,7 +64,8 @@ from algorithms.mechanism import (
 from algorithms.pgn import AddDrift, StripDrift
 from algorithms.pipeline import UpdatePipeline
 from algorithms.regularizers import BoundedLocalUpdate
-from algorithms.server import MeanServerRule
+from algorithms.server import MeanServerRule, ServerContext, ServerState
+from algorithms.sketch import SketchUpload, noise_multiplier_for_rho, rho_from_epsilon
 from algorithms.smoothing import LaplacianSmoothing
 from algorithms.sparsify import RandK, TopK
 from algorithms.transforms import Clip
@@ -71,10 +76,12 @@ class Algorithm:
     name: str
     trainer: LocalTrainer
     pipeline: UpdatePipeline = field(default_factory=UpdatePipeline)
-    server: MeanServerRule = field(default_factory=MeanServerRule)
+    server: MeanServerRule | FetchSgdServerRule = field(default_factory=MeanServerRule)
     control_variates: bool = False
     # DP-SCAFFOLD-warm: rounds that only compute c_i⁰ = (1/K) Σ_k H̃_i^k(x⁰) (None: cold)
     warm_start: Literal["paper", "authors_code"] | None = None
+    # DPSFL-AC: C_t moves with the clients' noisy bits; the server keeps it in "clip_norm"
+    adaptive_clip: AdaptiveClip | None = None
 
     @property
     def sample_dp(self) -> DpSgdGradient | None:
@@ -111,8 +118,43 @@ class Algorithm:
         return replace(self, trainer=trainer, server=server)
 
     def bind(self, layout: ParamLayout) -> Algorithm:
-        """Resolve layout-dependent parts (per-layer clipping) for a model's layout."""
-        return replace(self, pipeline=self.pipeline.bind(layout))
+        """Resolve layout-dependent parts (per-layer clipping, sketch size) for a model."""
+        server = self.server.bind(layout) if hasattr(self.server, "bind") else self.server
+        return replace(self, pipeline=self.pipeline.bind(layout), server=server)
+
+    def initial_extras(self, params) -> dict:
+        """The server state at round 0 beyond the model (what ``server_step`` evolves)."""
+        extras = self.server.initial_extras(params)
+        if self.control_variates:
+            extras["control"] = torch.zeros_like(params)
+        if self.warm_start == "authors_code":  # every client's c_i⁰ is taken at x⁰
+            extras["warm_start_point"] = params.clone()
+        if self.adaptive_clip is not None:
+            extras["clip_norm"] = torch.tensor([self.mechanism.clip.clip_norm], dtype=torch.float64)
+        return extras
+
+    def with_state(self, extras: dict) -> Algorithm:
+        """The round's algorithm under the server state (or broadcast) ``extras``: the
+        adaptive clip norm C_t, when there is one, bounds the clip and sizes the noise."""
+        if self.adaptive_clip is None:
+            return self
+        mechanism = self.mechanism
+        clip = replace(mechanism.clip, clip_norm=float(extras["clip_norm"][0]))
+        pipeline = replace(self.pipeline, mechanism=replace(mechanism, clip=clip))
+        return replace(self, pipeline=pipeline)
+
+    def server_step(self, state: ServerState, total, ctx: ServerContext) -> ServerState:
+        """The server rule's step, then C_{t+1} from the round's noisy bits (DPSFL-AC)."""
+        new = self.server.step(state, total, ctx, self.control_variates)
+        if self.adaptive_clip is not None:
+            count = total.sums.get("clip_bit", torch.zeros(1, dtype=torch.float64))
+            clip_norm = self.adaptive_clip.next_clip_norm(
+                float(state.extras["clip_norm"][0]),
+                float(count[0]) + ctx.noise_on_count,
+                ctx.nominal_cohort_size,
+            )
+            new.extras["clip_norm"] = torch.tensor([clip_norm], dtype=torch.float64)
+        return new
 
 
 def fedavg(trainer: LocalTrainer, server_lr: float = 1.0, weighting="uniform") -> Algorithm:
@@ -386,6 +428,143 @@ def dp_fedavg_ls(
     return Algorithm("dp_fedavg_ls", trainer, dp.pipeline(), server)
 
 
+# DPSFL's compression levels CL1–5 (spec 002 §4): (top-k k, sketch columns m), 5 rows.
+COMPRESSION_LEVELS = {
+    1: (50_000, 500_000),
+    2: (32_000, 300_000),
+    3: (25_000, 200_000),
+    4: (18_000, 120_000),
+    5: (12_000, 80_000),
+}
+PAPER_DELTA = 1e-5  # the δ of DPSFL's ε → ρ conversion
+
+
+def _one_gradient(name: str, trainer: LocalTrainer) -> LocalTrainer:
+    """DPSFL's clients upload u = −g, one batch gradient: one step of plain SGD at lr 1."""
+    if trainer.local_steps != 1 or trainer.lr != 1.0 or trainer.momentum != 0.0:
+        raise ValueError(
+            f"{name} clients upload one batch gradient: local_steps 1, lr 1, momentum 0 "
+            f"(got {trainer.local_steps}, {trainer.lr}, {trainer.momentum}); η is server_lr"
+        )
+    return trainer
+
+
+def _sketch_server(
+    server_lr, sketch_rows, sketch_cols, sketch_top_k, sketch_momentum, sketch_seed, level
+) -> FetchSgdServerRule:
+    if level is not None:
+        if level not in COMPRESSION_LEVELS:
+            raise ValueError(f"compression_level must be one of 1..5, got {level}")
+        sketch_top_k, sketch_cols = COMPRESSION_LEVELS[level]
+    upload = SketchUpload(sketch_rows, sketch_cols, sketch_seed)
+    return FetchSgdServerRule(upload, sketch_top_k, sketch_momentum, server_lr)
+
+
+def fetchsgd(
+    trainer: LocalTrainer,
+    server_lr: float = 1.0,
+    sketch_rows: int = 5,
+    sketch_cols: int = 500_000,
+    sketch_top_k: int = 50_000,
+    sketch_momentum: float = 0.9,
+    sketch_seed: int = 42,
+    compression_level: int | None = None,
+) -> Algorithm:
+    """FetchSGD (non-private): sketch of −g, sketch momentum and error feedback, top-k."""
+    server = _sketch_server(
+        server_lr,
+        sketch_rows,
+        sketch_cols,
+        sketch_top_k,
+        sketch_momentum,
+        sketch_seed,
+        compression_level,
+    )
+    pipeline = UpdatePipeline(after=(server.upload,))
+    return Algorithm("fetchsgd", _one_gradient("fetchsgd", trainer), pipeline, server)
+
+
+SketchNoise = Literal["dense", "paper"]
+
+
+def dpsfl(
+    trainer: LocalTrainer,
+    dp: ClientDP,
+    server_lr: float = 1.0,
+    sketch_rows: int = 5,
+    sketch_cols: int = 500_000,
+    sketch_top_k: int = 50_000,
+    sketch_momentum: float = 0.9,
+    sketch_seed: int = 42,
+    compression_level: int | None = None,
+    sketch_noise: SketchNoise = "dense",
+    paper_epsilon: float = 4.0,
+) -> Algorithm:
+    """DPSFL: flat clip of the batch gradient → noise → count sketch; FetchSGD's server.
+
+    ``dense`` (default, DP): Gaussian noise σC on the dense clipped vector (the sum's, placed
+    on the server or split over the clients), then the sketch, which is post-processing: the
+    client-level accountants apply to σ as for DP-FedAvg.
+    ``paper``: each client adds N(0, C²l/(2ρ)) to every counter of its own sketch, ρ from
+    ``paper_epsilon`` at δ = 1e-5 (Alg. 1); unaccounted: C√l is not the sketch's sensitivity.
+    """
+    server = _sketch_server(
+        server_lr,
+        sketch_rows,
+        sketch_cols,
+        sketch_top_k,
+        sketch_momentum,
+        sketch_seed,
+        compression_level,
+    )
+    if sketch_noise == "dense":
+        pipeline = dp.pipeline(after=(server.upload,))
+    elif sketch_noise == "paper":
+        sigma = noise_multiplier_for_rho(rho_from_epsilon(paper_epsilon, PAPER_DELTA))
+        upload = replace(server.upload, sensitivity="paper")
+        mechanism = GaussianMechanism(Clip(dp.clip_norm), sigma, "local", between=(upload,))
+        pipeline = UpdatePipeline(mechanism=mechanism)
+    else:
+        raise ValueError(f"sketch_noise must be dense or paper, got {sketch_noise!r}")
+    return Algorithm("dpsfl", _one_gradient("dpsfl", trainer), pipeline, server)
+
+
+def dpsfl_ac(
+    trainer: LocalTrainer,
+    dp: ClientDP,
+    server_lr: float = 1.0,
+    sketch_rows: int = 5,
+    sketch_cols: int = 500_000,
+    sketch_top_k: int = 50_000,
+    sketch_momentum: float = 0.9,
+    sketch_seed: int = 42,
+    compression_level: int | None = None,
+    sketch_noise: SketchNoise = "dense",
+    paper_epsilon: float = 4.0,
+    clip_target_quantile: float = 0.9,
+    clip_error_tolerance: float = 0.5,
+    clip_count_noise: float = 0.1,
+    clip_lr: float = 0.01,
+) -> Algorithm:
+    """DPSFL-AC: DPSFL whose clip norm follows the clients' noisy bits (C₀ = ``clip_norm``,
+    1.5 in the paper; ``algorithms.adaptive_clip``)."""
+    base = dpsfl(
+        trainer,
+        dp,
+        server_lr,
+        sketch_rows,
+        sketch_cols,
+        sketch_top_k,
+        sketch_momentum,
+        sketch_seed,
+        compression_level,
+        sketch_noise,
+        paper_epsilon,
+    )
+    adaptive = AdaptiveClip(clip_target_quantile, clip_error_tolerance, clip_count_noise, clip_lr)
+    return replace(base, name="dpsfl_ac", adaptive_clip=adaptive)
+
+
 PRESETS = {
     "fedavg": fedavg,
     "fedsam": fedsam,
@@ -403,6 +582,9 @@ PRESETS = {
     "dp_fedavg_ls": dp_fedavg_ls,
     "dp_fedavg_sample": dp_fedavg_sample,
     "dp_scaffold": dp_scaffold,
+    "fetchsgd": fetchsgd,
+    "dpsfl": dpsfl,
+    "dpsfl_ac": dpsfl_ac,
 }
 
 
@@ -415,6 +597,8 @@ def presets_taking(option: str) -> frozenset[str]:
 CLIENT_LEVEL_PRESETS = presets_taking("dp")
 SAMPLE_LEVEL_PRESETS = presets_taking("sample_dp")
 PRIVATE_PRESETS = CLIENT_LEVEL_PRESETS | SAMPLE_LEVEL_PRESETS
+# Sketched presets: clients upload the count sketch of one batch gradient.
+SKETCH_PRESETS = presets_taking("sketch_cols")
 # PGN's server scale γ = η·K needs a fixed number of local steps.
 FIXED_STEP_PRESETS = presets_taking("pgn_beta")
 # Options beyond the trainer, the DP part and the server's lr and weighting (config fields).
@@ -429,5 +613,7 @@ PRESET_OPTIONS = frozenset().union(*(inspect.signature(p).parameters for p in PR
 # (BLUR/LUS add it on the clients too, but accept Poisson cohorts: the server's sum has the
 # same distribution.)
 DEFAULT_PLACEMENT = dict.fromkeys(
-    {"dp_fedsam", "dp_fedpgn", "dp_fedpgn_ls"} | presets_taking("keep_fraction"), "client"
+    {"dp_fedsam", "dp_fedpgn", "dp_fedpgn_ls", "dpsfl", "dpsfl_ac"}
+    | presets_taking("keep_fraction"),
+    "client",
 )

@@ -27,6 +27,8 @@ class Purpose(IntEnum):
     SHARED_MASK = 9
     LUS_BATCH = 10
     SAMPLE_NOISE = 11  # per-step DP-SGD noise inside a client
+    CLIP_BIT = 12  # the noise on a client's adaptive-clip bit (DPSFL-AC)
+    SERVER_COUNT_NOISE = 13  # server-placed noise on the adaptive clip's count
 
 
 def _seed_words(seed: int, keys: tuple[int, ...]) -> np.random.SeedSequence:

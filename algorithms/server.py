@@ -20,7 +20,7 @@ Options, all post-processing of the noisy mean Δ̄ (no privacy cost):
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 
@@ -35,6 +35,8 @@ class ServerContext:
     num_clients: int
     # Z, drawn by the preset's GaussianMechanism (None: client-placed noise, or none at all)
     noise_on_sum: torch.Tensor | None = None
+    # Server-placed noise on the adaptive clip's count Σ(b_i − ½) (0: none, or the clients')
+    noise_on_count: float = 0.0
 
 
 @dataclass
@@ -52,6 +54,8 @@ class MeanServerRule:
     smoothing: LaplacianSmoothing | None = None
     momentum: float = 0.0
     direction_scale: float | None = None
+    server_only: ClassVar[frozenset[str]] = frozenset({"momentum"})  # state never broadcast
+    sparse_broadcast: ClassVar[bool] = False  # clients need the whole model
 
     def with_local_lr_factor(self, factor: float) -> MeanServerRule:
         """The rule for a round whose local lr is ``factor`` × the base lr: γ = η·K follows it."""

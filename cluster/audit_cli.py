@@ -5,7 +5,10 @@ pipeline and server rule with the canary in the cohort (with a noise cohort: a c
 ``noise_cohort_size``, as accounted), against the ε of one release at the preset's σ. The
 papers' unaccounted top-k variants are audited against the σ they claim. See ``privacy.audit``.
 Sample-level presets: one client round with a canary record in every batch, against the K
-composed Gaussian steps at σ_g (``privacy.audit_sample``).
+composed Gaussian steps at σ_g (``privacy.audit_sample``). Sketched presets: the sketch's
+adversarial canary against the noisy sketch sum, or the canary's own upload under DPSFL's
+per-client counter noise (``privacy.audit_sketch``; ``--dim`` must give several coordinates
+per counter).
 """
 
 from __future__ import annotations
@@ -15,11 +18,12 @@ import dataclasses
 import sys
 import time
 
-from algorithms.presets import PRIVATE_PRESETS
+from algorithms.presets import PRIVATE_PRESETS, SKETCH_PRESETS
 from cluster.config import ConfigError, ExperimentConfig, load_config
 from cluster.privacy_plan import calibrated
 from privacy.audit import AuditResult, audit_round
 from privacy.audit_sample import audit_sample_round
+from privacy.audit_sketch import audit_sketch_round
 
 
 def add_parser(commands) -> None:
@@ -69,7 +73,8 @@ def audit_config(
     """Audit the configured preset's mechanism at the σ it runs with (calibrated if asked)."""
     mechanism = accounted_mechanism(calibrated(config))
     adjacency = "add_remove" if config.sampling_assumption == "poisson" else "replace_one"
-    return audit_round(
+    audit = audit_sketch_round if config.algorithm.name in SKETCH_PRESETS else audit_round
+    return audit(
         mechanism.build_algorithm(),
         mechanism.cohort.size,
         mechanism.data.num_clients,
@@ -85,7 +90,11 @@ def audit_config(
 def run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config, args.set)
-        noised = config.algorithm.noise_multiplier or config.privacy.calibrate == "sigma"
+        noised = (
+            config.algorithm.noise_multiplier
+            or config.privacy.calibrate == "sigma"
+            or config.paper_sketch_noise
+        )
         if config.algorithm.name not in PRIVATE_PRESETS or not noised:
             raise ConfigError(
                 "algorithm.name", config.algorithm.name, "the audit needs a DP preset with σ > 0"

@@ -21,12 +21,14 @@ import yaml
 
 from algorithms.local import LocalTrainer
 from algorithms.presets import (
+    COMPRESSION_LEVELS,
     DEFAULT_PLACEMENT,
     FIXED_STEP_PRESETS,
     PRESET_OPTIONS,
     PRESETS,
     PRIVATE_PRESETS,
     SAMPLE_LEVEL_PRESETS,
+    SKETCH_PRESETS,
     Algorithm,
     ClientDP,
     SampleDP,
@@ -155,6 +157,21 @@ class AlgorithmConfig:
     warm_start: bool | None = None  # dp_scaffold: ⌈4/l⌉ warm-up rounds computing c_i⁰
     # paper: warm-up before the rounds; authors_code: inside them, c_i⁰ of all at round 0
     warm_start_variant: Literal["paper", "authors_code"] | None = None
+    # Sketched presets (fetchsgd, dpsfl, dpsfl_ac): count sketch l × m, top-k, momentum β
+    sketch_rows: int | None = None  # l (5)
+    sketch_cols: int | None = None  # m (500000)
+    sketch_top_k: int | None = None  # k (50000)
+    sketch_momentum: float | None = None  # β (0.9; the paper does not say)
+    sketch_seed: int | None = None  # the hashes' seed, shared by clients and server (42)
+    compression_level: int | None = None  # DPSFL's CL1–5: sets sketch_top_k and sketch_cols
+    # dense: noise on the clipped vector, then sketch (DP); paper: C√l per counter (no ε)
+    sketch_noise: Literal["dense", "paper"] | None = None
+    paper_epsilon: float | None = None  # sketch_noise paper: the ε its ρ is read from (4)
+    # dpsfl_ac: C ← C·exp(−η_C(b̄ − γ)), b_i = 1{‖g_i‖ ≤ C/(1−θ)} + N(0, σ_b²)
+    clip_target_quantile: float | None = None  # γ (0.9)
+    clip_error_tolerance: float | None = None  # θ (0.5)
+    clip_count_noise: float | None = None  # σ_b per client (0.1)
+    clip_lr: float | None = None  # η_C (0.01)
     server_lr: float = 1.0
     weighting: Literal["uniform", "samples"] = "uniform"
 
@@ -342,9 +359,14 @@ class ExperimentConfig:
             return self.algorithm.noise_placement
         return DEFAULT_PLACEMENT.get(self.algorithm.name, "server")
 
+    @property
+    def paper_sketch_noise(self) -> bool:
+        """DPSFL's own noise: sized from algorithm.paper_epsilon, not a noise multiplier."""
+        return self.algorithm.sketch_noise == "paper"
+
     def build_algorithm(self) -> Algorithm:
         a = self.algorithm
-        if a.name in PRIVATE_PRESETS and a.noise_multiplier is None:
+        if a.name in PRIVATE_PRESETS and a.noise_multiplier is None and not self.paper_sketch_noise:
             # privacy.calibrate: sigma leaves σ unset; building before calibrating would
             # silently train without noise.
             raise ConfigError(
@@ -693,6 +715,8 @@ def _validate_algorithm(c: ExperimentConfig) -> None:
                 "the clip norm C must be > 0 (e.g. 1.0; .inf disables clipping)",
             )
         sigma_is_calibrated = c.privacy.calibrate == "sigma" and a.noise_multiplier is None
+        if c.paper_sketch_noise:
+            sigma_is_calibrated = True  # σ comes from paper_epsilon (checked with the sketch)
         if not sigma_is_calibrated and (a.noise_multiplier is None or a.noise_multiplier < 0):
             raise ConfigError(
                 "algorithm.noise_multiplier",
@@ -732,6 +756,83 @@ def _validate_algorithm(c: ExperimentConfig) -> None:
                     f"{a.name} is non-private; remove it or use dp_fedavg",
                 )
     _validate_preset_options(a)
+    if a.name in SKETCH_PRESETS:
+        _validate_sketch(c)
+
+
+def _validate_sketch(c: ExperimentConfig) -> None:
+    """fetchsgd, dpsfl, dpsfl_ac: one batch gradient per client, a valid sketch and clip loop."""
+    a, local = c.algorithm, c.algorithm.local
+    plain_sgd = {"local_steps": 1, "lr": 1.0, "momentum": 0.0, "lr_decay": 1.0}
+    for name, value in plain_sgd.items():
+        if getattr(local, name) != value:
+            raise ConfigError(
+                f"algorithm.local.{name}",
+                getattr(local, name),
+                f"{a.name} clients upload one batch gradient (u = −g): set local_steps: 1, "
+                "lr: 1.0, momentum: 0, lr_decay: 1; the step size is algorithm.server_lr (η) "
+                "and the momentum algorithm.sketch_momentum (β)",
+            )
+    if local.lr_scaling != "none":
+        raise ConfigError(
+            "algorithm.local.lr_scaling", local.lr_scaling, f"{a.name} takes no lr; remove it"
+        )
+    if a.compression_level is not None:
+        if a.compression_level not in COMPRESSION_LEVELS:
+            raise ConfigError(
+                "algorithm.compression_level", a.compression_level, "must be 1, 2, 3, 4 or 5"
+            )
+        for name in ("sketch_cols", "sketch_top_k"):
+            if getattr(a, name) is not None:
+                raise ConfigError(
+                    f"algorithm.{name}",
+                    getattr(a, name),
+                    "compression_level sets sketch_top_k and sketch_cols; remove one or the other",
+                )
+    for name in ("sketch_rows", "sketch_cols", "sketch_top_k"):
+        if getattr(a, name) is not None and getattr(a, name) < 1:
+            raise ConfigError(f"algorithm.{name}", getattr(a, name), "must be >= 1")
+    if a.sketch_momentum is not None and not 0 <= a.sketch_momentum < 1:
+        raise ConfigError(
+            "algorithm.sketch_momentum", a.sketch_momentum, "must be in [0, 1), e.g. 0.9"
+        )
+    if a.paper_epsilon is not None and (not a.paper_epsilon > 0 or not c.paper_sketch_noise):
+        raise ConfigError(
+            "algorithm.paper_epsilon",
+            a.paper_epsilon,
+            "only with sketch_noise: paper, and > 0 (the paper: 2 to 10, default 4)",
+        )
+    if c.paper_sketch_noise:
+        for name in ("noise_multiplier", "noise_placement"):
+            if getattr(a, name) is not None:
+                raise ConfigError(
+                    f"algorithm.{name}",
+                    getattr(a, name),
+                    "sketch_noise: paper adds the paper's N(0, C²l/(2ρ)) on every client's "
+                    "counters, ρ from algorithm.paper_epsilon; remove it",
+                )
+    _validate_adaptive_clip(c)
+
+
+def _validate_adaptive_clip(c: ExperimentConfig) -> None:
+    a = c.algorithm
+    ranges = {
+        "clip_target_quantile": (0.0, 1.0, "0.9"),
+        "clip_error_tolerance": (0.0, 1.0, "0.5"),
+    }
+    for name, (low, high, example) in ranges.items():
+        value = getattr(a, name)
+        if value is not None and not low < value < high:
+            raise ConfigError(f"algorithm.{name}", value, f"must be in (0, 1), e.g. {example}")
+    for name, example in (("clip_count_noise", "0.1"), ("clip_lr", "0.01")):
+        if getattr(a, name) is not None:
+            _positive(f"algorithm.{name}", getattr(a, name), example)
+    if a.name == "dpsfl_ac" and c.privacy.noise_cohort_size is not None:
+        raise ConfigError(
+            "privacy.noise_cohort_size",
+            c.privacy.noise_cohort_size,
+            "the adaptive clip's count noise is sized for the real cohort; remove it",
+        )
 
 
 def _validate_sample_level(c: ExperimentConfig) -> None:

@@ -31,6 +31,7 @@ from privacy.accountant import (
     accountants_for,
     assumption_for_sampler,
 )
+from privacy.adaptive_clipping import effective_noise_multiplier, update_noise_multiplier
 from privacy.calibration import calibrate_sigma, epsilon_for, max_rounds
 from privacy.participation import epsilon_vs_server
 
@@ -93,10 +94,22 @@ class PrivacyClaim(ClaimStatus):
     accountant_name: str
     delta: float
     cohort_sampler: str = "fixed"
+    # DPSFL-AC: std of the noise on the adaptive clip's count Σ(b_i − ½) (None: no such count)
+    count_noise_on_sum: float | None = None
+
+    @property
+    def update_noise_multiplier(self) -> float:
+        """σ of the mechanism's noise on the updates."""
+        return 0.0 if self.mechanism is None else self.mechanism.noise_multiplier
 
     @property
     def noise_multiplier(self) -> float:
-        return 0.0 if self.mechanism is None else self.mechanism.noise_multiplier
+        """σ the accountant is charged per round: the mechanism's, or with an adaptive clip the
+        joint σ_eff = (σ⁻² + (2σ_b√m)⁻²)^(-1/2) of the update and count releases."""
+        sigma = self.update_noise_multiplier
+        if self.count_noise_on_sum is None or sigma == 0:
+            return sigma
+        return effective_noise_multiplier(sigma, self.count_noise_on_sum)
 
     @property
     def client_placed(self) -> bool:
@@ -171,10 +184,12 @@ class PrivacyClaim(ClaimStatus):
         m = self.mechanism
         tags = {
             **self.base_tags("client"),
+            "privacy.clipping": "adaptive" if self.count_noise_on_sum is not None else "fixed",
             "privacy.noise_placement": m.placement,
             "privacy.noise_support": m.support.description,
             "privacy.sensitivity": f"{m.sensitivity:g}",
             "privacy.noise_multiplier": f"{self.noise_multiplier:g}",
+            "privacy.update_noise_multiplier": f"{self.update_noise_multiplier:g}",
             "privacy.sample_rate": f"{self.sample_rate:g}",
             "privacy.delta": f"{self.delta:g}",
             "privacy.cohort_sampler": self.cohort_sampler,
@@ -212,7 +227,15 @@ def privacy_claim(
         accountant_name=config.accountant_name,
         delta=config.delta,
         cohort_sampler=config.cohort.sampling,
+        count_noise_on_sum=count_noise_on_sum(algorithm, config),
     )
+
+
+def count_noise_on_sum(algorithm: Algorithm, config: ExperimentConfig) -> float | None:
+    """σ_b√m of an adaptive clip's count release, None without one."""
+    if algorithm.adaptive_clip is None:
+        return None
+    return algorithm.adaptive_clip.count_noise_on_sum(config.cohort.size)
 
 
 @functools.lru_cache(maxsize=64)
@@ -263,9 +286,18 @@ def calibrated(config: ExperimentConfig, client_sizes=None) -> ExperimentConfig:
                 )
         except ValueError as error:
             raise ConfigError("privacy.target_epsilon", p.target_epsilon, str(error)) from error
+        count_noise = count_noise_on_sum(config._build_algorithm(1.0), config)
+        if count_noise is not None:  # the budget is σ_eff; the updates get what is left
+            try:
+                sigma = update_noise_multiplier(sigma, count_noise)
+            except ValueError as error:
+                raise ConfigError("algorithm.clip_count_noise", count_noise, str(error)) from error
         algorithm = dataclasses.replace(config.algorithm, noise_multiplier=sigma)
         return dataclasses.replace(config, algorithm=algorithm)
     sigma = config.algorithm.noise_multiplier
+    count_noise = count_noise_on_sum(config._build_algorithm(sigma), config)
+    if count_noise is not None:
+        sigma = effective_noise_multiplier(sigma, count_noise)
     rounds = max_rounds(sigma, q, delta, p.target_epsilon, factory, limit=10**6) - extra
     if rounds <= 0:
         raise ConfigError(
@@ -330,10 +362,13 @@ def privacy_report(
     if not claim.private:
         return report
     m = claim.mechanism
+    adaptive = claim.count_noise_on_sum is not None
     report.update(
         noise_multiplier=claim.noise_multiplier,
+        update_noise_multiplier=claim.update_noise_multiplier,
+        count_noise_on_sum=claim.count_noise_on_sum,
         clip_norm=m.clip.clip_norm,
-        clipping=f"fixed, {m.clip.scope} L2",
+        clipping=f"{'adaptive (C₀ given)' if adaptive else 'fixed'}, {m.clip.scope} L2",
         sensitivity=m.sensitivity,
         noise_placement=m.placement,
         noise_support=m.support.description,

@@ -16,6 +16,7 @@ import torch
 
 from actors.client_host import Broadcast, build_model
 from algorithms.aggregate import PartialAggregate
+from algorithms.client import upload_bytes
 from algorithms.layout import ParamLayout
 from algorithms.rng import Purpose, stream_seed, torch_generator
 from algorithms.server import ServerContext, ServerState
@@ -87,12 +88,7 @@ class Simulation:
         self.model, params = initial_params(config, store)
         self.layout = ParamLayout.of(self.model)
         self.algorithm = config.build_algorithm().bind(self.layout)
-        extras = self.algorithm.server.initial_extras(params)
-        if self.algorithm.control_variates:
-            extras["control"] = torch.zeros_like(params)
-        if self.algorithm.warm_start == "authors_code":  # every client's c_i⁰ is taken at x⁰
-            extras["warm_start_point"] = params.clone()
-        self.state = ServerState(params, extras)
+        self.state = ServerState(params, self.algorithm.initial_extras(params))
         # Every ε of the run comes from this claim, read off the mechanism that runs.
         self.claim = privacy_claim(config, self.algorithm, store.client_sizes)
         self.accountant = self.claim.new_accountant()
@@ -117,30 +113,29 @@ class Simulation:
             c.cohort.sampling, c.data.num_clients, c.cohort.size, c.seed, round_index
         )
         warmup = round_index < c.warmup_rounds
-        broadcast = Broadcast(
-            self.state.params.numpy(),
-            {k: v.numpy() for k, v in self.state.extras.items()},
-            warmup=warmup,
-        )
-        total = self.executor.run_round(round_index, broadcast, cohort, float(c.cohort.size))
-        noise = self.algorithm.pipeline.server_noise(
-            self.state.params.numel(),
-            self.layout,
-            (c.seed, round_index),
-            torch_generator(c.seed, round_index, Purpose.SERVER_NOISE),
-        )
-        ctx = ServerContext(float(c.cohort.size), c.data.num_clients, noise)
         algorithm = self.algorithm.at_round(max(round_index - c.warmup_rounds, 0))
+        algorithm = algorithm.with_state(self.state.extras)
+        server_only = algorithm.server.server_only
+        payload = {k: v.numpy() for k, v in self.state.extras.items() if k not in server_only}
+        broadcast = Broadcast(self.state.params.numpy(), payload, warmup=warmup)
+        total = self.executor.run_round(round_index, broadcast, cohort, float(c.cohort.size))
+        ctx = self._server_context(algorithm, round_index)
+        before = self.state.params
         if warmup:  # c_i⁰ only: x stays x⁰
             self.state = algorithm.server.control_step(self.state, total, ctx)
         else:
-            self.state = algorithm.server.step(self.state, total, ctx, algorithm.control_variates)
+            self.state = algorithm.server_step(self.state, total, ctx)
         record = RoundRecord(round_index + 1, 0.0, len(cohort), metrics=round_metrics(total))
         record.metrics["warmup"] = float(warmup)
         record.metrics["local_lr"] = algorithm.trainer.lr
+        model_bytes = broadcast.params.nbytes
+        if algorithm.server.sparse_broadcast:  # clients apply the sparse Δ to their copy
+            model_bytes = upload_bytes(self.state.params - before)
         record.metrics["download_bytes"] = float(
-            sum(a.nbytes for a in (broadcast.params, *broadcast.payload.values()))
+            model_bytes + sum(a.nbytes for a in broadcast.payload.values())
         )
+        if "clip_norm" in self.state.extras:
+            record.metrics["clip_norm"] = float(self.state.extras["clip_norm"][0])
         if self.accountant is not None:
             self.claim.charge(self.accountant, round_index)
             record.epsilon = self.accountant.epsilon(self.claim.delta)
@@ -162,6 +157,23 @@ class Simulation:
                 )
         record.seconds = time.perf_counter() - start
         return record
+
+    def _server_context(self, algorithm, round_index: int) -> ServerContext:
+        """The round's server-placed noise (on the sum, and on the adaptive clip's count)."""
+        c = self.config
+        noise = algorithm.pipeline.server_noise(
+            self.state.params.numel(),
+            self.layout,
+            (c.seed, round_index),
+            torch_generator(c.seed, round_index, Purpose.SERVER_NOISE),
+        )
+        count_noise = 0.0
+        adaptive = algorithm.adaptive_clip
+        if adaptive is not None and algorithm.mechanism.placement == "server":
+            generator = torch_generator(c.seed, round_index, Purpose.SERVER_COUNT_NOISE)
+            std = adaptive.count_noise_on_sum(c.cohort.size)
+            count_noise = std * float(torch.randn(1, generator=generator, dtype=torch.float64))
+        return ServerContext(float(c.cohort.size), c.data.num_clients, noise, count_noise)
 
     def state_dict(self) -> dict:
         """Everything needed to continue bit for bit (randomness is keyed by round, not state)."""

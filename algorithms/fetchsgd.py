@@ -1,0 +1,90 @@
+"""FetchSGD's server rule (Rothchild et al. 2020; DPSFL's Alg. 2): momentum and error feedback in
+sketch space, top-k unsketch, a sparse Δ broadcast.
+
+Each client uploads the count sketch of its (clipped, possibly noised) one-batch update
+u_i = −g_i (``algorithms.sketch.SketchUpload``); actors sum their clients' sketches before
+anything crosses the wire (the sum of sketches is the sketch of the sum). With m the nominal
+cohort size, β the momentum and η the server lr, round t::
+
+    S    = (Σ_i S(u_i) + S(Z)) / m      Z: server-placed Gaussian noise on the dense sum, if any
+    S_u ← β·S_u + S
+    S_e ← S_e + η·S_u
+    Δ    = Top-k(U(S_e))                 U: median estimate of every coordinate
+    S_e ← S_e − S(Δ)
+    w   ← w + Δ                          (u = −g: the paper's w − Δ on gradients)
+
+No momentum zeroing and no second communication round (the paper's Alg. 2). S_u and S_e stay on
+the server (``server_only``: never broadcast); clients need only the sparse Δ, 2k words
+(``sparse_broadcast``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import ClassVar, Literal
+
+import torch
+
+from algorithms.aggregate import PartialAggregate
+from algorithms.server import ServerContext, ServerState
+from algorithms.sketch import CountSketch, SketchUpload
+
+
+@dataclass(frozen=True)
+class FetchSgdServerRule:
+    upload: SketchUpload
+    top_k: int = 50_000
+    momentum: float = 0.9
+    server_lr: float = 1.0
+    weighting: Literal["uniform"] = "uniform"
+    server_only: ClassVar[frozenset[str]] = frozenset({"sketch_momentum", "sketch_error"})
+    sparse_broadcast: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        if self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"sketch momentum β must be in [0, 1), got {self.momentum}")
+
+    def bind(self, layout) -> FetchSgdServerRule:
+        return replace(self, upload=self.upload.bind(layout))
+
+    def with_local_lr_factor(self, factor: float) -> FetchSgdServerRule:
+        return self
+
+    def count_sketch(self, dim: int) -> CountSketch:
+        return self.upload.count_sketch(dim)
+
+    def initial_extras(self, params: torch.Tensor) -> dict[str, torch.Tensor]:
+        sketch = self.count_sketch(params.numel())
+        return {
+            "sketch_momentum": sketch.zeros(torch.float64),
+            "sketch_error": sketch.zeros(torch.float64),
+        }
+
+    def noisy_sketch_sum(self, total: PartialAggregate, dim: int, ctx: ServerContext):
+        """Σ_i S(u_i) + S(Z): the round's release, as an l × m table (float64)."""
+        sketch = self.count_sketch(dim)
+        summed = total.sums.get("sketch")
+        table = sketch.zeros(torch.float64) if summed is None else summed.view_as(sketch.zeros())
+        table = table.clone()
+        if ctx.noise_on_sum is not None:
+            sketch.accumulate(table, ctx.noise_on_sum.double())
+        return table
+
+    def step(
+        self, state: ServerState, total: PartialAggregate, ctx: ServerContext, control: bool
+    ) -> ServerState:
+        if control:
+            raise ValueError("FetchSGD keeps no control variates")
+        dim = state.params.numel()
+        sketch = self.count_sketch(dim)
+        mean = self.noisy_sketch_sum(total, dim, ctx) / ctx.nominal_cohort_size
+        momentum = self.momentum * state.extras["sketch_momentum"] + mean
+        error = state.extras["sketch_error"] + self.server_lr * momentum
+        indices, values = sketch.top_k(error, self.top_k)
+        sketch.accumulate(error, -values, indices)
+        params = state.params.double()
+        params[indices] += values
+        extras = {**state.extras, "sketch_momentum": momentum, "sketch_error": error}
+        return ServerState(params.to(state.params.dtype), extras)
