@@ -147,9 +147,7 @@ class CountSketch:
         """x̂: the median over rows of ξ_j(i)·S[j, h_j(i)], for every coordinate i."""
         buckets, signs = self.hashes(table.device)
         per_row = torch.gather(table, 1, buckets.long()) * signs
-        if self.rows == 1:
-            return per_row[0]
-        return per_row.median(dim=0).values
+        return median_over_rows(per_row)
 
     def top_k(self, table: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(indices, values) of the k estimates of largest magnitude (ties: lowest index)."""
@@ -178,6 +176,29 @@ class CountSketch:
         x = torch.zeros(self.dim, dtype=torch.float64)
         x[members] = signs[row, members].double()
         return x / math.sqrt(members.numel())
+
+
+def _median3(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    return torch.maximum(torch.minimum(a, b), torch.minimum(torch.maximum(a, b), c))
+
+
+def median_over_rows(values: torch.Tensor) -> torch.Tensor:
+    """Median of each column of an l × d tensor (the lower one for an even l).
+
+    l = 3 and l = 5 use min/max networks, elementwise and ~10× faster than ``torch.median``
+    over a short dimension: of 5, the smaller of two pair minima and the larger of two pair
+    maxima cannot be the median, which leaves the median of three."""
+    rows = values.shape[0]
+    if rows == 1:
+        return values[0]
+    if rows == 3:
+        return _median3(values[0], values[1], values[2])
+    if rows == 5:
+        a, b, c, d, e = values
+        low = torch.maximum(torch.minimum(a, b), torch.minimum(c, d))
+        high = torch.minimum(torch.maximum(a, b), torch.maximum(c, d))
+        return _median3(low, high, e)
+    return values.median(dim=0).values
 
 
 @functools.lru_cache(maxsize=8)

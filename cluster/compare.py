@@ -7,6 +7,8 @@ A comparison spec is YAML with two keys::
       dp_fedavg: {algorithm.name: dp_fedavg}
       dp_fedsam: {algorithm.name: dp_fedsam, algorithm.rho: 0.5}
 
+Keys starting with ``x-`` are ignored: they hold YAML anchors that runs share (``<<: *name``).
+
 With ``privacy.calibrate: sigma`` and a ``privacy.target_epsilon`` in the base, every private
 run is calibrated to the same ε (all presets here release one subsampled Gaussian per round,
 so they get the same σ). A run of a non-private preset (``fedavg``, ``fedsam``: the no-noise
@@ -74,8 +76,13 @@ def load_spec(
 ) -> tuple[dict, dict[str, dict]]:
     """The base config and the runs (only those labels, if given), each validated."""
     spec = yaml.safe_load(path.read_text())
-    if not isinstance(spec, dict) or set(spec) != {"base", "runs"}:
-        raise ConfigError("SPEC", str(path), "needs exactly two keys: base and runs")
+    shared = {key for key in spec if str(key).startswith("x-")} if isinstance(spec, dict) else set()
+    if not isinstance(spec, dict) or set(spec) - shared != {"base", "runs"}:
+        raise ConfigError(
+            "SPEC",
+            str(path),
+            "needs exactly two keys, base and runs (plus x-… keys holding YAML anchors)",
+        )
     base = spec["base"]
     if isinstance(base, str):
         base = yaml.safe_load((path.parent / base).read_text())
@@ -128,22 +135,32 @@ def _without_budget(raw: dict) -> dict:
     return raw
 
 
+def _paper_sketch_noise(merged: dict) -> bool:
+    return (merged.get("algorithm") or {}).get("sketch_noise") == "paper"
+
+
 def _unaccounted(merged: dict) -> bool:
     probe = _without_budget(merged)
-    probe.setdefault("algorithm", {})["noise_multiplier"] = 1.0
+    if not _paper_sketch_noise(merged):
+        probe.setdefault("algorithm", {})["noise_multiplier"] = 1.0
     return config_from_dict(probe).unaccounted_reason is not None
 
 
 def _at_claimed_sigma(base: dict, overrides: list[str], merged: dict) -> tuple[dict, list[str]]:
     """An unaccounted run (a paper's literal top-k) at the σ its accounted twin runs with: the
-    σ the paper would claim the budget for. It keeps no budget (it has no ε)."""
+    σ the paper would claim the budget for. It keeps no budget (it has no ε). DPSFL's own
+    noise is sized by the paper's formula from the budget's ε (``paper_epsilon``) instead."""
     from cluster.privacy_plan import calibrated
 
+    kept = [o for o in overrides if o.partition("=")[0].strip() not in BUDGET_KEYS]
+    if _paper_sketch_noise(merged):
+        target = (merged.get("privacy") or {}).get("target_epsilon")
+        nominal = [] if target is None else [f"algorithm.paper_epsilon={target!r}"]
+        return _without_budget(base), [*kept, *nominal]
     twin = copy.deepcopy(merged)
     for option in LITERAL_OPTIONS:
         twin["algorithm"].pop(option, None)
     sigma = calibrated(config_from_dict(twin)).algorithm.noise_multiplier
-    kept = [o for o in overrides if o.partition("=")[0].strip() not in BUDGET_KEYS]
     return _without_budget(base), [*kept, f"algorithm.noise_multiplier={sigma!r}"]
 
 

@@ -113,9 +113,7 @@ def audit_sketch_round(
     layout = ParamLayout(("w",), ((dim,),), (0, dim))
     claim_algorithm = algorithm.bind(layout)
     mechanism = claim_algorithm.mechanism
-    crafted = CraftedRound(
-        layout, torch.ones(dim), mechanism.clip.clip_norm, mechanism.sensitivity
-    )
+    crafted = CraftedRound(layout, torch.ones(dim), mechanism.clip.clip_norm, mechanism.sensitivity)
     mu = claimed_mu(mechanism.noise_multiplier * mechanism.noise_scale, adjacency)
     run = with_noise_scaled(claim_algorithm, noise_scale_for_testing)
     args = (run, crafted, cohort_size, num_clients, trials)

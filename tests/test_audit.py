@@ -39,7 +39,10 @@ def _audit(store_root, *overrides, trials=TRIALS, scale=1.0):
 
 
 # The sketched presets are audited with the sketch's own canary in tests/test_sketch.py.
-ACCOUNTED = sorted(CLIENT_LEVEL_PRESETS - SKETCH_PRESETS) + ["dp_fedavg layer clip", "dp_fedavg poisson"]
+ACCOUNTED = sorted(CLIENT_LEVEL_PRESETS - SKETCH_PRESETS) + [
+    "dp_fedavg layer clip",
+    "dp_fedavg poisson",
+]
 
 
 @pytest.mark.parametrize("preset", ACCOUNTED)

@@ -64,9 +64,23 @@ def ray_session():
     ray.shutdown()
 
 
-@pytest.mark.parametrize("algorithm", ["dp_fedavg", "scaffold"])
+# Sketches pre-aggregated on the actors, clip bits, the adaptive C broadcast back.
+DPSFL_AC = (
+    "algorithm.name=dpsfl_ac",
+    "algorithm.local.local_steps=1",
+    "algorithm.local.lr=1.0",
+    "algorithm.sketch_cols=60",
+    "algorithm.sketch_top_k=80",
+    "algorithm.clip_norm=1.5",
+    "algorithm.noise_multiplier=1.0",
+)
+
+
+@pytest.mark.parametrize("algorithm", ["dp_fedavg", "scaffold", "dpsfl_ac"])
 def test_ray_executor_matches_local_executor(store_root, ray_session, algorithm):
-    extra = DP if algorithm == "dp_fedavg" else ("algorithm.name=scaffold",)
+    extra = {"dp_fedavg": DP, "scaffold": ("algorithm.name=scaffold",), "dpsfl_ac": DPSFL_AC}[
+        algorithm
+    ]
     config = small_config(store_root, *extra, "data.test_per_client=10")
     store, _ = open_store(config)
     local = run_local(config)

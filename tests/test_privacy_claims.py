@@ -104,9 +104,7 @@ def test_every_epsilon_comes_from_the_mechanism(store_root, tracking, capsys, ca
         reason = config.unaccounted_reason
         assert report["epsilon"] is None and reason in report["epsilon_not_available"]
         assert "privacy spent" not in out
-        assert (
-            "privacy.accountant" not in tags and reason in tags["privacy.unaccounted_reason"]
-        )
+        assert "privacy.accountant" not in tags and reason in tags["privacy.unaccounted_reason"]
         assert "ε not available" in out and "ε n/a" in out and "privacy spent" not in out
         assert re.search(r"ε\s+\d", out) is None  # no number after any ε on the terminal
         assert epsilon_cell(row) == "n/a (dp_valid=false)"

@@ -1,0 +1,328 @@
+"""Count sketch, FetchSGD, DPSFL and DPSFL-AC: spec 002 §7's checks and the DP-correct variant.
+
+Expected values are spec 002 §7's (a NumPy run at d = 20k, m = 2k, l = 5, seed 42).
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from helpers import run_local, small_config
+from scipy.stats import chi2
+
+from algorithms.adaptive_clip import AdaptiveClip
+from algorithms.aggregate import PartialAggregate
+from algorithms.layout import ParamLayout
+from algorithms.local import LocalTrainer
+from algorithms.presets import COMPRESSION_LEVELS, ClientDP, dpsfl
+from algorithms.server import ServerContext
+from algorithms.sketch import (
+    MERSENNE_61,
+    CountSketch,
+    hash_coefficients,
+    median_over_rows,
+    noise_multiplier_for_rho,
+    rho_from_epsilon,
+)
+from algorithms.transforms import ClientContext
+from cluster.audit_cli import audit_config
+from cluster.checkpoint import load_checkpoint
+from cluster.config import ConfigError, config_from_dict
+from cluster.experiment import run_experiment
+from models.resnet9 import ResNet9
+
+SKETCH = CountSketch(20_000, 5, 2_000, 42)
+# A one-gradient preset on the 410-parameter synthetic model, with a sketch that collides.
+ONE_GRADIENT = (
+    "algorithm.local.local_steps=1",
+    "algorithm.local.lr=1.0",
+    "algorithm.local.batch_size=16",
+    "algorithm.sketch_cols=60",
+    "algorithm.sketch_top_k=80",
+    "algorithm.server_lr=0.5",
+)
+DPSFL = ("algorithm.name=dpsfl", *ONE_GRADIENT, "algorithm.clip_norm=1.0")
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def test_hashes_match_big_integer_arithmetic():
+    """The vectorised 61-bit modular arithmetic agrees with Python's exact integers."""
+    sketch = CountSketch(3_000_000, 3, 1_000, seed=7)
+    buckets, signs = sketch.hashes()
+    coefficients = hash_coefficients(3, 7)
+    for i in [0, 1, 2, 12_345, 2**21 + 17, 2_999_999]:
+        for j, row in enumerate(coefficients):
+            a, b, c0, c1, c2, c3 = (int(c) for c in row)
+            assert int(buckets[j, i]) == ((a * i + b) % MERSENNE_61) % 1_000
+            poly = (c3 * i**3 + c2 * i**2 + c1 * i + c0) % MERSENNE_61
+            assert int(signs[j, i]) == 2 * (poly % 2) - 1
+
+
+def test_linearity_to_1e_12_and_exact_aggregation_in_any_grouping():
+    a, b = (torch.randn(20_000, dtype=torch.float64, generator=_gen(s)) for s in (0, 1))
+    assert float((SKETCH.sketch(a) + SKETCH.sketch(b) - SKETCH.sketch(a + b)).abs().max()) < 1e-12
+    # Dyadic updates sum exactly: the actors' partial sums of sketches equal the sketch of the
+    # dense sum bit for bit, however the clients are grouped.
+    updates = torch.randint(-512, 512, (12, 20_000), generator=_gen(2)).double() / 1024
+    expected = SKETCH.sketch(updates.sum(0)).flatten()
+    for groups in ([12], [5, 7], [3, 3, 3, 3]):
+        parts, start = [], 0
+        for size in groups:
+            part = PartialAggregate()
+            for row in updates[start : start + size]:
+                part.add({"sketch": SKETCH.sketch(row).flatten()}, 1.0)
+            parts.append(part)
+            start += size
+        assert torch.equal(PartialAggregate.combine(parts).sums["sketch"], expected)
+
+
+def test_heavy_hitters_are_recovered_and_bucket_loads_are_even():
+    g = _gen(0)
+    x = 0.01 * torch.randn(20_000, dtype=torch.float64, generator=g)
+    spikes = torch.randperm(20_000, generator=g)[:20]
+    x[spikes] = 1 + torch.rand(20, dtype=torch.float64, generator=g)
+    indices, values = SKETCH.top_k(SKETCH.sketch(x), 20)
+    assert set(indices.tolist()) == set(spikes.tolist())  # recall 1.0
+    assert float((values - x[indices]).abs().max()) < 0.05  # spec: 0.03
+    loads = SKETCH.max_loads()
+    assert int(loads.min()) >= 12 and int(loads.max()) <= 16  # spec: about 12–13
+
+
+def test_sensitivity_single_coordinate_vs_adversarial_vector():
+    x = torch.zeros(20_000, dtype=torch.float64)
+    x[4_321] = 1.5
+    assert float(torch.linalg.vector_norm(SKETCH.sketch(x))) == pytest.approx(1.5 * math.sqrt(5))
+    adversarial = SKETCH.adversarial_unit_vector()
+    norm = float(torch.linalg.vector_norm(SKETCH.sketch(adversarial)))
+    assert norm == pytest.approx(4.0, abs=0.1) and norm > math.sqrt(5)  # spec: 4.0 > 2.24
+    assert norm <= SKETCH.l2_sensitivity_factor
+    # The bound holds for any vector: random ones stay below it.
+    rows = torch.randn(50, 20_000, dtype=torch.float64, generator=_gen(3))
+    for row in rows:
+        ratio = torch.linalg.vector_norm(SKETCH.sketch(row)) / torch.linalg.vector_norm(row)
+        assert float(ratio) <= SKETCH.l2_sensitivity_factor
+
+
+def test_sparse_insert_equals_dense_and_dtypes_and_devices():
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for device in devices:
+        for dtype in (torch.float32, torch.float64):
+            x = torch.zeros(20_000, dtype=dtype, device=device)
+            idx = torch.tensor([3, 17, 9_999, 19_999], device=device)
+            x[idx] = torch.tensor([1.0, -2.0, 0.5, 4.0], dtype=dtype, device=device)
+            table = SKETCH.accumulate(SKETCH.zeros(dtype, device), x[idx], idx)
+            assert table.dtype == dtype and torch.equal(table, SKETCH.sketch(x))
+
+
+def test_rho_sigma_and_upload_ratio_at_the_paper_defaults():
+    rho = rho_from_epsilon(4.0, 1e-5)
+    assert rho == pytest.approx(0.2977, abs=1e-4)
+    sigma = noise_multiplier_for_rho(rho) * 1.5 * math.sqrt(5)  # per counter, C = 1.5, l = 5
+    assert sigma == pytest.approx(4.347, abs=1e-3)
+    assert [round(rho_from_epsilon(e, 1e-5), 4) for e in (2, 6, 8, 10)] == [
+        0.0800,
+        0.6269,
+        1.0491,
+        1.5504,
+    ]
+    d = sum(p.numel() for p in ResNet9(10).parameters())
+    assert d == 6_573_120
+    ratios = [d / (5 * cols) for _, cols in COMPRESSION_LEVELS.values()]
+    assert [round(r, 2) for r in ratios] == [2.63, 4.38, 6.57, 10.96, 16.43]
+
+
+def test_adaptive_clip_bit_is_the_norm_threshold_2c():
+    """b = 1{‖Top(clip(g)) − Top(g)‖ ≤ θ‖Top(g)‖} = 1{‖g‖ ≤ C/(1−θ)} on any index set."""
+    clip = AdaptiveClip()
+    g = torch.randn(1_000, dtype=torch.float64, generator=_gen(4))
+    g *= 2.5 / torch.linalg.vector_norm(g)
+    top = torch.topk(torch.randn(1_000, generator=_gen(5)).abs(), 50).indices  # any k indices
+    for c, ratio in zip((0.5, 1.0, 1.5, 3.0), (0.8, 0.6, 0.4, 0.0), strict=True):
+        clipped = g * min(1.0, c / float(torch.linalg.vector_norm(g)))
+        literal_ratio = float(torch.linalg.vector_norm(clipped[top] - g[top]) / g[top].norm())
+        assert literal_ratio == pytest.approx(ratio)
+        assert clip.bit(2.5, c) == float(literal_ratio <= 0.5) == float(c >= 1.25)
+
+
+def test_adaptive_clip_converges_to_half_the_0_9_quantile():
+    """lognormal(1, 0.3) norms, N = 100, σ_b = 0.1, η_C = 0.01: C → 0.5·q₀.₉ (spec: 2.005)."""
+    clip, rng = AdaptiveClip(), np.random.default_rng(0)
+    c, history = 1.5, []
+    for _ in range(20_000):
+        norms = rng.lognormal(1.0, 0.3, size=100)
+        count = sum(clip.bit(n, c) - 0.5 for n in norms) + rng.normal(0, 0.1 * 10)
+        c = clip.next_clip_norm(c, count, 100)
+        history.append(c)
+    predicted = clip.fixed_point(math.exp(1.0 + 0.3 * 1.2815515655446004))
+    assert predicted == pytest.approx(1.997, abs=1e-3)
+    assert np.mean(history[-5_000:]) == pytest.approx(predicted, rel=0.01)
+
+
+def _release(algorithm, updates, dim, seed):
+    """The round's released sketch: each client's pipeline, summed, plus the server's S(Z)."""
+    total, g = PartialAggregate(), _gen(seed)
+    for row in updates:
+        ctx = ClientContext(g, float(len(updates)), layout=ParamLayout(("w",), ((dim,),), (0, dim)))
+        total.add({"sketch": algorithm.pipeline(row.clone(), ctx)}, 1.0)
+    noise = algorithm.pipeline.server_noise(dim, None, (0, 0), g)
+    ctx = ServerContext(float(len(updates)), 100, noise)
+    return algorithm.server.noisy_sketch_sum(total, dim, ctx)
+
+
+@pytest.mark.parametrize("placement", ["server", "client"])
+def test_dense_variant_releases_the_sketch_of_sigma_c_dense_noise(store_root, placement):
+    """Noise N(0, σ²C²) on the dense sum, sketched: counter (j, b) has variance σ²C²·load."""
+    dim, m, sigma, c = 300, 4, 1.7, 0.5
+    config = small_config(
+        store_root,
+        *DPSFL,
+        f"algorithm.clip_norm={c}",
+        f"algorithm.noise_multiplier={sigma}",
+        "algorithm.sketch_cols=30",
+        f"algorithm.noise_placement={placement}",
+        f"cohort.size={m}",
+    )
+    layout = ParamLayout(("w",), ((dim,),), (0, dim))
+    algorithm = config.build_algorithm().bind(layout)
+    assert algorithm.pipeline.unaccounted_reason is None
+    assert algorithm.mechanism.sensitivity == c  # noise on the clipped vector; sketch after
+    updates = torch.randn(m, dim, generator=_gen(1))
+    releases = torch.stack([_release(algorithm, updates, dim, s) for s in range(400)])
+    sketch = algorithm.server.count_sketch(dim)
+    loads = torch.stack([torch.bincount(r.long(), minlength=30) for r in sketch.hashes()[0]])
+    clipped = sum(sketch.sketch((u * min(1, c / float(u.norm()))).double()) for u in updates)
+    assert torch.allclose(releases.mean(0), clipped, atol=6 * sigma * c * loads.max() ** 0.5 / 20)
+    stat = 399 * releases.var(0) / (sigma**2 * c**2 * loads.double())
+    alpha = 1e-4 / loads.numel()
+    assert bool(((stat > chi2.ppf(alpha / 2, 399)) & (stat < chi2.ppf(1 - alpha / 2, 399))).all())
+
+
+def test_paper_variant_adds_c_sqrt_l_over_2rho_per_counter_and_is_unaccounted(store_root):
+    config = small_config(store_root, *DPSFL, "algorithm.sketch_noise=paper", "cohort.size=1")
+    layout = ParamLayout(("w",), ((300,),), (0, 300))
+    algorithm = config.build_algorithm().bind(layout)
+    reason = algorithm.pipeline.unaccounted_reason
+    assert reason is not None and "one coordinate" in reason
+    assert config.unaccounted_reason == reason
+    update = torch.zeros(1, 300)
+    releases = torch.stack([_release(algorithm, update, 300, s) for s in range(200)])
+    expected = 1.0 * math.sqrt(5 / (2 * rho_from_epsilon(4.0, 1e-5)))
+    assert float(releases.std()) == pytest.approx(expected, rel=0.02)
+
+
+def test_fetchsgd_with_an_exact_sketch_is_fedsgd_with_server_momentum(store_root):
+    """No collisions (m ≫ d) and k = d: FetchSGD's step is η·(β-momentum of the mean)."""
+    common = (*ONE_GRADIENT, "algorithm.sketch_cols=40000", "algorithm.sketch_top_k=410")
+    fetch = run_local(small_config(store_root, "algorithm.name=fetchsgd", *common))
+    fedsgd_options = [o for o in ONE_GRADIENT if "sketch" not in o]
+    fedsgd = run_local(
+        small_config(
+            store_root, "algorithm.name=fedavg", *fedsgd_options, "algorithm.server_momentum=0.9"
+        )
+    )
+    assert torch.allclose(fetch.state.params, fedsgd.state.params, atol=1e-5)
+
+
+def test_dpsfl_without_noise_or_clip_is_fetchsgd_bit_for_bit(store_root):
+    fetch = run_local(small_config(store_root, "algorithm.name=fetchsgd", *ONE_GRADIENT))
+    nonnoise = run_local(
+        small_config(
+            store_root,
+            *DPSFL,
+            "algorithm.clip_norm=.inf",
+            "algorithm.noise_multiplier=0",
+            "algorithm.noise_placement=server",
+        )
+    )
+    assert torch.equal(fetch.state.params, nonnoise.state.params)
+
+
+def test_dpsfl_ac_moves_c_logs_bytes_and_resumes_bit_for_bit(store_root, tmp_path):
+    options = (
+        "algorithm.name=dpsfl_ac",
+        *ONE_GRADIENT,
+        "algorithm.clip_norm=1.5",
+        "algorithm.noise_multiplier=1.0",
+        "algorithm.clip_lr=0.2",
+        f"checkpoint.dir={tmp_path}",
+        "rounds=6",
+    )
+    straight = run_experiment(small_config(store_root, *options, "checkpoint.every=0"))
+    history = straight.result.history
+    clip_norms = [r.metrics["clip_norm"] for r in history]
+    assert len(set(clip_norms)) == 6 and all(c > 0 for c in clip_norms)
+    assert history[0].metrics["upload_bytes"] == 5 * 60 * 4  # a float32 sketch
+    assert history[0].metrics["download_bytes"] <= 80 * 8 + 8  # sparse Δ + C
+    first = run_experiment(small_config(store_root, *options, "rounds=3"))
+    saved = load_checkpoint(first.checkpoint)
+    assert "sketch_error" in saved["simulation"]["extras"]
+    resumed = run_experiment(config_from_dict(saved["config"], ["rounds=6"]), resume=saved)
+    assert torch.equal(resumed.result.params, straight.result.params)
+    assert resumed.result.history[-1].metrics["clip_norm"] == clip_norms[-1]
+
+
+BAD_SKETCH_CONFIGS = {
+    "algorithm.local.local_steps": ("algorithm.local.local_steps=5",),
+    "algorithm.local.lr": ("algorithm.local.lr=0.1",),
+    "algorithm.sketch_cols": ("algorithm.compression_level=2",),
+    "algorithm.compression_level": (
+        "algorithm.compression_level=7",
+        "algorithm.sketch_cols=null",
+        "algorithm.sketch_top_k=null",
+    ),
+    "algorithm.noise_multiplier": ("algorithm.sketch_noise=paper",),
+    "algorithm.paper_epsilon": ("algorithm.paper_epsilon=4",),
+    "algorithm.sketch_momentum": ("algorithm.sketch_momentum=1.0",),
+    "algorithm.clip_lr": ("algorithm.clip_lr=0.1",),  # a dpsfl_ac option
+}
+
+
+@pytest.mark.parametrize("field", sorted(BAD_SKETCH_CONFIGS))
+def test_bad_sketch_configs_name_the_field(store_root, field):
+    overrides = BAD_SKETCH_CONFIGS[field]
+    with pytest.raises(ConfigError) as error:
+        small_config(store_root, *DPSFL, "algorithm.noise_multiplier=1", *overrides)
+    assert error.value.field_path == field
+
+
+def test_compression_levels_set_k_and_m():
+    trainer = LocalTrainer(lr=1.0, batch_size=64, local_steps=1)
+    algorithm = dpsfl(trainer, ClientDP(1.5, 1.0), compression_level=3)
+    assert (algorithm.server.top_k, algorithm.server.upload.cols) == (25_000, 200_000)
+    default = dpsfl(trainer, ClientDP(1.5, 1.0))
+    assert (default.server.top_k, default.server.upload.cols, default.server.upload.rows) == (
+        50_000,
+        500_000,
+        5,
+    )
+
+
+@pytest.mark.parametrize("variant", ["dense", "paper"])
+def test_audit_passes_the_dense_variant_and_flags_the_papers(store_root, variant):
+    sigma = ("algorithm.noise_multiplier=1.0",) if variant == "dense" else ()
+    config = small_config(
+        store_root,
+        *DPSFL,
+        *sigma,
+        f"algorithm.sketch_noise={variant}",
+        "algorithm.sketch_cols=50",
+        "data.num_clients=100",
+        "cohort.size=10",
+    )
+    result = audit_config(config, trials=1000, confidence=0.95, dim=2000, seed=0)
+    assert result.dp_valid == (variant == "dense")
+    if variant == "dense":
+        assert result.consistent, result
+    else:
+        assert result.epsilon_lower_bound > result.claimed_epsilon + 1.0, result
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7])
+def test_median_over_rows_matches_torch_median(rows):
+    values = torch.randn(rows, 5_000, generator=_gen(rows))
+    values[-1, :100] = values[0, :100]  # ties within a column
+    assert torch.equal(median_over_rows(values), values.median(dim=0).values)
