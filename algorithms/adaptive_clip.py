@@ -17,7 +17,8 @@ or removing a client moves the count by ½ (replacing one by 1) while its clippe
 moves the sum by C (2C): the same ratio under either adjacency. With noise σ_b per client (or
 σ_b√m added by the server) the count carries N(0, m·σ_b²) and the round is one Gaussian
 mechanism on [Σ clip(g_i)/(σC), Σ(b_i − ½)/(σ_b√m)], accounted with
-``privacy.adaptive_clipping.effective_noise_multiplier(σ, σ_b√m)``. The paper's σ_b = 0.1
+``privacy.adaptive_clipping.effective_noise_multiplier(σ, σ_b√m)`` (m → C_n with a noise
+cohort). The paper's σ_b = 0.1
 against a server that sees each bit is ρ_b = 1/(2σ_b²) = 50 per round: not negligible.
 """
 
@@ -52,17 +53,29 @@ class AdaptiveClip:
         return float(1.0 - scale <= self.error_tolerance)
 
     def client_upload(
-        self, pre_clip_norm: float, clip_norm: float, generator: torch.Generator, noised: bool
+        self, pre_clip_norm: float, clip_norm: float, generator: torch.Generator, noise_std: float
     ) -> torch.Tensor:
-        """b − ½, plus N(0, σ_b²) when the client adds the noise (client or local placement)."""
+        """b − ½, plus N(0, ``noise_std``²) (``client_noise_std``; 0 when the server adds it)."""
         value = torch.tensor([self.bit(pre_clip_norm, clip_norm) - 0.5], dtype=torch.float64)
-        if noised:
-            value += self.count_noise * torch.randn(1, generator=generator, dtype=torch.float64)
+        if noise_std:
+            value += noise_std * torch.randn(1, generator=generator, dtype=torch.float64)
         return value
 
-    def count_noise_on_sum(self, nominal_cohort_size: float) -> float:
-        """σ_b√m: the std of the noise on Σ(b_i − ½), whoever adds it."""
-        return self.count_noise * math.sqrt(nominal_cohort_size)
+    # With a noise cohort (k = m/C_n, ``GaussianMechanism.noise_scale``) the count's noise is
+    # scaled as the updates' is: the mean over the m simulated clients carries the noise of a
+    # cohort of C_n, σ_b√C_n on that cohort's count.
+    def client_noise_std(self, noise_scale: float = 1.0) -> float:
+        """Each client's share: σ_b√k (σ_b without a noise cohort)."""
+        return self.count_noise * math.sqrt(noise_scale)
+
+    def server_noise_std(self, cohort_size: float, noise_scale: float = 1.0) -> float:
+        """The server's noise on the count of m clients: σ_b√(m·k)."""
+        return self.count_noise * math.sqrt(cohort_size * noise_scale)
+
+    @staticmethod
+    def accounted_noise(count_noise: float, noise_cohort_size: float) -> float:
+        """σ_b√C_n: the count noise the accountant sees, relative to the count of C_n clients."""
+        return count_noise * math.sqrt(noise_cohort_size)
 
     def next_clip_norm(
         self, clip_norm: float, centred_sum: float, nominal_cohort_size: float

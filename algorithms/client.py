@@ -138,7 +138,9 @@ def client_round(
             report.pre_clip_norm,
             mechanism.clip.clip_norm,
             torch_generator(*keys, Purpose.CLIP_BIT),
-            noised=mechanism.placement != "server",
+            0.0
+            if mechanism.placement == "server"
+            else algorithm.adaptive_clip.client_noise_std(mechanism.noise_scale),
         )
     if algorithm.control_variates:
         new_control = updated_client_control(

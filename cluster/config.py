@@ -738,7 +738,11 @@ def _validate_algorithm(c: ExperimentConfig) -> None:
             )
         if c.sample_level:
             _validate_sample_level(c)
-        elif c.noise_placement == "client" and c.cohort.sampling == "poisson":
+        elif (
+            c.noise_placement == "client"
+            and c.cohort.sampling == "poisson"
+            and not c.paper_sketch_noise  # DPSFL's own noise: every client, whole (local)
+        ):
             raise ConfigError(
                 "algorithm.noise_placement",
                 c.noise_placement,
@@ -827,12 +831,6 @@ def _validate_adaptive_clip(c: ExperimentConfig) -> None:
     for name, example in (("clip_count_noise", "0.1"), ("clip_lr", "0.01")):
         if getattr(a, name) is not None:
             _positive(f"algorithm.{name}", getattr(a, name), example)
-    if a.name == "dpsfl_ac" and c.privacy.noise_cohort_size is not None:
-        raise ConfigError(
-            "privacy.noise_cohort_size",
-            c.privacy.noise_cohort_size,
-            "the adaptive clip's count noise is sized for the real cohort; remove it",
-        )
 
 
 def _validate_sample_level(c: ExperimentConfig) -> None:

@@ -20,6 +20,7 @@ import math
 import time
 from dataclasses import dataclass
 
+from algorithms.adaptive_clip import AdaptiveClip
 from algorithms.mechanism import GaussianMechanism
 from algorithms.presets import Algorithm
 from cluster.claim_status import ClaimStatus
@@ -232,10 +233,12 @@ def privacy_claim(
 
 
 def count_noise_on_sum(algorithm: Algorithm, config: ExperimentConfig) -> float | None:
-    """σ_b√m of an adaptive clip's count release, None without one."""
+    """σ_b√C_n of an adaptive clip's count release (C_n: the noise cohort), None without one."""
     if algorithm.adaptive_clip is None:
         return None
-    return algorithm.adaptive_clip.count_noise_on_sum(config.cohort.size)
+    return AdaptiveClip.accounted_noise(
+        algorithm.adaptive_clip.count_noise, config.noise_cohort_size
+    )
 
 
 @functools.lru_cache(maxsize=64)

@@ -171,7 +171,7 @@ class Simulation:
         adaptive = algorithm.adaptive_clip
         if adaptive is not None and algorithm.mechanism.placement == "server":
             generator = torch_generator(c.seed, round_index, Purpose.SERVER_COUNT_NOISE)
-            std = adaptive.count_noise_on_sum(c.cohort.size)
+            std = adaptive.server_noise_std(c.cohort.size, algorithm.mechanism.noise_scale)
             count_noise = std * float(torch.randn(1, generator=generator, dtype=torch.float64))
         return ServerContext(float(c.cohort.size), c.data.num_clients, noise, count_noise)
 

@@ -15,6 +15,7 @@ accuracy. ``sources`` lists the data sources a task accepts (the first is its us
 | cifar100_resnet18  | cifar100                   | resnet18_gn  | crop 32 pad 4, flip |
 | cifar10_resnet10   | cifar10                    | resnet10_gn  | crop 32 pad 4, flip |
 | cifar10_resnet9    | cifar10                    | resnet9      | crop 32 pad 4, flip |
+| cifar100_resnet9   | cifar100                   | resnet9      | crop 32 pad 4, flip |
 
 ``emnist_cnn`` runs DP-FedSAM's CNN on the 28×28 images (its dense layer follows the input
 size); the authors' code pads to 36 and crops 32×32, which changes only that layer's width.
@@ -64,5 +65,6 @@ _TASKS = [
     Task("cifar100_resnet18", ("cifar100",), "resnet18_gn", CIFAR100_STATS, CIFAR_AUGMENT),
     Task("cifar10_resnet10", ("cifar10",), "resnet10_gn", CIFAR10_STATS, CIFAR_AUGMENT),
     Task("cifar10_resnet9", ("cifar10",), "resnet9", CIFAR10_STATS, CIFAR_AUGMENT),
+    Task("cifar100_resnet9", ("cifar100",), "resnet9", CIFAR100_STATS, CIFAR_AUGMENT),
 ]
 TASKS: dict[str, Task] = {task.name: task for task in _TASKS}

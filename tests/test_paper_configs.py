@@ -16,9 +16,7 @@ from test_vision_sources import patch_cifar_md5, write_cifar
 from cluster.config import load_config
 from cluster.privacy_plan import calibrated
 
-CIFAR10_CONFIGS = sorted(
-    str(p) for p in Path("configs/papers").glob("*.yaml") if "cifar10" in p.name
-)
+CIFAR_CONFIGS = sorted(str(p) for p in Path("configs/papers").glob("*.yaml") if "cifar" in p.name)
 
 
 def _shrunk(path: str, raw: Path, tmp_path: Path, store_root: Path) -> list[str]:
@@ -42,12 +40,12 @@ def _shrunk(path: str, raw: Path, tmp_path: Path, store_root: Path) -> list[str]
     ]
 
 
-@pytest.mark.parametrize("path", CIFAR10_CONFIGS, ids=lambda p: Path(p).stem)
-def test_cifar10_paper_config_runs(path, tmp_path, monkeypatch, store_root):
-    assert len(CIFAR10_CONFIGS) == 4
-    raw = tmp_path / "raw"
-    write_cifar(raw, "cifar10", np.random.default_rng(0))
-    patch_cifar_md5(monkeypatch, "cifar10", raw)
+@pytest.mark.parametrize("path", CIFAR_CONFIGS, ids=lambda p: Path(p).stem)
+def test_cifar_paper_config_runs(path, tmp_path, monkeypatch, store_root):
+    assert len(CIFAR_CONFIGS) == 6
+    raw, source = tmp_path / "raw", load_config(path).data.source
+    write_cifar(raw, source, np.random.default_rng(0))
+    patch_cifar_md5(monkeypatch, source, raw)
     config = calibrated(load_config(path, _shrunk(path, raw, tmp_path, store_root)))
     sim = run_local(config)
     assert len(sim.history) == 2 and torch.isfinite(sim.state.params).all()
