@@ -20,6 +20,10 @@
 | dp_fedavg_ls    | SGD           | Clip → Noise; server: A⁻¹ on Δ̄            | Liang et al. 24    |
 | dp_fedavg_sample| DP-SGD        | (none)                                   | Noble et al. 22    |
 | dp_scaffold     | DP-SGD + c−c_i| (none); warm start optional              | Noble et al. 22    |
+| fetchsgd        | one gradient  | Sketch; server: sketch momentum, error   | Rothchild et al. 20|
+|                 |               | feedback, top-k unsketch                 |                    |
+| dpsfl           | one gradient  | Clip → Noise (dense) → Sketch; FetchSGD  | Zhang et al.       |
+| dpsfl_ac        | one gradient  | as dpsfl; C moves with noisy clip bits   | Zhang et al.       |
 
 Every private preset is client-level DP: each client's delta is clipped to L2 norm C (flat, or
 per layer with sensitivity C·√L) and the mean of the m clients carries Gaussian noise of std
@@ -32,6 +36,11 @@ The two sample-level presets (DP-SCAFFOLD's Alg. 1 and 2) protect one *record*: 
 step is DP-SGD (``SampleDP``: per-example clip to C, Gaussian noise κ·C·σ_g on the batch sum,
 ``algorithms.dpsgd``) and the uploads are post-processing of those noisy steps. σ_g = 0 with
 C = ∞ keeps the trainer's plain SGD gradient: SCAFFOLD / FedAvg bit for bit.
+
+The sketched presets (``algorithms.sketch``, ``algorithms.fetchsgd``) upload the count sketch of
+one batch gradient. DPSFL is client-level DP by default: the noise goes on the dense clipped
+gradient, so the sketch is post-processing. ``sketch_noise: paper`` is DPSFL's Alg. 1 (noise on
+each client's counters sized to C√l), which runs unaccounted.
 
 A preset's keyword arguments are its options, with the paper's values as
 defaults; trainer options (SAM's ρ, BLUR's λ, PGN's β and ρ) are set on the base trainer the
@@ -450,14 +459,21 @@ def _one_gradient(name: str, trainer: LocalTrainer) -> LocalTrainer:
 
 
 def _sketch_server(
-    server_lr, sketch_rows, sketch_cols, sketch_top_k, sketch_momentum, sketch_seed, level
+    server_lr,
+    sketch_rows,
+    sketch_cols,
+    sketch_top_k,
+    sketch_momentum,
+    sketch_seed,
+    level,
+    feedback,
 ) -> FetchSgdServerRule:
     if level is not None:
         if level not in COMPRESSION_LEVELS:
             raise ValueError(f"compression_level must be one of 1..5, got {level}")
         sketch_top_k, sketch_cols = COMPRESSION_LEVELS[level]
     upload = SketchUpload(sketch_rows, sketch_cols, sketch_seed)
-    return FetchSgdServerRule(upload, sketch_top_k, sketch_momentum, server_lr)
+    return FetchSgdServerRule(upload, sketch_top_k, sketch_momentum, server_lr, feedback)
 
 
 def fetchsgd(
@@ -469,6 +485,7 @@ def fetchsgd(
     sketch_momentum: float = 0.9,
     sketch_seed: int = 42,
     compression_level: int | None = None,
+    sketch_feedback: Literal["zero", "subtract"] = "zero",
 ) -> Algorithm:
     """FetchSGD (non-private): sketch of −g, sketch momentum and error feedback, top-k."""
     server = _sketch_server(
@@ -479,6 +496,7 @@ def fetchsgd(
         sketch_momentum,
         sketch_seed,
         compression_level,
+        sketch_feedback,
     )
     pipeline = UpdatePipeline(after=(server.upload,))
     return Algorithm("fetchsgd", _one_gradient("fetchsgd", trainer), pipeline, server)
@@ -497,6 +515,7 @@ def dpsfl(
     sketch_momentum: float = 0.9,
     sketch_seed: int = 42,
     compression_level: int | None = None,
+    sketch_feedback: Literal["zero", "subtract"] = "zero",
     sketch_noise: SketchNoise = "dense",
     paper_epsilon: float = 4.0,
 ) -> Algorithm:
@@ -516,6 +535,7 @@ def dpsfl(
         sketch_momentum,
         sketch_seed,
         compression_level,
+        sketch_feedback,
     )
     if sketch_noise == "dense":
         pipeline = dp.pipeline(after=(server.upload,))
@@ -539,6 +559,7 @@ def dpsfl_ac(
     sketch_momentum: float = 0.9,
     sketch_seed: int = 42,
     compression_level: int | None = None,
+    sketch_feedback: Literal["zero", "subtract"] = "zero",
     sketch_noise: SketchNoise = "dense",
     paper_epsilon: float = 4.0,
     clip_target_quantile: float = 0.9,
@@ -558,6 +579,7 @@ def dpsfl_ac(
         sketch_momentum,
         sketch_seed,
         compression_level,
+        sketch_feedback,
         sketch_noise,
         paper_epsilon,
     )

@@ -13,13 +13,15 @@ from scipy.stats import chi2
 
 from algorithms.adaptive_clip import AdaptiveClip
 from algorithms.aggregate import PartialAggregate
+from algorithms.fetchsgd import FetchSgdServerRule
 from algorithms.layout import ParamLayout
 from algorithms.local import LocalTrainer
 from algorithms.presets import COMPRESSION_LEVELS, ClientDP, dpsfl
-from algorithms.server import ServerContext
+from algorithms.server import ServerContext, ServerState
 from algorithms.sketch import (
     MERSENNE_61,
     CountSketch,
+    SketchUpload,
     hash_coefficients,
     median_over_rows,
     noise_multiplier_for_rho,
@@ -215,8 +217,14 @@ def test_paper_variant_adds_c_sqrt_l_over_2rho_per_counter_and_is_unaccounted(st
 
 
 def test_fetchsgd_with_an_exact_sketch_is_fedsgd_with_server_momentum(store_root):
-    """No collisions (m ≫ d) and k = d: FetchSGD's step is η·(β-momentum of the mean)."""
-    common = (*ONE_GRADIENT, "algorithm.sketch_cols=40000", "algorithm.sketch_top_k=410")
+    """No collisions (m ≫ d), k = d and the papers' error feedback (S_e −= S(Δ), momentum kept):
+    FetchSGD's step is η·(β-momentum of the mean)."""
+    common = (
+        *ONE_GRADIENT,
+        "algorithm.sketch_cols=40000",
+        "algorithm.sketch_top_k=410",
+        "algorithm.sketch_feedback=subtract",
+    )
     fetch = run_local(small_config(store_root, "algorithm.name=fetchsgd", *common))
     fedsgd_options = [o for o in ONE_GRADIENT if "sketch" not in o]
     fedsgd = run_local(
@@ -326,3 +334,35 @@ def test_median_over_rows_matches_torch_median(rows):
     values = torch.randn(rows, 5_000, generator=_gen(rows))
     values[-1, :100] = values[0, :100]  # ties within a column
     assert torch.equal(median_over_rows(values), values.median(dim=0).values)
+
+
+@pytest.mark.parametrize("feedback", ["zero", "subtract"])
+def test_error_feedback_zeroes_the_counters_of_delta_or_subtracts_its_sketch(feedback):
+    dim = 2_000
+    rule = FetchSgdServerRule(SketchUpload(5, 50, 42, dim=dim), 30, 0.9, 0.5, feedback)
+    sketch = rule.count_sketch(dim)
+    g = _gen(8)
+    extras = {
+        name: 0.1 * torch.randn(5, 50, dtype=torch.float64, generator=g)
+        for name in ("sketch_momentum", "sketch_error")
+    }
+    state = ServerState(torch.zeros(dim), extras)
+    total = PartialAggregate()
+    total.add({"sketch": sketch.sketch(torch.randn(dim, generator=g)).flatten()}, 1.0)
+    new = rule.step(state, total, ServerContext(1.0, 10), control=False)
+    momentum = 0.9 * extras["sketch_momentum"] + total.sums["sketch"].view(5, 50)
+    error = extras["sketch_error"] + 0.5 * momentum
+    indices = torch.nonzero(new.params).flatten()
+    assert len(indices) == 30 and torch.equal(indices, sketch.top_k(error, 30)[0])
+    touched = torch.zeros(5, 50, dtype=torch.bool)
+    for j in range(5):
+        touched[j, sketch.hashes()[0][j, indices].long()] = True
+    if feedback == "zero":
+        assert bool((new.extras["sketch_error"][touched] == 0).all())
+        assert bool((new.extras["sketch_momentum"][touched] == 0).all())
+        assert torch.equal(new.extras["sketch_error"][~touched], error[~touched])
+        assert torch.equal(new.extras["sketch_momentum"][~touched], momentum[~touched])
+    else:
+        delta = new.params.double()
+        assert torch.allclose(new.extras["sketch_error"], error - sketch.sketch(delta), atol=1e-5)
+        assert torch.equal(new.extras["sketch_momentum"], momentum)
