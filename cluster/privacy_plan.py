@@ -291,10 +291,17 @@ def calibrated(config: ExperimentConfig, client_sizes=None) -> ExperimentConfig:
             raise ConfigError("privacy.target_epsilon", p.target_epsilon, str(error)) from error
         count_noise = count_noise_on_sum(config._build_algorithm(1.0), config)
         if count_noise is not None:  # the budget is σ_eff; the updates get what is left
-            try:
-                sigma = update_noise_multiplier(sigma, count_noise)
-            except ValueError as error:
-                raise ConfigError("algorithm.clip_count_noise", count_noise, str(error)) from error
+            if sigma >= 2 * count_noise:
+                per_client = count_noise / math.sqrt(config.noise_cohort_size)
+                raise ConfigError(
+                    "algorithm.clip_count_noise",
+                    per_client,
+                    f"on the count of {config.noise_cohort_size} clients the bits' noise "
+                    f"σ_b√C_n = {count_noise:.4g} costs more than the whole budget "
+                    f"(σ = {sigma:.4g} needs more than σ/2); raise clip_count_noise above "
+                    f"{ceil_significant(sigma / (2 * math.sqrt(config.noise_cohort_size)))}",
+                )
+            sigma = update_noise_multiplier(sigma, count_noise)
         algorithm = dataclasses.replace(config.algorithm, noise_multiplier=sigma)
         return dataclasses.replace(config, algorithm=algorithm)
     sigma = config.algorithm.noise_multiplier

@@ -9,8 +9,12 @@ own sketch and sends it) the canary's own upload.
 
 The canary is the adversarial unit vector of the sketch (``CountSketch.adversarial_unit_vector``:
 spread with matching signs over the fullest bucket of row 0), sent at B = 10·C and clipped to C.
-Replace-one worlds send ±B·v, add/remove ones B·v or nothing. The score is the release's
-projection on S(v)/‖S(v)‖, the most powerful linear test. The claim is the one-release
+Replace-one worlds send ±B·v, add/remove ones B·v or nothing (under local placement, whose
+observer sees the canary's own upload, a zero gradient instead: there is always an upload).
+The score is the likelihood-ratio direction for the release's noise: S(v) itself when the noise
+is i.i.d. per counter (the paper's), and w = (AAᵀ)⁺A·v for the dense variant, whose noise on
+the counters is S(Z) with covariance σ²C²·AAᵀ (A the l·m × d sketch matrix). The claim is the
+one-release
 Gaussian μ = Δ/(σS) of the mechanism's σ and its stated sensitivity S: C for the dense variant
 (noise on the clipped vector, the sketch is post-processing), C√l for the paper's (noise on the
 counters). With several coordinates per counter (d ≫ m) the adversarial vector moves the
@@ -52,6 +56,22 @@ def sketch_audit_dim_error(dim: int, cols: int) -> str | None:
     )
 
 
+def _test_direction(sketch, v: torch.Tensor, counter_noise: bool) -> torch.Tensor:
+    """The likelihood-ratio test's direction for a mean shift S(v) under the release's noise."""
+    shift = sketch.sketch(v).flatten()
+    if counter_noise:
+        return shift / torch.linalg.vector_norm(shift)
+    buckets, signs = sketch.hashes()
+    matrix = torch.zeros(sketch.rows, sketch.cols, sketch.dim, dtype=torch.float64)
+    coordinates = torch.arange(sketch.dim)
+    for j in range(sketch.rows):
+        matrix[j, buckets[j].long(), coordinates] = signs[j].double()
+    matrix = matrix.view(sketch.size, sketch.dim)
+    covariance = matrix @ matrix.T
+    direction = torch.linalg.lstsq(covariance, shift[:, None], driver="gelsd").solution[:, 0]
+    return direction / torch.linalg.vector_norm(direction)
+
+
 def _scores(
     algorithm: Algorithm,
     crafted: CraftedRound,
@@ -65,20 +85,20 @@ def _scores(
     server, dim = algorithm.server, crafted.profile.numel()
     sketch = server.count_sketch(dim)
     v = sketch.adversarial_unit_vector().float()
-    direction = sketch.sketch(v.double()).flatten()
-    direction /= torch.linalg.vector_norm(direction)
     own_upload_only = algorithm.mechanism.placement == "local"
+    direction = _test_direction(sketch, v.double(), counter_noise=own_upload_only)
     scores = np.empty(trials)
     for t in range(trials):
         data = torch_generator(seed, t, Purpose.DATA)  # the same in every world
         updates = crafted.client_updates(data, cohort_size)
         noise = torch_generator(seed, world, t, Purpose.CLIENT_NOISE)
-        if canary_sign is not None:
-            updates[0] = canary_sign * CANARY_NORM_FACTOR * crafted.clip_norm * v
+        # Without the canary (add/remove), its own upload is that of a zero gradient.
+        sign = 0.0 if canary_sign is None else canary_sign
+        updates[0] = sign * CANARY_NORM_FACTOR * crafted.clip_norm * v
         clients = [0] if own_upload_only else range(cohort_size)
         total = PartialAggregate()
         for client in clients:
-            if client == 0 and canary_sign is None:
+            if client == 0 and canary_sign is None and not own_upload_only:
                 continue
             ctx = ClientContext(noise, float(cohort_size), layout=crafted.layout)
             total.add({"sketch": algorithm.pipeline(updates[client], ctx)}, 1.0)

@@ -325,6 +325,9 @@ def test_audit_passes_the_dense_variant_and_flags_the_papers(store_root, variant
     assert result.dp_valid == (variant == "dense")
     if variant == "dense":
         assert result.consistent, result
+        # and it has the power to see less noise than σ claims
+        under = audit_config(config, 1000, 0.95, 2000, 0, noise_scale_for_testing=0.6)
+        assert under.epsilon_lower_bound > under.claimed_epsilon, under
     else:
         assert result.epsilon_lower_bound > result.claimed_epsilon + 1.0, result
 
