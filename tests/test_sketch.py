@@ -30,6 +30,7 @@ from algorithms.sketch import (
 from algorithms.transforms import ClientContext
 from cluster.audit_cli import audit_config
 from cluster.checkpoint import load_checkpoint
+from cluster.cli import main
 from cluster.config import ConfigError, config_from_dict
 from cluster.experiment import run_experiment
 from models.resnet9 import ResNet9
@@ -369,3 +370,9 @@ def test_error_feedback_zeroes_the_counters_of_delta_or_subtracts_its_sketch(fee
         delta = new.params.double()
         assert torch.allclose(new.extras["sketch_error"], error - sketch.sketch(delta), atol=1e-5)
         assert torch.equal(new.extras["sketch_momentum"], momentum)
+
+
+def test_privacy_calculator_prints_the_papers_rho_and_counter_noise(capsys):
+    assert main(["privacy", "--dpsfl-paper", "--target-epsilon", "4", "--delta", "1e-5"]) == 0
+    out = capsys.readouterr().out
+    assert "ρ = 0.2977" in out and "σ = C·√(l/(2ρ)) = 4.3472" in out and "dp_valid=false" in out
