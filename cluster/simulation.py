@@ -73,6 +73,8 @@ def round_metrics(total: PartialAggregate) -> dict[str, float]:
         for name in dict.fromkeys(k for r in reports for k in r.stats):  # α_i, kept fraction, …
             values = [r.stats[name] for r in reports if name in r.stats]
             metrics[STAT_METRICS.get(name, name)] = float(np.mean(values))
+            if name == "upload_bytes":  # and what the whole cohort sent this round
+                metrics["upload_bytes_total"] = float(np.sum(values))
         trained = [r for r in reports if math.isfinite(r.train_loss)]  # not warm-up reports
         if trained:
             metrics["train_loss"] = float(np.mean([r.train_loss for r in trained]))

@@ -135,3 +135,16 @@ def _flat(tree, prefix=""):
         else:
             out[name] = value
     return out
+
+
+def test_sketch_spec_runs_the_papers_noise_at_the_budgets_epsilon():
+    from pathlib import Path
+
+    from cluster.compare import load_spec, run_setup
+
+    base, runs = load_spec(Path("configs/cpu/sketch.yaml"), [])
+    assert len(runs) == 8 and runs["dpsfl"]["algorithm.sketch_cols"] == 44000  # x- anchor
+    paper_base, overrides = run_setup(base, [], runs["dpsfl_paper"])
+    assert paper_base["privacy"]["calibrate"] == "none"
+    assert "target_epsilon" not in paper_base["privacy"]
+    assert overrides == ["algorithm.paper_epsilon=4.0"]

@@ -265,6 +265,7 @@ def test_dpsfl_ac_moves_c_logs_bytes_and_resumes_bit_for_bit(store_root, tmp_pat
     clip_norms = [r.metrics["clip_norm"] for r in history]
     assert len(set(clip_norms)) == 6 and all(c > 0 for c in clip_norms)
     assert history[0].metrics["upload_bytes"] == 5 * 60 * 4  # a float32 sketch
+    assert history[0].metrics["upload_bytes_total"] == 5 * 5 * 60 * 4  # the cohort of 5
     assert history[0].metrics["download_bytes"] <= 80 * 8 + 8  # sparse Δ + C
     first = run_experiment(small_config(store_root, *options, "rounds=3"))
     saved = load_checkpoint(first.checkpoint)
