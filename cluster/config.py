@@ -783,6 +783,12 @@ def _validate_sketch(c: ExperimentConfig) -> None:
         raise ConfigError(
             "algorithm.local.lr_scaling", local.lr_scaling, f"{a.name} takes no lr; remove it"
         )
+    if a.weighting != "uniform":
+        raise ConfigError(
+            "algorithm.weighting",
+            a.weighting,
+            f"{a.name} averages the sketches uniformly over the cohort; use uniform",
+        )
     if a.compression_level is not None:
         if a.compression_level not in COMPRESSION_LEVELS:
             raise ConfigError(

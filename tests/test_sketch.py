@@ -288,6 +288,7 @@ BAD_SKETCH_CONFIGS = {
     "algorithm.paper_epsilon": ("algorithm.paper_epsilon=4",),
     "algorithm.sketch_momentum": ("algorithm.sketch_momentum=1.0",),
     "algorithm.clip_lr": ("algorithm.clip_lr=0.1",),  # a dpsfl_ac option
+    "algorithm.weighting": ("algorithm.weighting=samples",),
 }
 
 
