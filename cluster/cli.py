@@ -103,7 +103,17 @@ def _execute(config, checkpoint: dict | None) -> int:
     except (SourceMissingError, ConfigError) as error:  # raised before any actor starts
         print(error, file=sys.stderr)
         return 2
+    except KeyboardInterrupt as error:  # a second Ctrl-C: abort now, no checkpoint of this round
+        print(f"aborted: {error or 'KeyboardInterrupt'}", file=sys.stderr)
+        return 130
     result, config = outcome.result, outcome.config
+    if outcome.interrupted:
+        print(
+            f"{result.stop_reason}: checkpoint {outcome.checkpoint}; resume with: uv run python "
+            f"-m cluster resume {outcome.checkpoint}",
+            flush=True,
+        )
+        return 130  # the shell's code for a run ended by Ctrl-C
     print(f"done: {result.stop_reason}")
     if outcome.final_accuracy is not None:
         print(f"final test accuracy {outcome.final_accuracy:.4f}")

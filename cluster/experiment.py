@@ -14,6 +14,7 @@ from algorithms.layout import ParamLayout
 from cluster.checkpoint import save_checkpoint
 from cluster.config import ConfigError, ExperimentConfig
 from cluster.executors import LocalExecutor, RayExecutor
+from cluster.interrupts import GracefulStop
 from cluster.privacy_plan import (
     PrivacyClaim,
     calibrate_with_message,
@@ -86,6 +87,7 @@ class Outcome:
     tracking_uri: str | None
     checkpoint: Path
     claim: PrivacyClaim  # what the run may say about privacy; every ε comes from it
+    interrupted: bool = False  # stopped by SIGINT/SIGTERM after a round, checkpoint written
 
     @property
     def final_accuracy(self) -> float | None:
@@ -188,7 +190,9 @@ def run_experiment(
                 save_checkpoint(path, sim.state_dict(), config.to_dict(), run_id)
             on_round(record)
 
-        result = sim.run(report)
+        with GracefulStop(say) as stop:
+            result = sim.run(report, lambda: stop.reason)
+        interrupted = stop.reason is not None
         save_checkpoint(path, sim.state_dict(), config.to_dict(), run_id)
         if tracker is not None:
             ParamLayout.of(sim.model).load_into(sim.model, result.params)
@@ -203,11 +207,13 @@ def run_experiment(
                 "delta": sim.claim.delta,
             }
             report = privacy_report(config, sim.claim, len(result.history), eps)
-            tracker.finish(config.to_dict(), result.history, sim.model, summary, report)
-    except BaseException:
-        if tracker is not None:
-            tracker.fail()
+            status = "KILLED" if interrupted else "FINISHED"
+            tracker.finish(config.to_dict(), result.history, sim.model, summary, report, status)
+    except BaseException as error:
+        if tracker is not None:  # a second Ctrl-C is the user's stop, not a failure
+            tracker.end("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
         raise
     finally:
         executor.close()
-    return Outcome(result, config, run_id, tracker.uri if tracker else None, path, sim.claim)
+    uri = tracker.uri if tracker else None
+    return Outcome(result, config, run_id, uri, path, sim.claim, interrupted)

@@ -195,14 +195,22 @@ class Simulation:
         self.history = [RoundRecord(**r) for r in state["history"]]
         self.executor.load_client_states(state["client_states"])
 
-    def run(self, on_round: Callable[[RoundRecord], None] = lambda r: None) -> SimulationResult:
+    def run(
+        self,
+        on_round: Callable[[RoundRecord], None] = lambda r: None,
+        stop_requested: Callable[[], str | None] = lambda: None,
+    ) -> SimulationResult:
+        """Run the remaining rounds; ``stop_requested`` (checked before each round) ends the
+        run early with its reason (a graceful interrupt)."""
         stop_reason = f"completed {self.config.rounds} rounds"
         if self.config.warmup_rounds:
             stop_reason += f" after {self.config.warmup_rounds} warm-up rounds"
         for round_index in range(len(self.history), self.config.total_rounds):
-            reason = self._budget_exhausted()
+            reason = stop_requested() or self._budget_exhausted()
             if reason is not None:
                 stop_reason = reason
+                if stop_requested():
+                    stop_reason += f" after round {round_index}"
                 break
             record = self.run_round(round_index)
             self.history.append(record)

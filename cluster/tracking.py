@@ -104,6 +104,10 @@ class MlflowTracker:
         tracker.client = MlflowClient(tracker.uri)
         tracker.run_id = run_id
         tracker.client.update_run(run_id, status="RUNNING")
+        # Rounds logged after the checkpoint (a crash) are recomputed bit for bit on resume;
+        # they are not logged twice.
+        history = tracker.client.get_metric_history(run_id, "seconds_per_round")
+        tracker.logged_through = max((m.step for m in history), default=0)
         return tracker
 
     def log_files(self, paths: list[Path], artifact_path: str) -> None:
@@ -113,7 +117,11 @@ class MlflowTracker:
     def set_tags(self, tags: dict[str, str]) -> None:
         self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
+    logged_through = 0  # the last round whose metrics this run holds already
+
     def log_round(self, record: RoundRecord) -> None:
+        if record.round <= self.logged_through:
+            return
         now = int(time.time() * 1000)
         values = {
             "seconds_per_round": record.seconds,
@@ -146,9 +154,6 @@ class MlflowTracker:
             for path in sorted(out.iterdir()):
                 self.client.log_artifact(self.run_id, str(path))
         self.end(status)
-
-    def fail(self) -> None:
-        self.end("FAILED")
 
     def end(self, status: str = "FINISHED") -> None:
         self.client.set_terminated(self.run_id, status)

@@ -1,0 +1,105 @@
+"""SIGINT/SIGTERM stop a run after the round in progress: checkpoint, KILLED, exact resume, and
+no metric point logged twice (also after a crash past the last checkpoint)."""
+
+import os
+import shutil
+import signal
+
+import pytest
+import torch
+from helpers import small_config
+from mlflow.tracking import MlflowClient
+
+from cluster.checkpoint import load_checkpoint
+from cluster.cli import main
+from cluster.config import config_from_dict
+from cluster.experiment import run_experiment
+from cluster.interrupts import GracefulStop
+
+RUN = ("algorithm.name=scaffold", "rounds=5", "tracking.enabled=true")  # with client state
+
+
+@pytest.fixture
+def tracking(tmp_path, monkeypatch):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    return MlflowClient(uri)
+
+
+def _steps(client, run_id, name="seconds_per_round"):
+    return sorted(m.step for m in client.get_metric_history(run_id, name))
+
+
+def test_sigint_checkpoints_marks_killed_and_resumes_bit_for_bit(store_root, tmp_path, tracking):
+    options = (*RUN, f"checkpoint.dir={tmp_path}", "checkpoint.every=0")
+    straight = run_experiment(small_config(store_root, *options, "tracking.run_name=straight"))
+
+    def interrupt_after_round_2(record):
+        if record.round == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    stopped = run_experiment(small_config(store_root, *options), interrupt_after_round_2)
+    assert stopped.interrupted and len(stopped.result.history) == 2
+    assert stopped.result.stop_reason == "interrupted by SIGINT after round 2"
+    assert tracking.get_run(stopped.run_id).info.status == "KILLED"
+    saved = load_checkpoint(stopped.checkpoint)
+    assert saved["simulation"]["rounds_done"] == 2
+    resumed = run_experiment(config_from_dict(saved["config"]), resume=saved)
+    assert torch.equal(resumed.result.params, straight.result.params)
+    assert tracking.get_run(stopped.run_id).info.status == "FINISHED"
+    assert _steps(tracking, stopped.run_id) == [1, 2, 3, 4, 5]
+
+
+def test_resume_after_a_crash_does_not_log_rounds_twice(store_root, tmp_path, tracking):
+    """Rounds 3–5 were logged after the round-2 checkpoint; resuming recomputes them silently."""
+    options = (*RUN, f"checkpoint.dir={tmp_path / 'ck'}", "checkpoint.every=2")
+    copy = tmp_path / "round2.pt"
+
+    def keep_round_2(record):
+        if record.round == 2:
+            (written,) = (tmp_path / "ck").glob("*.pt")
+            shutil.copy(written, copy)
+
+    first = run_experiment(small_config(store_root, *options), keep_round_2)
+    accuracy = {m.step: m.value for m in tracking.get_metric_history(first.run_id, "test_accuracy")}
+    saved = load_checkpoint(copy)
+    assert saved["simulation"]["rounds_done"] == 2
+    resumed = run_experiment(config_from_dict(saved["config"]), resume=saved)
+    assert torch.equal(resumed.result.params, first.result.params)
+    assert _steps(tracking, first.run_id) == [1, 2, 3, 4, 5]
+    history = tracking.get_metric_history(first.run_id, "test_accuracy")
+    assert {m.step: m.value for m in history} == accuracy and len(history) == 5
+
+
+def test_sigterm_stops_gracefully_and_a_second_signal_aborts():
+    with GracefulStop(lambda message: None) as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.reason == "interrupted by SIGTERM"
+        with pytest.raises(KeyboardInterrupt, match="second SIGINT"):
+            os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_cli_prints_how_to_resume_and_exits_130(store_root, tmp_path, capsys, monkeypatch):
+    import cluster.cli as cli
+
+    real = cli._progress_line
+
+    def progress_then_interrupt(record, *args):
+        if record.round == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(record, *args)
+
+    monkeypatch.setattr(cli, "_progress_line", progress_then_interrupt)
+    sets = [
+        f"data.store_root={store_root}",
+        f"checkpoint.dir={tmp_path}",
+        "rounds=4",
+        "executor.kind=local",
+        "tracking.enabled=false",
+    ]
+    assert main(["run", "configs/quickstart.yaml", *(x for s in sets for x in ("--set", s))]) == 130
+    out = capsys.readouterr().out
+    assert "SIGINT: stopping after this round" in out
+    assert "interrupted by SIGINT after round 1: checkpoint" in out
+    assert "resume with: uv run python -m cluster resume" in out
