@@ -26,10 +26,10 @@ from privacy.audit_sample import audit_sample_round
 from privacy.audit_sketch import audit_sketch_round
 
 
-def add_parser(commands) -> None:
+def add_parser(commands, help_text: str) -> None:
     p = commands.add_parser(
         "audit",
-        help="privacy audit: empirical ε lower bound (canary client) vs the accountant's ε",
+        help=help_text,
         description="Runs one round of the configured client→server mechanism many times with "
         "and without a canary client and reports a Clopper–Pearson lower bound on ε. Exit code "
         "1 when the lower bound exceeds the accountant's ε (a broken mechanism).",

@@ -3,12 +3,33 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+from typing import TYPE_CHECKING
 
-from cluster import audit_cli, compare, partition_cli, privacy_cli
-from cluster.config import ConfigError, config_from_dict, load_config
-from cluster.simulation import RoundRecord
-from datasets.vision import SourceMissingError
+if TYPE_CHECKING:
+    from cluster.simulation import RoundRecord
+
+# Subcommands in their own modules, imported only when chosen (torch, opacus and mlflow take
+# seconds to import; `--help` and the calculators should not wait for them).
+SUBCOMMANDS = {
+    "privacy": (
+        "cluster.privacy_cli",
+        "privacy calculator: ε, calibrated σ or max rounds, side by side per accountant",
+    ),
+    "audit": (
+        "cluster.audit_cli",
+        "privacy audit: empirical ε lower bound (canary client) vs the accountant's ε",
+    ),
+    "partition": (
+        "cluster.partition_cli",
+        "build a shard store (partitioned dataset) and its partition report",
+    ),
+    "compare": (
+        "cluster.compare",
+        "run several presets at the same ε over several seeds; mean ± std table",
+    ),
+}
 
 
 def _progress_line(record: RoundRecord, total: int, claim) -> str:
@@ -39,6 +60,8 @@ def _overrides(args: argparse.Namespace) -> list[str]:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from cluster.config import ConfigError, load_config
+
     try:
         config = load_config(args.config, _overrides(args))
     except ConfigError as error:
@@ -49,6 +72,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _resume(args: argparse.Namespace) -> int:
     from cluster.checkpoint import load_checkpoint
+    from cluster.config import ConfigError, config_from_dict
 
     overrides = _overrides(args)
     try:
@@ -71,8 +95,10 @@ def _resume(args: argparse.Namespace) -> int:
 
 
 def _execute(config, checkpoint: dict | None) -> int:
+    from cluster.config import ConfigError
     from cluster.experiment import run_experiment
     from cluster.privacy_plan import calibrate_with_message, privacy_claim
+    from datasets.vision import SourceMissingError
 
     def say(message: str) -> None:
         print(message, flush=True)
@@ -150,9 +176,12 @@ def main(argv: list[str] | None = None) -> int:
     resume.add_argument("checkpoint", help="checkpoint file written by a run")
     _add_execution_options(resume, "change rounds, eval_every, executor.* or checkpoint.* only")
     resume.set_defaults(handler=_resume)
-    privacy_cli.add_parser(commands)
-    audit_cli.add_parser(commands)
-    partition_cli.add_parser(commands)
-    compare.add_parser(commands)
+    argv = sys.argv[1:] if argv is None else argv
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    for name, (module, help_text) in SUBCOMMANDS.items():
+        if name == chosen:
+            importlib.import_module(module).add_parser(commands, help_text)
+        else:  # listed in --help; its options are parsed only when it is the command
+            commands.add_parser(name, help=help_text)
     args = parser.parse_args(argv)
     return args.handler(args)

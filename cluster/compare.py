@@ -46,10 +46,10 @@ from cluster.config import (
 from cluster.privacy_plan import format_sigma
 
 
-def add_parser(commands) -> None:
+def add_parser(commands, help_text: str) -> None:
     p = commands.add_parser(
         "compare",
-        help="run several presets at the same ε over several seeds; mean ± std table",
+        help=help_text,
         description=__doc__.split("\n\n")[0],
     )
     p.add_argument("spec", help="comparison YAML (base + runs)")

@@ -15,24 +15,20 @@ import dataclasses
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from cluster.config import (
-    ConfigError,
-    DataConfig,
-    ExperimentConfig,
-    PartitionConfig,
-    validate_data,
-)
 from datasets.partition import PARTITION_METHODS
-from datasets.partition_report import format_summary, partition_summary, write_partition_report
 from datasets.sources import SOURCES, build_store
 from datasets.vision import EMNIST_SPLITS, SourceMissingError
 
+if TYPE_CHECKING:  # the config (torch, the presets) is imported when a store is built
+    from cluster.config import DataConfig
 
-def add_parser(commands) -> None:
+
+def add_parser(commands, help_text: str) -> None:
     p = commands.add_parser(
         "partition",
-        help="build a shard store (partitioned dataset) and its partition report",
+        help=help_text,
         description="Partition a dataset's training split into client shards (Arrow store) "
         "and write a partition report. Use the store in a run with --set data.store=OUT.",
     )
@@ -58,6 +54,8 @@ def add_parser(commands) -> None:
 
 def _data_config(args: argparse.Namespace) -> DataConfig:
     """The run's ``data`` section these options stand for."""
+    from cluster.config import DataConfig, PartitionConfig
+
     return DataConfig(
         source=args.dataset,
         num_clients=args.clients,
@@ -72,6 +70,13 @@ def _data_config(args: argparse.Namespace) -> DataConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    from cluster.config import ConfigError, ExperimentConfig, validate_data
+    from datasets.partition_report import (
+        format_summary,
+        partition_summary,
+        write_partition_report,
+    )
+
     data = _data_config(args)
     try:
         if args.clients < 1:

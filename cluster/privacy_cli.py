@@ -7,24 +7,24 @@ import functools
 import math
 import sys
 
-from algorithms.sketch import noise_multiplier_for_rho, rho_from_epsilon
-from privacy.accountant import accountant_class, accountants_for
-from privacy.adaptive_clipping import effective_noise_multiplier
-from privacy.calibration import calibrate_sigma, epsilon_for, max_rounds
-from privacy.participation import epsilon_vs_server
-from privacy.record_level import ASSUMPTIONS, RecordLevelAccountant, methods_for
-from privacy.subsampling_wor import dpscaffold_delta
-
-# (label, accountant, sampling assumption) rows of the client-level table: rdp, pld, prv, rdp-wor
-ROWS = [(name, name, "poisson") for name in accountants_for("poisson")] + [
-    (f"{name}-wor", name, "without_replacement") for name in accountants_for("without_replacement")
-]
+# The accountants (torch, opacus, dp-accounting) are imported when a calculation runs, so that
+# `privacy --help` starts at once.
 
 
-def add_parser(commands) -> None:
+def _rows() -> list[tuple[str, str, str]]:
+    """(label, accountant, sampling) rows of the client-level table: rdp, pld, prv, rdp-wor."""
+    from privacy.accountant import accountants_for
+
+    return [(name, name, "poisson") for name in accountants_for("poisson")] + [
+        (f"{name}-wor", name, "without_replacement")
+        for name in accountants_for("without_replacement")
+    ]
+
+
+def add_parser(commands, help_text: str) -> None:
     p = commands.add_parser(
         "privacy",
-        help="privacy calculator: ε, calibrated σ or max rounds, side by side per accountant",
+        help=help_text,
         description="Client level (default): one q-subsampled Gaussian per round. Give --sigma "
         "and --rounds for ε; --target-epsilon and --rounds for σ; --sigma and --target-epsilon "
         "for the largest number of rounds. Rows rdp/pld/prv: Poisson sampling, add/remove-one "
@@ -88,6 +88,10 @@ def _need(args: argparse.Namespace, *names: str) -> None:
 
 
 def _client_level(args: argparse.Namespace) -> None:
+    from privacy.accountant import accountant_class
+    from privacy.adaptive_clipping import effective_noise_multiplier
+    from privacy.calibration import calibrate_sigma, epsilon_for, max_rounds
+
     _need(args, "q", "delta")
     if args.count_noise is not None:
         _need(args, "sigma")
@@ -116,7 +120,7 @@ def _client_level(args: argparse.Namespace) -> None:
         raise ValueError("give two of --sigma, --rounds, --target-epsilon")
     print(f"client level, subsampled Gaussian, q={args.q:g}, δ={args.delta:g}")
     print(f"{'accountant':<12}{header}")
-    for label, name, sampling in ROWS:
+    for label, name, sampling in _rows():
         try:
             value = compute(accountant_class(name, sampling))
             print(f"{label:<12}{value:.4g}")
@@ -128,6 +132,8 @@ def _client_level(args: argparse.Namespace) -> None:
 
 def _vs_server(args: argparse.Namespace) -> None:
     """ε against a server that sees every upload of client-placed noise (privacy.participation)."""
+    from privacy.participation import epsilon_vs_server
+
     _need(args, "sigma", "rounds")
     if args.client_cohort < 1:
         raise ValueError(f"--client-cohort must be >= 1, got {args.client_cohort}")
@@ -139,6 +145,10 @@ def _vs_server(args: argparse.Namespace) -> None:
 
 
 def _sample_level(args: argparse.Namespace) -> None:
+    from privacy.calibration import max_rounds
+    from privacy.record_level import ASSUMPTIONS, RecordLevelAccountant, methods_for
+    from privacy.subsampling_wor import dpscaffold_delta
+
     _need(args, "sigma", "l", "s", "local_steps", "clients")
     if args.delta is None:
         _need(args, "samples_per_client")
@@ -177,6 +187,8 @@ def _sample_level(args: argparse.Namespace) -> None:
 
 def _dpsfl_paper(args: argparse.Namespace) -> None:
     """DPSFL's Alg. 1 noise, for reproducing its settings (unaccounted: see algorithms.sketch)."""
+    from algorithms.sketch import noise_multiplier_for_rho, rho_from_epsilon
+
     _need(args, "target_epsilon", "delta")
     rho = rho_from_epsilon(args.target_epsilon, args.delta)
     counter_std = args.clip * math.sqrt(args.sketch_rows) * noise_multiplier_for_rho(rho)
