@@ -358,7 +358,7 @@ def test_mlflow_server_uses_postgres_and_the_secret(rendered):
     argv = c.get("command", []) + c.get("args", [])
     assert argv[:2] == ["mlflow", "server"]
     uri = argv[argv.index("--backend-store-uri") + 1]
-    assert uri.startswith("postgresql://")
+    assert uri.startswith("postgresql+psycopg://")  # psycopg 3, as tests/test_mlflow_postgres
     assert "@postgres:5432/" in uri
     (secret,) = by_kind(docs, "Secret")
     env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in c["env"] if "valueFrom" in e}
