@@ -29,6 +29,7 @@ def test_epsilon_side_by_side(capsys):
     assert float(rows["pld"]) < float(rows["rdp"]) < float(rows["rdp-wor"])
 
 
+@pytest.mark.slow  # 30 s of PLD/PRV calibrations; test_calibration.py covers the searches in CI
 def test_calibrated_sigma_and_round_budget(capsys):
     assert (
         main(
