@@ -8,6 +8,7 @@ with unknown fields treated as errors, and the core objects are checked structur
 from __future__ import annotations
 
 import copy
+import os
 import re
 import shutil
 import subprocess
@@ -20,13 +21,11 @@ REPO = Path(__file__).resolve().parents[1]
 K8S = REPO / "k8s"
 CRDS = REPO.parent / "shared" / "kuberay-crds"
 KUBECTL = shutil.which("kubectl")
-APP_HOME = "/home/ray/dpfl"  # the image's WORKDIR / PYTHONPATH (k8s/Dockerfile)
-RAY_ENV = {
-    "MLFLOW_TRACKING_URI": "http://mlflow:5000",
-    "DPFL_STORE_ROOT": "/mnt/dpfl/shards",
-    "DPFL_DATA_ROOT": "/mnt/dpfl/data",
-    "DPFL_CHECKPOINT_DIR": "/mnt/dpfl/checkpoints",
-}
+# The image's container paths, read from k8s/Dockerfile (the manifests must agree with it).
+IMAGE_ENV = dict(re.findall(r"\b(APP_HOME|DPFL_\w+)=(\S+)", (K8S / "Dockerfile").read_text()))
+APP_HOME = IMAGE_ENV.pop("APP_HOME")  # the image's WORKDIR / PYTHONPATH
+RAY_ENV = {"MLFLOW_TRACKING_URI": "http://mlflow:5000", **IMAGE_ENV}
+SHARED_MOUNT = os.path.commonpath(list(IMAGE_ENV.values()))  # the dpfl-shared volume
 EXPECTED_KINDS = sorted(
     [
         ("v1", "Secret"),
@@ -236,7 +235,7 @@ def test_ray_clusters(rendered):
                 assert c["image"].startswith("dpfl-cluster:"), (name, group)
                 assert c["resources"]["limits"]["cpu"], (name, group)
                 mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
-                assert claims.get(mounts.get("/mnt/dpfl")) == "dpfl-shared", (name, group)
+                assert claims.get(mounts.get(SHARED_MOUNT)) == "dpfl-shared", (name, group)
 
 
 @needs_kubectl
