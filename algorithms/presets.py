@@ -448,6 +448,13 @@ COMPRESSION_LEVELS = {
 PAPER_DELTA = 1e-5  # the δ of DPSFL's ε → ρ conversion
 
 
+def _called_with(function, options: dict):
+    """``function`` called with the entries of ``options`` that are its parameters (the sketched
+    presets share their options by name)."""
+    accepted = inspect.signature(function).parameters
+    return function(**{name: value for name, value in options.items() if name in accepted})
+
+
 def _one_gradient(name: str, trainer: LocalTrainer) -> LocalTrainer:
     """DPSFL's clients upload u = −g, one batch gradient: one step of plain SGD at lr 1."""
     if trainer.local_steps != 1 or trainer.lr != 1.0 or trainer.momentum != 0.0:
@@ -465,15 +472,15 @@ def _sketch_server(
     sketch_top_k,
     sketch_momentum,
     sketch_seed,
-    level,
-    feedback,
+    compression_level,
+    sketch_feedback,
 ) -> FetchSgdServerRule:
-    if level is not None:
-        if level not in COMPRESSION_LEVELS:
-            raise ValueError(f"compression_level must be one of 1..5, got {level}")
-        sketch_top_k, sketch_cols = COMPRESSION_LEVELS[level]
+    if compression_level is not None:
+        if compression_level not in COMPRESSION_LEVELS:
+            raise ValueError(f"compression_level must be one of 1..5, got {compression_level}")
+        sketch_top_k, sketch_cols = COMPRESSION_LEVELS[compression_level]
     upload = SketchUpload(sketch_rows, sketch_cols, sketch_seed)
-    return FetchSgdServerRule(upload, sketch_top_k, sketch_momentum, server_lr, feedback)
+    return FetchSgdServerRule(upload, sketch_top_k, sketch_momentum, server_lr, sketch_feedback)
 
 
 def fetchsgd(
@@ -488,16 +495,7 @@ def fetchsgd(
     sketch_feedback: Literal["zero", "subtract"] = "zero",
 ) -> Algorithm:
     """FetchSGD (non-private): sketch of −g, sketch momentum and error feedback, top-k."""
-    server = _sketch_server(
-        server_lr,
-        sketch_rows,
-        sketch_cols,
-        sketch_top_k,
-        sketch_momentum,
-        sketch_seed,
-        compression_level,
-        sketch_feedback,
-    )
+    server = _called_with(_sketch_server, locals())
     pipeline = UpdatePipeline(after=(server.upload,))
     return Algorithm("fetchsgd", _one_gradient("fetchsgd", trainer), pipeline, server)
 
@@ -527,16 +525,7 @@ def dpsfl(
     ``paper``: each client adds N(0, C²l/(2ρ)) to every counter of its own sketch, ρ from
     ``paper_epsilon`` at δ = 1e-5 (Alg. 1); unaccounted: C√l is not the sketch's sensitivity.
     """
-    server = _sketch_server(
-        server_lr,
-        sketch_rows,
-        sketch_cols,
-        sketch_top_k,
-        sketch_momentum,
-        sketch_seed,
-        compression_level,
-        sketch_feedback,
-    )
+    server = _called_with(_sketch_server, locals())
     if sketch_noise == "dense":
         pipeline = dp.pipeline(after=(server.upload,))
     elif sketch_noise == "paper":
@@ -569,20 +558,7 @@ def dpsfl_ac(
 ) -> Algorithm:
     """DPSFL-AC: DPSFL whose clip norm follows the clients' noisy bits (C₀ = ``clip_norm``,
     1.5 in the paper; ``algorithms.adaptive_clip``)."""
-    base = dpsfl(
-        trainer,
-        dp,
-        server_lr,
-        sketch_rows,
-        sketch_cols,
-        sketch_top_k,
-        sketch_momentum,
-        sketch_seed,
-        compression_level,
-        sketch_feedback,
-        sketch_noise,
-        paper_epsilon,
-    )
+    base = _called_with(dpsfl, locals())
     adaptive = AdaptiveClip(clip_target_quantile, clip_error_tolerance, clip_count_noise, clip_lr)
     return replace(base, name="dpsfl_ac", adaptive_clip=adaptive)
 

@@ -327,22 +327,50 @@ def audit_round(
     noise_scale_for_testing: float = 1.0,
 ) -> AuditResult:
     """Audit one round of ``algorithm``'s mechanism; the canary is client 0 of the cohort."""
+    check_audit_inputs(algorithm, trials)
+    if dim < 8:
+        raise ValueError(f"dim must be >= 8 (three layers of the audit layout), got {dim}")
+    claim_algorithm = algorithm.bind(audit_layout(dim))
+    mechanism = claim_algorithm.mechanism
+    crafted = CraftedRound.make(dim, mechanism.clip.clip_norm, mechanism.sensitivity, seed)
+    return audit_two_worlds(
+        released_scores,
+        claim_algorithm,
+        crafted,
+        (cohort_size, num_clients, trials),
+        adjacency,
+        confidence,
+        seed,
+        noise_scale_for_testing,
+    )
+
+
+def check_audit_inputs(algorithm: Algorithm, trials: int) -> None:
     if algorithm.mechanism is None or algorithm.pipeline.noise_multiplier <= 0:
         raise ValueError("the audit needs a private algorithm: clipping and Gaussian noise")
     if trials < 20:
         raise ValueError(f"trials must be >= 20 (10 to pick a test, 10 to run it), got {trials}")
-    if dim < 8:
-        raise ValueError(f"dim must be >= 8 (three layers of the audit layout), got {dim}")
-    layout = audit_layout(dim)
-    claim_algorithm = algorithm.bind(layout)
+
+
+def audit_two_worlds(
+    scores,
+    claim_algorithm: Algorithm,
+    crafted: CraftedRound,
+    cohort: tuple[int, int, int],
+    adjacency: Adjacency,
+    confidence: float,
+    seed: int,
+    noise_scale_for_testing: float,
+) -> AuditResult:
+    """``scores(run, crafted, cohort_size, num_clients, trials, canary_sign, seed, world)`` of
+    the canary's world (+B·v) and its neighbour (−B·v, or absent), against the one-release claim
+    of the bound algorithm's σ."""
     mechanism = claim_algorithm.mechanism
-    crafted = CraftedRound.make(dim, mechanism.clip.clip_norm, mechanism.sensitivity, seed)
     mu = claimed_mu(mechanism.noise_multiplier * mechanism.noise_scale, adjacency)
     run = with_noise_scaled(claim_algorithm, noise_scale_for_testing)
-    args = (run, crafted, cohort_size, num_clients, trials)
-    positives = released_scores(*args, canary_sign=1.0, seed=seed, world=1)
+    positives = scores(run, crafted, *cohort, canary_sign=1.0, seed=seed, world=1)
     other = -1.0 if adjacency == "replace_one" else None
-    negatives = released_scores(*args, canary_sign=other, seed=seed, world=2)
+    negatives = scores(run, crafted, *cohort, canary_sign=other, seed=seed, world=2)
     valid = claim_algorithm.pipeline.unaccounted_reason is None
     return audit_result(positives, negatives, mu, confidence, valid)
 

@@ -37,9 +37,8 @@ from privacy.audit import (
     Adjacency,
     AuditResult,
     CraftedRound,
-    audit_result,
-    claimed_mu,
-    with_noise_scaled,
+    audit_two_worlds,
+    check_audit_inputs,
 )
 
 MIN_LOAD = 4  # d/m the audit needs: without collisions C√l *is* the sketch's sensitivity
@@ -123,10 +122,7 @@ def audit_sketch_round(
     noise_scale_for_testing: float = 1.0,
 ) -> AuditResult:
     """Audit one round of a sketched ``algorithm`` with the sketch's adversarial canary."""
-    if algorithm.mechanism is None or algorithm.pipeline.noise_multiplier <= 0:
-        raise ValueError("the audit needs a private algorithm: clipping and Gaussian noise")
-    if trials < 20:
-        raise ValueError(f"trials must be >= 20 (10 to pick a test, 10 to run it), got {trials}")
+    check_audit_inputs(algorithm, trials)
     reason = sketch_audit_dim_error(dim, algorithm.server.upload.cols)
     if reason is not None:
         raise ValueError(reason)
@@ -134,11 +130,13 @@ def audit_sketch_round(
     claim_algorithm = algorithm.bind(layout)
     mechanism = claim_algorithm.mechanism
     crafted = CraftedRound(layout, torch.ones(dim), mechanism.clip.clip_norm, mechanism.sensitivity)
-    mu = claimed_mu(mechanism.noise_multiplier * mechanism.noise_scale, adjacency)
-    run = with_noise_scaled(claim_algorithm, noise_scale_for_testing)
-    args = (run, crafted, cohort_size, num_clients, trials)
-    positives = _scores(*args, canary_sign=1.0, seed=seed, world=1)
-    other = -1.0 if adjacency == "replace_one" else None
-    negatives = _scores(*args, canary_sign=other, seed=seed, world=2)
-    valid = claim_algorithm.pipeline.unaccounted_reason is None
-    return audit_result(positives, negatives, mu, confidence, valid)
+    return audit_two_worlds(
+        _scores,
+        claim_algorithm,
+        crafted,
+        (cohort_size, num_clients, trials),
+        adjacency,
+        confidence,
+        seed,
+        noise_scale_for_testing,
+    )
