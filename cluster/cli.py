@@ -60,6 +60,8 @@ def _overrides(args: argparse.Namespace) -> list[str]:
 
 
 def _run(args: argparse.Namespace) -> int:
+    # First line before the heavy imports (torch alone takes seconds): the user sees it started.
+    print(f"run {args.config}" + "".join(f" --set {a}" for a in args.set), flush=True)
     from cluster.config import ConfigError, load_config
 
     try:
@@ -67,13 +69,14 @@ def _run(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(error, file=sys.stderr)
         return 2
-    return _execute(config, None)
+    return _execute(config, None, args.verbose)
 
 
 def _resume(args: argparse.Namespace) -> int:
     from cluster.checkpoint import load_checkpoint
     from cluster.config import ConfigError, config_from_dict
 
+    print(f"resume {args.checkpoint}", flush=True)
     overrides = _overrides(args)
     try:
         for assignment in overrides:
@@ -91,10 +94,20 @@ def _resume(args: argparse.Namespace) -> int:
         return 2
     done = checkpoint["simulation"]["rounds_done"]
     print(f"resuming after round {done} from {args.checkpoint}", flush=True)
-    return _execute(config, checkpoint)
+    return _execute(config, checkpoint, args.verbose)
 
 
-def _execute(config, checkpoint: dict | None) -> int:
+def _execute(config, checkpoint: dict | None, verbose: bool) -> int:
+    try:
+        return _execute_in_session(config, checkpoint, verbose)
+    finally:
+        if "ray" in sys.modules:  # stop an embedded Ray's raylet and agents now, not at exit
+            import ray
+
+            ray.shutdown()
+
+
+def _execute_in_session(config, checkpoint: dict | None, verbose: bool) -> int:
     from cluster.config import ConfigError
     from cluster.experiment import run_experiment
     from cluster.privacy_plan import calibrate_with_message, privacy_claim
@@ -125,6 +138,7 @@ def _execute(config, checkpoint: dict | None) -> int:
             checkpoint,
             say,
             calibrate=False,
+            verbose=verbose,
         )
     except (SourceMissingError, ConfigError) as error:  # raised before any actor starts
         print(error, file=sys.stderr)
@@ -146,12 +160,12 @@ def _execute(config, checkpoint: dict | None) -> int:
     if outcome.claim.private:
         print(outcome.privacy_line())
     print(
-        f"checkpoint: {outcome.checkpoint} (continue with: python -m cluster resume "
+        f"checkpoint: {outcome.checkpoint} (continue with: uv run python -m cluster resume "
         f"{outcome.checkpoint} --set rounds=N)"
     )
     if outcome.run_id:
         print(f"MLflow run {outcome.run_id} in {outcome.tracking_uri}")
-        print(f"browse it with: mlflow ui --backend-store-uri {outcome.tracking_uri}")
+        print(f"browse it with: uv run mlflow ui --backend-store-uri {outcome.tracking_uri}")
     return 0
 
 
@@ -161,11 +175,17 @@ def _add_execution_options(parser: argparse.ArgumentParser, set_help: str) -> No
     parser.add_argument(
         "--address", help="Ray cluster address (default: $RAY_ADDRESS or an embedded Ray)"
     )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also show Ray's own log lines and the workers' output (default: only the run's "
+        "progress; Ray's logs stay in the log directory printed at start)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m cluster", description="DP federated learning simulations on Ray"
+        prog="uv run python -m cluster", description="DP federated learning simulations on Ray"
     )
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run one experiment from a YAML config")

@@ -53,7 +53,12 @@ def open_store(config: ExperimentConfig) -> tuple[ShardStore, bool]:
     )
 
 
-def make_executor(config: ExperimentConfig, store: ShardStore):
+def make_executor(
+    config: ExperimentConfig,
+    store: ShardStore,
+    say: Callable[[str], None] = lambda message: None,
+    verbose: bool = False,
+):
     algorithm = config.build_algorithm()
     e = config.executor
     if e.kind == "local":
@@ -64,8 +69,9 @@ def make_executor(config: ExperimentConfig, store: ShardStore):
         )
     from cluster.ray_runtime import check_resources, connect
 
-    where = connect(e.address)
-    if where == "embedded local Ray":
+    session = connect(e.address, verbose)
+    say(session.describe())
+    if session.embedded:
         check_resources(e.num_actors, e.cpus_per_actor, e.gpus_per_actor)
     return RayExecutor(
         store,
@@ -146,7 +152,7 @@ def _start_tracking(
 
 def checkpoint_path(config: ExperimentConfig, run_id: str | None) -> Path:
     name = run_id or f"{config.tracking.experiment}-{config.algorithm.name}-seed{config.seed}"
-    return config.checkpoint.resolved_dir() / f"{name}.pt"
+    return config.checkpoint_dir / f"{name}.pt"
 
 
 def run_experiment(
@@ -155,13 +161,14 @@ def run_experiment(
     resume: dict | None = None,
     say: Callable[[str], None] = lambda message: None,
     calibrate: bool = True,
+    verbose: bool = False,
 ) -> Outcome:
     """Run (or, given a loaded checkpoint, continue) one experiment end to end.
 
     ``say`` receives one-line notices (calibration, privacy warnings) for the terminal. A fresh
     run calibrates σ or the rounds first (``privacy.calibrate``); a resumed run keeps the values
     its checkpoint was calibrated with; so does a caller that calibrated already
-    (``calibrate=False``).
+    (``calibrate=False``). Ray's own log lines reach the terminal only when ``verbose``.
     """
     if resume is None and calibrate:
         config = calibrate_with_message(config, say)
@@ -169,7 +176,7 @@ def run_experiment(
         for warning in privacy_warnings(config):
             say(f"warning: {warning}")
     store, _ = open_store(config)
-    executor = make_executor(config, store)
+    executor = make_executor(config, store, say, verbose)
     tracker = None
     try:
         sim = Simulation(config, store, executor)
@@ -181,11 +188,12 @@ def run_experiment(
             tracker = _start_tracking(config, sim, store, resume and resume.get("run_id"))
         run_id = tracker.run_id if tracker else None
         path = checkpoint_path(config, run_id)
+        every = config.checkpoint.every
+        say(f"checkpoint: {path} ({f'every {every} rounds and ' if every else ''}at the end)")
 
         def report(record: RoundRecord) -> None:
             if tracker is not None:
                 tracker.log_round(record)
-            every = config.checkpoint.every
             if every and record.round % every == 0:
                 save_checkpoint(path, sim.state_dict(), config.to_dict(), run_id)
             on_round(record)

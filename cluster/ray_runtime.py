@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -12,31 +14,60 @@ class ResourceError(RuntimeError):
     pass
 
 
-def connect(address: str | None) -> str:
-    """Initialise Ray once; returns a description of what it connected to."""
+@dataclass(frozen=True)
+class RaySession:
+    """What ``connect`` connected to, and where that Ray writes its logs."""
+
+    where: str
+    logs: str | None  # the session's log directory on this machine (None when remote)
+
+    @property
+    def embedded(self) -> bool:
+        return self.where == "embedded local Ray"
+
+    def describe(self) -> str:
+        return f"Ray: {self.where}" + (f" (its logs: {self.logs})" if self.logs else "")
+
+
+def connect(address: str | None, verbose: bool = False) -> RaySession:
+    """Initialise Ray once, quietly unless ``verbose``.
+
+    Quiet: Ray's own INFO/WARNING lines and the workers' stdout/stderr stay in the session's log
+    directory (returned, to be printed) instead of interleaving with the run's progress; errors
+    raised in actors still reach the driver through ``ray.get``.
+    """
     import ray
 
     if ray.is_initialized():
-        return "existing Ray session"
+        return RaySession("existing Ray session", _logs_dir())
+    quiet = {
+        "log_to_driver": verbose,
+        "logging_level": logging.INFO if verbose else logging.ERROR,
+    }
     if address:
         # A remote cluster needs our code on its workers: ship the project as the working_dir.
-        ray.init(
-            address=address, runtime_env={"working_dir": str(PROJECT_ROOT)}, log_to_driver=True
-        )
-        return f"Ray cluster at {address}"
+        ray.init(address=address, runtime_env={"working_dir": str(PROJECT_ROOT)}, **quiet)
+        return RaySession(f"Ray cluster at {address}", None)
     if os.environ.get("RAY_ADDRESS"):
         # Inside `ray job submit`: the job's runtime_env already carries the working_dir.
-        ray.init()
-        return f"Ray cluster at {os.environ['RAY_ADDRESS']}"
+        ray.init(**quiet)
+        return RaySession(f"Ray cluster at {os.environ['RAY_ADDRESS']}", _logs_dir())
     # address="local": always a fresh embedded instance, never a cluster that some earlier
     # `ray start` on this machine left in /tmp/ray/ray_current_cluster.
     ray.init(
         address="local",
         include_dashboard=False,
-        log_to_driver=True,
         runtime_env={"env_vars": {"PYTHONPATH": str(PROJECT_ROOT)}},
+        **quiet,
     )
-    return "embedded local Ray"
+    return RaySession("embedded local Ray", _logs_dir())
+
+
+def _logs_dir() -> str | None:
+    from ray._private import worker  # no public accessor for the session's log directory
+
+    node = getattr(worker, "_global_node", None)
+    return node.get_logs_dir_path() if node is not None else None
 
 
 def check_resources(num_actors: int, cpus_per_actor: float, gpus_per_actor: float) -> None:

@@ -1,6 +1,8 @@
 import pytest
 import torch
 
+import cluster  # noqa: F401  (before any test imports Ray: no uv-run worker environments)
+
 # The test models are tiny: intra-op threads only add contention on a 2-core CI machine.
 torch.set_num_threads(1)
 

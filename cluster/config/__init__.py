@@ -1,0 +1,50 @@
+"""Experiment configuration: typed dataclasses loaded from YAML, with ``a.b=value`` overrides.
+
+Everything is validated before any work starts. A ``ConfigError`` names the field, the bad value
+and the fix, e.g. ``algorithm.clip_norm = -1.0: the clip norm C must be > 0 (e.g. 1.0)``.
+
+One module per section of the YAML, each holding its schema and, below it, its checks:
+
+- ``data``: ``data:`` (source, clients, partition, files);
+- ``algorithm``: ``algorithm:`` (preset, local trainer, clipping, noise, preset options), with
+  the checks of the families with their own rules in ``families`` (sample level, top-k, sketch);
+- ``accounting``: ``cohort:`` and ``privacy:``;
+- ``runtime``: ``executor:``, ``checkpoint:``, ``tracking:``;
+- ``experiment``: the whole, its derived quantities, the preset it builds, ``validate``;
+- ``loading``: YAML and ``--set`` into the typed config.
+"""
+
+from cluster.config.accounting import CohortConfig, PrivacyConfig
+from cluster.config.algorithm import (
+    DP_FIELDS,
+    PRESET_OPTION_FIELDS,
+    AlgorithmConfig,
+    LocalConfig,
+)
+from cluster.config.data import DataConfig, PartitionConfig, SyntheticConfig, validate_data
+from cluster.config.errors import ConfigError
+from cluster.config.experiment import ExperimentConfig, validate
+from cluster.config.loading import apply_override, config_from_dict, load_config
+from cluster.config.runtime import CheckpointConfig, ExecutorConfig, TrackingConfig
+
+__all__ = [
+    "DP_FIELDS",
+    "PRESET_OPTION_FIELDS",
+    "AlgorithmConfig",
+    "CheckpointConfig",
+    "CohortConfig",
+    "ConfigError",
+    "DataConfig",
+    "ExecutorConfig",
+    "ExperimentConfig",
+    "LocalConfig",
+    "PartitionConfig",
+    "PrivacyConfig",
+    "SyntheticConfig",
+    "TrackingConfig",
+    "apply_override",
+    "config_from_dict",
+    "load_config",
+    "validate",
+    "validate_data",
+]

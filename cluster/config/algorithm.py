@@ -1,0 +1,271 @@
+"""``algorithm:``: the preset, its local trainer, clipping and noise, and each preset's options.
+
+The options are keyword arguments of the preset functions in ``algorithms/presets.py`` (whose
+signatures hold the papers' defaults); null here means "the preset's default".
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Literal
+
+from algorithms.presets import (
+    FIXED_STEP_PRESETS,
+    PRESET_OPTIONS,
+    PRESETS,
+    PRIVATE_PRESETS,
+    SAMPLE_LEVEL_PRESETS,
+    SKETCH_PRESETS,
+    presets_taking,
+)
+from cluster.config.errors import ConfigError, positive
+from cluster.config.families import (
+    validate_noise_support,
+    validate_sample_level,
+    validate_sketch,
+)
+
+if TYPE_CHECKING:
+    from cluster.config.experiment import ExperimentConfig
+
+
+@dataclass
+class LocalConfig:
+    lr: float = 0.1
+    batch_size: int = 32
+    local_steps: int | None = 10
+    local_epochs: int | None = None
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    lr_decay: float = 1.0  # per round: round t uses lr·lr_decay^t
+    # epoch: permutations; fresh: B records without replacement afresh every step; poisson:
+    # each record with probability B/n every step. null: fresh for sample-level presets.
+    batch_sampling: Literal["epoch", "fresh", "poisson"] | None = None
+    # inverse_sk: lr is η₀ and a client of n records trains with η_l = η₀/(sK), s = B/n
+    lr_scaling: Literal["none", "inverse_sk"] = "none"
+
+
+@dataclass
+class AlgorithmConfig:
+    name: str = "fedavg"
+    local: LocalConfig = field(default_factory=LocalConfig)
+    clip_norm: float | None = None  # C; dp presets only
+    noise_multiplier: float | None = None  # σ; dp presets only
+    # Options of some presets (null: the preset's paper default; see algorithms/presets.py)
+    noise_placement: Literal["server", "client"] | None = None
+    clip_scope: Literal["flat", "layer"] | None = None
+    keep_fraction: float | None = None  # p of top-k / rand-k (0.4)
+    mask_scope: Literal["layer", "global"] | None = None
+    mask_source: Literal["clean", "noisy"] | None = None  # dp_fedsam_topk's mask
+    # top-k presets: dense (DP) or kept (the papers' noise on kept coordinates; unaccounted)
+    noise_support: Literal["dense", "kept"] | None = None
+    rho: float | None = None  # SAM radius ρ (0.5, DP-FedSAM)
+    sam_adaptive: bool | None = None  # ASAM (the DP-FedSAM authors' code) instead of SAM
+    blur_lambda: float | None = None  # BLUR coefficient λ (0.4)
+    blur_bound: float | None = None  # BLUR radius S (default: clip_norm)
+    lus_sparsity: float | None = None  # LUS: fraction c of each layer dropped (0.7)
+    lus_gradient: Literal["data", "batch"] | None = None  # LUS score's gradient (all data)
+    pgn_beta: float | None = None  # DP-FedPGN mixing β (0.3)
+    pgn_rho: float | None = None  # DP-FedPGN perturbation radius ρ (0.2)
+    ls_sigma: float | None = None  # Laplacian smoothing σ_ls (0.01)
+    server_momentum: float | None = None  # server momentum μ (any preset; off by default)
+    # Sample-level presets (dp_fedavg_sample, dp_scaffold): DP-SGD in every local step
+    adjacency: Literal["replace_one", "add_remove"] | None = None  # replace_one (the paper)
+    clip_rule: Literal["fixed", "median"] | None = None  # median: the authors' code; no ε
+    warm_start: bool | None = None  # dp_scaffold: ⌈4/l⌉ warm-up rounds computing c_i⁰
+    # paper: warm-up before the rounds; authors_code: inside them, c_i⁰ of all at round 0
+    warm_start_variant: Literal["paper", "authors_code"] | None = None
+    # Sketched presets (fetchsgd, dpsfl, dpsfl_ac): count sketch l × m, top-k, momentum β
+    sketch_rows: int | None = None  # l (5)
+    sketch_cols: int | None = None  # m (500000)
+    sketch_top_k: int | None = None  # k (50000)
+    sketch_momentum: float | None = None  # β (0.9; the paper does not say)
+    sketch_seed: int | None = None  # the hashes' seed, shared by clients and server (42)
+    compression_level: int | None = None  # DPSFL's CL1–5: sets sketch_top_k and sketch_cols
+    # zero: FetchSGD's code (zero S_e, S_u where Δ hashes); subtract: S_e −= S(Δ) (the papers)
+    sketch_feedback: Literal["zero", "subtract"] | None = None
+    # dense: noise on the clipped vector, then sketch (DP); paper: C√l per counter (no ε)
+    sketch_noise: Literal["dense", "paper"] | None = None
+    paper_epsilon: float | None = None  # sketch_noise paper: the ε its ρ is read from (4)
+    # dpsfl_ac: C ← C·exp(−η_C(b̄ − γ)), b_i = 1{‖g_i‖ ≤ C/(1−θ)} + N(0, σ_b²)
+    clip_target_quantile: float | None = None  # γ (0.9)
+    clip_error_tolerance: float | None = None  # θ (0.5)
+    clip_count_noise: float | None = None  # σ_b per client (0.1)
+    clip_lr: float | None = None  # η_C (0.01)
+    server_lr: float = 1.0
+    weighting: Literal["uniform", "samples"] = "uniform"
+
+    def preset_options(self) -> dict[str, Any]:
+        """The preset options that are set (not null), by name."""
+        return {
+            name: getattr(self, name)
+            for name in PRESET_OPTION_FIELDS
+            if getattr(self, name) is not None
+        }
+
+
+# AlgorithmConfig fields passed, when set, as keyword arguments of the preset function, which
+# accepts its own (its signature holds the papers' defaults): every option some preset takes.
+PRESET_OPTION_FIELDS = tuple(f.name for f in fields(AlgorithmConfig) if f.name in PRESET_OPTIONS)
+if set(PRESET_OPTION_FIELDS) != PRESET_OPTIONS:
+    missing = sorted(PRESET_OPTIONS - set(PRESET_OPTION_FIELDS))
+    raise TypeError(f"AlgorithmConfig lacks fields for the preset options {missing}")
+
+
+DP_OPTION_FIELDS = ("noise_placement", "clip_scope")  # client-level presets (ClientDP)
+SAMPLE_DP_OPTION_FIELDS = ("clip_scope", "adjacency", "clip_rule")  # sample-level (SampleDP)
+DP_FIELDS = ("clip_norm", "noise_multiplier", *DP_OPTION_FIELDS, "adjacency", "clip_rule")
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def validate_algorithm(c: ExperimentConfig) -> None:
+    a, local = c.algorithm, c.algorithm.local
+    positive("algorithm.local.lr", local.lr, "0.1")
+    positive("algorithm.local.batch_size", local.batch_size, "32")
+    if (local.local_steps is None) == (local.local_epochs is None):
+        raise ConfigError(
+            "algorithm.local.local_steps",
+            local.local_steps,
+            "set exactly one of local_steps and local_epochs (the other to null)",
+        )
+    if local.local_steps is not None:
+        positive("algorithm.local.local_steps", local.local_steps, "10")
+    if local.local_epochs is not None:
+        positive("algorithm.local.local_epochs", local.local_epochs, "1")
+    if not 0 <= local.momentum < 1:
+        raise ConfigError("algorithm.local.momentum", local.momentum, "must be in [0, 1)")
+    if local.weight_decay < 0:
+        raise ConfigError("algorithm.local.weight_decay", local.weight_decay, "must be >= 0")
+    if not 0 < local.lr_decay <= 1:
+        raise ConfigError(
+            "algorithm.local.lr_decay",
+            local.lr_decay,
+            "must be in (0, 1]: round t uses lr·lr_decay^t (1 = constant, the papers use 0.998)",
+        )
+    positive("algorithm.server_lr", a.server_lr, "1.0")
+    if a.local.batch_sampling == "poisson" and not c.sample_level:
+        raise ConfigError(
+            "algorithm.local.batch_sampling",
+            "poisson",
+            "Poisson batches are for the sample-level presets (dp_fedavg_sample, dp_scaffold); "
+            "use epoch or fresh",
+        )
+    if a.name in PRIVATE_PRESETS:
+        if a.clip_rule == "median":
+            if a.clip_norm is not None:
+                raise ConfigError(
+                    "algorithm.clip_norm",
+                    a.clip_norm,
+                    "clip_rule median picks C from every batch; remove clip_norm",
+                )
+        elif a.clip_norm is None or not a.clip_norm > 0:
+            raise ConfigError(
+                "algorithm.clip_norm",
+                a.clip_norm,
+                "the clip norm C must be > 0 (e.g. 1.0; .inf disables clipping)",
+            )
+        sigma_is_calibrated = c.privacy.calibrate == "sigma" and a.noise_multiplier is None
+        if c.paper_sketch_noise:
+            sigma_is_calibrated = True  # σ comes from paper_epsilon (checked with the sketch)
+        if not sigma_is_calibrated and (a.noise_multiplier is None or a.noise_multiplier < 0):
+            raise ConfigError(
+                "algorithm.noise_multiplier",
+                a.noise_multiplier,
+                "the noise multiplier σ must be >= 0 (e.g. 1.0)",
+            )
+        noised = sigma_is_calibrated or a.noise_multiplier > 0
+        if noised and a.clip_norm is not None and math.isinf(a.clip_norm):
+            raise ConfigError(
+                "algorithm.clip_norm",
+                a.clip_norm,
+                "noise needs a finite clip norm to bound sensitivity; set C > 0",
+            )
+        if a.weighting != "uniform":
+            raise ConfigError(
+                "algorithm.weighting",
+                a.weighting,
+                "DP needs uniform weighting (sample counts are private); use uniform",
+            )
+        if c.sample_level:
+            validate_sample_level(c)
+        elif (
+            c.noise_placement == "client"
+            and c.cohort.sampling == "poisson"
+            and not c.paper_sketch_noise  # DPSFL's own noise: every client, whole (local)
+        ):
+            raise ConfigError(
+                "algorithm.noise_placement",
+                c.noise_placement,
+                "client-placed noise sums to σC only over a fixed-size cohort; "
+                "use cohort.sampling: fixed or noise_placement: server",
+            )
+        if not c.sample_level:
+            validate_noise_support(c)
+    else:
+        for name in ("clip_norm", "noise_multiplier"):
+            if getattr(a, name) is not None:
+                raise ConfigError(
+                    f"algorithm.{name}",
+                    getattr(a, name),
+                    f"{a.name} is non-private; remove it or use dp_fedavg",
+                )
+    _validate_preset_options(a)
+    if a.name in SKETCH_PRESETS:
+        validate_sketch(c)
+
+
+def _validate_preset_options(a: AlgorithmConfig) -> None:
+    accepted = inspect.signature(PRESETS[a.name]).parameters
+    for name, value in a.preset_options().items():
+        if name not in accepted:
+            users = sorted(presets_taking(name))
+            raise ConfigError(
+                f"algorithm.{name}",
+                value,
+                f"{a.name} has no such option; only for {', '.join(users)}; remove it",
+            )
+    for name in DP_OPTION_FIELDS + SAMPLE_DP_OPTION_FIELDS:
+        if getattr(a, name) is not None and a.name not in PRIVATE_PRESETS:
+            raise ConfigError(
+                f"algorithm.{name}", getattr(a, name), f"{a.name} is non-private; remove it"
+            )
+    for name in ("adjacency", "clip_rule"):
+        if getattr(a, name) is not None and a.name not in SAMPLE_LEVEL_PRESETS:
+            raise ConfigError(
+                f"algorithm.{name}",
+                getattr(a, name),
+                f"a DP-SGD option; {a.name} is client-level: remove it, or use "
+                f"{' or '.join(sorted(SAMPLE_LEVEL_PRESETS))}",
+            )
+    for name in ("blur_lambda", "blur_bound"):
+        if getattr(a, name) is not None and getattr(a, name) < 0:
+            raise ConfigError(f"algorithm.{name}", getattr(a, name), "must be >= 0")
+    if a.pgn_beta is not None and not 0 < a.pgn_beta <= 1:
+        raise ConfigError("algorithm.pgn_beta", a.pgn_beta, "must be in (0, 1] (0.3 in the paper)")
+    for name in ("pgn_rho", "ls_sigma"):
+        if getattr(a, name) is not None and getattr(a, name) < 0:
+            raise ConfigError(f"algorithm.{name}", getattr(a, name), "must be >= 0")
+    if a.server_momentum is not None and not 0 <= a.server_momentum < 1:
+        raise ConfigError(
+            "algorithm.server_momentum", a.server_momentum, "must be in [0, 1), e.g. 0.9"
+        )
+    if a.name in FIXED_STEP_PRESETS and a.local.local_steps is None:
+        raise ConfigError(
+            "algorithm.local.local_steps",
+            None,
+            f"{a.name} scales its server step by η·K: set local_steps (and local_epochs: null)",
+        )
+    if a.lus_sparsity is not None and not 0 <= a.lus_sparsity < 1:
+        raise ConfigError(
+            "algorithm.lus_sparsity", a.lus_sparsity, "must be in [0, 1) (0.7 in the paper)"
+        )
+    if a.rho is not None and a.rho < 0:
+        raise ConfigError("algorithm.rho", a.rho, "the SAM radius must be >= 0 (0.5 in DP-FedSAM)")
+    if a.keep_fraction is not None and not 0 < a.keep_fraction <= 1:
+        raise ConfigError(
+            "algorithm.keep_fraction", a.keep_fraction, "must be in (0, 1] (0.4 in the papers)"
+        )

@@ -1,0 +1,173 @@
+"""``data:``: which dataset, how many clients, how it is partitioned, where the files live."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from cluster.config.errors import ConfigError, positive
+from datasets.vision import EMNIST_SPLITS
+
+if TYPE_CHECKING:
+    from cluster.config.experiment import ExperimentConfig
+
+
+@dataclass
+class SyntheticConfig:
+    """DP-SCAFFOLD's synthetic(α, β) benchmark; one natural user per client."""
+
+    alpha: float = 1.0
+    beta: float = 1.0
+    samples_per_user: int = 5000
+    num_features: int = 40
+    num_classes: int = 10
+    label_noise: float = 0.05
+    train_fraction: float = 0.8
+
+
+@dataclass
+class PartitionConfig:
+    method: str = "natural"  # natural | iid | dirichlet | dirichlet_class | shards
+    alpha: float | None = None  # Dirichlet concentration (dirichlet, dirichlet_class)
+    min_size: int | None = None  # dirichlet_class: fewest rows per client (default 10)
+    classes_per_client: int | None = None  # shards: k shards per client (default 2)
+    # dirichlet: draws per client with class pools refilled (rows repeat; DP-FedPGN's code);
+    # label_skew: rows per user
+    samples_per_client: int | None = None
+    iid_fraction: float | None = None  # label_skew: γ i.i.d., the rest from label u mod K
+
+
+@dataclass
+class DataConfig:
+    source: str = "synthetic"
+    num_clients: int = 100
+    store_root: str = "shards"  # relative to the working directory, or $DPFL_STORE_ROOT
+    store: str | None = None  # an existing store (path or URI, e.g. from `partition`)
+    root: str = "data"  # raw dataset files (torchvision layout), or $DPFL_DATA_ROOT
+    download: bool = False  # fetch missing raw files (needs internet)
+    split: str | None = None  # emnist: byclass (default) | balanced | letters
+    only_digits: bool = False  # femnist: the 10-class digits-only files
+    pca_components: int | None = None  # mnist sources: features = top-k PCA of the pixels
+    # Also evaluate on per-client test sets of this size in each client's label mix (DP-FedSAM)
+    test_per_client: int | None = None
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    partition: PartitionConfig = field(default_factory=PartitionConfig)
+
+    def resolved_store_root(self) -> Path:
+        """Absolute: actors do not share the driver's working directory."""
+        return self._configured_store_root().resolve()
+
+    @property
+    def store_is_absolute(self) -> bool:
+        """Configured as an absolute path (so not inside a Ray job's temporary directory)."""
+        return self._configured_store_root().is_absolute()
+
+    def _configured_store_root(self) -> Path:
+        root = os.environ.get("DPFL_STORE_ROOT", self.store_root)
+        return Path(os.path.expandvars(root)).expanduser()
+
+    def resolved_data_root(self) -> Path:
+        root = os.environ.get("DPFL_DATA_ROOT", self.root)
+        return Path(os.path.expandvars(root)).expanduser().resolve()
+
+    def source_options(self) -> dict:
+        """The source's own options (they key the store)."""
+        if self.source == "synthetic":
+            return {**asdict(self.synthetic), "num_users": self.num_clients}
+        if self.source == "emnist":
+            return {"split": self.split or "byclass"}
+        if self.source == "femnist":
+            return {"only_digits": self.only_digits}
+        if self.pca_components is not None:
+            return {"pca_components": self.pca_components}
+        return {}
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def validate_data(c: ExperimentConfig) -> None:
+    s, p = c.data.synthetic, c.data.partition
+    if c.data.split is not None and (
+        c.data.source != "emnist" or c.data.split not in EMNIST_SPLITS
+    ):
+        raise ConfigError(
+            "data.split",
+            c.data.split,
+            f"only for source emnist, one of {', '.join(EMNIST_SPLITS)}; remove it otherwise",
+        )
+    if c.data.test_per_client is not None and c.data.test_per_client < 1:
+        raise ConfigError(
+            "data.test_per_client", c.data.test_per_client, "must be >= 1 (e.g. 100) or null"
+        )
+    if c.data.pca_components is not None and (
+        c.data.source not in ("mnist", "mnist_test_split") or c.data.pca_components < 1
+    ):
+        raise ConfigError(
+            "data.pca_components",
+            c.data.pca_components,
+            "only for sources mnist and mnist_test_split, >= 1 (DP-SCAFFOLD: 60)",
+        )
+    if c.data.only_digits and c.data.source != "femnist":
+        raise ConfigError("data.only_digits", True, "only for source femnist; remove it")
+    if c.data.source == "synthetic":
+        for name in ("alpha", "beta"):
+            if getattr(s, name) < 0:
+                raise ConfigError(f"data.synthetic.{name}", getattr(s, name), "must be >= 0")
+        positive("data.synthetic.samples_per_user", s.samples_per_user, "5000")
+        positive("data.synthetic.num_features", s.num_features, "40")
+        if s.num_classes < 2:
+            raise ConfigError("data.synthetic.num_classes", s.num_classes, "must be >= 2")
+        if not 0 <= s.label_noise <= 1:
+            raise ConfigError("data.synthetic.label_noise", s.label_noise, "must be in [0, 1]")
+        if not 0 < s.train_fraction < 1:
+            raise ConfigError(
+                "data.synthetic.train_fraction", s.train_fraction, "must be in (0, 1), e.g. 0.8"
+            )
+    validate_partition(p)
+
+
+# Which partition options each method reads.
+PARTITION_OPTIONS = {
+    "alpha": ("dirichlet", "dirichlet_class"),
+    "min_size": ("dirichlet_class",),
+    "classes_per_client": ("shards",),
+    "samples_per_client": ("dirichlet", "label_skew"),
+    "iid_fraction": ("label_skew",),
+}
+
+
+def validate_partition(p: PartitionConfig) -> None:
+    """Partition options: each only for the methods that read it, with valid values."""
+    for name, methods in PARTITION_OPTIONS.items():
+        value = getattr(p, name)
+        if value is not None and p.method not in methods:
+            raise ConfigError(
+                f"data.partition.{name}",
+                value,
+                f"only used by method: {' or '.join(methods)} (method is {p.method!r}); remove it",
+            )
+    if p.method in PARTITION_OPTIONS["alpha"] and (p.alpha is None or not p.alpha > 0):
+        raise ConfigError(
+            "data.partition.alpha", p.alpha, "the Dirichlet concentration α must be > 0 (e.g. 0.3)"
+        )
+    if p.method == "label_skew" and (p.iid_fraction is None or not 0 <= p.iid_fraction <= 1):
+        raise ConfigError(
+            "data.partition.iid_fraction",
+            p.iid_fraction,
+            "label_skew needs the i.i.d. fraction γ in [0, 1] (DP-SCAFFOLD: 0, 0.1 or 1)",
+        )
+    if p.min_size is not None and p.min_size < 0:
+        raise ConfigError("data.partition.min_size", p.min_size, "must be >= 0, e.g. 10")
+    if p.classes_per_client is not None and p.classes_per_client < 1:
+        raise ConfigError(
+            "data.partition.classes_per_client", p.classes_per_client, "must be >= 1, e.g. 2"
+        )
+    if p.samples_per_client is not None and p.samples_per_client < 1:
+        raise ConfigError(
+            "data.partition.samples_per_client",
+            p.samples_per_client,
+            "must be >= 1 (e.g. 500), or null for an equal split without repeats",
+        )

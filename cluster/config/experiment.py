@@ -1,0 +1,251 @@
+"""The whole experiment: its sections, the quantities derived from them, the preset it builds,
+and ``validate``, which runs every section's checks before any work starts."""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from algorithms.local import LocalTrainer
+from algorithms.presets import (
+    DEFAULT_PLACEMENT,
+    PRESETS,
+    PRIVATE_PRESETS,
+    SAMPLE_LEVEL_PRESETS,
+    Algorithm,
+    ClientDP,
+    SampleDP,
+)
+from cluster.config.accounting import CohortConfig, PrivacyConfig, validate_cohort, validate_privacy
+from cluster.config.algorithm import AlgorithmConfig, validate_algorithm
+from cluster.config.data import DataConfig, validate_data
+from cluster.config.errors import ConfigError, choice, positive
+from cluster.config.families import validate_warm_start
+from cluster.config.runtime import (
+    CheckpointConfig,
+    ExecutorConfig,
+    TrackingConfig,
+    validate_runtime,
+)
+from datasets.partition import PARTITION_METHODS
+from datasets.sources import SOURCES
+from datasets.tasks import TASKS
+from privacy.accountant import assumption_for_sampler, default_accountant
+from privacy.record_level import methods_for
+
+
+@dataclass
+class ExperimentConfig:
+    task: str = "synthetic_logreg"
+    seed: int = 0
+    rounds: int = 100
+    eval_every: int = 1
+    data: DataConfig = field(default_factory=DataConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    cohort: CohortConfig = field(default_factory=CohortConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+    # Derived quantities used by the driver and the actors.
+    @property
+    def sample_rate(self) -> float:
+        return self.cohort.size / self.data.num_clients
+
+    @property
+    def population(self) -> int:
+        return self.privacy.population or self.data.num_clients
+
+    @property
+    def noise_cohort_size(self) -> int:
+        """C_n: the cohort the noise and the accounting are for (default: the cohort itself)."""
+        return self.privacy.noise_cohort_size or self.cohort.size
+
+    @property
+    def accounting_sample_rate(self) -> float:
+        """q the accountant is charged: noise cohort (or cohort) size over the population."""
+        return self.noise_cohort_size / self.population
+
+    @property
+    def noise_scale(self) -> float:
+        """m / noise_cohort_size: the sum's noise std is σC·m/C_n, as if C_n clients took part."""
+        return self.cohort.size / self.noise_cohort_size
+
+    @property
+    def sampling_assumption(self) -> str:
+        if self.privacy.sampling == "match":
+            return assumption_for_sampler(self.cohort.sampling)
+        return self.privacy.sampling
+
+    @property
+    def sample_level(self) -> bool:
+        """Record-level DP (DP-SGD in the clients) rather than client-level."""
+        return self.algorithm.name in SAMPLE_LEVEL_PRESETS
+
+    @property
+    def warm_start_variant(self) -> str | None:
+        if not self.algorithm.warm_start:
+            return None
+        return self.algorithm.warm_start_variant or "paper"
+
+    @property
+    def warmup_rounds(self) -> int:
+        """DP-SCAFFOLD-warm's warm-up rounds: ⌈4/l⌉ (paper), round(4/l) (authors' code)."""
+        variant = self.warm_start_variant
+        if variant is None:
+            return 0
+        if variant == "authors_code":
+            return max(1, round(4 / self.sample_rate))
+        return math.ceil(4 / self.sample_rate - 1e-9)
+
+    @property
+    def total_rounds(self) -> int:
+        """Rounds the driver runs: the paper's warm-up, then ``rounds`` training rounds (the
+        authors' code counts its warm-up inside ``rounds``)."""
+        if self.warm_start_variant == "authors_code":
+            return self.rounds
+        return self.warmup_rounds + self.rounds
+
+    @property
+    def batch_sampling(self) -> str:
+        """How local batches are drawn: the config's choice, else fresh for sample level."""
+        if self.algorithm.local.batch_sampling is not None:
+            return self.algorithm.local.batch_sampling
+        return "fresh" if self.sample_level else "epoch"
+
+    @property
+    def accountant_name(self) -> str:
+        if self.privacy.accountant != "auto":
+            return self.privacy.accountant
+        if self.sample_level:
+            return methods_for(self.batch_sampling, self.algorithm.adjacency or "replace_one")[0]
+        return default_accountant(self.sampling_assumption)
+
+    @property
+    def delta(self) -> float:
+        """δ: the configured one, else N^-1.1 for a population of N (below 1/N, which would
+        allow a mechanism that publishes one client's data outright)."""
+        if self.privacy.delta is not None:
+            return self.privacy.delta
+        return self.population**-1.1
+
+    @property
+    def delta_warning(self) -> str | None:
+        """Why the configured δ is weak: δ ≥ 1/N permits releasing some client's data."""
+        if self.privacy.delta is None or self.privacy.delta < 1 / self.population:
+            return None
+        return (
+            f"privacy: δ = {self.privacy.delta:g} ≥ 1/N = {1 / self.population:g}: a mechanism "
+            "that publishes one random client's data in the clear meets such a δ; prefer "
+            f"δ ≤ N^-1.1 = {self.population**-1.1:.3g} (the default when privacy.delta is unset)"
+        )
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """Where checkpoints go (``checkpoint.dir``; in a Ray job, under the store root)."""
+        return self.checkpoint.resolved_dir(self.data.resolved_store_root())
+
+    @property
+    def noise_placement(self) -> str:
+        """Where the noise is added: the config's choice, else the preset's paper default."""
+        if self.algorithm.noise_placement is not None:
+            return self.algorithm.noise_placement
+        return DEFAULT_PLACEMENT.get(self.algorithm.name, "server")
+
+    @property
+    def paper_sketch_noise(self) -> bool:
+        """DPSFL's own noise: sized from algorithm.paper_epsilon, not a noise multiplier."""
+        return self.algorithm.sketch_noise == "paper"
+
+    def build_algorithm(self) -> Algorithm:
+        a = self.algorithm
+        if a.name in PRIVATE_PRESETS and a.noise_multiplier is None and not self.paper_sketch_noise:
+            # privacy.calibrate: sigma leaves σ unset; building before calibrating would
+            # silently train without noise.
+            raise ConfigError(
+                "algorithm.noise_multiplier",
+                None,
+                "not calibrated yet: pass the config through "
+                "cluster.privacy_plan.calibrated() first (run_experiment does)",
+            )
+        return self._build_algorithm(a.noise_multiplier)
+
+    @property
+    def unaccounted_reason(self) -> str | None:
+        """Why the configured preset's mechanism has no ε (read off its pipeline), else None."""
+        if self.algorithm.name not in PRIVATE_PRESETS:
+            return None
+        return self._build_algorithm(1.0).unaccounted_reason  # structural: any σ > 0
+
+    def _build_algorithm(self, noise_multiplier: float | None) -> Algorithm:
+        a, local = self.algorithm, self.algorithm.local
+        trainer = LocalTrainer(
+            lr=local.lr,
+            batch_size=local.batch_size,
+            local_steps=local.local_steps,
+            local_epochs=local.local_epochs,
+            momentum=local.momentum,
+            weight_decay=local.weight_decay,
+            lr_decay=local.lr_decay,
+            batch_sampling=self.batch_sampling,
+            lr_scaling=local.lr_scaling,
+        )
+        preset = PRESETS[a.name]
+        accepted = inspect.signature(preset).parameters
+        kwargs: dict[str, Any] = {"server_lr": a.server_lr, **a.preset_options()}
+        if "weighting" in accepted:
+            kwargs["weighting"] = a.weighting
+        if "dp" in accepted:
+            kwargs["dp"] = ClientDP(
+                a.clip_norm,
+                noise_multiplier,
+                self.noise_placement,
+                self.noise_scale,
+                a.clip_scope or "flat",
+            )
+        if "sample_dp" in accepted:
+            kwargs["sample_dp"] = SampleDP(
+                math.nan if a.clip_norm is None else a.clip_norm,  # median: chosen per step
+                noise_multiplier,
+                a.clip_scope or "flat",
+                a.adjacency or "replace_one",
+                a.clip_rule or "fixed",
+            )
+        algorithm = preset(trainer, **kwargs)
+        if a.server_momentum:
+            algorithm = replace(
+                algorithm, server=replace(algorithm.server, momentum=a.server_momentum)
+            )
+        return algorithm
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def validate(c: ExperimentConfig) -> None:
+    """Every check that can fail before any data is built or any actor is started."""
+    choice("task", c.task, TASKS, "task")
+    choice("data.source", c.data.source, SOURCES, "data source")
+    if c.data.source not in TASKS[c.task].sources:
+        raise ConfigError(
+            "data.source",
+            c.data.source,
+            f"task {c.task} reads {' or '.join(TASKS[c.task].sources)} data",
+        )
+    choice("data.partition.method", c.data.partition.method, PARTITION_METHODS, "partition")
+    choice("algorithm.name", c.algorithm.name, PRESETS, "algorithm")
+    positive("rounds", c.rounds, "100")
+    positive("eval_every", c.eval_every, "1")
+    positive("data.num_clients", c.data.num_clients, "100")
+    validate_data(c)
+    validate_algorithm(c)
+    validate_cohort(c)
+    validate_warm_start(c)
+    validate_privacy(c)
+    validate_runtime(c)
+    if c.checkpoint.every < 0:
+        raise ConfigError("checkpoint.every", c.checkpoint.every, "must be >= 0 (0: at the end)")
