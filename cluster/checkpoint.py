@@ -11,10 +11,20 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
+if TYPE_CHECKING:
+    from cluster.config import ExperimentConfig
+
 FORMAT_VERSION = 1
+
+
+def checkpoint_path(config: ExperimentConfig, run_id: str | None) -> Path:
+    """A tracked run's checkpoint is named by its MLflow run; an untracked one by what it runs."""
+    name = run_id or f"{config.tracking.experiment}-{config.algorithm.name}-seed{config.seed}"
+    return config.checkpoint_dir / f"{name}.pt"
 
 
 def save_checkpoint(path: Path, simulation_state: dict, config: dict, run_id: str | None) -> None:
@@ -36,10 +46,32 @@ def save_checkpoint(path: Path, simulation_state: dict, config: dict, run_id: st
 
 
 def load_checkpoint(path: str | Path) -> dict:
+    """The checkpoint at ``path``; a ``ConfigError`` (field CHECKPOINT) when there is none, it
+    is not a checkpoint, or another version of this code wrote it."""
+    from cluster.config import ConfigError
+
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint at {path}")
-    payload = torch.load(path, weights_only=False, map_location="cpu")
-    if payload.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{path}: checkpoint format {payload.get('format_version')} unsupported")
+        raise ConfigError(
+            "CHECKPOINT", str(path), "no such file; the run printed its checkpoint path at start"
+        )
+    try:
+        payload = torch.load(path, weights_only=False, map_location="cpu")
+    except Exception as error:  # torch.load raises many types for a file it cannot read
+        raise ConfigError(
+            "CHECKPOINT",
+            str(path),
+            f"not a checkpoint this code can read ({type(error).__name__}: {error}); pass a "
+            "file written by `run` (checkpoints are written atomically, so a crash leaves the "
+            "previous one intact)",
+        ) from None
+    version = payload.get("format_version") if isinstance(payload, dict) else None
+    if version != FORMAT_VERSION:
+        raise ConfigError(
+            "CHECKPOINT",
+            str(path),
+            f"checkpoint format {version}, this code reads format {FORMAT_VERSION}: resume it "
+            "with the version of the code that wrote it (its MLflow run's git_commit tag), or "
+            "start the run afresh",
+        )
     return payload

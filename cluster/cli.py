@@ -62,14 +62,9 @@ def _overrides(args: argparse.Namespace) -> list[str]:
 def _run(args: argparse.Namespace) -> int:
     # First line before the heavy imports (torch alone takes seconds): the user sees it started.
     print(f"run {args.config}" + "".join(f" --set {a}" for a in args.set), flush=True)
-    from cluster.config import ConfigError, load_config
+    from cluster.config import load_config
 
-    try:
-        config = load_config(args.config, _overrides(args))
-    except ConfigError as error:
-        print(error, file=sys.stderr)
-        return 2
-    return _execute(config, None, args.verbose)
+    return _execute(load_config(args.config, _overrides(args)), None, args.verbose)
 
 
 def _resume(args: argparse.Namespace) -> int:
@@ -78,20 +73,25 @@ def _resume(args: argparse.Namespace) -> int:
 
     print(f"resume {args.checkpoint}", flush=True)
     overrides = _overrides(args)
+    for assignment in overrides:
+        if not assignment.startswith(RESUMABLE_PREFIXES):
+            raise ConfigError(
+                "--set",
+                assignment,
+                "a resumed run keeps its config; only "
+                "rounds, eval_every, executor.* and checkpoint.* may change",
+            )
+    checkpoint = load_checkpoint(args.checkpoint)
     try:
-        for assignment in overrides:
-            if not assignment.startswith(RESUMABLE_PREFIXES):
-                raise ConfigError(
-                    "--set",
-                    assignment,
-                    "a resumed run keeps its config; only "
-                    "rounds, eval_every, executor.* and checkpoint.* may change",
-                )
-        checkpoint = load_checkpoint(args.checkpoint)
-        config = config_from_dict(checkpoint["config"], overrides)
-    except (ConfigError, FileNotFoundError, ValueError) as error:
-        print(error, file=sys.stderr)
-        return 2
+        config_from_dict(checkpoint["config"])
+    except ConfigError as error:
+        raise ConfigError(
+            f"{args.checkpoint}: {error.field_path}",
+            error.value,
+            f"{error.fix} (this checkpoint's config; written by another version of this code? "
+            "resume it with that version, or start the run afresh)",
+        ) from None
+    config = config_from_dict(checkpoint["config"], overrides)
     done = checkpoint["simulation"]["rounds_done"]
     print(f"resuming after round {done} from {args.checkpoint}", flush=True)
     return _execute(config, checkpoint, args.verbose)
@@ -108,20 +108,17 @@ def _execute(config, checkpoint: dict | None, verbose: bool) -> int:
 
 
 def _execute_in_session(config, checkpoint: dict | None, verbose: bool) -> int:
-    from cluster.config import ConfigError
     from cluster.experiment import run_experiment
+    from cluster.preflight import check_no_checkpoint_overwritten, preflight
     from cluster.privacy_plan import calibrate_with_message, privacy_claim
-    from datasets.vision import SourceMissingError
 
     def say(message: str) -> None:
         print(message, flush=True)
 
     if checkpoint is None:
-        try:
-            config = calibrate_with_message(config, say)
-        except ConfigError as error:
-            print(error, file=sys.stderr)
-            return 2
+        preflight(config)  # before the σ search: a missing file fails at once
+        check_no_checkpoint_overwritten(config)
+        config = calibrate_with_message(config, say)
 
     a = config.algorithm
     print(
@@ -140,9 +137,6 @@ def _execute_in_session(config, checkpoint: dict | None, verbose: bool) -> int:
             calibrate=False,
             verbose=verbose,
         )
-    except (SourceMissingError, ConfigError) as error:  # raised before any actor starts
-        print(error, file=sys.stderr)
-        return 2
     except KeyboardInterrupt as error:  # a second Ctrl-C: abort now, no checkpoint of this round
         print(f"aborted: {error or 'KeyboardInterrupt'}", file=sys.stderr)
         return 130
@@ -204,4 +198,17 @@ def main(argv: list[str] | None = None) -> int:
         else:  # listed in --help; its options are parsed only when it is the command
             commands.add_parser(name, help=help_text)
     args = parser.parse_args(argv)
-    return args.handler(args)
+    try:
+        return args.handler(args)
+    except _input_errors() as error:  # bad input: one paragraph, no traceback
+        print(error, file=sys.stderr)
+        return 2
+
+
+def _input_errors() -> tuple[type[Exception], ...]:
+    """What bad input raises: a config field, a file, the Ray cluster's size."""
+    from cluster.config import ConfigError
+    from cluster.ray_runtime import ResourceError
+    from datasets.vision import SourceMissingError
+
+    return ConfigError, SourceMissingError, ResourceError

@@ -11,10 +11,11 @@ from pathlib import Path
 import torch
 
 from algorithms.layout import ParamLayout
-from cluster.checkpoint import save_checkpoint
-from cluster.config import ConfigError, ExperimentConfig
+from cluster.checkpoint import checkpoint_path, save_checkpoint
+from cluster.config import ExperimentConfig
 from cluster.executors import LocalExecutor, RayExecutor
 from cluster.interrupts import GracefulStop
+from cluster.preflight import check_store_matches, preflight
 from cluster.privacy_plan import (
     PrivacyClaim,
     calibrate_with_message,
@@ -32,14 +33,7 @@ def open_store(config: ExperimentConfig) -> tuple[ShardStore, bool]:
     d = config.data
     if d.store is not None:
         store = ShardStore.open(d.store)
-        if store.num_clients != d.num_clients or store.manifest["source"]["name"] != d.source:
-            raise ConfigError(
-                "data.store",
-                d.store,
-                f"it holds {store.num_clients} clients of {store.manifest['source']['name']!r}; "
-                f"set data.num_clients={store.num_clients} and "
-                f"data.source={store.manifest['source']['name']}",
-            )
+        check_store_matches(store, d)
         return store, False
     return build_or_open_store(
         d.resolved_store_root(),
@@ -150,11 +144,6 @@ def _start_tracking(
     return tracker
 
 
-def checkpoint_path(config: ExperimentConfig, run_id: str | None) -> Path:
-    name = run_id or f"{config.tracking.experiment}-{config.algorithm.name}-seed{config.seed}"
-    return config.checkpoint_dir / f"{name}.pt"
-
-
 def run_experiment(
     config: ExperimentConfig,
     on_round: Callable[[RoundRecord], None] = lambda r: None,
@@ -170,6 +159,7 @@ def run_experiment(
     its checkpoint was calibrated with; so does a caller that calibrated already
     (``calibrate=False``). Ray's own log lines reach the terminal only when ``verbose``.
     """
+    preflight(config)
     if resume is None and calibrate:
         config = calibrate_with_message(config, say)
     if config.build_algorithm().privacy_unit != "none":

@@ -88,13 +88,18 @@ def _need(args: argparse.Namespace, *names: str) -> None:
 
 
 def _client_level(args: argparse.Namespace) -> None:
+    _need(args, "q", "delta")  # before the accountants' imports (seconds): bad input fails fast
+    if args.count_noise is not None:
+        _need(args, "sigma")
+    given = [n for n in ("sigma", "rounds", "target_epsilon") if getattr(args, n) is not None]
+    if len(given) < 2:
+        raise ValueError("give two of --sigma, --rounds, --target-epsilon")
+
     from privacy.accountant import accountant_class
     from privacy.adaptive_clipping import effective_noise_multiplier
     from privacy.calibration import calibrate_sigma, epsilon_for, max_rounds
 
-    _need(args, "q", "delta")
     if args.count_noise is not None:
-        _need(args, "sigma")
         charged = effective_noise_multiplier(args.sigma, args.count_noise)
         print(
             f"adaptive clipping: update noise σ={args.sigma:g} and count noise σ_b="
@@ -111,13 +116,11 @@ def _client_level(args: argparse.Namespace) -> None:
             "σ",
             lambda cls: calibrate_sigma(args.target_epsilon, args.delta, args.q, args.rounds, cls),
         )
-    elif args.sigma is not None and args.target_epsilon is not None:
+    else:  # σ and ε*
         header, compute = (
             "max rounds",
             lambda cls: max_rounds(args.sigma, args.q, args.delta, args.target_epsilon, cls),
         )
-    else:
-        raise ValueError("give two of --sigma, --rounds, --target-epsilon")
     print(f"client level, subsampled Gaussian, q={args.q:g}, δ={args.delta:g}")
     print(f"{'accountant':<12}{header}")
     for label, name, sampling in _rows():

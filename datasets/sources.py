@@ -14,7 +14,7 @@ import numpy as np
 
 from datasets.arrays import LabeledArrays
 from datasets.partition import make_partitioner
-from datasets.store import FORMAT_VERSION, ShardStore, write_store
+from datasets.store import FORMAT_VERSION, MANIFEST, ShardStore, write_store
 from datasets.synthetic import SyntheticSpec, generate_synthetic
 from datasets.vision import SOURCE_NAMES, load_source, num_classes
 
@@ -117,9 +117,22 @@ def build_or_open_store(
     key the store. Where the raw files live (``data_root``) does not.
     Returns ``(store, built)``; ``built`` is False when an existing store was reused.
     """
-    key = store_key(_description(source, source_params, partition, num_clients, seed))
-    path = Path(root) / f"{source}-{key}"
-    if (path / "manifest.json").exists():
-        return ShardStore.open(path), False
     args = (source, source_params, partition, num_clients, seed)
-    return build_store(path, *args, **loading), True
+    existing = existing_store_path(root, *args)
+    if existing is not None:
+        return ShardStore.open(existing), False
+    return build_store(store_path(root, *args), *args, **loading), True
+
+
+def store_path(
+    root: str | Path, source: str, source_params: dict, partition: dict, num_clients: int, seed: int
+) -> Path:
+    """Where the store of these parameters lives under ``root`` (built or not)."""
+    key = store_key(_description(source, source_params, partition, num_clients, seed))
+    return Path(root) / f"{source}-{key}"
+
+
+def existing_store_path(root: str | Path, *args) -> Path | None:
+    """``store_path(root, *args)`` if a store was written there, else None."""
+    path = store_path(root, *args)
+    return path if (path / MANIFEST).exists() else None

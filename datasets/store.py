@@ -121,6 +121,25 @@ class ClientArrays:
     y: np.ndarray
 
 
+class StoreError(ValueError):
+    """A store that cannot be read as written: missing, corrupt, truncated or of another format.
+
+    The message names the file and says to rebuild the store (its content is a function of the
+    manifest's parameters, so rebuilding loses nothing).
+    """
+
+    def __init__(self, location: str, problem: str):
+        self.location, self.problem = location, problem
+        super().__init__(
+            f"shard store {location}: {problem}; rebuild it (delete the directory and run again, "
+            "or `uv run python -m cluster partition ...`)"
+        )
+
+
+# What ``check`` expects of each table's schema (the value type of x follows the manifest).
+_COLUMNS = ("client_id", "x", "y")
+
+
 class ShardStore:
     """A read-only view of a store directory; cheap to open, safe to open in every actor."""
 
@@ -136,15 +155,48 @@ class ShardStore:
 
     @classmethod
     def open(cls, location: str | Path) -> ShardStore:
+        """Read the manifest and the offsets index; raises ``StoreError`` when either is
+        missing, unreadable or of another format."""
         location = str(location)
-        manifest = json.loads(_read_bytes(location, MANIFEST))
-        if manifest.get("format_version") != FORMAT_VERSION:
-            raise ValueError(
-                f"{location}: store format {manifest.get('format_version')} unsupported "
-                f"(this version reads {FORMAT_VERSION}); rebuild the store"
+        try:
+            manifest = json.loads(_read_bytes(location, MANIFEST))
+        except (OSError, ValueError) as error:  # missing, unreadable or not JSON
+            raise StoreError(location, f"{MANIFEST} unreadable ({error})") from None
+        if not isinstance(manifest, dict) or manifest.get("format_version") != FORMAT_VERSION:
+            version = manifest.get("format_version") if isinstance(manifest, dict) else None
+            raise StoreError(
+                location, f"format {version} unsupported (this version reads {FORMAT_VERSION})"
             )
-        offsets = np.load(io.BytesIO(_read_bytes(location, "train_offsets.npy")))
+        missing = {"num_clients", "x_shape", "num_test", "source", "checksums"} - set(manifest)
+        if missing:
+            raise StoreError(location, f"{MANIFEST} lacks {', '.join(sorted(missing))}")
+        try:
+            offsets = np.load(io.BytesIO(_read_bytes(location, "train_offsets.npy")))
+        except (OSError, ValueError) as error:
+            raise StoreError(location, f"train_offsets.npy unreadable ({error})") from None
+        if offsets.ndim != 1 or len(offsets) != manifest["num_clients"] + 1:
+            raise StoreError(location, "train_offsets.npy does not index the manifest's clients")
         return cls(location, manifest, offsets)
+
+    def check(self) -> None:
+        """Structural check, O(1) in the data: each table opens (its Arrow footer is intact, so
+        the file is not truncated), has the store's columns and as many rows as the index says.
+        ``verify`` recomputes the checksums (reads everything)."""
+        expected_rows = {"train": int(self.offsets[-1]), "test": int(self.manifest["num_test"])}
+        for split, rows in expected_rows.items():
+            try:
+                table = self._table(split)
+            except (OSError, pa.ArrowInvalid) as error:
+                raise StoreError(self.location, f"{split}.arrow unreadable ({error})") from None
+            if tuple(table.column_names) != _COLUMNS:
+                raise StoreError(
+                    self.location,
+                    f"{split}.arrow has columns {table.column_names}, expected {list(_COLUMNS)}",
+                )
+            if table.num_rows != rows:
+                raise StoreError(
+                    self.location, f"{split}.arrow has {table.num_rows} rows, the index {rows}"
+                )
 
     def class_counts(self) -> np.ndarray:
         """int64[num_clients, num_classes]: each client's training class histogram."""
@@ -206,7 +258,7 @@ class ShardStore:
             with _open_stream(self.location, name) as stream:
                 digest = hashlib.file_digest(stream, "sha256").hexdigest()
             if digest != expected:
-                raise ValueError(f"{self.location}/{name}: checksum mismatch, rebuild the store")
+                raise StoreError(self.location, f"{name}: checksum mismatch")
 
 
 def _local_path(location: str) -> str | None:

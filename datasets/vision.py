@@ -225,6 +225,22 @@ def expected_files(name: str, root: str | Path, **options) -> list[Path]:
     return list(_femnist.femnist_files(root, opts["only_digits"]))
 
 
+def check_present(name: str, root: str | Path, **options) -> None:
+    """Fail fast when ``root`` holds no trace of source ``name``: none of its files, and none of
+    the folders below ``root`` they live in (archives unpacked later count as a trace). Cheap:
+    no file is read; ``load_source`` checks every file properly."""
+    opts = _resolve(name, options)
+    root = _root(root)
+    expected = expected_files(name, root, **opts)
+
+    def trace(path: Path) -> bool:
+        folders = [p for p in path.parents if root in p.parents]
+        return path.is_file() or any(folder.is_dir() for folder in folders)
+
+    if not any(trace(path) for path in expected):
+        raise _error(name, root, opts, _absent(expected))
+
+
 def prepare_command(name: str, root: str | Path, **options) -> tuple[str, str]:
     """``(command, hint)``: a shell command that fetches the files, and what to do after it."""
     opts = _resolve(name, options)

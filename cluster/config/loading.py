@@ -100,7 +100,31 @@ def apply_override(raw: dict, assignment: str) -> None:
         if not isinstance(child, dict):
             raise ConfigError(key, assignment, f"{part!r} is not a section")
         node = child
-    node[parts[-1]] = yaml.safe_load(text)
+    try:
+        node[parts[-1]] = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ConfigError(
+            "--set", assignment, f"the value is not valid YAML ({_yaml_problem(error)})"
+        ) from None
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    mark = getattr(error, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return where + str(getattr(error, "problem", None) or error)
+
+
+def _parse_yaml(path: Path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise ConfigError(
+            "CONFIG", str(path), f"not valid YAML ({_yaml_problem(error)}); fix that line"
+        ) from None
+    except (UnicodeDecodeError, OSError) as error:
+        raise ConfigError(
+            "CONFIG", str(path), f"unreadable as a YAML text file ({error}); pass the config file"
+        ) from None
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> ExperimentConfig:
@@ -114,7 +138,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ex
                 str(path),
                 "no such file; pass a YAML file such as configs/quickstart.yaml",
             )
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = _parse_yaml(path) or {}
         if not isinstance(raw, dict):
             raise ConfigError("CONFIG", str(path), "the file must hold a YAML mapping")
     return config_from_dict(raw, overrides)

@@ -1,0 +1,360 @@
+"""The bad-input catalogue: every malformed input a user can give `run` or `resume`.
+
+Each case must end with exit code 2 and one paragraph on stderr naming the file or field, the
+value and the fix: no traceback, no Ray started, nothing written (the working directory, the
+store root and the MLflow location are byte-for-byte as before). The cases run in process
+through ``cluster.cli.main`` (the same code path as ``python -m cluster``); one runs as a real
+subprocess to check the exit code and stderr of the real command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+import ray
+import torch
+import yaml
+
+from cluster.checkpoint import FORMAT_VERSION, save_checkpoint
+from cluster.cli import main
+from cluster.config import config_from_dict
+from datasets.sources import build_store, store_path
+
+BASE = {
+    "task": "synthetic_logreg",
+    "rounds": 2,
+    "data": {
+        "source": "synthetic",
+        "num_clients": 10,
+        "synthetic": {"samples_per_user": 20},
+        "partition": {"method": "natural"},
+    },
+    "algorithm": {
+        "name": "dp_fedavg",
+        "local": {"lr": 0.1, "batch_size": 8, "local_steps": 1},
+        "clip_norm": 1.0,
+        "noise_multiplier": 1.0,
+    },
+    "cohort": {"size": 5, "sampling": "fixed"},
+    "executor": {"kind": "ray", "num_actors": 2, "cpus_per_actor": 0.5},
+}
+STORE_ARGS = ("synthetic", None, {"method": "natural"}, 10, 0)  # source options filled below
+
+
+def _store_args() -> tuple:
+    options = config_from_dict(BASE).data.source_options()
+    return (STORE_ARGS[0], options, *STORE_ARGS[2:])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Case:
+    """``prepare(workdir, valid_store) -> argv`` sets up the files; ``expect``: substrings of
+    stderr; ``env``: ``M`` is the MLflow URI (``http``: a port where nothing listens)."""
+
+    name: str
+    prepare: Callable[[Path, Path], list[str]]
+    expect: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def config_file(workdir: Path, changes: dict | None = None, text: str | bytes | None = None):
+    path = workdir / "config.yaml"
+    if text is not None:
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    else:
+        raw = json.loads(json.dumps(BASE))
+        for dotted, value in (changes or {}).items():
+            node = raw
+            *parents, last = dotted.split(".")
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[last] = value
+        path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def run_with(changes: dict | None = None, *extra: str, text=None):
+    def prepare(workdir: Path, _store: Path) -> list[str]:
+        return ["run", str(config_file(workdir, changes, text)), *extra]
+
+    return prepare
+
+
+def with_store(damage: Callable[[Path], None], changes: dict | None = None, as_built=False):
+    """A valid store copied into the work dir, damaged, then named by data.store (or placed
+    where the config's own store would be built, ``as_built``)."""
+
+    def prepare(workdir: Path, valid_store: Path) -> list[str]:
+        built = store_path(workdir / "shards", *_store_args())
+        target = built if as_built else workdir / "store"
+        shutil.copytree(valid_store, target)
+        damage(target)
+        settings = {} if as_built else {"data.store": str(target)}
+        return ["run", str(config_file(workdir, {**settings, **(changes or {})}))]
+
+    return prepare
+
+
+def truncate(name: str) -> Callable[[Path], None]:
+    def damage(store: Path) -> None:
+        path = store / name
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+    return damage
+
+
+def rewrite_manifest(change: Callable[[dict], object]) -> Callable[[Path], None]:
+    def damage(store: Path) -> None:
+        manifest = json.loads((store / "manifest.json").read_text())
+        change(manifest)
+        (store / "manifest.json").write_text(json.dumps(manifest))
+
+    return damage
+
+
+def wrong_schema(store: Path) -> None:
+    table = pa.table({"a": pa.array([1, 2]), "b": pa.array([3, 4])})
+    with (
+        pa.OSFile(str(store / "test.arrow"), "wb") as sink,
+        pa.ipc.new_file(sink, table.schema) as writer,
+    ):
+        writer.write_table(table)
+
+
+def resume_with(payload: Callable[[], object] | bytes, *extra: str):
+    """A checkpoint file in the work dir holding ``payload`` (bytes: raw file content)."""
+
+    def prepare(workdir: Path, _store: Path) -> list[str]:
+        path = workdir / "old.pt"
+        if isinstance(payload, bytes):
+            path.write_bytes(payload)
+        else:
+            torch.save(payload(), path)
+        return ["resume", str(path), *extra]
+
+    return prepare
+
+
+def checkpoint_payload(version=FORMAT_VERSION, config_change: Callable[[dict], None] = None):
+    def payload() -> dict:
+        config = config_from_dict(BASE).to_dict()
+        if config_change is not None:
+            config_change(config)
+        return {"format_version": version, "config": config, "run_id": None, "simulation": {}}
+
+    return payload
+
+
+def untracked_overwrite(workdir: Path, _store: Path) -> list[str]:
+    other = config_from_dict(BASE, ["seed=0", "rounds=50"])
+    path = workdir / "checkpoints" / "dpfl-dp_fedavg-seed0.pt"
+    save_checkpoint(path, {"rounds_done": 40}, other.to_dict(), None)
+    return ["run", str(config_file(workdir, {"tracking.enabled": False}))]
+
+
+def a_file(name: str, changes_for: Callable[[Path], dict]):
+    def prepare(workdir: Path, _store: Path) -> list[str]:
+        (workdir / name).write_text("not a directory")
+        return ["run", str(config_file(workdir, changes_for(workdir / name)))]
+
+    return prepare
+
+
+def empty_dataset_root(workdir: Path, _store: Path) -> list[str]:
+    (workdir / "data").mkdir()
+    changes = {"task": "mnist_cnn", "data.source": "mnist", "data.root": str(workdir / "data")}
+    return ["run", str(config_file(workdir, changes))]
+
+
+UNKNOWN_KEY_IN_CHECKPOINT = checkpoint_payload(
+    config_change=lambda c: c["algorithm"].update(retired_option=1)
+)
+
+CASES = [
+    # --- the config file and --set
+    Case("config missing", lambda w, s: ["run", str(w / "nope.yaml")], ("CONFIG", "no such")),
+    Case("yaml syntax", run_with(text="rounds: [1, 2\ntask: x\n"), ("not valid YAML", "line")),
+    Case("yaml list", run_with(text="- rounds\n- 3\n"), ("CONFIG", "YAML mapping")),
+    Case("binary file", run_with(text=b"\xff\xfe\x00\x81"), ("CONFIG", "unreadable")),
+    Case("unknown key", run_with({"round": 3}), ("round", "did you mean 'rounds'")),
+    Case("unknown nested", run_with({"algorithm.local.lrr": 1}), ("algorithm.local.lrr",)),
+    Case("section scalar", run_with(text="algorithm: 3\n"), ("algorithm = 3", "mapping")),
+    Case("wrong type", run_with({"rounds": "ten"}), ("rounds = 'ten'", "integer")),
+    Case("bad literal", run_with({"cohort.sampling": "often"}), ("cohort.sampling", "one of")),
+    Case("unknown preset", run_with({"algorithm.name": "dp_fedav"}), ("did you mean",)),
+    Case("unknown task", run_with({"task": "mnist_cnnn"}), ("task", "mnist_cnn")),
+    Case("source for task", run_with({"data.source": "mnist"}), ("data.source", "reads")),
+    Case("negative clip", run_with({"algorithm.clip_norm": -1}), ("algorithm.clip_norm", "> 0")),
+    Case("negative σ", run_with({"algorithm.noise_multiplier": -0.5}), ("noise_multiplier",)),
+    Case("cohort > clients", run_with({"cohort.size": 50}), ("cohort.size", "population")),
+    Case("δ out of range", run_with({"privacy.delta": 2}), ("privacy.delta", "(0, 1)")),
+    Case("calibrate no ε", run_with({"privacy.calibrate": "sigma"}), ("target_epsilon",)),
+    Case("gpu fraction", run_with({"executor.gpus_per_actor": 1.5}), ("gpus_per_actor",)),
+    Case("actors > clients", run_with({"executor.num_actors": 11}), ("num_actors",)),
+    Case("set no =", run_with(None, "--set", "rounds"), ("--set", "key.path=value")),
+    Case("set into scalar", run_with(None, "--set", "rounds.x=1"), ("not a section",)),
+    Case("set bad yaml", run_with(None, "--set", "rounds=[1"), ("--set", "not valid YAML")),
+    # --- shard stores
+    Case(
+        "store missing",
+        run_with({"data.store": "/nonexistent/store"}),
+        ("data.store", "manifest.json unreadable"),
+    ),
+    Case(
+        "manifest not json",
+        with_store(lambda s: (s / "manifest.json").write_text("{not json")),
+        ("data.store", "manifest.json unreadable", "rebuild"),
+    ),
+    Case(
+        "store format",
+        with_store(rewrite_manifest(lambda m: m.update(format_version=1))),
+        ("format 1 unsupported",),
+    ),
+    Case(
+        "manifest lacks keys",
+        with_store(rewrite_manifest(lambda m: m.pop("x_shape"))),
+        ("lacks x_shape",),
+    ),
+    Case(
+        "shard missing",
+        with_store(lambda s: (s / "train.arrow").unlink()),
+        ("train.arrow unreadable",),
+    ),
+    Case("shard truncated", with_store(truncate("train.arrow")), ("train.arrow unreadable",)),
+    Case("offsets truncated", with_store(truncate("train_offsets.npy")), ("train_offsets.npy",)),
+    Case("shard schema", with_store(wrong_schema), ("test.arrow has columns ['a', 'b']",)),
+    Case(
+        "store of other size",
+        with_store(lambda s: None, {"data.num_clients": 12, "executor.num_actors": 2}),
+        ("it holds 10 clients", "data.num_clients=10"),
+    ),
+    Case(
+        "built store truncated",
+        with_store(truncate("test.arrow"), as_built=True),
+        ("test.arrow unreadable", "delete that directory"),
+    ),
+    Case(
+        "store root a file",
+        a_file("shards", lambda p: {"data.store_root": str(p)}),
+        ("data.store_root", "is a file"),
+    ),
+    Case("dataset root empty", empty_dataset_root, ("files missing or corrupt", "MNIST")),
+    # --- MLflow and Ray
+    Case("mlflow scheme", run_with(), ("MLFLOW_TRACKING_URI", "no 'foo' store"), {"M": "foo://x"}),
+    Case("mlflow down", run_with(), ("MLFLOW_TRACKING_URI", "nothing answers"), {"M": "http"}),
+    Case(
+        "mlflow sqlite dir",
+        run_with(),
+        ("MLFLOW_TRACKING_URI", "directory does not exist"),
+        {"M": "sqlite:////nonexistent/dir/m.db"},
+    ),
+    Case("ray down", run_with(None, "--address", "PORT"), ("executor.address", "nothing answers")),
+    Case("ray no port", run_with(None, "--address", "somehost"), ("executor.address", "HOST:PORT")),
+    Case(
+        "actors exceed machine",
+        run_with({"executor.num_actors": 8, "executor.cpus_per_actor": 64}),
+        ("executor.cpus_per_actor", "this machine has"),
+    ),
+    # --- checkpoints
+    Case("resume missing", lambda w, s: ["resume", str(w / "none.pt")], ("CHECKPOINT", "no such")),
+    Case("resume garbage", resume_with(b"PK\x03\x04garbage"), ("CHECKPOINT", "can read")),
+    Case("resume old format", resume_with(checkpoint_payload(0)), ("format 0", "git_commit")),
+    Case(
+        "resume old config",
+        resume_with(UNKNOWN_KEY_IN_CHECKPOINT),
+        ("algorithm.retired_option", "another version"),
+    ),
+    Case(
+        "resume changes preset",
+        resume_with(checkpoint_payload(), "--set", "algorithm.name=fedavg"),
+        ("--set", "keeps its config"),
+    ),
+    Case(
+        "checkpoint dir a file",
+        a_file("ckfile", lambda p: {"checkpoint.dir": str(p / "sub")}),
+        ("checkpoint.dir", "is a file"),
+    ),
+    Case("untracked overwrite", untracked_overwrite, ("of another run", "rounds differs")),
+]
+
+
+@pytest.fixture(scope="module")
+def valid_store(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("valid") / "store"
+    build_store(path, *_store_args())
+    return path
+
+
+def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    return {
+        str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")
+    }
+
+
+def _environment(case: Case, workdir: Path) -> dict[str, str]:
+    uri = case.env.get("M", f"sqlite:///{workdir / 'mlflow.db'}")
+    if uri == "http":
+        uri = f"http://127.0.0.1:{_free_port()}"
+    return {"MLFLOW_TRACKING_URI": uri}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_bad_input_is_refused_before_any_work(case, tmp_path, monkeypatch, capsys, valid_store):
+    monkeypatch.chdir(tmp_path)
+    for name in ("DPFL_STORE_ROOT", "DPFL_CHECKPOINT_DIR", "DPFL_DATA_ROOT", "RAY_ADDRESS"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in _environment(case, tmp_path).items():
+        monkeypatch.setenv(name, value)
+    argv = [
+        f"127.0.0.1:{_free_port()}" if a == "PORT" else a
+        for a in case.prepare(tmp_path, valid_store)
+    ]
+    before = _snapshot(tmp_path)
+    capsys.readouterr()
+
+    code = main(argv)
+
+    out, err = capsys.readouterr()
+    assert code == 2, (out, err)
+    assert "Traceback" not in out + err
+    for expected in case.expect:
+        assert expected in err, (expected, err)
+    assert len(err.strip().splitlines()) <= 12, err  # one paragraph, not a dump
+    assert not ray.is_initialized()
+    assert _snapshot(tmp_path) == before  # nothing written, nothing created
+
+
+def test_catalogue_is_large_and_distinct():
+    assert len(CASES) >= 30
+    assert len({c.name for c in CASES}) == len(CASES)
+
+
+def test_the_real_command_exits_2_without_a_traceback(tmp_path):
+    config = config_file(tmp_path, {"algorithm.clip_norm": -1})
+    result = subprocess.run(
+        [sys.executable, "-m", "cluster", "run", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[1],
+        env={**os.environ, "DPFL_STORE_ROOT": str(tmp_path / "never")},
+    )
+    assert result.returncode == 2
+    assert "algorithm.clip_norm = -1.0" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "never").exists()
