@@ -159,7 +159,9 @@ def _execute_in_session(config, checkpoint: dict | None, verbose: bool) -> int:
     )
     if outcome.run_id:
         print(f"MLflow run {outcome.run_id} in {outcome.tracking_uri}")
-        print(f"browse it with: uv run mlflow ui --backend-store-uri {outcome.tracking_uri}")
+        if not outcome.tracking_uri.startswith("http"):
+            print(f"browse it with: uv run mlflow ui --backend-store-uri {outcome.tracking_uri}")
+        print(f"run page: {outcome.run_page}")
     return 0
 
 

@@ -28,6 +28,7 @@ import argparse
 import copy
 import csv
 import io
+import json
 import statistics
 import sys
 import time
@@ -289,9 +290,6 @@ def write_outputs(
 
 
 def run(args: argparse.Namespace) -> int:
-    from cluster.experiment import run_experiment
-    from cluster.privacy_plan import calibrate_with_message
-
     try:
         base, runs = load_spec(Path(args.spec), args.set, args.only)
         if args.seeds < 1:
@@ -302,6 +300,37 @@ def run(args: argparse.Namespace) -> int:
         print(f"compare: {error}", file=sys.stderr)
         return 2
     name = Path(args.spec).stem
+    parent = _start_parent_run(name, base)
+    try:
+        results = _run_all(name, base, runs, labels, args, parent and parent.run_id)
+    except BaseException as error:
+        if parent is not None:
+            parent.end("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
+        raise
+    rows = summarize(results, baseline)
+    print(markdown(rows, baseline))
+    paths = write_outputs(rows, results, Path(args.out), baseline)
+    print(f"wrote {', '.join(str(p) for p in paths)}")
+    if parent is not None:
+        children = {
+            f"{label}-seed{seed}": outcome.run_id
+            for label, outcomes in results.items()
+            for seed, outcome in enumerate(outcomes)
+        }
+        listing = Path(args.out) / "children.json"
+        listing.write_text(json.dumps(children, indent=1) + "\n")
+        parent.log_files([*paths, listing], "compare")
+        parent.end()
+    return 0
+
+
+def _run_all(
+    name: str, base: dict, runs: dict, labels: list[str], args, parent_run_id: str | None
+) -> dict[str, list]:
+    """Every preset × seed, in order; outcomes by label."""
+    from cluster.experiment import run_experiment
+    from cluster.privacy_plan import calibrate_with_message
+
     results: dict[str, list] = {}
     for label in labels:
         for seed in range(args.seeds):
@@ -312,10 +341,9 @@ def run(args: argparse.Namespace) -> int:
                 f"seed={seed}",
                 f"tracking.run_name={name}-{label}-seed{seed}",
             ]
-            run_config = config_from_dict(run_base, overrides)
-            config = calibrate_with_message(run_config, print)
+            config = calibrate_with_message(config_from_dict(run_base, overrides), print)
             start = time.perf_counter()
-            outcome = run_experiment(config, calibrate=False)
+            outcome = run_experiment(config, calibrate=False, parent_run_id=parent_run_id)
             eps = outcome.claim.epsilon_text(outcome.epsilon, outcome.epsilon_vs_server)
             print(
                 f"{label} seed {seed}: final acc {outcome.final_accuracy:.4f}, {eps}, "
@@ -323,21 +351,16 @@ def run(args: argparse.Namespace) -> int:
                 flush=True,
             )
             results.setdefault(label, []).append(outcome)
-    rows = summarize(results, baseline)
-    print(markdown(rows, baseline))
-    paths = write_outputs(rows, results, Path(args.out), baseline)
-    print(f"wrote {', '.join(str(p) for p in paths)}")
-    _log_parent_run(name, base, paths)
-    return 0
+    return results
 
 
-def _log_parent_run(name: str, base: dict, paths: list[Path]) -> None:
-    """A parent MLflow run holding the comparison's table and figure."""
+def _start_parent_run(name: str, base: dict):
+    """The parent MLflow run: each preset × seed run is nested under it (``mlflow.parentRunId``)
+    and it holds the table, the figure and ``children.json`` (label-seed → run id)."""
     from cluster.tracking import MlflowTracker
 
-    experiment = (base.get("tracking") or {}).get("experiment", "dpfl")
-    if (base.get("tracking") or {}).get("enabled", True) is False:
-        return
-    tracker = MlflowTracker(experiment, f"compare-{name}", {}, {"compare": name})
-    tracker.log_files(paths, "compare")
-    tracker.end()
+    tracking = base.get("tracking") or {}
+    if tracking.get("enabled", True) is False:
+        return None
+    experiment = tracking.get("experiment", "dpfl")
+    return MlflowTracker(experiment, f"compare-{name}", {}, {"compare": name})

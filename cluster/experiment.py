@@ -88,6 +88,7 @@ class Outcome:
     checkpoint: Path
     claim: PrivacyClaim  # what the run may say about privacy; every ε comes from it
     interrupted: bool = False  # stopped by SIGINT/SIGTERM after a round, checkpoint written
+    run_page: str | None = None  # the MLflow run's page under `mlflow ui` (default port)
 
     @property
     def final_accuracy(self) -> float | None:
@@ -124,7 +125,11 @@ class Outcome:
 
 
 def _start_tracking(
-    config: ExperimentConfig, sim: Simulation, store: ShardStore, run_id: str | None
+    config: ExperimentConfig,
+    sim: Simulation,
+    store: ShardStore,
+    run_id: str | None,
+    parent_run_id: str | None,
 ):
     from cluster.tracking import MlflowTracker, flatten
 
@@ -136,6 +141,8 @@ def _start_tracking(
         "store": store.path.name,
         **sim.claim.tags(),
     }
+    if parent_run_id is not None:  # MLflow's UI nests the run under its parent
+        tags["mlflow.parentRunId"] = parent_run_id
     tracker = MlflowTracker(
         config.tracking.experiment, config.tracking.run_name, flatten(config.to_dict()), tags
     )
@@ -151,6 +158,7 @@ def run_experiment(
     say: Callable[[str], None] = lambda message: None,
     calibrate: bool = True,
     verbose: bool = False,
+    parent_run_id: str | None = None,
 ) -> Outcome:
     """Run (or, given a loaded checkpoint, continue) one experiment end to end.
 
@@ -158,6 +166,7 @@ def run_experiment(
     run calibrates σ or the rounds first (``privacy.calibrate``); a resumed run keeps the values
     its checkpoint was calibrated with; so does a caller that calibrated already
     (``calibrate=False``). Ray's own log lines reach the terminal only when ``verbose``.
+    ``parent_run_id``: the MLflow run this one is listed under (``compare``'s parent run).
     """
     preflight(config)
     if resume is None and calibrate:
@@ -175,7 +184,8 @@ def run_experiment(
         if resume is not None:
             sim.load_state_dict(resume["simulation"])
         if config.tracking.enabled:
-            tracker = _start_tracking(config, sim, store, resume and resume.get("run_id"))
+            run_id = resume and resume.get("run_id")
+            tracker = _start_tracking(config, sim, store, run_id, parent_run_id)
         run_id = tracker.run_id if tracker else None
         path = checkpoint_path(config, run_id)
         every = config.checkpoint.every
@@ -214,4 +224,5 @@ def run_experiment(
     finally:
         executor.close()
     uri = tracker.uri if tracker else None
-    return Outcome(result, config, run_id, uri, path, sim.claim, interrupted)
+    page = tracker.run_page() if tracker else None
+    return Outcome(result, config, run_id, uri, path, sim.claim, interrupted, page)

@@ -24,6 +24,8 @@ from mlflow.tracking import MlflowClient
 from cluster.simulation import RoundRecord
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+# MLflow 3's experiment type: "custom_model_development" is its classic machine-learning view.
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 _PACKAGES = ("torch", "ray", "mlflow", "opacus", "numpy", "pyarrow")
 
 
@@ -80,21 +82,35 @@ class MlflowTracker:
     ):
         self.uri = tracking_uri()
         self.client = MlflowClient(self.uri)
-        found = self.client.get_experiment_by_name(experiment)
-        experiment_id = (
-            found.experiment_id
-            if found is not None
-            else self.client.create_experiment(
-                experiment, artifact_location=_artifact_location(self.uri, experiment)
-            )
-        )
+        self.experiment_id = self._experiment(experiment)
         all_tags = {"git_commit": git_commit(), **_versions(), **tags}
         self.run_id = self.client.create_run(
-            experiment_id, run_name=run_name, tags=all_tags
+            self.experiment_id, run_name=run_name, tags=all_tags
         ).info.run_id
         items = [Param(k, v[:6000]) for k, v in params.items()]
         for start in range(0, len(items), 100):
             self.client.log_batch(self.run_id, params=items[start : start + 100])
+
+    def _experiment(self, name: str) -> str:
+        """The experiment's id, created on first use, marked as model training so that MLflow's
+        UI shows runs, metrics and charts (MLflow 3 otherwise offers its GenAI views)."""
+        found = self.client.get_experiment_by_name(name)
+        if found is None:
+            location = _artifact_location(self.uri, name)
+            return self.client.create_experiment(name, location, EXPERIMENT_KIND)
+        if EXPERIMENT_KIND.items() - found.tags.items():
+            for key, value in EXPERIMENT_KIND.items():
+                self.client.set_experiment_tag(found.experiment_id, key, value)
+        return found.experiment_id
+
+    def run_page(self) -> str:
+        """The run's page, in the machine-learning (not GenAI) workflow: on the tracking server,
+        or under ``mlflow ui`` at its default address for a local store."""
+        server = self.uri if self.uri.startswith("http") else "http://127.0.0.1:5000"
+        return (
+            f"{server.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{self.run_id}"
+            "?workflowType=machine_learning"
+        )
 
     @classmethod
     def resume(cls, run_id: str) -> MlflowTracker:
@@ -103,6 +119,7 @@ class MlflowTracker:
         tracker.uri = tracking_uri()
         tracker.client = MlflowClient(tracker.uri)
         tracker.run_id = run_id
+        tracker.experiment_id = tracker.client.get_run(run_id).info.experiment_id
         tracker.client.update_run(run_id, status="RUNNING")
         # Rounds logged after the checkpoint (a crash) are recomputed bit for bit on resume;
         # they are not logged twice.
@@ -160,19 +177,29 @@ class MlflowTracker:
 
 
 def _plot_curves(history: list[RoundRecord], path: Path) -> None:
+    """``curves.png``: test accuracy, ε spent and (for clipped presets) the fraction of clients
+    whose update was clipped, per round."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (acc_ax, eps_ax) = plt.subplots(1, 2, figsize=(10, 3.6))
-    evals = [r for r in history if r.test_accuracy is not None]
-    acc_ax.plot([r.round for r in evals], [r.test_accuracy for r in evals], marker=".")
-    acc_ax.set(xlabel="round", ylabel="test accuracy", title="accuracy")
-    eps = [r for r in history if r.epsilon is not None]
-    if eps:
-        eps_ax.plot([r.round for r in eps], [r.epsilon for r in eps])
-    eps_ax.set(xlabel="round", ylabel="ε", title="privacy spent (ε)" if eps else "non-private")
+    evals = [(r.round, r.test_accuracy) for r in history if r.test_accuracy is not None]
+    eps = [(r.round, r.epsilon) for r in history if r.epsilon is not None]
+    clipped = [
+        (r.round, r.metrics["clip_fraction"]) for r in history if "clip_fraction" in r.metrics
+    ]
+    panels = [
+        ("accuracy", "test accuracy", evals),
+        ("privacy spent (ε)" if eps else "non-private", "ε", eps),
+    ]
+    if clipped:
+        panels.append(("clipping", "fraction of updates clipped", clipped))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.6))
+    for ax, (title, label, points) in zip(axes, panels, strict=True):
+        if points:
+            ax.plot(*zip(*points, strict=True), marker="." if len(points) < 50 else None)
+        ax.set(xlabel="round", ylabel=label, title=title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

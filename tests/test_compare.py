@@ -1,6 +1,7 @@
 """`python -m cluster compare`: presets at the same ε over seeds, one table, MLflow parent run."""
 
 import csv
+import json
 
 import yaml
 from mlflow.tracking import MlflowClient
@@ -68,8 +69,14 @@ def test_compare_runs_presets_at_the_same_epsilon(tmp_path, store_root, monkeypa
     assert len(found) == 7  # 3 presets × 2 seeds + the parent
     parent = [r for r in found if r.data.tags.get("compare") == "spec"]
     assert len(parent) == 1
-    names = {a.path for a in client.list_artifacts(parent[0].info.run_id, "compare")}
-    assert names == {"compare/compare.md", "compare/compare.csv", "compare/compare_accuracy.png"}
+    parent_id = parent[0].info.run_id
+    names = {a.path for a in client.list_artifacts(parent_id, "compare")}
+    expected = ("compare.md", "compare.csv", "compare_accuracy.png", "children.json")
+    assert names == {f"compare/{name}" for name in expected}
+    children = {r.info.run_id for r in found if r.data.tags.get("mlflow.parentRunId") == parent_id}
+    listed = json.loads((out / "children.json").read_text())
+    assert set(listed.values()) == children and len(children) == 6
+    assert parent[0].info.status == "FINISHED"
 
 
 def test_a_bad_run_is_rejected_before_any_work(tmp_path, capsys):
