@@ -105,7 +105,9 @@ def test_run_page_renders_in_the_machine_learning_view(store_root, tmp_path, mlf
     experiment_page = (
         f"{mlflow_server}/#/experiments/{experiment.experiment_id}?workflowType=machine_learning"
     )
-    assert "ui-check" in _chromium(experiment_page, "--dump-dom")
+    # Without ?workflowType the UI shows its GenAI overview, which does not list runs.
+    experiment_dom = _chromium(experiment_page, "--dump-dom")
+    assert "Run Name" in experiment_dom and "ui-check" in experiment_dom
     for name, url in (("run", outcome.run_page), ("experiment", experiment_page)):
         shot = ARTIFACTS / f"mlflow_{name}_page.png"
         _chromium(url, f"--screenshot={shot.resolve()}")
