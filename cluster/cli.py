@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -115,6 +117,9 @@ def _execute_in_session(config, checkpoint: dict | None, verbose: bool) -> int:
     def say(message: str) -> None:
         print(message, flush=True)
 
+    if not verbose:  # e.g. MLflow's "Creating initial MLflow database tables..."
+        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # read when MLflow is imported
+        logging.getLogger("alembic").setLevel(logging.WARNING)
     if checkpoint is None:
         preflight(config)  # before the σ search: a missing file fails at once
         check_no_checkpoint_overwritten(config)

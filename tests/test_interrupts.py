@@ -134,6 +134,11 @@ def test_a_killed_driver_resumes_bit_for_bit_on_ray(store_root, tmp_path, tracki
             os.killpg(driver.pid, signal.SIGKILL)
             break
     assert driver.wait(timeout=60) == -signal.SIGKILL, "".join(lines)
+    # Quiet: only the project's lines (Ray's and MLflow's stay in their logs without --verbose)
+    assert not [
+        line for line in lines if " INFO " in line or "WARNING" in line or "(raylet)" in line
+    ]
+    assert lines[0].startswith("run ") and any(line.startswith("Ray: ") for line in lines)
     (checkpoint,) = [line.split()[1] for line in lines if line.startswith("checkpoint: ")]
     saved = load_checkpoint(checkpoint)
     assert saved["simulation"]["rounds_done"] == 4
