@@ -17,13 +17,12 @@ import argparse
 import dataclasses
 import sys
 import time
+from typing import TYPE_CHECKING
 
-from algorithms.presets import PRIVATE_PRESETS, SKETCH_PRESETS
-from cluster.config import ConfigError, ExperimentConfig, load_config
-from cluster.privacy_plan import calibrated
-from privacy.audit import AuditResult, audit_round
-from privacy.audit_sample import audit_sample_round
-from privacy.audit_sketch import audit_sketch_round
+# The audits (torch) are imported when one runs, so that `audit --help` starts at once.
+if TYPE_CHECKING:
+    from cluster.config import ExperimentConfig
+    from privacy.audit import AuditResult
 
 
 def add_parser(commands, help_text: str) -> None:
@@ -71,6 +70,11 @@ def audit_config(
     noise_scale_for_testing: float = 1.0,
 ) -> AuditResult:
     """Audit the configured preset's mechanism at the σ it runs with (calibrated if asked)."""
+    from algorithms.presets import SKETCH_PRESETS
+    from cluster.privacy_plan import calibrated
+    from privacy.audit import audit_round
+    from privacy.audit_sketch import audit_sketch_round
+
     mechanism = accounted_mechanism(calibrated(config))
     adjacency = "add_remove" if config.sampling_assumption == "poisson" else "replace_one"
     audit = audit_sketch_round if config.algorithm.name in SKETCH_PRESETS else audit_round
@@ -88,6 +92,11 @@ def audit_config(
 
 
 def run(args: argparse.Namespace) -> int:
+    from algorithms.presets import PRIVATE_PRESETS
+    from cluster.config import ConfigError, load_config
+    from cluster.privacy_plan import calibrated
+    from privacy.audit_sample import audit_sample_round
+
     try:
         config = load_config(args.config, args.set)
         noised = (

@@ -28,7 +28,7 @@ SUBCOMMANDS = {
         "build a shard store (partitioned dataset) and its partition report",
     ),
     "compare": (
-        "cluster.compare",
+        "cluster.compare_cli",
         "run several presets at the same ε over several seeds; mean ± std table",
     ),
 }

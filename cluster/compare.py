@@ -47,31 +47,6 @@ from cluster.config import (
 from cluster.privacy_plan import format_sigma
 
 
-def add_parser(commands, help_text: str) -> None:
-    p = commands.add_parser(
-        "compare",
-        help=help_text,
-        description=__doc__.split("\n\n")[0],
-    )
-    p.add_argument("spec", help="comparison YAML (base + runs)")
-    p.add_argument("--seeds", type=int, default=3)
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override the base config (repeatable)",
-    )
-    p.add_argument("--only", action="append", default=[], help="run only these labels")
-    p.add_argument("--out", default="compare", help="folder for the table and figure")
-    p.add_argument(
-        "--baseline",
-        help="run label to difference against, seed by seed (default: dp_fedavg if present; "
-        "'none' for no difference column)",
-    )
-    p.set_defaults(handler=run)
-
-
 def load_spec(
     path: Path, overrides: list[str], only: list[str] = ()
 ) -> tuple[dict, dict[str, dict]]:

@@ -57,3 +57,24 @@ def test_cli_rejects_bad_config_before_any_work(tmp_path):
     assert result.returncode == 2
     assert "algorithm.noise_multiplier = -1.0" in result.stderr
     assert not (tmp_path / "never").exists()
+
+
+def test_help_and_argument_errors_do_not_import_the_heavy_libraries():
+    """`--help` of every subcommand, and the calculator's argument checks, run without torch,
+    Ray or MLflow (seconds each to import): checked structurally, not timed."""
+    probe = (
+        "import sys, contextlib, io\n"
+        "from cluster.cli import main\n"
+        "for argv in ([], ['run'], ['resume'], ['privacy'], ['audit'], ['partition'], "
+        "['compare']):\n"
+        "    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "        main([*argv, '--help'])\n"
+        "with contextlib.redirect_stderr(io.StringIO()):\n"
+        "    assert main(['privacy', '--sigma', '1', '--rounds', '5']) == 2  # no --q, --delta\n"
+        "print(sorted(m for m in ('torch', 'ray', 'mlflow', 'opacus') if m in sys.modules))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

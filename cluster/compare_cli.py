@@ -1,0 +1,38 @@
+"""``python -m cluster compare``'s options; the comparison itself (``cluster.compare``, which
+imports torch and MLflow) is imported when it runs, so that ``compare --help`` starts at once."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(commands, help_text: str) -> None:
+    p = commands.add_parser(
+        "compare",
+        help=help_text,
+        description="Several presets at the same ε over several seeds: one mean ± std table "
+        "(see cluster/compare.py for the spec format).",
+    )
+    p.add_argument("spec", help="comparison YAML (base + runs)")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override the base config (repeatable)",
+    )
+    p.add_argument("--only", action="append", default=[], help="run only these labels")
+    p.add_argument("--out", default="compare", help="folder for the table and figure")
+    p.add_argument(
+        "--baseline",
+        help="run label to difference against, seed by seed (default: dp_fedavg if present; "
+        "'none' for no difference column)",
+    )
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from cluster.compare import run as run_compare
+
+    return run_compare(args)
