@@ -476,10 +476,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--ray-uv-hook",
         choices=["on", "off"],
-        default="on",
+        default="off",
         help="Ray's `uv run` runtime-env hook (RAY_ENABLE_UV_RUN_RUNTIME_ENV, on by default in "
-        "Ray): under `uv run` it ships the working dir and has every worker build its own venv. "
-        "'off' sets RAY_ENABLE_UV_RUN_RUNTIME_ENV=0 to measure Ray's start-up without it.",
+        "Ray, off in this project: see cluster/__init__.py): under `uv run` it ships the working "
+        "dir and has every worker build its own venv. 'on' measures Ray's start-up with it.",
     )
     parser.add_argument(
         "--ray-worker-niceness",
@@ -494,10 +494,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 2:
         parser.error("--rounds must be >= 2 (round 1 is warm-up)")
 
-    if args.ray_uv_hook == "off":
-        if "ray" in sys.modules:  # read once, when ray is imported
-            parser.error("--ray-uv-hook off must be set before ray is imported")
-        os.environ["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"
+    if "ray" in sys.modules:  # read once, when ray is imported
+        parser.error("--ray-uv-hook must be applied before ray is imported")
+    os.environ["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "1" if args.ray_uv_hook == "on" else "0"
     if args.ray_worker_niceness is not None:
         os.environ[WORKER_NICENESS_ENV] = str(args.ray_worker_niceness)
     default_threads = torch.get_num_threads()

@@ -65,8 +65,9 @@ def round_metrics(total: PartialAggregate) -> dict[str, float]:
     if reports:
         norms = np.array([r.pre_clip_norm for r in reports])
         metrics["mean_pre_clip_norm"] = float(norms.mean())
-        for q in (10, 50, 90):
-            metrics[f"pre_clip_norm_p{q}"] = float(np.percentile(norms, q))
+        with np.errstate(invalid="ignore"):  # an ∞ norm (a diverged client) interpolates to nan
+            for q in (10, 50, 90):
+                metrics[f"pre_clip_norm_p{q}"] = float(np.percentile(norms, q))
         clipped = np.array([r.clipped for r in reports])
         if not np.isnan(clipped).all():
             metrics["clip_fraction"] = float(np.nanmean(clipped))

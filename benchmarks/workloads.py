@@ -1,0 +1,229 @@
+"""Issue 16's workloads: the project against the plain PyTorch loop a researcher would write.
+
+* **A** — real MNIST (the test split in ``../shared/data/mnist``: images 0–7999 train, 8000–9999
+  test), 100 IID clients of 80 examples, fixed cohorts of 10, one local epoch of batch 16 (5 SGD
+  steps, lr 0.05, no momentum) on the 582k-parameter CNN (``mnist_cnn``, no GroupNorm), flat
+  clip C = 1, server noise σ = 1 on the sum, 30 rounds, one evaluation at the end. Wall time from
+  after the imports to the final model, start-up included (the project: ``run_experiment`` with
+  Ray, its actors and an MLflow run; the loop: loading the clients' tensors).
+* **B** — synthetic(1, 1) logistic regression, 10,000 clients × 50 training samples, fixed
+  cohorts of 1,000, 5 local steps of batch 10, lr 0.1, clip 1, σ = 1: seconds per round after
+  the first.
+
+The plain loop (``plain_loop``) is one process at torch's default threads: copy the model, SGD
+over the client's batches, clip the delta, sum, add N(0, σ²C²), average, step. It reads the
+same shard store, the same cohorts (``sample_cohort``) and the same seeded batch and noise
+streams (``algorithms.rng``) as the project, so at σ = 0 both end with the same weights up to
+float rounding (``--check-equal`` reports the largest difference). Each workload prints one
+JSON line: both times and their ratios. The project's executors: ``ray`` (2 actors × 1 CPU) and
+``local`` (in process).
+
+Usage (repository root)::
+
+    uv run python -m benchmarks.workloads [--workloads A B] [--executors ray local] [--out PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from actors.client_host import build_model
+from algorithms.rng import Purpose, stream_seed, torch_generator
+from cluster.cohort import sample_cohort
+from cluster.config import ExperimentConfig, config_from_dict, load_config
+from cluster.experiment import open_store, run_experiment
+from datasets.tasks import TASKS
+
+ROOT = Path(__file__).resolve().parents[1]
+MNIST_ROOT = ROOT.parent / "shared" / "data" / "mnist"
+DEFAULT_OUT = ROOT / "benchmarks" / "results" / "workloads.json"
+COMMON = [
+    "algorithm.name=dp_fedavg",
+    "algorithm.clip_norm=1.0",
+    "algorithm.noise_multiplier=1.0",
+    "algorithm.noise_placement=server",
+    "algorithm.local.momentum=0",
+    "cohort.sampling=fixed",
+    "privacy.delta=1e-5",
+    "checkpoint.every=0",
+]
+WORKLOADS = {
+    "A": [
+        "task=mnist_cnn",
+        "data.source=mnist_test_split",
+        f"data.root={MNIST_ROOT}",
+        "data.num_clients=100",
+        "data.partition.method=iid",
+        "cohort.size=10",
+        "algorithm.local.lr=0.05",
+        "algorithm.local.batch_size=16",
+        "algorithm.local.local_steps=null",
+        "algorithm.local.local_epochs=1",
+        "rounds=30",
+        "eval_every=30",
+    ],
+    "B": [
+        "task=synthetic_logreg",
+        "data.source=synthetic",
+        "data.num_clients=10000",
+        "data.synthetic.samples_per_user=63",  # round(0.8 · 63) = 50 training rows each
+        "data.partition.method=natural",
+        "cohort.size=1000",
+        "algorithm.local.lr=0.1",
+        "algorithm.local.batch_size=10",
+        "algorithm.local.local_steps=5",
+        "rounds=10",
+        "eval_every=10",
+    ],
+}
+
+
+def workload_config(name: str, overrides: list[str]) -> ExperimentConfig:
+    return load_config(None, [*COMMON, *WORKLOADS[name], *overrides])
+
+
+def plain_loop(config: ExperimentConfig, store) -> tuple[torch.Tensor, dict]:
+    """DP-FedAvg as a researcher writes it in an afternoon (see the module docstring)."""
+    start = time.perf_counter()
+    a, local, task = config.algorithm, config.algorithm.local, TASKS[config.task]
+    clients = []
+    for cid in range(store.num_clients):
+        rows = store.client(cid)
+        clients.append((task.preprocess(torch.tensor(rows.x)), torch.tensor(rows.y)))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(stream_seed(config.seed, Purpose.MODEL_INIT))
+        model = build_model(store, config.task)
+    startup = time.perf_counter() - start
+    round_seconds = []
+    for r in range(config.rounds):
+        t0 = time.perf_counter()
+        cohort = sample_cohort("fixed", store.num_clients, config.cohort.size, config.seed, r)
+        global_vec = nn.utils.parameters_to_vector(model.parameters()).detach()
+        total = torch.zeros_like(global_vec, dtype=torch.float64)
+        for cid in cohort.tolist():
+            x, y = clients[cid]
+            g = torch_generator(config.seed, r, cid, Purpose.LOCAL_TRAINING)
+            steps = local.local_steps or local.local_epochs * math.ceil(len(y) / local.batch_size)
+            client = copy.deepcopy(model)
+            opt = torch.optim.SGD(client.parameters(), lr=local.lr)
+            done = 0
+            while done < steps:  # a fresh permutation per epoch
+                perm = torch.randperm(len(y), generator=g)
+                for lo in range(0, len(y), local.batch_size):
+                    if done == steps:
+                        break
+                    idx = perm[lo : lo + local.batch_size]
+                    opt.zero_grad(set_to_none=True)
+                    nn.functional.cross_entropy(client(x[idx]), y[idx]).backward()
+                    opt.step()
+                    done += 1
+            delta = nn.utils.parameters_to_vector(client.parameters()).detach() - global_vec
+            total += delta * min(1.0, a.clip_norm / max(float(delta.norm()), 1e-12))
+        if a.noise_multiplier > 0:
+            g = torch_generator(config.seed, r, Purpose.SERVER_NOISE)
+            total += (
+                a.noise_multiplier
+                * a.clip_norm
+                * torch.randn(total.shape, generator=g, dtype=torch.float64)
+            )
+        mean = total / config.cohort.size
+        new = (global_vec.double() + a.server_lr * mean).to(global_vec.dtype)
+        nn.utils.vector_to_parameters(new, model.parameters())
+        round_seconds.append(time.perf_counter() - t0)
+    test = store.test_rows()
+    with torch.no_grad():
+        logits = model(task.preprocess(torch.tensor(test.x)))
+        accuracy = float((logits.argmax(1) == torch.tensor(test.y)).float().mean())
+    timing = {
+        "wall_seconds": time.perf_counter() - start,
+        "startup_seconds": startup,
+        "seconds_per_round": statistics.median(round_seconds[1:]),
+        "final_test_accuracy": accuracy,
+    }
+    return nn.utils.parameters_to_vector(model.parameters()).detach(), timing
+
+
+def project(config: ExperimentConfig, executor: str) -> tuple[torch.Tensor, dict]:
+    """``run_experiment`` as the CLI runs it (tracking on, into a temporary SQLite store)."""
+    pool = {"ray": ["executor.num_actors=2", "executor.cpus_per_actor=1"], "local": []}
+    config = config_from_dict(config.to_dict(), [f"executor.kind={executor}", *pool[executor]])
+    start = time.perf_counter()
+    outcome = run_experiment(config)
+    wall = time.perf_counter() - start
+    history = outcome.result.history
+    rounds = [r.seconds for r in history]
+    timing = {
+        "wall_seconds": wall,
+        "startup_seconds": wall - sum(rounds),
+        "seconds_per_round": statistics.median(rounds[1:]),
+        "final_test_accuracy": outcome.final_accuracy,
+        "epsilon": outcome.epsilon,
+    }
+    return outcome.result.params, timing
+
+
+def run_workload(name: str, executors: list[str], overrides: list[str], check_equal: bool):
+    config = workload_config(name, overrides)
+    open_store(config)  # built once, outside every timing
+    store, _ = open_store(config)
+    _, plain = plain_loop(config, store)
+    line = {"workload": name, "rounds": config.rounds, "plain_loop": plain}
+    for executor in executors:
+        ray_shutdown()
+        _, timing = project(config, executor)
+        line[f"project_{executor}"] = timing
+        line[f"ratio_{executor}"] = {
+            key: timing[key] / plain[key] for key in ("wall_seconds", "seconds_per_round")
+        }
+    if check_equal:
+        exact = workload_config(name, [*overrides, "algorithm.noise_multiplier=0", "rounds=3"])
+        ours, _ = project(exact, "local")
+        theirs, _ = plain_loop(exact, store)
+        line["sigma0_max_abs_weight_difference"] = float((ours - theirs).abs().max())
+    return line
+
+
+def ray_shutdown() -> None:
+    if "ray" in sys.modules:
+        import ray
+
+        ray.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.workloads", description=__doc__)
+    parser.add_argument("--workloads", nargs="*", choices=sorted(WORKLOADS), default=["A", "B"])
+    parser.add_argument("--executors", nargs="*", choices=["ray", "local"], default=["ray"])
+    parser.add_argument("--set", action="append", default=[], help="override (all workloads)")
+    parser.add_argument("--check-equal", action="store_true", help="σ = 0 weight comparison")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="dpfl-workloads-") as tmp:
+        os.environ.setdefault("DPFL_STORE_ROOT", str(Path(tmp) / "shards"))
+        os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{Path(tmp) / 'mlflow.db'}"
+        os.environ["DPFL_CHECKPOINT_DIR"] = str(Path(tmp) / "checkpoints")
+        lines = []
+        for name in args.workloads:
+            line = run_workload(name, args.executors, args.set, args.check_equal)
+            print(json.dumps(line), flush=True)
+            lines.append(line)
+    ray_shutdown()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
