@@ -15,8 +15,10 @@ from actors.client_state import ClientStateStore
 from algorithms.aggregate import PartialAggregate
 from algorithms.client import client_round
 from algorithms.layout import ParamLayout
-from algorithms.local import ModelObjective
+from algorithms.local import LocalResult, ModelObjective
 from algorithms.presets import Algorithm
+from algorithms.rng import Purpose, torch_generator
+from algorithms.vectorized import train_clients, vectorizable
 from datasets.store import ShardStore
 from datasets.tasks import TASKS
 
@@ -61,6 +63,7 @@ class ClientHost:
         device: str = "cpu",
         eval_batch_size: int = 4096,
         test_per_client: int | None = None,
+        vectorize: bool = False,
     ):
         self.device = torch.device(device)
         self.store = ShardStore.open(store_path)
@@ -70,6 +73,7 @@ class ClientHost:
         self.objective = ModelObjective(model, ParamLayout.of(model), self.task.augment)
         self.algorithm = algorithm.bind(self.objective.layout)
         self.eval_batch_size = eval_batch_size
+        self.vectorize = vectorize
         # Loaded once: the hosted clients' rows live on this host's device for the whole run.
         self.data = {cid: self._tensors(self.store.client(cid)) for cid in client_ids}
         self.client_state = ClientStateStore(self.device)  # c_i on disk, not in memory
@@ -103,6 +107,7 @@ class ClientHost:
         params = self._to_device(broadcast.params)
         payload = {k: self._to_device(v) for k, v in broadcast.payload.items()}
         partial = PartialAggregate()
+        trained = self._train_vectorized(round_index, params, client_ids, broadcast.warmup)
         for cid in client_ids:
             x, y = self.data[cid]
             uploads, weight, state, report = client_round(
@@ -118,12 +123,32 @@ class ClientHost:
                 cid,
                 nominal_cohort_size,
                 warmup=broadcast.warmup,
+                trained=trained.get(cid),
             )
             self.client_state.put(cid, state)
             if not report.dropped:
                 partial.add(uploads, weight)
             partial.reports.append(report)
         return partial.cpu()
+
+    def _train_vectorized(
+        self, round_index: int, params: torch.Tensor, client_ids: list[int], warmup: bool
+    ) -> dict[int, LocalResult]:
+        """The round's local training for all ``client_ids`` at once, where ``vectorize`` is on
+        and it is the same computation (``algorithms.vectorized``); else {} (sequential)."""
+        trainer = self.algorithm.at_round(round_index).trainer
+        sizes = [len(self.data[cid][1]) for cid in client_ids]
+        if not self.vectorize or warmup or self.algorithm.control_variates:
+            return {}
+        if not vectorizable(trainer, self.objective, sizes):
+            return {}
+        generators = [
+            torch_generator(self.seed, round_index, cid, Purpose.LOCAL_TRAINING)
+            for cid in client_ids
+        ]
+        data = [self.data[cid] for cid in client_ids]
+        results = train_clients(trainer, self.objective, params, data, generators)
+        return dict(zip(client_ids, results, strict=True))
 
     def client_states(self) -> dict:
         """Per-client algorithm state (e.g. SCAFFOLD c_i) as arrays, for checkpoints."""

@@ -14,7 +14,7 @@ import torch
 
 from algorithms.aggregate import ClientReport
 from algorithms.control_variates import local_correction, updated_client_control
-from algorithms.local import ModelObjective
+from algorithms.local import LocalResult, ModelObjective
 from algorithms.presets import Algorithm
 from algorithms.rng import Purpose, stream_seed, torch_generator
 from algorithms.transforms import ClientContext
@@ -39,6 +39,7 @@ def client_round(
     client_id: int,
     nominal_cohort_size: float,
     warmup: bool = False,
+    trained: LocalResult | None = None,
 ) -> tuple[dict[str, torch.Tensor], float, dict[str, torch.Tensor], ClientReport]:
     """Returns (uploads to sum, aggregation weight, new client state, report).
 
@@ -46,7 +47,8 @@ def client_round(
     with the round's batches and noise, and uploads only Δc_i. Under the authors' variant c_i⁰
     is the one drawn with round 0's keys at x⁰ (``payload["warm_start_point"]``), as if every
     client computed it in round 0; a client uploads it once, and one never sampled in the
-    warm-up trains from it."""
+    warm-up trains from it. ``trained``: this client's local training, already done (with the
+    same batches) for many clients at once by ``algorithms.vectorized``."""
     algorithm = algorithm.at_round(round_index).with_state(payload)
     keys = (seed, round_index, client_id)
     training_rng = torch_generator(*keys, Purpose.LOCAL_TRAINING)
@@ -81,19 +83,21 @@ def client_round(
     augment_rng = None
     if objective.augment is not None:
         augment_rng = torch_generator(*keys, Purpose.AUGMENT, device=params.device)
-    # Dropout draws from torch's global generator: seed it per (round, client) too.
-    torch.manual_seed(stream_seed(*keys, Purpose.DROPOUT))
-    result = algorithm.trainer.train(
-        objective,
-        params,
-        x,
-        y,
-        training_rng,
-        correction,
-        augment_generator=augment_rng,
-        payload=payload,
-        noise_stream=noise_stream,
-    )
+    result = trained
+    if result is None:
+        # Dropout draws from torch's global generator: seed it per (round, client) too.
+        torch.manual_seed(stream_seed(*keys, Purpose.DROPOUT))
+        result = algorithm.trainer.train(
+            objective,
+            params,
+            x,
+            y,
+            training_rng,
+            correction,
+            augment_generator=augment_rng,
+            payload=payload,
+            noise_stream=noise_stream,
+        )
     delta = result.params - params
     report = ClientReport(
         client_id=client_id,

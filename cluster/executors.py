@@ -29,11 +29,19 @@ class LocalExecutor:
         seed: int,
         device: str = "cpu",
         test_per_client: int | None = None,
+        vectorize: bool = False,
     ):
         self.num_test = store.manifest["num_test"]
         clients = list(range(store.num_clients))
         self.host = ClientHost(
-            store.location, task, algorithm, seed, clients, device, test_per_client=test_per_client
+            store.location,
+            task,
+            algorithm,
+            seed,
+            clients,
+            device,
+            test_per_client=test_per_client,
+            vectorize=vectorize,
         )
 
     def run_round(
@@ -68,6 +76,7 @@ class RayExecutor:
         cpus_per_actor: float = 1.0,
         gpus_per_actor: float = 0.0,
         test_per_client: int | None = None,
+        vectorize: bool = False,
     ):
         import ray
 
@@ -94,6 +103,7 @@ class RayExecutor:
                 gpus_per_actor,
                 store_path=store.location,
                 test_per_client=test_per_client,
+                vectorize=vectorize,
                 task=task,
                 algorithm=algorithm,
                 seed=seed,

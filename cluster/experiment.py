@@ -59,7 +59,12 @@ def make_executor(
         # In process, the driver is the one "actor": it gets the same thread budget.
         torch.set_num_threads(max(1, int(e.cpus_per_actor)))
         return LocalExecutor(
-            store, config.task, algorithm, config.seed, test_per_client=config.data.test_per_client
+            store,
+            config.task,
+            algorithm,
+            config.seed,
+            test_per_client=config.data.test_per_client,
+            vectorize=e.vectorize,
         )
     from cluster.ray_runtime import check_resources, connect
 
@@ -76,6 +81,7 @@ def make_executor(
         e.cpus_per_actor,
         e.gpus_per_actor,
         test_per_client=config.data.test_per_client,
+        vectorize=e.vectorize,
     )
 
 

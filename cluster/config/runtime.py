@@ -21,6 +21,9 @@ class ExecutorConfig:
     cpus_per_actor: float = 1.0
     gpus_per_actor: float = 0.0
     address: str | None = None  # Ray address; None = $RAY_ADDRESS or an embedded Ray
+    # Train each actor's clients of a round as one vmapped batch where that is the same
+    # computation (algorithms/vectorized.py): equal up to float rounding, not bit for bit.
+    vectorize: bool = False
 
 
 def in_ray_job() -> bool:
