@@ -15,12 +15,13 @@ over the client's batches, clip the delta, sum, add N(0, σ²C²), average, step
 same shard store, the same cohorts (``sample_cohort``) and the same seeded batch and noise
 streams (``algorithms.rng``) as the project, so at σ = 0 both end with the same weights up to
 float rounding (``--check-equal`` reports the largest difference). Each workload prints one
-JSON line: both times and their ratios. The project's executors: ``ray`` (2 actors × 1 CPU) and
-``local`` (in process).
+JSON line: both times and their ratios. The project's executors: ``ray`` (2 actors × 1 CPU),
+``local`` (in process), each also ``_vectorized`` (``executor.vectorize``: each actor trains its
+clients of a round as one vmapped batch, ``algorithms/vectorized.py``).
 
 Usage (repository root)::
 
-    uv run python -m benchmarks.workloads [--workloads A B] [--executors ray local] [--out PATH]
+    uv run python -m benchmarks.workloads [--workloads A B] [--executors ray ray_vectorized local]
 """
 
 from __future__ import annotations
@@ -155,10 +156,17 @@ def plain_loop(config: ExperimentConfig, store) -> tuple[torch.Tensor, dict]:
     return nn.utils.parameters_to_vector(model.parameters()).detach(), timing
 
 
+EXECUTORS = {
+    "ray": ["executor.kind=ray", "executor.num_actors=2", "executor.cpus_per_actor=1"],
+    "local": ["executor.kind=local"],
+}
+EXECUTORS["ray_vectorized"] = [*EXECUTORS["ray"], "executor.vectorize=true"]
+EXECUTORS["local_vectorized"] = [*EXECUTORS["local"], "executor.vectorize=true"]
+
+
 def project(config: ExperimentConfig, executor: str) -> tuple[torch.Tensor, dict]:
     """``run_experiment`` as the CLI runs it (tracking on, into a temporary SQLite store)."""
-    pool = {"ray": ["executor.num_actors=2", "executor.cpus_per_actor=1"], "local": []}
-    config = config_from_dict(config.to_dict(), [f"executor.kind={executor}", *pool[executor]])
+    config = config_from_dict(config.to_dict(), EXECUTORS[executor])
     start = time.perf_counter()
     outcome = run_experiment(config)
     wall = time.perf_counter() - start
@@ -205,7 +213,9 @@ def ray_shutdown() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.workloads", description=__doc__)
     parser.add_argument("--workloads", nargs="*", choices=sorted(WORKLOADS), default=["A", "B"])
-    parser.add_argument("--executors", nargs="*", choices=["ray", "local"], default=["ray"])
+    parser.add_argument(
+        "--executors", nargs="*", choices=sorted(EXECUTORS), default=["ray", "ray_vectorized"]
+    )
     parser.add_argument("--set", action="append", default=[], help="override (all workloads)")
     parser.add_argument("--check-equal", action="store_true", help="σ = 0 weight comparison")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import tempfile
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from cluster.preflight import check_store_matches, preflight
 from cluster.privacy_plan import (
     PrivacyClaim,
     calibrate_with_message,
+    privacy_claim,
     privacy_report,
     privacy_warnings,
 )
@@ -132,7 +134,7 @@ class Outcome:
 
 def _start_tracking(
     config: ExperimentConfig,
-    sim: Simulation,
+    claim: PrivacyClaim,
     store: ShardStore,
     run_id: str | None,
     parent_run_id: str | None,
@@ -145,7 +147,7 @@ def _start_tracking(
         "algorithm": config.algorithm.name,
         "task": config.task,
         "store": store.path.name,
-        **sim.claim.tags(),
+        **claim.tags(),
     }
     if parent_run_id is not None:  # MLflow's UI nests the run under its parent
         tags["mlflow.parentRunId"] = parent_run_id
@@ -155,6 +157,29 @@ def _start_tracking(
     with tempfile.TemporaryDirectory() as tmp:
         tracker.log_files(write_partition_report(store.class_counts(), tmp), "partition")
     return tracker
+
+
+def _tracking_in_background(
+    config: ExperimentConfig,
+    store: ShardStore,
+    run_id: str | None,
+    parent_run_id: str | None,
+) -> Future | None:
+    """Open the MLflow run on a thread while Ray and the actors start (seconds each: a fresh
+    database migrates its schema); None when tracking is off."""
+    if not config.tracking.enabled:
+        return None
+    claim = privacy_claim(config, config.build_algorithm(), store.client_sizes)
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-open")
+    opening = pool.submit(_start_tracking, config, claim, store, run_id, parent_run_id)
+    pool.shutdown(wait=False)
+    return opening
+
+
+def _abandon(opening: Future | None) -> None:
+    """End a run whose start-up failed after its MLflow run was opened."""
+    if opening is not None and opening.exception() is None:
+        opening.result().end("FAILED")
 
 
 def run_experiment(
@@ -181,17 +206,21 @@ def run_experiment(
         for warning in privacy_warnings(config):
             say(f"warning: {warning}")
     store, _ = open_store(config)
-    executor = make_executor(config, store, say, verbose)
+    resumed_run = resume.get("run_id") if resume is not None else None
+    opening = _tracking_in_background(config, store, resumed_run, parent_run_id)
+    try:
+        executor = make_executor(config, store, say, verbose)
+    except BaseException:
+        _abandon(opening)
+        raise
     tracker = None
     try:
+        tracker = opening.result() if opening is not None else None
         sim = Simulation(config, store, executor)
         for notice in sim.claim.notices():
             say(notice)
         if resume is not None:
             sim.load_state_dict(resume["simulation"])
-        if config.tracking.enabled:
-            run_id = resume and resume.get("run_id")
-            tracker = _start_tracking(config, sim, store, run_id, parent_run_id)
         run_id = tracker.run_id if tracker else None
         path = checkpoint_path(config, run_id)
         every = config.checkpoint.every
