@@ -230,12 +230,16 @@ def run_experiment(
             if tracker is not None:
                 tracker.log_round(record)
             if every and record.round % every == 0:
+                if tracker is not None:  # the checkpoint's rounds are all in MLflow first
+                    tracker.flush()
                 save_checkpoint(path, sim.state_dict(), config.to_dict(), run_id)
             on_round(record)
 
         with GracefulStop(say) as stop:
             result = sim.run(report, lambda: stop.reason)
         interrupted = stop.reason is not None
+        if tracker is not None:
+            tracker.flush()
         save_checkpoint(path, sim.state_dict(), config.to_dict(), run_id)
         if tracker is not None:
             ParamLayout.of(sim.model).load_into(sim.model, result.params)

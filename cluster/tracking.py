@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import os
 import platform
+import queue
 import subprocess
 import tempfile
+import threading
 import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -149,7 +151,34 @@ class MlflowTracker:
             if getattr(record, name) is not None:
                 values[name] = getattr(record, name)
         metrics = [Metric(k, float(v), now, record.round) for k, v in values.items()]
-        self.client.log_batch(self.run_id, metrics=metrics)
+        self._writer().put(metrics)
+
+    def _writer(self) -> queue.Queue:
+        """Round metrics go to MLflow from one background thread, off the round's critical path
+        (a SQLite or HTTP write per round); ``flush`` waits for them."""
+        if getattr(self, "_pending", None) is None:
+            self._pending: queue.Queue = queue.Queue()
+            self._write_error: BaseException | None = None
+            threading.Thread(target=self._write_forever, name="mlflow-metrics", daemon=True).start()
+        return self._pending
+
+    def _write_forever(self) -> None:
+        while True:
+            metrics = self._pending.get()
+            try:
+                if self._write_error is None:
+                    self.client.log_batch(self.run_id, metrics=metrics)
+            except BaseException as error:  # raised in the driver at the next flush
+                self._write_error = error
+            finally:
+                self._pending.task_done()
+
+    def flush(self) -> None:
+        """Wait until every round's metrics are written (before a checkpoint, at the end)."""
+        if getattr(self, "_pending", None) is not None:
+            self._pending.join()
+            if self._write_error is not None:
+                raise self._write_error
 
     def finish(
         self,
@@ -173,7 +202,13 @@ class MlflowTracker:
         self.end(status)
 
     def end(self, status: str = "FINISHED") -> None:
-        self.client.set_terminated(self.run_id, status)
+        try:
+            self.flush()
+        except Exception:
+            if status == "FINISHED":  # a failed run ends with its own error, not this one
+                raise
+        finally:
+            self.client.set_terminated(self.run_id, status)
 
 
 def _plot_curves(history: list[RoundRecord], path: Path) -> None:

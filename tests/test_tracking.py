@@ -77,3 +77,38 @@ def test_run_is_logged_with_params_metrics_and_artifacts(store_root, tracking_ur
     local = client.download_artifacts(outcome.run_id, "config.yaml")
     with open(local) as f:
         assert "dp_fedavg" in f.read()
+
+
+def test_round_metrics_are_written_off_the_round_and_flushed_in_order():
+    """log_round queues; one background thread writes; flush waits and re-raises its error."""
+    import threading
+
+    from cluster.simulation import RoundRecord
+    from cluster.tracking import MlflowTracker
+
+    class SlowClient:
+        def __init__(self):
+            self.batches, self.release = [], threading.Event()
+
+        def log_batch(self, run_id, metrics):
+            self.release.wait(5)
+            if metrics[0].step == 3:
+                raise RuntimeError("store unavailable")
+            self.batches.append(sorted({m.step for m in metrics}))
+
+        def set_terminated(self, run_id, status):
+            self.status = status
+
+    tracker = MlflowTracker.__new__(MlflowTracker)
+    tracker.client, tracker.run_id = SlowClient(), "run"
+    for step in (1, 2):
+        tracker.log_round(RoundRecord(round=step, cohort_size=5, seconds=0.1, metrics={}))
+    assert tracker.client.batches == []  # the round did not wait for the write
+    tracker.client.release.set()
+    tracker.flush()
+    assert tracker.client.batches == [[1], [2]]
+    tracker.log_round(RoundRecord(round=3, cohort_size=5, seconds=0.1, metrics={}))
+    with pytest.raises(RuntimeError, match="store unavailable"):
+        tracker.flush()
+    tracker.end("FAILED")  # a failed run still ends, with its own error
+    assert tracker.client.status == "FAILED"
