@@ -1,7 +1,8 @@
 """The driver's round loop: it holds the server state, the accountant and the RNG.
 
-One round (DESIGN §3): sample the cohort → broadcast → executor returns the cohort's sum →
-server rule (noise, mean, server lr, control variates) → accountant → evaluate → report.
+One round (DESIGN §3): sample the cohort → charge the accountant (its ε is computed on a
+thread meanwhile) → broadcast → executor returns the cohort's sum → server rule (noise, mean,
+server lr, control variates) → evaluate → the round's ε → report.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -95,6 +97,7 @@ class Simulation:
         # Every ε of the run comes from this claim, read off the mechanism that runs.
         self.claim = privacy_claim(config, self.algorithm, store.client_sizes)
         self.accountant = self.claim.new_accountant()
+        self._accounting = ThreadPoolExecutor(max_workers=1, thread_name_prefix="accounting")
         self.history: list[RoundRecord] = []
 
     def _budget_exhausted(self) -> str | None:
@@ -121,6 +124,7 @@ class Simulation:
         server_only = algorithm.server.server_only
         payload = {k: v.numpy() for k, v in self.state.extras.items() if k not in server_only}
         broadcast = Broadcast(self.state.params.numpy(), payload, warmup=warmup)
+        accounting = self._account_while_training(round_index)
         total = self.executor.run_round(round_index, broadcast, cohort, float(c.cohort.size))
         ctx = self._server_context(algorithm, round_index)
         before = self.state.params
@@ -139,12 +143,6 @@ class Simulation:
         )
         if "clip_norm" in self.state.extras:
             record.metrics["clip_norm"] = float(self.state.extras["clip_norm"][0])
-        if self.accountant is not None:
-            self.claim.charge(self.accountant, round_index)
-            record.epsilon = self.accountant.epsilon(self.claim.delta)
-            vs_server = self.claim.epsilon_vs_server(round_index + 1)
-            if vs_server is not None:
-                record.metrics["epsilon_vs_server"] = vs_server
         last = round_index + 1 == c.total_rounds
         if not warmup and ((round_index + 1) % c.eval_every == 0 or last):
             result = self.executor.evaluate(self.state.params.numpy())
@@ -158,8 +156,27 @@ class Simulation:
                 record.metrics["train_test_gap"] = (
                     record.metrics["train_accuracy"] - record.test_accuracy
                 )
+        if accounting is not None:
+            record.epsilon, vs_server = accounting.result()
+            if vs_server is not None:
+                record.metrics["epsilon_vs_server"] = vs_server
         record.seconds = time.perf_counter() - start
         return record
+
+    def _account_while_training(self, round_index: int) -> Future | None:
+        """Charge round ``round_index`` now and compute the ε it brings on a thread while the
+        round trains (PLD accounting takes a good part of a second): the charge depends on the
+        round's σ and q only, never on what the clients send, and nothing else touches the
+        accountant until the round has waited for the result."""
+        if self.accountant is None:
+            return None
+        self.claim.charge(self.accountant, round_index)
+
+        def epsilons() -> tuple[float, float | None]:
+            eps = self.accountant.epsilon(self.claim.delta)
+            return eps, self.claim.epsilon_vs_server(round_index + 1)
+
+        return self._accounting.submit(epsilons)
 
     def _server_context(self, algorithm, round_index: int) -> ServerContext:
         """The round's server-placed noise (on the sum, and on the adaptive clip's count)."""
