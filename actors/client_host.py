@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from actors.client_data import DEFAULT_CACHE_BYTES, ClientDataCache
 from actors.client_state import ClientStateStore
 from algorithms.aggregate import PartialAggregate
 from algorithms.client import client_round
@@ -64,6 +65,7 @@ class ClientHost:
         eval_batch_size: int = 4096,
         test_per_client: int | None = None,
         vectorize: bool = False,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
     ):
         self.device = torch.device(device)
         self.store = ShardStore.open(store_path)
@@ -74,8 +76,8 @@ class ClientHost:
         self.algorithm = algorithm.bind(self.objective.layout)
         self.eval_batch_size = eval_batch_size
         self.vectorize = vectorize
-        # Loaded once: the hosted clients' rows live on this host's device for the whole run.
-        self.data = {cid: self._tensors(self.store.client(cid)) for cid in client_ids}
+        # Read from the store when sampled, kept up to a byte budget (actors/client_data.py).
+        self.data = ClientDataCache(self.store, self._tensors, cache_bytes)
         self.client_state = ClientStateStore(self.device)  # c_i on disk, not in memory
         self._test_cache: dict[tuple[int, int], list] = {}
         # Per-client test sets in each hosted client's label mix (optional evaluation).
@@ -137,7 +139,7 @@ class ClientHost:
         """The round's local training for all ``client_ids`` at once, where ``vectorize`` is on
         and it is the same computation (``algorithms.vectorized``); else {} (sequential)."""
         trainer = self.algorithm.at_round(round_index).trainer
-        sizes = [len(self.data[cid][1]) for cid in client_ids]
+        sizes = [self.data.num_records(cid) for cid in client_ids]
         if not self.vectorize or warmup or self.algorithm.control_variates:
             return {}
         if not vectorizable(trainer, self.objective, sizes):

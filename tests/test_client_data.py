@@ -1,0 +1,51 @@
+"""Hosts read their clients from the memory-mapped store when sampled and keep them up to a byte
+budget: nothing is converted at start, memory stays under the budget, results do not change."""
+
+import torch
+from helpers import small_config
+
+from actors.client_data import ClientDataCache
+from actors.client_host import Broadcast, ClientHost
+from cluster.experiment import open_store
+from cluster.simulation import initial_params
+
+
+def test_cache_loads_on_demand_and_evicts_least_recently_used(store_root):
+    store, _ = open_store(small_config(store_root))
+    loads = []
+
+    def to_tensors(rows):
+        loads.append(len(rows.y))
+        return torch.tensor(rows.x), torch.tensor(rows.y)
+
+    one_client = sum(t.element_size() * t.numel() for t in to_tensors(store.client(0)))
+    loads.clear()
+    cache = ClientDataCache(store, to_tensors, max_bytes=2 * one_client)
+    assert len(cache) == 0 and cache.num_records(3) == len(store.client(3).y) and not loads
+    first = cache[0]
+    cache[1], cache[0], cache[2]  # 1 is now the least recently used: evicted
+    assert len(cache) == 2 and cache.bytes <= 2 * one_client and len(loads) == 3
+    assert cache[0] is first  # still cached
+    again = cache[1]  # read again from the map: the same values
+    assert len(loads) == 4 and torch.equal(again[0], torch.tensor(store.client(1).x))
+
+
+def test_a_tiny_cache_changes_no_result(store_root):
+    config = small_config(store_root, "algorithm.name=dp_fedavg", "algorithm.clip_norm=1",
+                          "algorithm.noise_multiplier=0.5")  # fmt: skip
+    store, _ = open_store(config)
+    _, params = initial_params(config, store)
+    clients = list(range(store.num_clients))
+    hosts = [
+        ClientHost(
+            str(store.path), config.task, config.build_algorithm(), 0, clients, cache_bytes=b
+        )
+        for b in (1, 1 << 30)
+    ]
+    broadcast = Broadcast(params.numpy(), {})
+    for round_index in range(2):
+        sums = [h.run_round(round_index, broadcast, [3, 7, 3 + round_index], 3.0) for h in hosts]
+        assert sums[0].sums.keys() == sums[1].sums.keys()
+        for name in sums[0].sums:
+            assert torch.equal(sums[0].sums[name], sums[1].sums[name])
+    assert len(hosts[0].data) == 1 and len(hosts[1].data) == 3
