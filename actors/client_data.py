@@ -1,9 +1,9 @@
 """A host's client data: read from the memory-mapped shard store when a client is sampled, and
 kept as model-ready tensors up to a byte budget (least recently used out first).
 
-A host of 100,000 clients therefore starts without converting any of them, and its memory is
-bounded by the budget, not by the number of clients it hosts; a dataset that fits in the
-budget stays resident after the first rounds, as if loaded at start. Evicted clients are read
+A host's memory is bounded by the budget, not by the number of clients it hosts: hosted clients
+that fit in it are converted at start (``preload``) and stay resident; beyond it they are
+converted when sampled and the least recently used are dropped. Evicted clients are read
 again from the map (a slice, no copy) and converted again: the same tensors, so results do not
 depend on the budget.
 """
@@ -42,6 +42,19 @@ class ClientDataCache:
             _, evicted = self._cached.popitem(last=False)
             self.bytes -= _nbytes(evicted)
         return tensors
+
+    def preload(self, client_ids: list[int]) -> None:
+        """Convert every client now if all of them fit in the budget (estimated from the first
+        one's bytes per record), so that the rounds start with warm data; else leave it to the
+        rounds."""
+        if not client_ids:
+            return
+        first = self[client_ids[0]]
+        per_record = _nbytes(first) / max(len(first[1]), 1)
+        total = per_record * sum(self.num_records(cid) for cid in client_ids)
+        if total <= self.max_bytes:
+            for cid in client_ids:
+                self[cid]
 
     def num_records(self, client_id: int) -> int:
         """The client's number of training records, from the store's index (nothing loaded)."""

@@ -78,6 +78,7 @@ class ClientHost:
         self.vectorize = vectorize
         # Read from the store when sampled, kept up to a byte budget (actors/client_data.py).
         self.data = ClientDataCache(self.store, self._tensors, cache_bytes)
+        self.data.preload(client_ids)
         self.client_state = ClientStateStore(self.device)  # c_i on disk, not in memory
         self._test_cache: dict[tuple[int, int], list] = {}
         # Per-client test sets in each hosted client's label mix (optional evaluation).
