@@ -184,8 +184,7 @@ def project(config: ExperimentConfig, executor: str) -> tuple[torch.Tensor, dict
 
 def run_workload(name: str, executors: list[str], overrides: list[str], check_equal: bool):
     config = workload_config(name, overrides)
-    open_store(config)  # built once, outside every timing
-    store, _ = open_store(config)
+    store, _ = open_store(config)  # built here, outside every timing
     _, plain = plain_loop(config, store)
     line = {"workload": name, "rounds": config.rounds, "plain_loop": plain}
     for executor in executors:

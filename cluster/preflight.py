@@ -20,7 +20,17 @@ from datasets.store import ShardStore, StoreError
 CONNECT_TIMEOUT_S = 3.0
 
 # Tracking URI schemes MLflow stores a run under (a path without a scheme is a file store).
-_MLFLOW_SCHEMES = {"", "file", "sqlite", "http", "https", "databricks", "mysql", "mssql"}
+_MLFLOW_SCHEMES = {
+    "",
+    "file",
+    "sqlite",
+    "http",
+    "https",
+    "databricks",
+    "postgresql",
+    "mysql",
+    "mssql",
+}
 _DEFAULT_PORTS = {"http": 80, "https": 443, "postgresql": 5432, "mysql": 3306}
 
 
@@ -101,7 +111,7 @@ def check_tracking_uri() -> None:
 
     uri = tracking_uri()
     scheme = urlsplit(uri).scheme.split("+")[0]
-    if scheme not in _MLFLOW_SCHEMES | {"postgresql"}:
+    if scheme not in _MLFLOW_SCHEMES:
         raise ConfigError(
             "MLFLOW_TRACKING_URI",
             uri,

@@ -48,12 +48,13 @@ BASE = {
     "cohort": {"size": 5, "sampling": "fixed"},
     "executor": {"kind": "ray", "num_actors": 2, "cpus_per_actor": 0.5},
 }
-STORE_ARGS = ("synthetic", None, {"method": "natural"}, 10, 0)  # source options filled below
 
 
 def _store_args() -> tuple:
-    options = config_from_dict(BASE).data.source_options()
-    return (STORE_ARGS[0], options, *STORE_ARGS[2:])
+    """``build_store``/``store_path`` arguments of BASE's store (source, options, partition,
+    clients, seed)."""
+    data = config_from_dict(BASE).data
+    return (data.source, data.source_options(), {"method": "natural"}, data.num_clients, 0)
 
 
 def _free_port() -> int:
