@@ -280,14 +280,7 @@ class LocalTrainer:
                 extra = regularizer.grad(w, params)
                 if extra is not None:
                     g = g + extra
-            if self.weight_decay:
-                g = g.add(w, alpha=self.weight_decay)
-            if correction is not None:
-                g = g + correction
-            if self.momentum:
-                buf = g if buf is None else buf.mul_(self.momentum).add_(g)
-                g = buf
-            w = w - lr * g
+            w, buf = self.descend(w, g, buf, lr, correction)
             steps += 1
             loss_sum += float(loss) * len(yb)
             correct += int((logits.argmax(1) == yb).sum())
@@ -295,6 +288,26 @@ class LocalTrainer:
         return LocalResult(
             w.detach(), steps, loss_sum, correct, seen, objective.grad_evals - evals_before, lr
         )
+
+    def descend(
+        self,
+        w: torch.Tensor,
+        g: torch.Tensor,
+        buf: torch.Tensor | None,
+        lr: float,
+        correction: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One step from gradient ``g``: + λ·w, + correction, momentum, w − η·g (the module
+        docstring's update); returns the new ``(w, momentum buffer)``. Shapes are free: ``w``
+        may be one client's vector or the ``[n, d]`` matrix of ``algorithms.vectorized``."""
+        if self.weight_decay:
+            g = g.add(w, alpha=self.weight_decay)
+        if correction is not None:
+            g = g + correction
+        if self.momentum:
+            buf = g if buf is None else buf.mul_(self.momentum).add_(g)
+            g = buf
+        return w - lr * g, buf
 
     def mean_gradient(
         self,

@@ -80,12 +80,7 @@ def _train_chunk(trainer, objective, params, data, generators) -> list[LocalResu
         index = torch.stack(indices).to(params.device)  # [n, B]: each client's own draw
         xb, yb = xs[rows, index], ys[rows, index]
         g, (batch_loss, logits) = step(w, xb, yb)
-        if trainer.weight_decay:
-            g = g.add(w, alpha=trainer.weight_decay)
-        if trainer.momentum:
-            buf = g if buf is None else buf.mul_(trainer.momentum).add_(g)
-            g = buf
-        w = w - lr * g
+        w, buf = trainer.descend(w, g, buf, lr)
         steps += 1
         loss_sum += batch_loss.double() * index.shape[1]
         correct += (logits.argmax(-1) == yb).sum(1)

@@ -103,10 +103,9 @@ def _execute(config, checkpoint: dict | None, verbose: bool) -> int:
     try:
         return _execute_in_session(config, checkpoint, verbose)
     finally:
-        if "ray" in sys.modules:  # stop an embedded Ray's raylet and agents now, not at exit
-            import ray
+        from cluster.ray_runtime import disconnect
 
-            ray.shutdown()
+        disconnect()
 
 
 def _execute_in_session(config, checkpoint: dict | None, verbose: bool) -> int:

@@ -6,7 +6,7 @@ import math
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -39,11 +39,7 @@ def open_store(config: ExperimentConfig) -> tuple[ShardStore, bool]:
         return store, False
     return build_or_open_store(
         d.resolved_store_root(),
-        d.source,
-        d.source_options(),
-        asdict(d.partition),
-        d.num_clients,
-        config.seed,
+        *config.store_parameters,
         data_root=d.resolved_data_root(),
         download=d.download,
     )

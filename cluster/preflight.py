@@ -64,9 +64,7 @@ def check_data(config: ExperimentConfig) -> None:
             raise ConfigError(
                 "data.store_root", str(root), "is a file, not a directory; point it elsewhere"
             )
-        built = existing_store_path(
-            root, d.source, d.source_options(), vars(d.partition), d.num_clients, config.seed
-        )
+        built = existing_store_path(root, *config.store_parameters)
         if built is None:
             if d.source in SOURCE_NAMES and not d.download:
                 check_present(d.source, d.resolved_data_root(), **_source_files_options(config))
@@ -164,18 +162,20 @@ def check_ray_address(address: str | None) -> None:
 def check_machine_fits(config: ExperimentConfig) -> None:
     """An embedded Ray gets this machine's CPUs and GPUs: the actor pool must fit in them
     (``ray_runtime.check_resources`` checks a cluster's, once connected)."""
+    from cluster.ray_runtime import resource_shortfall
+
     e = config.executor
-    have = {"cpus_per_actor": _cpu_count(), "gpus_per_actor": _gpu_count()}
-    for field, count in have.items():
-        need = e.num_actors * getattr(e, field)
-        if need > count + 1e-9:
-            raise ConfigError(
-                f"executor.{field}",
-                getattr(e, field),
-                f"{e.num_actors} actors need {need:g} {field.split('_')[0][:-1].upper()}s, "
-                f"this machine has {count}: lower executor.num_actors or executor.{field}, or "
-                "give executor.address of a larger cluster",
-            )
+    machine = {"CPU": _cpu_count(), "GPU": _gpu_count()}
+    short = resource_shortfall(e.num_actors, e.cpus_per_actor, e.gpus_per_actor, machine)
+    if short is not None:
+        field, need, resource, have = short
+        raise ConfigError(
+            f"executor.{field}",
+            getattr(e, field),
+            f"{e.num_actors} actors need {need:g} {resource}s, this machine has {have:g}: lower "
+            f"executor.num_actors or executor.{field}, or give executor.address of a larger "
+            "cluster",
+        )
 
 
 def _cpu_count() -> int:

@@ -70,17 +70,38 @@ def _logs_dir() -> str | None:
     return node.get_logs_dir_path() if node is not None else None
 
 
+def resource_shortfall(
+    num_actors: int, cpus_per_actor: float, gpus_per_actor: float, total: dict[str, float]
+) -> tuple[str, float, str, float] | None:
+    """The first of CPU/GPU the actor pool needs more of than ``total`` holds, as
+    ``(executor field, need, resource, have)``; None when the pool fits."""
+    needs = {"CPU": ("cpus_per_actor", cpus_per_actor), "GPU": ("gpus_per_actor", gpus_per_actor)}
+    for resource, (field, per_actor) in needs.items():
+        need, have = num_actors * per_actor, total.get(resource, 0.0)
+        if need > have + 1e-9:
+            return field, need, resource, have
+    return None
+
+
 def check_resources(num_actors: int, cpus_per_actor: float, gpus_per_actor: float) -> None:
     """Fail before creating actors that could never be scheduled on this (static) cluster."""
     import ray
 
-    total = ray.cluster_resources()
-    needs = {"CPU": num_actors * cpus_per_actor, "GPU": num_actors * gpus_per_actor}
-    for resource, need in needs.items():
-        have = total.get(resource, 0.0)
-        if need > have + 1e-9:
-            field = "cpus_per_actor" if resource == "CPU" else "gpus_per_actor"
-            raise ResourceError(
-                f"executor: {num_actors} actors × {field} need {need:g} {resource} but the Ray "
-                f"cluster has {have:g}; lower executor.num_actors or executor.{field}"
-            )
+    short = resource_shortfall(num_actors, cpus_per_actor, gpus_per_actor, ray.cluster_resources())
+    if short is not None:
+        field, need, resource, have = short
+        raise ResourceError(
+            f"executor: {num_actors} actors × {field} need {need:g} {resource} but the Ray "
+            f"cluster has {have:g}; lower executor.num_actors or executor.{field}"
+        )
+
+
+def disconnect() -> None:
+    """Leave Ray if this process joined or started it (an embedded Ray stops: its raylet and
+    agents would otherwise linger after the command)."""
+    import sys
+
+    if "ray" in sys.modules:
+        import ray
+
+        ray.shutdown()

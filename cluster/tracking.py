@@ -137,6 +137,10 @@ class MlflowTracker:
         self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
     logged_through = 0  # the last round whose metrics this run holds already
+    # Round metrics go to MLflow from one background thread, started with the first round (a
+    # SQLite or HTTP write per round, off the round's critical path); ``flush`` waits for them.
+    _pending: queue.Queue | None = None
+    _write_error: BaseException | None = None
 
     def log_round(self, record: RoundRecord) -> None:
         if record.round <= self.logged_through:
@@ -154,11 +158,8 @@ class MlflowTracker:
         self._writer().put(metrics)
 
     def _writer(self) -> queue.Queue:
-        """Round metrics go to MLflow from one background thread, off the round's critical path
-        (a SQLite or HTTP write per round); ``flush`` waits for them."""
-        if getattr(self, "_pending", None) is None:
-            self._pending: queue.Queue = queue.Queue()
-            self._write_error: BaseException | None = None
+        if self._pending is None:
+            self._pending = queue.Queue()
             threading.Thread(target=self._write_forever, name="mlflow-metrics", daemon=True).start()
         return self._pending
 
@@ -175,7 +176,7 @@ class MlflowTracker:
 
     def flush(self) -> None:
         """Wait until every round's metrics are written (before a checkpoint, at the end)."""
-        if getattr(self, "_pending", None) is not None:
+        if self._pending is not None:
             self._pending.join()
             if self._write_error is not None:
                 raise self._write_error

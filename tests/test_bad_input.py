@@ -51,10 +51,8 @@ BASE = {
 
 
 def _store_args() -> tuple:
-    """``build_store``/``store_path`` arguments of BASE's store (source, options, partition,
-    clients, seed)."""
-    data = config_from_dict(BASE).data
-    return (data.source, data.source_options(), {"method": "natural"}, data.num_clients, 0)
+    """``build_store``/``store_path`` arguments of BASE's store, after the root."""
+    return config_from_dict(BASE).store_parameters
 
 
 def _free_port() -> int:

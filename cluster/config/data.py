@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cluster.config.errors import ConfigError, positive
+from cluster.config.paths import configured_path
 from datasets.vision import EMNIST_SPLITS
 
 if TYPE_CHECKING:
@@ -57,20 +57,15 @@ class DataConfig:
 
     def resolved_store_root(self) -> Path:
         """Absolute: actors do not share the driver's working directory."""
-        return self._configured_store_root().resolve()
+        return configured_path("DPFL_STORE_ROOT", self.store_root).resolve()
 
     @property
     def store_is_absolute(self) -> bool:
         """Configured as an absolute path (so not inside a Ray job's temporary directory)."""
-        return self._configured_store_root().is_absolute()
-
-    def _configured_store_root(self) -> Path:
-        root = os.environ.get("DPFL_STORE_ROOT", self.store_root)
-        return Path(os.path.expandvars(root)).expanduser()
+        return configured_path("DPFL_STORE_ROOT", self.store_root).is_absolute()
 
     def resolved_data_root(self) -> Path:
-        root = os.environ.get("DPFL_DATA_ROOT", self.root)
-        return Path(os.path.expandvars(root)).expanduser().resolve()
+        return configured_path("DPFL_DATA_ROOT", self.root).resolve()
 
     def source_options(self) -> dict:
         """The source's own options (they key the store)."""

@@ -145,6 +145,13 @@ class ExperimentConfig:
         )
 
     @property
+    def store_parameters(self) -> tuple:
+        """What keys the shard store (``datasets.sources.store_path``'s arguments after the
+        root): source, its options, partition, clients, seed."""
+        d = self.data
+        return d.source, d.source_options(), asdict(d.partition), d.num_clients, self.seed
+
+    @property
     def checkpoint_dir(self) -> Path:
         """Where checkpoints go (``checkpoint.dir``; in a Ray job, under the store root)."""
         return self.checkpoint.resolved_dir(self.data.resolved_store_root())

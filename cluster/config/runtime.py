@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from cluster.config.errors import ConfigError, positive
+from cluster.config.paths import configured_path
 
 if TYPE_CHECKING:
     from cluster.config.experiment import ExperimentConfig
@@ -45,8 +46,7 @@ class CheckpointConfig:
         return path.resolve()
 
     def configured_path(self) -> Path:
-        root = os.environ.get("DPFL_CHECKPOINT_DIR", self.dir)
-        return Path(os.path.expandvars(root)).expanduser()
+        return configured_path("DPFL_CHECKPOINT_DIR", self.dir)
 
 
 @dataclass
