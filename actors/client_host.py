@@ -64,7 +64,7 @@ class ClientHost:
         device: str = "cpu",
         eval_batch_size: int = 4096,
         test_per_client: int | None = None,
-        vectorize: bool = False,
+        vectorize: bool = True,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
     ):
         self.device = torch.device(device)
@@ -140,10 +140,10 @@ class ClientHost:
         """The round's local training for all ``client_ids`` at once, where ``vectorize`` is on
         and it is the same computation (``algorithms.vectorized``); else {} (sequential)."""
         trainer = self.algorithm.at_round(round_index).trainer
-        sizes = [self.data.num_records(cid) for cid in client_ids]
         if not self.vectorize or warmup or self.algorithm.control_variates:
             return {}
-        if not vectorizable(trainer, self.objective, sizes):
+        sizes = [self.data.num_records(cid) for cid in client_ids]
+        if len(client_ids) < 2 or min(sizes) == 0 or not vectorizable(trainer, self.objective):
             return {}
         generators = [
             torch_generator(self.seed, round_index, cid, Purpose.LOCAL_TRAINING)

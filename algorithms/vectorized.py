@@ -2,17 +2,28 @@
 
 ``train_clients`` is ``LocalTrainer.train`` for n clients at once. Each client draws its own
 mini-batch indices from its own generator, exactly as the sequential path does, so the batches,
-the number of steps and the learning rate are the same; the K steps of all n clients then run
-as K vmapped steps on an ``[n, d]`` parameter matrix (a linear layer becomes one batched matrix
+the number of steps and the learning rate are the same; the steps of all n clients then run as
+vmapped steps on an ``[n, d]`` parameter matrix (a linear layer becomes one batched matrix
 product, a convolution a grouped one). The weights equal the sequential path's up to float
 rounding (batched kernels sum in another order); ``tests/test_vectorized.py`` checks it.
 
+Clients of unequal sizes (the usual case under a Dirichlet partition) train together by masking:
+
+- **batch sizes**: every step's batch is padded to the largest in the step; the padded records
+  carry weight 0, so a client's loss is the mean over its own records,
+  Σ_b m_b·ℓ_b / Σ_b m_b, the sequential path's ``cross_entropy`` mean;
+- **step counts**: clients are ordered by their number of steps K_i, most first, so at step k
+  the clients still training are a prefix ``[:m_k]`` of the matrix; only that prefix is
+  computed and updated, and a finished client's weights and momentum are left as they were;
+- **learning rates**: per client (``lr_scaling: inverse_sk`` depends on the client's size).
+
 Vectorised where it is the same computation (``vectorizable``): the plain SGD gradient (no SAM,
 PGN or per-step DP-SGD noise), no regularizers, no control-variate correction, no data
-augmentation, no dropout in the model, and every client of the batch with the same number of
-records (so every step has the same batch size across clients). Momentum and weight decay are
-vectorised. Anything else trains sequentially. Clients are processed in chunks whose parameter
-matrices stay under ``MAX_CHUNK_FLOATS`` (the weights, gradients and momentum of a chunk).
+augmentation, no dropout or batch-norm statistics in the model, and batches drawn per epoch or
+afresh (a Poisson batch may be empty, which the sequential path does not average). Momentum and
+weight decay are vectorised. Anything else trains sequentially. Clients are processed in chunks
+whose parameter matrices stay under ``MAX_CHUNK_FLOATS`` (weights, gradients and momentum), and
+a chunk's clients are of similar step counts (the order above), so little of a step is idle.
 """
 
 from __future__ import annotations
@@ -25,18 +36,24 @@ from algorithms.local import LocalResult, LocalTrainer, ModelObjective, SgdGradi
 
 MAX_CHUNK_FLOATS = 32 * 2**20  # 128 MiB of float32 per [chunk, d] matrix
 
+_STATEFUL_OR_RANDOM = (
+    nn.Dropout,
+    nn.Dropout1d,
+    nn.Dropout2d,
+    nn.Dropout3d,
+    nn.AlphaDropout,
+    nn.modules.batchnorm._BatchNorm,
+)
 
-def vectorizable(trainer: LocalTrainer, objective: ModelObjective, sizes: list[int]) -> bool:
+
+def vectorizable(trainer: LocalTrainer, objective: ModelObjective) -> bool:
     """Whether ``train_clients`` computes exactly what ``trainer.train`` would, per client."""
-    dropout = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout)
-    has_dropout = any(isinstance(m, dropout) for m in objective.model.modules())
     return (
-        len(sizes) > 1
-        and len(set(sizes)) == 1
-        and type(trainer.gradient) is SgdGradient
+        type(trainer.gradient) is SgdGradient
         and not trainer.regularizers
+        and trainer.batch_sampling in ("epoch", "fresh")
         and objective.augment is None
-        and not has_dropout
+        and not any(isinstance(m, _STATEFUL_OR_RANDOM) for m in objective.model.modules())
     )
 
 
@@ -47,46 +64,99 @@ def train_clients(
     data: list[tuple[torch.Tensor, torch.Tensor]],
     generators: list[torch.Generator],
 ) -> list[LocalResult]:
-    """``[trainer.train(objective, params, x, y, g) for (x, y), g in ...]``, vectorised."""
+    """``[trainer.train(objective, params, x, y, g) for (x, y), g in ...]``, vectorised.
+
+    Every client needs at least one record.
+    """
+    if any(len(y) == 0 for _, y in data):
+        raise ValueError("train_clients: every client needs at least one record")
+    steps = [trainer.num_steps(len(y)) for _, y in data]
+    order = sorted(range(len(data)), key=lambda i: -steps[i])  # most steps first (stable)
     chunk = max(1, MAX_CHUNK_FLOATS // params.numel())
-    results: list[LocalResult] = []
-    for start in range(0, len(data), chunk):
-        stop = start + chunk
-        results += _train_chunk(
-            trainer, objective, params, data[start:stop], generators[start:stop]
+    results: list[LocalResult | None] = [None] * len(data)
+    for start in range(0, len(order), chunk):
+        members = order[start : start + chunk]
+        trained = _train_chunk(
+            trainer,
+            objective,
+            params,
+            [data[i] for i in members],
+            [generators[i] for i in members],
         )
+        for i, result in zip(members, trained, strict=True):
+            results[i] = result
     return results
 
 
-def _train_chunk(trainer, objective, params, data, generators) -> list[LocalResult]:
-    n, num_records = len(data), len(data[0][1])
-    lr = trainer.local_lr(num_records)
-    xs = torch.stack([x for x, _ in data])  # [n, records, ...]
-    ys = torch.stack([y for _, y in data])
-    rows = torch.arange(n, device=params.device)[:, None]
+def _padded_stack(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """``[n, max_len, ...]``: each client's records, zero rows after its own."""
+    out = tensors[0].new_zeros((len(tensors), max(len(t) for t in tensors), *tensors[0].shape[1:]))
+    for i, t in enumerate(tensors):
+        out[i, : len(t)] = t
+    return out
 
-    def loss(w: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor):
+
+def _masked_loss(objective: ModelObjective):
+    """Loss of one client's padded batch: the mean cross-entropy over its real records."""
+
+    def loss(w: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor):
         logits = functional_call(objective.model, objective.layout.unflatten(w), (xb,))
-        return nn.functional.cross_entropy(logits, yb), logits
+        per_record = nn.functional.cross_entropy(logits, yb, reduction="none")
+        return (per_record * mask).sum() / mask.sum(), logits
 
-    step = vmap(grad_and_value(loss, has_aux=True))
-    w = params.expand(n, -1).clone()
-    buf = None
-    loss_sum = torch.zeros(n, dtype=torch.float64, device=params.device)
-    correct = torch.zeros(n, dtype=torch.int64, device=params.device)
-    steps = seen = 0
-    draws = [trainer.batches(num_records, g) for g in generators]
-    for indices in zip(*draws, strict=True):
-        index = torch.stack(indices).to(params.device)  # [n, B]: each client's own draw
+    return loss
+
+
+def _train_chunk(trainer, objective, params, data, generators) -> list[LocalResult]:
+    """Clients ordered by step count, most first: at step k the active ones are a prefix."""
+    n, device = len(data), params.device
+    sizes = [len(y) for _, y in data]
+    steps = [trainer.num_steps(size) for size in sizes]
+    rates = [trainer.local_lr(size) for size in sizes]
+    lr = rates[0] if len(set(rates)) == 1 else torch.tensor(rates, device=device)[:, None]
+    xs, ys = _padded_stack([x for x, _ in data]), _padded_stack([y for _, y in data])
+
+    step = vmap(grad_and_value(_masked_loss(objective), has_aux=True))
+    w, buf = params.expand(n, -1).clone(), None
+    loss_sum = torch.zeros(n, dtype=torch.float64, device=device)
+    correct = torch.zeros(n, dtype=torch.int64, device=device)
+    seen = torch.zeros(n, dtype=torch.int64, device=device)
+    draws = [trainer.batches(size, g) for size, g in zip(sizes, generators, strict=True)]
+    for k in range(steps[0]):
+        m = sum(s > k for s in steps)  # clients still training: a prefix
+        indices = [next(draws[i]) for i in range(m)]
+        index, mask = _padded_indices(indices, device)
+        rows = torch.arange(m, device=device)[:, None]
         xb, yb = xs[rows, index], ys[rows, index]
-        g, (batch_loss, logits) = step(w, xb, yb)
-        w, buf = trainer.descend(w, g, buf, lr)
-        steps += 1
-        loss_sum += batch_loss.double() * index.shape[1]
-        correct += (logits.argmax(-1) == yb).sum(1)
-        seen += index.shape[1]
-    objective.grad_evals += steps * n
+        g, (batch_loss, logits) = step(w[:m], xb, yb, mask)
+        lr_m = lr if isinstance(lr, float) else lr[:m]
+        new_w, new_buf = trainer.descend(w[:m], g, None if buf is None else buf[:m], lr_m)
+        w[:m] = new_w
+        if buf is None and new_buf is not None:
+            buf = torch.zeros_like(w)
+            buf[:m] = new_buf
+        counts = mask.sum(1).long()
+        loss_sum[:m] += batch_loss.double() * counts
+        correct[:m] += ((logits.argmax(-1) == yb) & mask.bool()).sum(1)
+        seen[:m] += counts
+    objective.grad_evals += sum(steps)
     return [
-        LocalResult(w[i], steps, float(loss_sum[i]), int(correct[i]), seen, steps, lr)
-        for i in range(n)
+        LocalResult(
+            w[i], steps[i], float(loss_sum[i]), int(correct[i]), int(seen[i]), steps[i], rate
+        )
+        for i, rate in enumerate(rates)
     ]
+
+
+def _padded_indices(indices: list[torch.Tensor], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``[m, B]`` record indices padded with 0, ``[m, B]`` float mask of the real ones)."""
+    width = max(len(i) for i in indices)
+    if all(len(i) == width for i in indices):
+        index = torch.stack(indices).to(device)
+        return index, torch.ones(index.shape, device=device)
+    index = torch.zeros((len(indices), width), dtype=torch.int64, device=device)
+    mask = torch.zeros((len(indices), width), device=device)
+    for row, i in enumerate(indices):
+        index[row, : len(i)] = i
+        mask[row, : len(i)] = 1.0
+    return index, mask

@@ -7,26 +7,31 @@ numerically with privacy loss distributions (Koskela et al. 2020; Doroshenko et 
 ``dp_accounting.pld``), tight up to the discretisation, and reads ε off the composed PLD for
 the requested δ. σ and q may change from round to round.
 
-What is composed is exactly what ``dp_accounting.pld.PLDAccountant`` composes for
+What is composed is what ``dp_accounting.pld.PLDAccountant`` composes for
 ``compose(PoissonSampledDpEvent(q, GaussianDpEvent(σ)), count)`` applied once per run of equal
 rounds, in order: the identity PLD, then for each (σ, q, count) of the merged history
-``from_gaussian_mechanism(σ, sampling_prob=q).self_compose(count)``. The accountant calls those
-``privacy_loss_distribution`` primitives itself so that it can cache: the one-round PLD
-(≈0.2 s to build) once per distinct (σ, q), and the PLD of the runs before the last one. ε after
-one more round then costs one self-composition of the last run, one composition and one ε
-look-up (≈0.15 s at q=0.01, σ=1, T=1000, independent of how many runs came before), not a
-rebuild of the whole history (≈0.4 s with ``PLDAccountant``, +≈0.3 s per distinct run). Only
-the first ε after ``load_state_dict`` composes the whole history (100 distinct runs: 30 s).
-The composed PLD is memoised, so ``epsilon_after`` followed by ``step`` with the same (σ, q)
-and ``epsilon`` composes once. ε is a deterministic function of the merged (σ, q, rounds)
-history, so an accountant rebuilt with ``load_state_dict`` continues with bit-identical values,
-equal to ``PLDAccountant`` composed run by run.
+``from_gaussian_mechanism(σ, sampling_prob=q).self_compose(count)``, at the interval that
+``privacy.pld_runs.discretization_for`` picks for the history: 1e-4 (dp-accounting's default)
+while the composed PLD fits 2¹⁷ points, else 1e-4·2ᵏ for the smallest k at which it does. At
+that interval the value is bit-identical to ``PLDAccountant``'s (test). The accountant calls the
+``privacy_loss_distribution`` primitives itself so that it can cache: the one-round PLD and its
+Chernoff moments once per distinct (σ, q, interval) (``privacy.pld_runs``), and the PLD of the
+runs before the last one. ε after one more round then costs one self-composition of at most 2¹⁷
+points, one composition and one ε look-up: 0.03-0.05 s at q = 0.2, σ = 1 for every T from 1 to
+10,000 once the caches are warm (1e-4 throughout: 0.3 s at T = 1, 1.4 s at T = 1,000), plus a
+one-off 0.1-0.8 s per interval the run reaches. Only the first ε after ``load_state_dict``
+composes the whole history (100 distinct runs: tens of seconds). The composed PLD is memoised,
+so ``epsilon_after`` followed by ``step`` with the same (σ, q) and ``epsilon`` composes once. ε
+is a deterministic function of the merged (σ, q, rounds) history (the interval is one too), so an
+accountant rebuilt with ``load_state_dict`` continues with bit-identical values.
 
-Discretisation: ``value_discretization_interval`` 1e-4 (dp-accounting's default), pessimistic
-estimate, so ε is an upper bound. Measured at δ=1e-5 against 3e-5 and 1e-5: ≤ 0.02% too high
-for ε ≥ 0.5 (q=0.01, σ=1, T=1000: ε=1.8282 in 0.4 s from scratch) and ≤ 0.3% down to ε≈0.015.
-1e-3 is ~9x faster but overstates small ε by 2-25% (q=0.001, σ=0.8, T=10000: +1.7%;
-q=0.001, σ=2, T=100: +25%).
+Discretisation: pessimistic estimate, so ε is an upper bound at every interval. Measured at
+δ=1e-5 at 1e-4 against 3e-5 and 1e-5: ≤ 0.02% too high for ε ≥ 0.5 (q=0.01, σ=1, T=1000:
+ε=1.8282) and ≤ 0.3% down to ε≈0.015. The coarsening adds little because the grid only
+coarsens where the PLD is wide, i.e. where ε is large: q=0.01, σ=1, T=1000 (2e-4) +1.1e-5
+relative; q=0.2, σ=1, T=1000 (1.6e-3) +5.2e-6; q=0.1, σ=0.8, T=1000 (8e-4) +2.1e-6. A fixed
+1e-3 would be ~9x faster everywhere but overstates small ε by 2-25% (q=0.001, σ=0.8, T=10000:
++1.7%; q=0.001, σ=2, T=100: +25%).
 
 Range: the cost of a PLD grows with ε (its support is the range of the privacy loss over a
 grid of that interval): ≈2-6 s and ~1 GB for ε in the hundreds, and σ=0.1, q=0.1, T=300
@@ -45,29 +50,16 @@ nothing; a round with σ = 0 and q > 0 is not private (ε = ∞).
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 
 import numpy as np
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
+
+from privacy.pld_runs import Runs, discretization_for, self_composed, subsampled_gaussian_pld
 
 DEFAULT_VALUE_DISCRETIZATION_INTERVAL = 1e-4
 DEFAULT_MAX_EPSILON = 100.0
 PROBE_LIMIT = 20.0  # the coarse PLD probe runs while the RDP bound is ≤ 20 × max_epsilon
 _MEMO_SIZE = 3  # composed PLDs kept per accountant, keyed by the merged history
-
-Runs = tuple[tuple[float, float, int], ...]  # merged (σ, q, rounds) history
-
-
-@lru_cache(maxsize=8)
-def subsampled_gaussian_pld(
-    noise_multiplier: float, sample_rate: float, interval: float
-) -> pld_lib.PrivacyLossDistribution:
-    """PLD of one q-subsampled Gaussian release, built as ``PLDAccountant`` builds it."""
-    return pld_lib.from_gaussian_mechanism(
-        standard_deviation=noise_multiplier,
-        value_discretization_interval=interval,
-        sampling_prob=sample_rate,
-    )
 
 
 def validated(noise_multiplier: float, sample_rate: float, rounds: int = 1) -> tuple:
@@ -211,14 +203,17 @@ class PldAccountant(HistoryAccountant):
     ) -> None:
         super().__init__(max_epsilon, fallback_to_rdp)
         self.value_discretization_interval = float(value_discretization_interval)
-        # PLD of history[:_closed_runs]; only runs before the last (still growing) one.
+        # PLD of history[:_closed_runs] at interval _closed_interval; only runs before the
+        # last (still growing) one.
         self._closed: pld_lib.PrivacyLossDistribution | None = None
         self._closed_runs = 0
-        self._memo: dict[Runs, pld_lib.PrivacyLossDistribution | None] = {}
+        self._closed_interval = self.value_discretization_interval
+        self._memo: dict[Runs, tuple[float, pld_lib.PrivacyLossDistribution | None]] = {}
 
     # -- composition ---------------------------------------------------------------------------
 
-    def _compose_run(self, base, sigma: float, q: float, rounds: int):
+    @staticmethod
+    def _compose_run(base, sigma: float, q: float, rounds: int, interval: float):
         """``base`` composed with ``rounds`` releases at (σ, q), as ``PLDAccountant`` does it.
 
         None stands for "nothing released yet" (``PLDAccountant`` starts from the identity PLD
@@ -226,37 +221,38 @@ class PldAccountant(HistoryAccountant):
         """
         if q == 0.0 or sigma == 0.0 or rounds == 0:
             return base
-        run = subsampled_gaussian_pld(sigma, q, self.value_discretization_interval).self_compose(
-            rounds
-        )
+        run = self_composed(sigma, q, interval, rounds)
         if base is None:
-            base = pld_lib.identity(
-                value_discretization_interval=self.value_discretization_interval
-            )
+            base = pld_lib.identity(value_discretization_interval=interval)
         return base.compose(run)
 
-    def _remember(self, history: Runs, pld) -> None:
+    def _remember(self, history: Runs, interval: float, pld) -> None:
         if len(self._memo) >= _MEMO_SIZE:
             self._memo.pop(next(iter(self._memo)))
-        self._memo[history] = pld
+        self._memo[history] = (interval, pld)
+
+    def _prefix(self, before: Runs, interval: float):
+        """PLD of ``before`` (``self.history[:-1]`` or ``self.history``) at ``interval``."""
+        if before in self._memo and self._memo[before][0] == interval:
+            return self._memo[before][1]
+        if self._closed_interval != interval:  # the grid coarsened: recompose the closed runs
+            self._closed, self._closed_runs, self._closed_interval = None, 0, interval
+        while self._closed_runs < min(len(before), len(self.history) - 1):
+            run = self.history[self._closed_runs]
+            self._closed = self._compose_run(self._closed, *run, interval)
+            self._closed_runs += 1
+        prefix = self._closed
+        for run in before[self._closed_runs :]:  # at most self.history's open last run
+            prefix = self._compose_run(prefix, *run, interval)
+        return prefix
 
     def _pld(self, history: Runs):
         """PLD of ``history``: ``self.history``, or it extended by one round."""
-        if history in self._memo:
-            return self._memo[history]
-        before = history[:-1]  # == self.history[:-1] or == self.history
-        if before in self._memo:
-            prefix = self._memo[before]
-        else:
-            while self._closed_runs < min(len(before), len(self.history) - 1):
-                self._closed = self._compose_run(self._closed, *self.history[self._closed_runs])
-                self._closed_runs += 1
-            prefix = self._closed
-            for run in before[self._closed_runs :]:  # at most self.history's open last run
-                prefix = self._compose_run(prefix, *run)
-        pld = self._compose_run(prefix, *history[-1])
-        self._remember(history, pld)
-        return pld
+        if history not in self._memo:
+            interval = discretization_for(history, self.value_discretization_interval)
+            prefix = self._prefix(history[:-1], interval)
+            self._remember(history, interval, self._compose_run(prefix, *history[-1], interval))
+        return self._memo[history][1]
 
     def _compute(self, history: Runs, delta: float) -> float:
         pld = self._pld(history)
@@ -276,7 +272,8 @@ class PldAccountant(HistoryAccountant):
         self.history = list(extended(old, sigma, q, rounds))
         if len(self.history) > len(old) and old in self._memo and self._closed_runs < len(old):
             # A new run starts: the previous full history is now closed and already composed.
-            self._closed, self._closed_runs = self._memo[old], len(old)
+            self._closed_interval, self._closed = self._memo[old]
+            self._closed_runs = len(old)
 
     def _settings(self) -> tuple:
         return (self.value_discretization_interval, self.max_epsilon, self.fallback_to_rdp)

@@ -101,7 +101,7 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.privacy_accountant import NeighboringRelation as NeighborRel
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 
-from privacy.pld import subsampled_gaussian_pld
+from privacy.pld_runs import subsampled_gaussian_pld
 from privacy.search import largest_meeting
 
 ADJACENCIES = ("add_remove", "replace_one")

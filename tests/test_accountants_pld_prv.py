@@ -14,6 +14,7 @@ from opacus.accountants import PRVAccountant
 
 from privacy.accountant import RdpAccountant
 from privacy.pld import PldAccountant
+from privacy.pld_runs import SUPPORT_CAP, discretization_for, self_composed, subsampled_gaussian_pld
 from privacy.prv import PrvAccountant
 
 DELTA = 1e-5
@@ -68,7 +69,10 @@ def test_heterogeneous_composition_equals_the_libraries():
     assert pld.history == prv.history == runs
     assert pld.rounds == prv.rounds == 50
 
-    lib_pld = PLDAccountant(value_discretization_interval=1e-4)
+    # the same interval (at 1e-4 and 2e-4 the history's PLD is wider than SUPPORT_CAP)
+    interval = discretization_for(tuple(runs), 1e-4)
+    assert interval == 4e-4
+    lib_pld = PLDAccountant(value_discretization_interval=interval)
     for sigma, q, rounds in runs:
         event = dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(sigma))
         lib_pld.compose(dp_event.SelfComposedDpEvent(event, rounds))
@@ -172,3 +176,27 @@ def test_privacy_package_does_not_import_ray_or_mlflow():
     )
     root = Path(__file__).resolve().parents[1]
     assert subprocess.run([sys.executable, "-c", code], cwd=root, check=False).returncode == 0
+
+
+@pytest.mark.parametrize("rounds", [1, 7, 100])
+def test_self_composition_with_cached_moments_is_the_librarys(rounds):
+    ours = self_composed(1.0, 0.2, 1e-4, rounds)
+    theirs = subsampled_gaussian_pld(1.0, 0.2, 1e-4).self_compose(rounds)
+    for a, b in ((ours._pmf_remove, theirs._pmf_remove), (ours._pmf_add, theirs._pmf_add)):
+        assert a._lower_loss == b._lower_loss and a._infinity_mass == b._infinity_mass
+        assert (a._probs == b._probs).all()
+
+
+@pytest.mark.parametrize(("sigma", "q"), [(1.0, 0.2), (1.0, 0.01)])
+def test_long_runs_coarsen_the_grid_within_a_bounded_support(sigma, q):
+    """The composed PLD never exceeds SUPPORT_CAP points, whatever T (so neither does the cost
+    of a round's ε), and the coarser grid's ε stays a tight upper bound of the fine one."""
+    for rounds in (10, 100, 1000, 10000):
+        interval = discretization_for(((sigma, q, rounds),), 1e-4)
+        pld = self_composed(sigma, q, interval, rounds)
+        assert max(pld._pmf_remove.size, pld._pmf_add.size) <= SUPPORT_CAP
+        if rounds == 1000 and interval > 1e-4:  # compare with the uncapped grid
+            fine = subsampled_gaussian_pld(sigma, q, 1e-4).self_compose(rounds)
+            coarse, exact = pld.get_epsilon_for_delta(DELTA), fine.get_epsilon_for_delta(DELTA)
+            assert exact <= coarse <= exact * (1 + 2e-5)
+    assert discretization_for(((sigma, q, 10000),), 1e-4) > 1e-4  # it did coarsen

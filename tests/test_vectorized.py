@@ -22,34 +22,68 @@ def _objective(name: str, shape: tuple[int, ...]) -> ModelObjective:
     return ModelObjective(model, ParamLayout.of(model))
 
 
-def _clients(n: int, records: int, shape: tuple[int, ...]):
+def _clients(sizes: list[int], shape: tuple[int, ...]):
     g = torch.Generator().manual_seed(1)
     return [
         (torch.randn(records, *shape, generator=g), torch.randint(0, 10, (records,), generator=g))
-        for _ in range(n)
+        for records in sizes
     ]
 
 
+EQUAL = [30] * 5
+# Dirichlet-like: one record, fewer than a batch, exact batches, a ragged last batch.
+UNEQUAL = [30, 1, 7, 16, 45, 30, 23]
+
+
 @pytest.mark.parametrize(
-    ("model", "shape", "trainer"),
+    ("model", "shape", "trainer", "sizes"),
     [
-        ("logreg", (40,), LocalTrainer(lr=0.1, batch_size=10, local_steps=5)),
-        ("logreg", (40,), LocalTrainer(lr=0.1, batch_size=8, local_epochs=2, momentum=0.9)),
+        ("logreg", (40,), LocalTrainer(lr=0.1, batch_size=10, local_steps=5), EQUAL),
+        (
+            "logreg",
+            (40,),
+            LocalTrainer(lr=0.1, batch_size=8, local_epochs=2, momentum=0.9),
+            EQUAL,
+        ),
         (
             "mnist_cnn",
             (1, 28, 28),
             LocalTrainer(lr=0.05, batch_size=16, local_steps=3, weight_decay=1e-3),
+            EQUAL,
+        ),
+        # Unequal sizes: masked batches, different step counts and (inverse_sk) learning rates.
+        (
+            "logreg",
+            (40,),
+            LocalTrainer(lr=0.1, batch_size=8, local_epochs=2, momentum=0.9, weight_decay=1e-3),
+            UNEQUAL,
+        ),
+        (
+            "logreg",
+            (40,),
+            LocalTrainer(
+                lr=0.1, batch_size=8, local_steps=4, batch_sampling="fresh", lr_scaling="inverse_sk"
+            ),
+            UNEQUAL,
+        ),
+        (
+            "mnist_cnn",
+            (1, 28, 28),
+            LocalTrainer(lr=0.05, batch_size=16, local_epochs=1, momentum=0.5),
+            UNEQUAL,
         ),
     ],
 )
-def test_vectorized_equals_sequential_per_client(model, shape, trainer):
+def test_vectorized_equals_sequential_per_client(model, shape, trainer, sizes):
     objective = _objective(model, shape)
     params = ParamLayout.flatten(objective.model)
-    data = _clients(5, 30, shape)
-    assert vectorizable(trainer, objective, [len(y) for _, y in data])
+    data = _clients(sizes, shape)
+    assert vectorizable(trainer, objective)
+    n = len(data)
     fast = train_clients(
-        trainer, objective, params, data, [torch_generator(0, 3, i) for i in range(5)]
+        trainer, objective, params, data, [torch_generator(0, 3, i) for i in range(n)]
     )
+    evals = objective.grad_evals
     for i, (x, y) in enumerate(data):
         slow = trainer.train(objective, params, x, y, torch_generator(0, 3, i))
         assert (fast[i].params - slow.params).abs().max() < TOLERANCE
@@ -57,17 +91,39 @@ def test_vectorized_equals_sequential_per_client(model, shape, trainer):
         assert counts == (slow.steps, slow.seen, slow.correct)
         assert fast[i].loss_sum == pytest.approx(slow.loss_sum, rel=1e-5)
         assert fast[i].lr == slow.lr
+    assert objective.grad_evals == 2 * evals  # one evaluation per client step, both ways
+
+
+def test_chunks_group_clients_of_similar_step_counts(monkeypatch):
+    """Chunked (a tiny chunk budget), unequal clients still match the sequential path."""
+    import algorithms.vectorized as vectorized
+
+    objective = _objective("logreg", (40,))
+    params = ParamLayout.flatten(objective.model)
+    monkeypatch.setattr(vectorized, "MAX_CHUNK_FLOATS", 3 * params.numel())
+    trainer = LocalTrainer(lr=0.1, batch_size=8, local_epochs=1)
+    data = _clients(UNEQUAL, (40,))
+    fast = train_clients(
+        trainer, objective, params, data, [torch_generator(1, 0, i) for i in range(len(data))]
+    )
+    for i, (x, y) in enumerate(data):
+        slow = trainer.train(objective, params, x, y, torch_generator(1, 0, i))
+        assert (fast[i].params - slow.params).abs().max() < TOLERANCE
+        assert fast[i].steps == slow.steps
 
 
 def test_not_vectorized_where_it_would_compute_something_else():
     objective = _objective("logreg", (40,))
     plain = LocalTrainer(lr=0.1, batch_size=10, local_steps=5)
-    assert not vectorizable(plain, objective, [30, 31])  # unequal batches across clients
-    assert not vectorizable(plain, objective, [30])  # nothing to batch
+    assert vectorizable(plain, objective)
     sam = LocalTrainer(lr=0.1, batch_size=10, local_steps=5, gradient=SamGradient(0.5))
-    assert not vectorizable(sam, objective, [30, 30])
+    assert not vectorizable(sam, objective)
+    poisson = LocalTrainer(lr=0.1, batch_size=10, local_steps=5, batch_sampling="poisson")
+    assert not vectorizable(poisson, objective)  # an empty batch is not a masked mean
     dropout = _objective("reddi_cnn", (1, 28, 28))
-    assert not vectorizable(plain, dropout, [30, 30])
+    assert not vectorizable(plain, dropout)
+    with pytest.raises(ValueError, match="at least one record"):
+        train_clients(plain, objective, torch.zeros(410), _clients([3, 0], (40,)), [None, None])
 
 
 def test_a_vectorized_run_matches_the_sequential_run(store_root, tmp_path, monkeypatch):

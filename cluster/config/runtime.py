@@ -22,9 +22,12 @@ class ExecutorConfig:
     cpus_per_actor: float = 1.0
     gpus_per_actor: float = 0.0
     address: str | None = None  # Ray address; None = $RAY_ADDRESS or an embedded Ray
-    # Train each actor's clients of a round as one vmapped batch where that is the same
-    # computation (algorithms/vectorized.py): equal up to float rounding, not bit for bit.
-    vectorize: bool = False
+    # Train each actor's clients of a round as vmapped batches where that is the same
+    # computation (algorithms/vectorized.py). Equal to the sequential path up to float rounding,
+    # and for convolutions that rounding depends on how many clients share a batch, so a
+    # vectorised run is bit-reproducible for a given actor layout only; false = sequential,
+    # bit-identical across layouts.
+    vectorize: bool = True
 
 
 def in_ray_job() -> bool:
