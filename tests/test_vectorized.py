@@ -10,7 +10,7 @@ from algorithms.layout import ParamLayout
 from algorithms.local import LocalTrainer, ModelObjective, SamGradient
 from algorithms.rng import torch_generator
 from algorithms.vectorized import train_clients, vectorizable
-from cluster.experiment import run_experiment
+from cluster.experiment import open_store, run_experiment
 from models import build_model
 
 TOLERANCE = 1e-5
@@ -126,7 +126,21 @@ def test_not_vectorized_where_it_would_compute_something_else():
         train_clients(plain, objective, torch.zeros(410), _clients([3, 0], (40,)), [None, None])
 
 
-def test_a_vectorized_run_matches_the_sequential_run(store_root, tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "data",
+    [
+        (),  # equal clients, 5 local steps
+        # Dirichlet over classes: unequal clients, one local epoch (unequal step counts)
+        (
+            "data.partition.method=dirichlet_class",
+            "data.partition.alpha=0.3",
+            "data.partition.min_size=5",
+            "algorithm.local.local_steps=null",
+            "algorithm.local.local_epochs=1",
+        ),
+    ],
+)
+def test_a_vectorized_run_matches_the_sequential_run(store_root, tmp_path, monkeypatch, data):
     import actors.client_host as client_host
 
     batches = []
@@ -142,11 +156,15 @@ def test_a_vectorized_run_matches_the_sequential_run(store_root, tmp_path, monke
         "algorithm.noise_multiplier=1",
         "algorithm.local.momentum=0.5",
         f"checkpoint.dir={tmp_path}",
+        *data,
     )
-    runs = {
-        flag: run_experiment(small_config(store_root, *options, f"executor.vectorize={flag}"))
+    configs = {
+        flag: small_config(store_root, *options, f"executor.vectorize={flag}")
         for flag in ("false", "true")
     }
+    sizes = open_store(configs["true"])[0].client_sizes
+    assert (len(set(sizes.tolist())) > 1) == bool(data)
+    runs = {flag: run_experiment(config) for flag, config in configs.items()}
     assert batches == [5] * 5  # every round's cohort of 5 trained as one batch
     sequential, vectorized = runs["false"].result, runs["true"].result
     assert (sequential.params - vectorized.params).abs().max() < TOLERANCE
