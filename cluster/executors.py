@@ -12,7 +12,7 @@ import numpy as np
 
 from actors.client_host import Broadcast, ClientHost, EvalResult
 from actors.client_state import ClientStateStore
-from actors.scheduling import pin_clients
+from actors.scheduling import balance_round, pin_clients
 from algorithms.aggregate import PartialAggregate
 from algorithms.presets import Algorithm
 from datasets.store import ShardStore
@@ -87,6 +87,11 @@ class RayExecutor:
         self.owner = np.empty(store.num_clients, dtype=np.int64)
         for actor_index, clients in enumerate(assignment):
             self.owner[clients] = actor_index
+        # Clients without state may train on any actor: each round's cohort is evened out by
+        # local steps (actors.scheduling.balance_round); SCAFFOLD's stay with their c_i.
+        self.steps = None
+        if not algorithm.control_variates:
+            self.steps = np.array([algorithm.trainer.num_steps(int(n)) for n in store.client_sizes])
         # A stateless algorithm's round is a pure function of (broadcast, seeds): Ray restarts a
         # dead actor (reloading its shards) and retries the call, with an identical result. An
         # actor holding client state (SCAFFOLD c_i) would lose it, so there a death fails the
@@ -123,11 +128,14 @@ class RayExecutor:
     ) -> PartialAggregate:
         ref = self._ray.put(broadcast)  # once per round, shared by every actor
         owners = self.owner[cohort]
-        futures = []
-        for actor_index, actor in enumerate(self.actors):
-            members = cohort[owners == actor_index].tolist()
-            if members:
-                futures.append(actor.run_round.remote(round_index, ref, members, nominal))
+        groups = [cohort[owners == a].tolist() for a in range(len(self.actors))]
+        if self.steps is not None:
+            groups = balance_round(groups, self.steps)
+        futures = [
+            actor.run_round.remote(round_index, ref, members, nominal)
+            for actor, members in zip(self.actors, groups, strict=True)
+            if members
+        ]
         return PartialAggregate.combine(self._ray.get(futures))
 
     def evaluate(self, params: np.ndarray) -> EvalResult:
