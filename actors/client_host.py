@@ -19,7 +19,7 @@ from algorithms.layout import ParamLayout
 from algorithms.local import LocalResult, ModelObjective
 from algorithms.presets import Algorithm
 from algorithms.rng import Purpose, torch_generator
-from algorithms.vectorized import train_clients, vectorizable
+from algorithms.vectorized import batches_well, train_clients, vectorizable
 from datasets.store import ShardStore
 from datasets.tasks import TASKS
 
@@ -64,7 +64,7 @@ class ClientHost:
         device: str = "cpu",
         eval_batch_size: int = 4096,
         test_per_client: int | None = None,
-        vectorize: bool = True,
+        vectorize: bool | str = "auto",
         cache_bytes: int = DEFAULT_CACHE_BYTES,
     ):
         self.device = torch.device(device)
@@ -75,7 +75,8 @@ class ClientHost:
         self.objective = ModelObjective(model, ParamLayout.of(model), self.task.augment)
         self.algorithm = algorithm.bind(self.objective.layout)
         self.eval_batch_size = eval_batch_size
-        self.vectorize = vectorize
+        # "auto": where it is also expected to be faster (algorithms.vectorized.batches_well)
+        self.vectorize = batches_well(model, self.device) if vectorize == "auto" else vectorize
         # Read from the store when sampled, kept up to a byte budget (actors/client_data.py).
         self.data = ClientDataCache(self.store, self._tensors, cache_bytes)
         self.data.preload(client_ids)
@@ -137,7 +138,7 @@ class ClientHost:
     def _train_vectorized(
         self, round_index: int, params: torch.Tensor, client_ids: list[int], warmup: bool
     ) -> dict[int, LocalResult]:
-        """The round's local training for all ``client_ids`` at once, where ``vectorize`` is on
+        """The round's local training for all ``client_ids`` at once, where vectorising is on
         and it is the same computation (``algorithms.vectorized``); else {} (sequential)."""
         trainer = self.algorithm.at_round(round_index).trainer
         if not self.vectorize or warmup or self.algorithm.control_variates:

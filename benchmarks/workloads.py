@@ -14,11 +14,12 @@ The plain loop (``plain_loop``) is one process at torch's default threads: copy 
 over the client's batches, clip the delta, sum, add N(0, σ²C²), average, step. It reads the
 same shard store, the same cohorts (``sample_cohort``) and the same seeded batch and noise
 streams (``algorithms.rng``) as the project, so at σ = 0 both end with the same weights up to
-float rounding (``--check-equal`` reports the largest difference after 3 rounds, for the default
-and the sequential executor). Each workload prints one JSON line: both times and their ratios.
-The project's executors: ``ray`` (2 actors × 1 CPU) and ``local`` (in process), as configured by
-default (each actor trains its clients of a round as vmapped batches, ``algorithms/vectorized``),
-each also ``_sequential`` (``executor.vectorize: false``: one client at a time).
+float rounding (``--check-equal`` reports the largest difference after 3 rounds, sequential and
+vectorised). Each workload prints one JSON line: both times and their ratios. The project's
+executors: ``ray`` (2 actors × 1 CPU) and ``local`` (in process) as configured by default
+(``executor.vectorize: auto``: clients vmapped where that is the same computation and faster,
+``algorithms/vectorized.py``), each also ``_sequential`` (``false``: one client at a time) and
+``_vectorized`` (``true``: vmapped wherever it is the same computation).
 
 Usage (repository root)::
 
@@ -162,9 +163,11 @@ EXECUTORS = {
     "ray": ["executor.kind=ray", "executor.num_actors=2", "executor.cpus_per_actor=1"],
     "local": ["executor.kind=local"],
 }
-# The defaults vectorise clients where it is the same computation; these train one at a time.
-EXECUTORS["ray_sequential"] = [*EXECUTORS["ray"], "executor.vectorize=false"]
-EXECUTORS["local_sequential"] = [*EXECUTORS["local"], "executor.vectorize=false"]
+# The defaults (vectorize: auto) vectorise clients where it is the same computation and faster;
+# these force one client at a time, or vmap wherever it is the same computation.
+for base in ("ray", "local"):
+    EXECUTORS[f"{base}_sequential"] = [*EXECUTORS[base], "executor.vectorize=false"]
+    EXECUTORS[f"{base}_vectorized"] = [*EXECUTORS[base], "executor.vectorize=true"]
 
 
 def project(config: ExperimentConfig, executor: str) -> tuple[torch.Tensor, dict]:
@@ -202,7 +205,7 @@ def run_workload(name: str, executors: list[str], overrides: list[str], check_eq
         theirs, _ = plain_loop(exact, store)
         line["sigma0_max_abs_weight_difference"] = {
             executor: float((project(exact, executor)[0] - theirs).abs().max())
-            for executor in ("local", "local_sequential")
+            for executor in ("local_sequential", "local_vectorized")
         }
     return line
 

@@ -29,7 +29,7 @@ class LocalExecutor:
         seed: int,
         device: str = "cpu",
         test_per_client: int | None = None,
-        vectorize: bool = True,
+        vectorize: bool | str = "auto",
     ):
         self.num_test = store.manifest["num_test"]
         clients = list(range(store.num_clients))
@@ -76,7 +76,7 @@ class RayExecutor:
         cpus_per_actor: float = 1.0,
         gpus_per_actor: float = 0.0,
         test_per_client: int | None = None,
-        vectorize: bool = True,
+        vectorize: bool | str = "auto",
     ):
         import ray
 

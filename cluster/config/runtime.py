@@ -23,11 +23,11 @@ class ExecutorConfig:
     gpus_per_actor: float = 0.0
     address: str | None = None  # Ray address; None = $RAY_ADDRESS or an embedded Ray
     # Train each actor's clients of a round as vmapped batches where that is the same
-    # computation (algorithms/vectorized.py). Equal to the sequential path up to float rounding,
-    # and for convolutions that rounding depends on how many clients share a batch, so a
-    # vectorised run is bit-reproducible for a given actor layout only; false = sequential,
-    # bit-identical across layouts.
-    vectorize: bool = True
+    # computation (algorithms/vectorized.py): true wherever possible; auto where it is also
+    # faster (on a GPU; on the CPU for models without convolutions); false never (one client at
+    # a time, bit-identical across actor layouts). Vectorised is equal to sequential up to float
+    # rounding, which for convolutions depends on how many clients share a batch.
+    vectorize: Literal["auto", True, False] = "auto"
 
 
 def in_ray_job() -> bool:
