@@ -48,6 +48,36 @@ class EvalResult:
         )
 
 
+@dataclass(frozen=True)
+class Kernels:
+    """How a host computes its clients' steps; never what (results equal up to float rounding).
+
+    ``vectorize``: train a round's clients as vmapped batches where that is the same computation
+    (``algorithms.vectorized``). ``channels_last``: NHWC convolutions (``ModelObjective``).
+    Each is True, False or "auto": where it is expected to be faster on the host's device (vmap:
+    on a GPU, and on the CPU for models without convolutions; NHWC: on the CPU for models with
+    2-D convolutions).
+    """
+
+    vectorize: bool | str = "auto"
+    channels_last: bool | str = "auto"
+
+    def resolve(self, model: torch.nn.Module, device: torch.device) -> tuple[bool, bool]:
+        """(vectorize, channels_last) for this model on this device."""
+        has_conv2d = any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
+        auto = {
+            "vectorize": batches_well(model, device),
+            "channels_last": device.type == "cpu" and has_conv2d,
+        }
+        return tuple(
+            auto[name] if getattr(self, name) == "auto" else bool(getattr(self, name))
+            for name in ("vectorize", "channels_last")
+        )
+
+
+AUTO_KERNELS = Kernels()
+
+
 def build_model(store: ShardStore, task: str) -> torch.nn.Module:
     manifest = store.manifest
     return TASKS[task].model(tuple(manifest["x_shape"]), manifest["num_classes"])
@@ -64,7 +94,7 @@ class ClientHost:
         device: str = "cpu",
         eval_batch_size: int = 4096,
         test_per_client: int | None = None,
-        vectorize: bool | str = "auto",
+        kernels: Kernels = AUTO_KERNELS,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
     ):
         self.device = torch.device(device)
@@ -72,11 +102,12 @@ class ClientHost:
         self.seed = seed
         self.task = TASKS[task]
         model = build_model(self.store, task).to(self.device)
-        self.objective = ModelObjective(model, ParamLayout.of(model), self.task.augment)
+        self.vectorize, channels_last = kernels.resolve(model, self.device)
+        self.objective = ModelObjective(
+            model, ParamLayout.of(model), self.task.augment, channels_last=channels_last
+        )
         self.algorithm = algorithm.bind(self.objective.layout)
         self.eval_batch_size = eval_batch_size
-        # "auto": where it is also expected to be faster (algorithms.vectorized.batches_well)
-        self.vectorize = batches_well(model, self.device) if vectorize == "auto" else vectorize
         # Read from the store when sampled, kept up to a byte budget (actors/client_data.py).
         self.data = ClientDataCache(self.store, self._tensors, cache_bytes)
         self.data.preload(client_ids)

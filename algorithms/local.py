@@ -47,15 +47,25 @@ class ModelObjective:
 
     ``augment(x_batch, generator)``, when set, transforms every training mini-batch (the task's
     data augmentation); evaluation never uses it.
+
+    ``channels_last``: run 2-D convolutions on NHWC views of the images and kernels (the flat
+    vector stays as it is; autograd copies the gradients back). The same math up to float
+    rounding, and on the CPU a faster kernel: the MNIST CNN's batch-16 step at one thread takes
+    51 instead of 73 ms (``executor.channels_last``).
     """
 
     model: nn.Module
     layout: ParamLayout
     augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None = None
     grad_evals: int = 0  # forward/backward passes so far
+    channels_last: bool = False
 
     def logits(self, flat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        return functional_call(self.model, self.layout.unflatten(flat), (x,))
+        params = self.layout.unflatten(flat)
+        if self.channels_last:
+            params = {k: _nhwc(v) if v.dim() == 4 else v for k, v in params.items()}
+            x = _nhwc(x) if x.dim() == 4 else x
+        return functional_call(self.model, params, (x,))
 
     def loss_and_grad(
         self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor
@@ -67,6 +77,15 @@ class ModelObjective:
         loss = nn.functional.cross_entropy(logits, y)
         (grad,) = torch.autograd.grad(loss, flat)
         return loss.detach(), logits.detach(), grad
+
+
+def _nhwc(t: torch.Tensor) -> torch.Tensor:
+    """``t`` [N, C, H, W] with channels-last strides, explicitly: for C = 1 both layouts are
+    "contiguous", and ``contiguous(memory_format=channels_last)`` would leave the NCHW strides
+    that make the convolution pick its NCHW kernel."""
+    n, c, h, w = t.shape
+    t = t.contiguous(memory_format=torch.channels_last)
+    return t.as_strided(t.shape, (h * w * c, 1, w * c, c))
 
 
 @dataclass(frozen=True)

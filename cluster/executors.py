@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from actors.client_host import Broadcast, ClientHost, EvalResult
+from actors.client_host import AUTO_KERNELS, Broadcast, ClientHost, EvalResult, Kernels
 from actors.client_state import ClientStateStore
 from actors.scheduling import balance_round, pin_clients
 from algorithms.aggregate import PartialAggregate
@@ -29,7 +29,7 @@ class LocalExecutor:
         seed: int,
         device: str = "cpu",
         test_per_client: int | None = None,
-        vectorize: bool | str = "auto",
+        kernels: Kernels = AUTO_KERNELS,
     ):
         self.num_test = store.manifest["num_test"]
         clients = list(range(store.num_clients))
@@ -41,7 +41,7 @@ class LocalExecutor:
             clients,
             device,
             test_per_client=test_per_client,
-            vectorize=vectorize,
+            kernels=kernels,
         )
 
     def run_round(
@@ -76,7 +76,7 @@ class RayExecutor:
         cpus_per_actor: float = 1.0,
         gpus_per_actor: float = 0.0,
         test_per_client: int | None = None,
-        vectorize: bool | str = "auto",
+        kernels: Kernels = AUTO_KERNELS,
     ):
         import ray
 
@@ -108,7 +108,7 @@ class RayExecutor:
                 gpus_per_actor,
                 store_path=store.location,
                 test_per_client=test_per_client,
-                vectorize=vectorize,
+                kernels=kernels,
                 task=task,
                 algorithm=algorithm,
                 seed=seed,

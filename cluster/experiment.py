@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from actors.client_host import Kernels
 from algorithms.layout import ParamLayout
 from cluster.checkpoint import checkpoint_path, save_checkpoint
 from cluster.config import ExperimentConfig
@@ -62,7 +63,7 @@ def make_executor(
             algorithm,
             config.seed,
             test_per_client=config.data.test_per_client,
-            vectorize=e.vectorize,
+            kernels=Kernels(e.vectorize, e.channels_last),
         )
     from cluster.ray_runtime import check_resources, connect
 
@@ -79,7 +80,7 @@ def make_executor(
         e.cpus_per_actor,
         e.gpus_per_actor,
         test_per_client=config.data.test_per_client,
-        vectorize=e.vectorize,
+        kernels=Kernels(e.vectorize, e.channels_last),
     )
 
 

@@ -6,11 +6,10 @@ import pytest
 import torch
 from helpers import small_config
 
-from actors.client_host import ClientHost
 from algorithms.layout import ParamLayout
 from algorithms.local import LocalTrainer, ModelObjective, SamGradient
 from algorithms.rng import torch_generator
-from algorithms.vectorized import batches_well, train_clients, vectorizable
+from algorithms.vectorized import train_clients, vectorizable
 from cluster.experiment import open_store, run_experiment
 from models import build_model
 
@@ -173,15 +172,3 @@ def test_a_vectorized_run_matches_the_sequential_run(store_root, tmp_path, monke
     assert [r.metrics["clip_fraction"] for r in sequential.history] == [
         r.metrics["clip_fraction"] for r in vectorized.history
     ]
-
-
-def test_auto_vectorises_where_it_is_expected_to_be_faster(store_root):
-    cpu, gpu = torch.device("cpu"), torch.device("cuda")
-    linear, cnn = _objective("logreg", (40,)).model, _objective("mnist_cnn", (1, 28, 28)).model
-    assert batches_well(linear, cpu) and batches_well(linear, gpu) and batches_well(cnn, gpu)
-    assert not batches_well(cnn, cpu)  # grouped convolutions at one thread lose on the CPU
-    config = small_config(store_root)  # the synthetic logistic regression, vectorize: auto
-    assert config.executor.vectorize == "auto"
-    store, _ = open_store(config)
-    host = ClientHost(store.location, config.task, config.build_algorithm(), 0, [0, 1])
-    assert host.vectorize is True

@@ -28,6 +28,8 @@ class ExecutorConfig:
     # a time, bit-identical across actor layouts). Vectorised is equal to sequential up to float
     # rounding, which for convolutions depends on how many clients share a batch.
     vectorize: Literal["auto", True, False] = "auto"
+    # 2-D convolutions on NHWC views (algorithms.local.ModelObjective): auto = on the CPU.
+    channels_last: Literal["auto", True, False] = "auto"
 
 
 def in_ray_job() -> bool:

@@ -1,0 +1,66 @@
+"""How a host computes (``Kernels``): the automatic choices, and NHWC convolutions computing
+what the NCHW ones do."""
+
+import pytest
+import torch
+from helpers import small_config
+
+from actors.client_host import ClientHost, Kernels
+from algorithms.layout import ParamLayout
+from algorithms.local import LocalTrainer, ModelObjective, _nhwc
+from algorithms.rng import torch_generator
+from cluster.experiment import open_store
+from models import build_model
+
+CPU, GPU = torch.device("cpu"), torch.device("cuda")
+
+
+def _model(name: str, shape: tuple[int, ...]) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return build_model(name, shape, 10)
+
+
+def test_auto_picks_what_is_expected_to_be_faster_on_the_device():
+    linear, cnn = _model("logreg", (40,)), _model("mnist_cnn", (1, 28, 28))
+    auto = Kernels()
+    assert auto.resolve(linear, CPU) == (True, False)  # vmap: batched matrix products win
+    assert auto.resolve(cnn, CPU) == (False, True)  # grouped convolutions lose; NHWC wins
+    assert auto.resolve(cnn, GPU) == (True, False)
+    assert Kernels(vectorize=False, channels_last=False).resolve(cnn, CPU) == (False, False)
+    assert Kernels(vectorize=True, channels_last=True).resolve(linear, GPU) == (True, True)
+
+
+def test_a_host_applies_the_configured_kernels(store_root):
+    config = small_config(store_root)  # the synthetic logistic regression
+    assert (config.executor.vectorize, config.executor.channels_last) == ("auto", "auto")
+    store, _ = open_store(config)
+    host = ClientHost(store.location, config.task, config.build_algorithm(), 0, [0, 1])
+    assert host.vectorize is True and host.objective.channels_last is False
+    forced = Kernels(vectorize=False, channels_last=True)
+    host = ClientHost(store.location, config.task, config.build_algorithm(), 0, [0], kernels=forced)
+    assert host.vectorize is False and host.objective.channels_last is True
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+def test_nhwc_views_have_channels_last_strides_and_the_same_values(channels):
+    t = torch.randn(4, channels, 6, 5)
+    view = _nhwc(t)
+    assert view.stride() == (6 * 5 * channels, 1, 5 * channels, channels)
+    assert torch.equal(view, t)
+
+
+def test_channels_last_training_equals_nchw_per_client():
+    model = _model("mnist_cnn", (1, 28, 28))
+    layout, params = ParamLayout.of(model), ParamLayout.flatten(model)
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.rand(40, 1, 28, 28, generator=g), torch.randint(0, 10, (40,), generator=g)
+    trainer = LocalTrainer(lr=0.05, batch_size=16, local_epochs=2, momentum=0.5)
+    runs = {
+        flag: trainer.train(
+            ModelObjective(model, layout, channels_last=flag), params, x, y, torch_generator(0, 1)
+        )
+        for flag in (False, True)
+    }
+    assert (runs[True].params - runs[False].params).abs().max() < 1e-5
+    assert runs[True].correct == runs[False].correct
+    assert runs[True].loss_sum == pytest.approx(runs[False].loss_sum, rel=1e-5)
