@@ -8,12 +8,24 @@ import ray
 import torch
 
 from actors.client_host import Broadcast, ClientHost, EvalResult
+from actors.scheduling import pin_clients
 from algorithms.aggregate import PartialAggregate
+from datasets.store import ShardStore
 
 
 @ray.remote
 class ClientHostActor:
-    def __init__(self, cpus_per_actor: float, gpus_per_actor: float, **host_kwargs):
+    def __init__(
+        self,
+        cpus_per_actor: float,
+        gpus_per_actor: float,
+        pinned: tuple[int, int],
+        **host_kwargs,
+    ):
+        """``pinned``: (this actor's index, number of actors). The actor works out its clients
+        with the driver's rule (``pin_clients``) instead of receiving their ids: a list of 50,000
+        ids would put the constructor's arguments in the object store, from where Ray cannot
+        always restore them when it restarts the actor (ray-project/ray#53727)."""
         torch.set_num_threads(max(1, int(cpus_per_actor)))
         device = "cpu"
         # Ray sets CUDA_VISIBLE_DEVICES per actor; the first visible GPU is ours.
@@ -22,7 +34,11 @@ class ClientHostActor:
             if gpus_per_actor < 1:
                 # Ray's GPU fractions are logical; cap this process to its share of memory.
                 torch.cuda.set_per_process_memory_fraction(gpus_per_actor, 0)
-        self.host = ClientHost(device=device, **host_kwargs)
+        index, count = pinned
+        sizes = ShardStore.open(host_kwargs["store_path"]).client_sizes
+        self.host = ClientHost(
+            device=device, client_ids=pin_clients(sizes, count)[index], **host_kwargs
+        )
 
     def info(self) -> dict:
         """Where this actor runs: its process id and torch device."""

@@ -6,12 +6,15 @@ local steps of batch 10) with ``--clients`` clients, and records after every rou
 memory (``VmRSS`` in ``/proc``) of the driver and of each actor (the processes Ray titles
 ``ray::ClientHostActor``). Reports, as one JSON line:
 
-* ``store``: seconds to generate and write the shard store, and the driver's peak RSS meanwhile
-  (the generation runs in the driver, before Ray starts);
+* ``store``: seconds to generate and write the shard store and the peak RSS of the process that
+  does it (a child process, as ``python -m cluster partition`` would be: the run then opens an
+  existing store, as every run after the first does);
 * ``seconds_to_first_round``: from calling ``run_experiment`` to the end of round 1;
 * ``driver_rss_mb``: at round 1, at the end, the peak over the rounds, and the least-squares
   slope over rounds ``--skip``..end in MB per 100 rounds (flat: ≈ 0);
-* ``actor_rss_mb``: each actor's RSS at round 1 and at the end, and its largest value;
+* ``actor_rss_mb``: each actor's RSS at round 1 and at the end, and its largest value, and at
+  the end the part that is its own (``RssAnon``) rather than pages of the memory-mapped store
+  and libraries, which the actors and the page cache share (``RssFile``);
 * ``seconds_per_round``: median after the first round.
 
     uv run python -m benchmarks.scale [--clients 100000] [--rounds 1000] [--out PATH]
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import statistics
 import sys
@@ -37,7 +41,8 @@ ACTOR_TITLE = b"ray::ClientHostActor"
 
 
 def rss_mb(pid: int | str = "self", field: str = "VmRSS") -> float:
-    """A process's resident memory (or its peak, ``VmHWM``) in MB, from ``/proc``."""
+    """A process's resident memory in MB from ``/proc``: ``VmRSS`` (all), ``VmHWM`` (its peak),
+    ``RssAnon`` (its own pages), ``RssFile`` (file-backed: mapped files and libraries)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
@@ -65,6 +70,23 @@ def slope_per_100_rounds(samples: list[tuple[int, float]]) -> float:
     return 100 * sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var
 
 
+def _build(config, out) -> None:
+    start = time.perf_counter()
+    open_store(config)
+    out.put({"build_seconds": time.perf_counter() - start, "peak_rss_mb": rss_mb("self", "VmHWM")})
+
+
+def _build_in_child(config) -> dict:
+    """Generate and write the store in a child process; its time and peak memory."""
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    child = context.Process(target=_build, args=(config, out))
+    child.start()
+    result = out.get()
+    child.join()
+    return result
+
+
 def measure(clients: int, rounds: int, skip: int, overrides: list[str]) -> dict:
     config = workload_config(
         "B",
@@ -78,15 +100,11 @@ def measure(clients: int, rounds: int, skip: int, overrides: list[str]) -> dict:
             *overrides,
         ],
     )
-    start = time.perf_counter()
-    open_store(config)  # generated here, outside the run's timing
-    store = {
-        "build_seconds": time.perf_counter() - start,
-        "driver_peak_rss_mb": rss_mb("self", "VmHWM"),
-    }
+    store = _build_in_child(config)
 
     driver: list[tuple[int, float]] = []
     actors: dict[int, list[float]] = {}
+    own: dict[int, dict[str, float]] = {}
     first_round: list[float] = []
 
     def on_round(record) -> None:
@@ -95,6 +113,7 @@ def measure(clients: int, rounds: int, skip: int, overrides: list[str]) -> dict:
         driver.append((record.round, rss_mb()))
         for pid in actor_pids():
             actors.setdefault(pid, []).append(rss_mb(pid))
+            own[pid] = {"anon": rss_mb(pid, "RssAnon"), "file": rss_mb(pid, "RssFile")}
         if record.round % 50 == 0 or record.round == 1:
             print(f"round {record.round}: driver {driver[-1][1]:.0f} MB", flush=True)
 
@@ -118,8 +137,14 @@ def measure(clients: int, rounds: int, skip: int, overrides: list[str]) -> dict:
             f"slope_per_100_rounds_after_{skip}": slope_per_100_rounds(steady),
         },
         "actor_rss_mb": [
-            {"round_1": series[0], "end": series[-1], "peak": max(series)}
-            for series in actors.values()
+            {
+                "round_1": series[0],
+                "end": series[-1],
+                "peak": max(series),
+                "end_own_RssAnon": own[pid]["anon"],
+                "end_file_backed_RssFile": own[pid]["file"],
+            }
+            for pid, series in actors.items()
         ],
         "final_test_accuracy": outcome.final_accuracy,
         "epsilon": outcome.epsilon,

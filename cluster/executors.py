@@ -106,15 +106,15 @@ class RayExecutor:
             ).remote(
                 cpus_per_actor,
                 gpus_per_actor,
+                (actor_index, num_actors),
                 store_path=store.location,
                 test_per_client=test_per_client,
                 kernels=kernels,
                 task=task,
                 algorithm=algorithm,
                 seed=seed,
-                client_ids=clients,
             )
-            for clients in assignment
+            for actor_index in range(num_actors)
         ]
         bounds = np.linspace(0, store.manifest["num_test"], num_actors + 1).astype(int)
         self.eval_slices = list(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True))
