@@ -49,19 +49,26 @@ def _user_samples(spec: SyntheticSpec, rng: np.random.Generator) -> tuple[np.nda
 
 
 def _standardise_unit_norm(x: np.ndarray) -> np.ndarray:
+    """In place (the same operations as out of place, so the same values): at 100,000 users
+    the pooled features are 2 GB, and every temporary copy was another 2 GB."""
     std = x.std(axis=0)
-    x = (x - x.mean(axis=0)) / np.where(std > 0, std, 1.0)
+    x -= x.mean(axis=0)
+    x /= np.where(std > 0, std, 1.0)
     norms = np.linalg.norm(x, axis=1, keepdims=True)
-    return x / np.where(norms > 0, norms, 1.0)
+    x /= np.where(norms > 0, norms, 1.0)
+    return x
 
 
 def generate_synthetic(spec: SyntheticSpec, seed: int) -> tuple[LabeledArrays, LabeledArrays]:
     """Return (train, test); ``group`` holds the generating user of every row."""
     root = np.random.SeedSequence([int(seed), 0x5C4F])
-    user_rngs = [np.random.default_rng(s) for s in root.spawn(spec.num_users)]
-    parts = [_user_samples(spec, rng) for rng in user_rngs]
-    x = _standardise_unit_norm(np.concatenate([p[0] for p in parts])).astype(np.float32)
-    y = np.concatenate([p[1] for p in parts]).astype(np.int64)
+    n = spec.samples_per_user
+    x = np.empty((spec.num_users * n, spec.num_features))
+    y = np.empty(spec.num_users * n, dtype=np.int64)
+    for user, seed_seq in enumerate(root.spawn(spec.num_users)):  # written in place, no parts
+        rows = slice(user * n, (user + 1) * n)
+        x[rows], y[rows] = _user_samples(spec, np.random.default_rng(seed_seq))
+    x = _standardise_unit_norm(x).astype(np.float32)
     users = np.repeat(np.arange(spec.num_users, dtype=np.int64), spec.samples_per_user)
 
     n_train = int(round(spec.train_fraction * spec.samples_per_user))
