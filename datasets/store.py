@@ -147,7 +147,10 @@ class ShardStore:
         self.location = location  # a local path or a pyarrow filesystem URI
         self.manifest = manifest
         self.offsets = offsets
+        self.client_sizes = np.diff(offsets)  # once: hosts ask for it per client per round
+        self.client_sizes.flags.writeable = False
         self._tables: dict[str, pa.Table] = {}
+        self._columns: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
     @property
     def path(self) -> Path:
@@ -206,10 +209,6 @@ class ShardStore:
     def num_clients(self) -> int:
         return len(self.offsets) - 1
 
-    @property
-    def client_sizes(self) -> np.ndarray:
-        return np.diff(self.offsets)
-
     def _table(self, split: str) -> pa.Table:
         if split not in self._tables:
             local = _local_path(self.location)
@@ -221,11 +220,20 @@ class ShardStore:
             self._tables[split] = pa.ipc.open_file(source).read_all()
         return self._tables[split]
 
+    def _split_arrays(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+        """(x, y) of a whole split as NumPy views of the map (zero-copy), made once: a client's
+        rows are then a slice, not an Arrow slice and conversion per read (50,000 clients'
+        preload: 2.5 s of the host's 6.8 s start)."""
+        if split not in self._columns:
+            table = self._table(split)
+            x = _one_chunk(table.column("x")).flatten().to_numpy(zero_copy_only=True)
+            y = _one_chunk(table.column("y")).to_numpy(zero_copy_only=True)
+            self._columns[split] = (x.reshape(table.num_rows, *self.manifest["x_shape"]), y)
+        return self._columns[split]
+
     def _rows(self, split: str, start: int, stop: int) -> ClientArrays:
-        table = self._table(split).slice(start, stop - start)
-        x = _one_chunk(table.column("x")).flatten().to_numpy(zero_copy_only=True)
-        y = _one_chunk(table.column("y")).to_numpy(zero_copy_only=True)
-        return ClientArrays(x.reshape(stop - start, *self.manifest["x_shape"]), y)
+        x, y = self._split_arrays(split)
+        return ClientArrays(x[start:stop], y[start:stop])
 
     def client(self, client_id: int) -> ClientArrays:
         """The training rows of one client."""
