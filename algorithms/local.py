@@ -292,7 +292,10 @@ class LocalTrainer:
             objective, x, y, generator, payload, noise_stream, augment_generator
         )
         buf = None
-        steps, loss_sum, correct, seen = 0, 0.0, 0, 0
+        steps, seen = 0, 0
+        # Statistics stay on the device until the end: no host sync per step (a GPU would stall).
+        loss_sum = torch.zeros((), dtype=torch.float64, device=w.device)
+        correct = torch.zeros((), dtype=torch.int64, device=w.device)
         for xb, yb in batches:
             loss, logits, g = gradient(objective, w, xb, yb)
             for regularizer in self.regularizers:
@@ -301,11 +304,17 @@ class LocalTrainer:
                     g = g + extra
             w, buf = self.descend(w, g, buf, lr, correction)
             steps += 1
-            loss_sum += float(loss) * len(yb)
-            correct += int((logits.argmax(1) == yb).sum())
+            loss_sum += loss.double() * len(yb)
+            correct += (logits.argmax(1) == yb).sum()
             seen += len(yb)
         return LocalResult(
-            w.detach(), steps, loss_sum, correct, seen, objective.grad_evals - evals_before, lr
+            w.detach(),
+            steps,
+            float(loss_sum),
+            int(correct),
+            seen,
+            objective.grad_evals - evals_before,
+            lr,
         )
 
     def descend(

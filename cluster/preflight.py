@@ -15,6 +15,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from cluster.config import ConfigError, DataConfig, ExperimentConfig
+from cluster.config.runtime import tracking_uri
 from datasets.store import ShardStore, StoreError
 
 CONNECT_TIMEOUT_S = 3.0
@@ -105,8 +106,6 @@ def _rebuild_fix(d: DataConfig) -> str:
 
 def check_tracking_uri() -> None:
     """``MLFLOW_TRACKING_URI`` names a store MLflow can use and, for a server, one that answers."""
-    from cluster.tracking import tracking_uri
-
     uri = tracking_uri()
     scheme = urlsplit(uri).scheme.split("+")[0]
     if scheme not in _MLFLOW_SCHEMES:

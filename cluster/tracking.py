@@ -8,7 +8,6 @@ config, accuracy and ε curves (PNG), the per-round history (JSON) and the final
 from __future__ import annotations
 
 import json
-import os
 import platform
 import queue
 import subprocess
@@ -23,16 +22,12 @@ import yaml
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
+from cluster.config.runtime import tracking_uri
 from cluster.simulation import RoundRecord
 
-DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 # MLflow 3's experiment type: "custom_model_development" is its classic machine-learning view.
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 _PACKAGES = ("torch", "ray", "mlflow", "opacus", "numpy", "pyarrow")
-
-
-def tracking_uri() -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI)
 
 
 def flatten(tree: dict, prefix: str = "") -> dict[str, str]:
