@@ -19,7 +19,7 @@ from algorithms.layout import ParamLayout
 from algorithms.local import LocalResult, ModelObjective
 from algorithms.presets import Algorithm
 from algorithms.rng import Purpose, torch_generator
-from algorithms.vectorized import batches_well, train_clients, vectorizable
+from algorithms.vectorized import train_clients, vectorizable
 from datasets.store import ShardStore
 from datasets.tasks import TASKS
 
@@ -53,10 +53,14 @@ class Kernels:
     """How a host computes its clients' steps; never what (results equal up to float rounding).
 
     ``vectorize``: train a round's clients as vmapped batches where that is the same computation
-    (``algorithms.vectorized``). ``channels_last``: NHWC convolutions (``ModelObjective``).
-    Each is True, False or "auto": where it is expected to be faster on the host's device (vmap:
-    on a GPU, and on the CPU for models without convolutions; NHWC: on the CPU for models with
-    2-D convolutions).
+    (``algorithms.vectorized``). ``channels_last``: NHWC convolutions (``ModelObjective``). Each
+    is True, False or "auto", where it is expected to be faster on the host's device:
+
+    - vmap on a GPU (many small per-client kernels leave it idle), and on the CPU for models
+      without convolutions: a linear model's batched matrix products win (workload B: 0.26
+      against 1.73 s/round), a batched (grouped) convolution at one thread loses (workload A's
+      CNN: 0.46 against 0.44 s/round);
+    - NHWC on the CPU for models with 2-D convolutions (the MNIST CNN's step: 51 against 73 ms).
     """
 
     vectorize: bool | str = "auto"
@@ -64,15 +68,17 @@ class Kernels:
 
     def resolve(self, model: torch.nn.Module, device: torch.device) -> tuple[bool, bool]:
         """(vectorize, channels_last) for this model on this device."""
-        has_conv2d = any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
-        auto = {
-            "vectorize": batches_well(model, device),
-            "channels_last": device.type == "cpu" and has_conv2d,
-        }
-        return tuple(
-            auto[name] if getattr(self, name) == "auto" else bool(getattr(self, name))
-            for name in ("vectorize", "channels_last")
+        cpu = device.type == "cpu"
+        convolutions = [m for m in model.modules() if isinstance(m, torch.nn.modules.conv._ConvNd)]
+        has_conv2d = any(isinstance(m, torch.nn.Conv2d) for m in convolutions)
+        return (
+            _choose(self.vectorize, auto=not cpu or not convolutions),
+            _choose(self.channels_last, auto=cpu and has_conv2d),
         )
+
+
+def _choose(setting: bool | str, auto: bool) -> bool:
+    return auto if setting == "auto" else bool(setting)
 
 
 AUTO_KERNELS = Kernels()
@@ -171,9 +177,9 @@ class ClientHost:
     ) -> dict[int, LocalResult]:
         """The round's local training for all ``client_ids`` at once, where vectorising is on
         and it is the same computation (``algorithms.vectorized``); else {} (sequential)."""
-        trainer = self.algorithm.at_round(round_index).trainer
         if not self.vectorize or warmup or self.algorithm.control_variates:
             return {}
+        trainer = self.algorithm.at_round(round_index).trainer
         sizes = [self.data.num_records(cid) for cid in client_ids]
         if len(client_ids) < 2 or min(sizes) == 0 or not vectorizable(trainer, self.objective):
             return {}

@@ -23,7 +23,7 @@ def balance_round(groups: list[list[int]], cost: np.ndarray) -> list[list[int]]:
 
     ``groups[h]`` are the cohort members pinned to host h, ``cost[c]`` client c's work (its
     local steps). A random cohort splits unevenly over the hosts (10 of 100 clients on 2 hosts:
-    7 and 3 one round in four), and the round lasts as long as the busiest host. While moving
+    7/3 or worse in 32% of rounds), and the round lasts as long as the busiest host. While moving
     one client from the busiest to the idlest host lowers the busier of the two, the client whose
     cost is nearest half their gap moves (ties: the lower id). Only clients without per-client
     state may move (their host reads the moved client from the shared store); the result is a

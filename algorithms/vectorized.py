@@ -28,9 +28,11 @@ a chunk's clients are of similar step counts (the order above), so little of a s
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import nn
-from torch.func import functional_call, grad_and_value, vmap
+from torch.func import grad_and_value, vmap
 
 from algorithms.local import LocalResult, LocalTrainer, ModelObjective, SgdGradient
 
@@ -44,18 +46,6 @@ _STATEFUL_OR_RANDOM = (
     nn.AlphaDropout,
     nn.modules.batchnorm._BatchNorm,
 )
-
-
-def batches_well(model: nn.Module, device: torch.device) -> bool:
-    """Whether vmapped steps are expected to beat one client at a time (``vectorize: auto``).
-
-    On the CPU, a batched (grouped) convolution at one thread is slower than the clients' own
-    convolutions in turn (workload A's CNN: 0.58 against 0.43 s/round on 2 actors), while a
-    linear model's batched matrix products are far faster (workload B: 0.18 against 1.77
-    s/round). On a GPU, many small per-client kernels leave it idle; vmap fills it.
-    """
-    has_conv = any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
-    return device.type != "cpu" or not has_conv
 
 
 def vectorizable(trainer: LocalTrainer, objective: ModelObjective) -> bool:
@@ -109,10 +99,12 @@ def _padded_stack(tensors: list[torch.Tensor]) -> torch.Tensor:
 
 
 def _masked_loss(objective: ModelObjective):
-    """Loss of one client's padded batch: the mean cross-entropy over its real records."""
+    """Loss of one client's padded batch: the mean cross-entropy over its real records. NCHW
+    whatever ``objective.channels_last`` says: vmap cannot batch a channels-last copy."""
+    nchw = replace(objective, channels_last=False)
 
     def loss(w: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor):
-        logits = functional_call(objective.model, objective.layout.unflatten(w), (xb,))
+        logits = nchw.logits(w, xb)
         per_record = nn.functional.cross_entropy(logits, yb, reduction="none")
         return (per_record * mask).sum() / mask.sum(), logits
 

@@ -6,7 +6,6 @@ same parameters reuses it and a run with other parameters never reads a stale on
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import json
 from pathlib import Path
@@ -122,23 +121,7 @@ def build_or_open_store(
     existing = existing_store_path(root, *args)
     if existing is not None:
         return ShardStore.open(existing), False
-    store = build_store(store_path(root, *args), *args, **loading)
-    release_freed_memory()
-    return store, True
-
-
-def release_freed_memory() -> None:
-    """Hand the heap's free pages back to the OS (glibc's ``malloc_trim``; elsewhere nothing).
-
-    Building a store allocates and frees gigabytes (100,000 synthetic clients: 8.6 GB at peak),
-    and glibc keeps freed blocks mapped: the driver that built the store would hold 2.7 GB through
-    the whole run instead of 0.75 GB.
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc (macOS, musl): nothing to trim
-        return
-    libc.malloc_trim(0)
+    return build_store(store_path(root, *args), *args, **loading), True
 
 
 def store_path(

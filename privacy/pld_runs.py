@@ -85,8 +85,11 @@ def _bounds(moments: tuple, times: int) -> tuple[int, int]:
     return lower, upper
 
 
+@lru_cache(maxsize=4096)
 def _support(sigma: float, q: float, interval: float, times: int) -> int:
-    """Points of the wider direction of the ``times``-fold self-composition (no FFT)."""
+    """Points of the wider direction of the ``times``-fold self-composition (no FFT). Cached:
+    ``discretization_for`` asks for every run of the history every round, and a closed run's
+    answer never changes (its moments may have left ``chernoff_moments``'s cache)."""
     return max(
         upper - lower + 1
         for lower, upper in (_bounds(m, times) for m in chernoff_moments(sigma, q, interval))
