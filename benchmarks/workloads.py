@@ -16,11 +16,11 @@ same shard store, the same cohorts (``sample_cohort``) and the same seeded batch
 streams (``algorithms.rng``) as the project, so at σ = 0 both end with the same weights up to
 float rounding (``--check-equal`` reports the largest difference after 3 rounds, sequential and
 vectorised). Each workload prints one JSON line: both times and their ratios. The project's
-executors: ``ray`` (2 actors × 1 CPU) and ``local`` (in process, as many threads as the plain
-loop) as configured by default (``executor.vectorize: auto``: clients vmapped where that is the
-same computation and faster, ``algorithms/vectorized.py``; ``channels_last: auto``), each also
-``_sequential`` (``vectorize: false``: one client at a time) and ``_vectorized`` (``true``:
-vmapped wherever it is the same computation).
+executors: ``ray`` (2 actors × 1 CPU) and ``local`` (in process, one host thread at one intra-op
+thread per thread of the plain loop) as configured by default (``executor.vectorize: auto``:
+clients vmapped where that is the same computation and faster, ``algorithms/vectorized.py``;
+``channels_last: auto``), each also ``_sequential`` (``vectorize: false``: one client at a
+time) and ``_vectorized`` (``true``: vmapped wherever it is the same computation).
 
 Usage (repository root)::
 
@@ -162,8 +162,12 @@ def plain_loop(config: ExperimentConfig, store) -> tuple[torch.Tensor, dict]:
 
 EXECUTORS = {
     "ray": ["executor.kind=ray", "executor.num_actors=2", "executor.cpus_per_actor=1"],
-    # In process with the plain loop's threads (torch's default: the machine's cores).
-    "local": ["executor.kind=local", f"executor.cpus_per_actor={torch.get_num_threads()}"],
+    # In process, one host thread per thread of the plain loop (torch's default: the cores).
+    "local": [
+        "executor.kind=local",
+        f"executor.num_actors={torch.get_num_threads()}",
+        "executor.cpus_per_actor=1",
+    ],
 }
 # The defaults (vectorize: auto) vectorise clients where it is the same computation and faster;
 # these force one client at a time, or vmap wherever it is the same computation.

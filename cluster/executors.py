@@ -1,12 +1,20 @@
 """Executors run a round's cohort and return its sum; the driver never sees single updates.
 
-``LocalExecutor`` hosts every client in this process (tests, debugging). ``RayExecutor`` pins
-clients to a pool of actors, broadcasts once per round with ``ray.put``, and sums the actors'
-partial aggregates in actor order. Both run the same ``ClientHost`` code with per-client seeds,
-so they agree up to float summation order.
+Both executors are a pool of ``ClientHost``s (``HostPool``): clients are pinned to hosts by size
+(where their data and state live), each round's cohort is split over the hosts — evened out by
+local steps for algorithms without client state (``actors.scheduling.balance_round``) — and the
+hosts' partial aggregates are summed in host order. ``LocalExecutor``'s hosts live in this
+process and run on threads (torch releases the GIL inside its kernels, so two hosts at one
+intra-op thread each keep two cores busy with the convolutions of two clients at once);
+``RayExecutor``'s are Ray actors, broadcast to once per round with ``ray.put``. With the same
+number of hosts the two compute the same sums in the same order, so they agree bit for bit on
+the sequential path (``executor.vectorize: false``).
 """
 
 from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
@@ -19,53 +27,117 @@ from datasets.store import ShardStore
 
 MAX_RETRIES = 3
 
+Call = tuple | None  # one host's arguments for a method, or None: that host has nothing to do
 
-class LocalExecutor:
+
+class HostPool:
+    """What an executor does with its hosts, whatever they are: pin the clients, split each
+    round's cohort, fan a method out and combine the answers in host order. Subclasses say how
+    a host is called (``_call``) and how a large argument is shared by all hosts (``_share``)."""
+
+    def __init__(self, store: ShardStore, algorithm: Algorithm, num_hosts: int):
+        self.assignment = pin_clients(store.client_sizes, num_hosts)
+        self.owner = np.empty(store.num_clients, dtype=np.int64)
+        for host_index, clients in enumerate(self.assignment):
+            self.owner[clients] = host_index
+        # Clients without state may train on any host: each round's cohort is evened out by
+        # local steps; SCAFFOLD's stay with their c_i.
+        self.steps = None
+        if not algorithm.control_variates:
+            self.steps = np.array([algorithm.trainer.num_steps(int(n)) for n in store.client_sizes])
+        bounds = np.linspace(0, store.manifest["num_test"], num_hosts + 1).astype(int)
+        self.eval_slices = list(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True))
+
+    @property
+    def num_hosts(self) -> int:
+        return len(self.eval_slices)
+
+    def _call(self, method: str, calls: list[Call]) -> list:
+        """``method(*args)`` on every host whose ``calls`` entry is not None, concurrently; the
+        answers in host order."""
+        raise NotImplementedError
+
+    def _share(self, value: Any) -> Any:
+        return value
+
+    def run_round(
+        self, round_index: int, broadcast: Broadcast, cohort: np.ndarray, nominal: float
+    ) -> PartialAggregate:
+        shared = self._share(broadcast)  # once per round, for every host
+        owners = self.owner[cohort]
+        groups = [cohort[owners == h].tolist() for h in range(self.num_hosts)]
+        if self.steps is not None:
+            groups = balance_round(groups, self.steps)
+        calls = [(round_index, shared, members, nominal) if members else None for members in groups]
+        return PartialAggregate.combine(self._call("run_round", calls))
+
+    def evaluate(self, params: np.ndarray) -> EvalResult:
+        shared = self._share(params)
+        slices = self.eval_slices
+        calls = [(shared, start, stop) if stop > start else None for start, stop in slices]
+        return EvalResult.combine(self._call("evaluate", calls))
+
+    def evaluate_clients(self, params: np.ndarray) -> EvalResult:
+        shared = self._share(params)
+        return EvalResult.combine(self._call("evaluate_clients", [(shared,)] * self.num_hosts))
+
+    def client_states(self) -> dict:
+        return ClientStateStore.merge(self._call("client_states", [()] * self.num_hosts))
+
+    def load_client_states(self, states: dict) -> None:
+        calls = [(ClientStateStore.select(states, self.owner == h),) for h in range(self.num_hosts)]
+        self._call("load_client_states", calls)
+
+
+class LocalExecutor(HostPool):
+    """``num_hosts`` hosts in this process, on as many threads (one host: no thread at all).
+
+    Each host trains its share of a round at torch's intra-op thread count, which the caller
+    sets (``torch.set_num_threads``: ``executor.cpus_per_actor``)."""
+
     def __init__(
         self,
         store: ShardStore,
         task: str,
         algorithm: Algorithm,
         seed: int,
+        num_hosts: int = 1,
         device: str = "cpu",
         test_per_client: int | None = None,
         kernels: Kernels = AUTO_KERNELS,
     ):
-        self.num_test = store.manifest["num_test"]
-        clients = list(range(store.num_clients))
-        self.host = ClientHost(
-            store.location,
-            task,
-            algorithm,
-            seed,
-            clients,
-            device,
-            test_per_client=test_per_client,
-            kernels=kernels,
-        )
+        super().__init__(store, algorithm, num_hosts)
+        self.hosts = [
+            ClientHost(
+                store.location,
+                task,
+                algorithm,
+                seed,
+                clients,
+                device,
+                test_per_client=test_per_client,
+                kernels=kernels,
+            )
+            for clients in self.assignment
+        ]
+        self._threads = None
+        if num_hosts > 1:
+            self._threads = ThreadPoolExecutor(num_hosts, thread_name_prefix="client-host")
 
-    def run_round(
-        self, round_index: int, broadcast: Broadcast, cohort: np.ndarray, nominal: float
-    ) -> PartialAggregate:
-        return self.host.run_round(round_index, broadcast, [int(c) for c in cohort], nominal)
-
-    def evaluate(self, params: np.ndarray) -> EvalResult:
-        return self.host.evaluate(params, 0, self.num_test)
-
-    def evaluate_clients(self, params: np.ndarray) -> EvalResult:
-        return self.host.evaluate_clients(params)
-
-    def client_states(self) -> dict:
-        return self.host.client_states()
-
-    def load_client_states(self, states: dict) -> None:
-        self.host.load_client_states(states)
+    def _call(self, method: str, calls: list[Call]) -> list:
+        pairs = zip(self.hosts, calls, strict=True)
+        work = [(host, args) for host, args in pairs if args is not None]
+        if self._threads is None or len(work) == 1:
+            return [getattr(host, method)(*args) for host, args in work]
+        futures = [self._threads.submit(getattr(host, method), *args) for host, args in work]
+        return [future.result() for future in futures]
 
     def close(self) -> None:
-        pass
+        if self._threads is not None:
+            self._threads.shutdown()
 
 
-class RayExecutor:
+class RayExecutor(HostPool):
     def __init__(
         self,
         store: ShardStore,
@@ -82,16 +154,8 @@ class RayExecutor:
 
         from actors.ray_actor import ClientHostActor
 
+        super().__init__(store, algorithm, num_actors)
         self._ray = ray
-        assignment = pin_clients(store.client_sizes, num_actors)
-        self.owner = np.empty(store.num_clients, dtype=np.int64)
-        for actor_index, clients in enumerate(assignment):
-            self.owner[clients] = actor_index
-        # Clients without state may train on any actor: each round's cohort is evened out by
-        # local steps (actors.scheduling.balance_round); SCAFFOLD's stay with their c_i.
-        self.steps = None
-        if not algorithm.control_variates:
-            self.steps = np.array([algorithm.trainer.num_steps(int(n)) for n in store.client_sizes])
         # A stateless algorithm's round is a pure function of (broadcast, seeds): Ray restarts a
         # dead actor (reloading its shards) and retries the call, with an identical result. An
         # actor holding client state (SCAFFOLD c_i) would lose it, so there a death fails the
@@ -116,53 +180,21 @@ class RayExecutor:
             )
             for actor_index in range(num_actors)
         ]
-        bounds = np.linspace(0, store.manifest["num_test"], num_actors + 1).astype(int)
-        self.eval_slices = list(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True))
         self.devices = [info["device"] for info in self.actor_info()]
 
     def actor_info(self) -> list[dict]:
         return self._ray.get([actor.info.remote() for actor in self.actors])
 
-    def run_round(
-        self, round_index: int, broadcast: Broadcast, cohort: np.ndarray, nominal: float
-    ) -> PartialAggregate:
-        ref = self._ray.put(broadcast)  # once per round, shared by every actor
-        owners = self.owner[cohort]
-        groups = [cohort[owners == a].tolist() for a in range(len(self.actors))]
-        if self.steps is not None:
-            groups = balance_round(groups, self.steps)
+    def _share(self, value: Any) -> Any:
+        return self._ray.put(value)
+
+    def _call(self, method: str, calls: list[Call]) -> list:
         futures = [
-            actor.run_round.remote(round_index, ref, members, nominal)
-            for actor, members in zip(self.actors, groups, strict=True)
-            if members
+            getattr(actor, method).remote(*args)
+            for actor, args in zip(self.actors, calls, strict=True)
+            if args is not None
         ]
-        return PartialAggregate.combine(self._ray.get(futures))
-
-    def evaluate(self, params: np.ndarray) -> EvalResult:
-        ref = self._ray.put(params)
-        futures = [
-            actor.evaluate.remote(ref, start, stop)
-            for actor, (start, stop) in zip(self.actors, self.eval_slices, strict=True)
-            if stop > start
-        ]
-        return EvalResult.combine(self._ray.get(futures))
-
-    def evaluate_clients(self, params: np.ndarray) -> EvalResult:
-        ref = self._ray.put(params)
-        return EvalResult.combine(
-            self._ray.get([actor.evaluate_clients.remote(ref) for actor in self.actors])
-        )
-
-    def client_states(self) -> dict:
-        parts = self._ray.get([a.client_states.remote() for a in self.actors])
-        return ClientStateStore.merge(parts)
-
-    def load_client_states(self, states: dict) -> None:
-        futures = [
-            actor.load_client_states.remote(ClientStateStore.select(states, self.owner == index))
-            for index, actor in enumerate(self.actors)
-        ]
-        self._ray.get(futures)
+        return self._ray.get(futures)
 
     def close(self) -> None:
         for actor in self.actors:

@@ -55,13 +55,15 @@ def make_executor(
     algorithm = config.build_algorithm()
     e = config.executor
     if e.kind == "local":
-        # In process, the driver is the one "actor": it gets the same thread budget.
+        # In process, each host is an "actor" on a thread, with the same thread budget.
         torch.set_num_threads(max(1, int(e.cpus_per_actor)))
         return LocalExecutor(
             store,
             config.task,
             algorithm,
             config.seed,
+            num_hosts=e.num_actors,
+            device="cuda" if e.gpus_per_actor > 0 else "cpu",
             test_per_client=config.data.test_per_client,
             kernels=Kernels(e.vectorize, e.channels_last),
         )

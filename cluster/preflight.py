@@ -48,6 +48,8 @@ def preflight(config: ExperimentConfig) -> None:
         check_ray_address(address)
         if not address:
             check_machine_fits(config)
+    elif config.executor.gpus_per_actor > 0:  # the local hosts share this machine's GPU
+        check_machine_fits(config)
     check_writable_dir("checkpoint.dir", config.checkpoint_dir)
 
 

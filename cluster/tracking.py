@@ -159,15 +159,18 @@ class MlflowTracker:
         return self._pending
 
     def _write_forever(self) -> None:
+        pending = self._pending
         while True:
-            metrics = self._pending.get()
+            metrics = pending.get()
             try:
+                if metrics is None:  # the run ended (``end``)
+                    return
                 if self._write_error is None:
                     self.client.log_batch(self.run_id, metrics=metrics)
             except BaseException as error:  # raised in the driver at the next flush
                 self._write_error = error
             finally:
-                self._pending.task_done()
+                pending.task_done()
 
     def flush(self) -> None:
         """Wait until every round's metrics are written (before a checkpoint, at the end)."""
@@ -204,6 +207,9 @@ class MlflowTracker:
             if status == "FINISHED":  # a failed run ends with its own error, not this one
                 raise
         finally:
+            if self._pending is not None:  # its writer thread ends (no thread per run left)
+                self._pending.put(None)
+                self._pending = None
             self.client.set_terminated(self.run_id, status)
 
 

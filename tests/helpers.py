@@ -29,21 +29,23 @@ def small_config(store_root, *overrides: str):
     return load_config(None, [*base, *overrides])
 
 
-def run_local(config):
-    """Run ``config`` in process; returns the Simulation (its state holds the final params)."""
+def run_local(config, num_hosts: int = 1):
+    """Run ``config`` in process on ``num_hosts`` host threads; returns the Simulation (its
+    state holds the final params)."""
     store, _ = open_store(config)
-    sim = Simulation(
-        config,
+    executor = LocalExecutor(
         store,
-        LocalExecutor(
-            store,
-            config.task,
-            config.build_algorithm(),
-            config.seed,
-            test_per_client=config.data.test_per_client,
-        ),
+        config.task,
+        config.build_algorithm(),
+        config.seed,
+        num_hosts=num_hosts,
+        test_per_client=config.data.test_per_client,
     )
-    sim.run()
+    try:
+        sim = Simulation(config, store, executor)
+        sim.run()
+    finally:
+        executor.close()
     return sim
 
 

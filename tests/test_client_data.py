@@ -50,3 +50,35 @@ def test_a_tiny_cache_changes_no_result(store_root):
             assert torch.equal(sums[0].sums[name], sums[1].sums[name])
     assert len(hosts[0].data) == 1  # over budget: one client at a time
     assert len(hosts[1].data) == store.num_clients  # all fit: converted at start
+
+
+def test_preload_converts_one_block_equal_to_each_client(store_root):
+    store, _ = open_store(small_config(store_root))
+    loads = []
+
+    def to_tensors(rows):
+        loads.append(len(rows.y))
+        return torch.tensor(rows.x) * 2, torch.tensor(rows.y)  # row by row, as a task's are
+
+    clients = [5, 2, 9, 0]
+    block = sum(len(store.client(c).y) for c in clients)
+    one = max(t.element_size() * t.numel() for t in to_tensors(store.client(3)))
+    per_record = sum(t.element_size() * t.numel() for t in to_tensors(store.client(3))) / len(
+        store.client(3).y
+    )
+    loads.clear()
+    # Room for the block and about one more client.
+    cache = ClientDataCache(store, to_tensors, max_bytes=int(per_record * block) + 2 * one)
+    cache.preload(clients)
+    assert loads == [len(store.client(5).y), block]  # the estimate, then one conversion
+    resident = {c: cache[c] for c in clients}
+    for c, (x, y) in resident.items():
+        assert torch.equal(x, torch.tensor(store.client(c).x) * 2)
+        assert torch.equal(y, torch.tensor(store.client(c).y))
+    # Clients from elsewhere share what the block leaves; the block itself is never evicted.
+    for c in (1, 3, 4, 1):
+        cache[c]
+    assert len(cache) == len(clients) + 1
+    assert all(cache[c] is tensors for c, tensors in resident.items())
+    assert cache.resident_bytes + cache.bytes <= cache.max_bytes
+    assert len(loads) == 2 + 4  # 1, 3 and 4, then 1 again (evicted by 4)

@@ -109,6 +109,12 @@ def test_ray_executor_matches_local_executor(store_root, ray_session, algorithm)
         )
         for name, value in local.state.extras.items():
             np.testing.assert_allclose(sim.state.extras[name].numpy(), value.numpy(), atol=1e-6)
+        # As many threads in process as actors: the same sums in the same order, bit for bit.
+        threaded = run_local(config, num_hosts=num_actors)
+        assert torch.equal(threaded.state.params, sim.state.params)
+        assert threaded.history[-1].metrics == sim.history[-1].metrics
+        for name, value in threaded.state.extras.items():
+            assert torch.equal(value, sim.state.extras[name])
 
 
 def test_fractional_gpu_actors_are_packed_and_run(store_root, ray_session):
@@ -162,7 +168,7 @@ def test_scaffold_server_control_is_mean_of_client_controls(store_root):
     executor = LocalExecutor(store, config.task, config.build_algorithm(), config.seed)
     sim = Simulation(config, store, executor)
     sim.run()
-    states = executor.host.client_state.state_dict()
+    states = executor.hosts[0].client_state.state_dict()
     assert len(states["client_ids"]) > config.cohort.size  # several rounds, several clients
     total = torch.from_numpy(states["control"]).sum(0)
     expected = total / config.data.num_clients  # unseen clients still hold c_i = 0

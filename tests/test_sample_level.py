@@ -147,7 +147,7 @@ def _simulation(config):
 def test_server_control_stays_the_mean_of_client_controls(store_root):
     sim, executor = _simulation(small_config(store_root, *SCAFFOLD_DP, "rounds=4"))
     sim.run()
-    states = executor.host.client_state.state_dict()
+    states = executor.hosts[0].client_state.state_dict()
     expected = torch.from_numpy(states["control"]).sum(0) / 20
     torch.testing.assert_close(sim.state.extras["control"], expected, atol=1e-6, rtol=1e-5)
 
@@ -180,7 +180,7 @@ def test_authors_warm_start_counts_inside_the_rounds_and_charges_round_zero(stor
     for index in range(16):
         sim.history.append(sim.run_round(index))
     assert torch.equal(sim.state.params, initial)
-    collected = executor.host.client_state.state_dict()
+    collected = executor.hosts[0].client_state.state_dict()
     # c = (1/N) Σ of the c_i⁰ collected once each, every one computed with round 0's keys.
     expected = torch.from_numpy(collected["control"]).sum(0) / 20
     torch.testing.assert_close(sim.state.extras["control"], expected, atol=1e-6, rtol=1e-5)

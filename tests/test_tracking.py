@@ -99,6 +99,10 @@ def test_round_metrics_are_written_off_the_round_and_flushed_in_order():
         def set_terminated(self, run_id, status):
             self.status = status
 
+    def writers():
+        return {t for t in threading.enumerate() if t.name == "mlflow-metrics"}
+
+    before = writers()
     tracker = MlflowTracker.__new__(MlflowTracker)
     tracker.client, tracker.run_id = SlowClient(), "run"
     for step in (1, 2):
@@ -110,5 +114,8 @@ def test_round_metrics_are_written_off_the_round_and_flushed_in_order():
     tracker.log_round(RoundRecord(round=3, cohort_size=5, seconds=0.1, metrics={}))
     with pytest.raises(RuntimeError, match="store unavailable"):
         tracker.flush()
+    (writer,) = writers() - before
     tracker.end("FAILED")  # a failed run still ends, with its own error
     assert tracker.client.status == "FAILED"
+    writer.join(timeout=5)  # and its writer thread with it: none left per finished run
+    assert not writer.is_alive()

@@ -156,6 +156,7 @@ def test_a_vectorized_run_matches_the_sequential_run(store_root, tmp_path, monke
         "algorithm.noise_multiplier=1",
         "algorithm.local.momentum=0.5",
         f"checkpoint.dir={tmp_path}",
+        "executor.num_actors=1",  # one host: a round's cohort is one vmapped batch
         *data,
     )
     configs = {

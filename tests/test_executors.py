@@ -1,0 +1,83 @@
+"""The in-process executor's host threads: concurrent, and the same computation as one host."""
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+from helpers import run_local, small_config
+
+from actors.client_host import ClientHost
+from cluster.config import ConfigError
+from cluster.executors import LocalExecutor
+from cluster.experiment import open_store
+from cluster.preflight import preflight
+from cluster.simulation import Simulation
+
+DP = ("algorithm.name=dp_fedavg", "algorithm.clip_norm=0.5", "algorithm.noise_multiplier=1.0")
+
+
+def test_local_hosts_train_a_round_at_the_same_time(store_root, monkeypatch):
+    config = small_config(store_root, *DP, "rounds=2")
+    store, _ = open_store(config)
+    # Each host's round waits for the other's to have started: run one after the other, the
+    # first would wait alone until the barrier breaks.
+    both_started = threading.Barrier(2, timeout=30)
+    threads = set()
+    run_round = ClientHost.run_round
+
+    def run_round_together(self, *args):
+        threads.add(threading.current_thread().name)
+        both_started.wait()
+        return run_round(self, *args)
+
+    monkeypatch.setattr(ClientHost, "run_round", run_round_together)
+    executor = LocalExecutor(store, config.task, config.build_algorithm(), config.seed, 2)
+    try:
+        Simulation(config, store, executor).run()
+    finally:
+        executor.close()
+    assert len(threads) == 2 and all(name.startswith("client-host") for name in threads)
+
+
+def test_local_hosts_equal_one_host_up_to_summation_order(store_root):
+    config = small_config(store_root, *DP, "algorithm.clip_norm=5.0")
+    one, two = run_local(config), run_local(config, num_hosts=2)
+    np.testing.assert_allclose(two.state.params.numpy(), one.state.params.numpy(), atol=1e-6)
+    for mine, theirs in zip(two.history, one.history, strict=True):
+        assert mine.epsilon == theirs.epsilon
+        assert mine.metrics["clients"] == theirs.metrics["clients"]
+        assert mine.metrics["clip_fraction"] == theirs.metrics["clip_fraction"]
+
+
+def test_scaffold_states_split_over_hosts_round_trip(store_root):
+    config = small_config(store_root, "algorithm.name=scaffold", "rounds=3")
+    store, _ = open_store(config)
+
+    def executor():
+        return LocalExecutor(store, config.task, config.build_algorithm(), config.seed, 3)
+
+    first, second = executor(), executor()
+    try:
+        Simulation(config, store, first).run()
+        states = first.client_states()
+        held = [len(h.client_state.state_dict()["client_ids"]) for h in first.hosts]
+        assert sum(held) == len(states["client_ids"]) > config.cohort.size
+        assert sum(n > 0 for n in held) >= 2  # the c_i really live on several hosts
+        second.load_client_states(states)
+        back = second.client_states()
+    finally:
+        first.close()
+        second.close()
+    order, back_order = np.argsort(states["client_ids"]), np.argsort(back["client_ids"])
+    for name, value in states.items():
+        assert torch.equal(torch.as_tensor(back[name][back_order]), torch.as_tensor(value[order]))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_local_executor_on_a_gpu_needs_one(store_root):
+    config = small_config(store_root, "executor.gpus_per_actor=1")
+    with pytest.raises(ConfigError) as error:
+        preflight(config)
+    assert "executor.gpus_per_actor" in str(error.value)
+    assert "GPUs, this machine has 0" in str(error.value)
