@@ -18,7 +18,7 @@ from algorithms.client import client_round
 from algorithms.layout import ParamLayout
 from algorithms.local import LocalResult, ModelObjective
 from algorithms.presets import Algorithm
-from algorithms.rng import Purpose, torch_generator
+from algorithms.rng import Purpose, client_generators
 from algorithms.vectorized import train_clients, vectorizable
 from datasets.store import ShardStore
 from datasets.tasks import TASKS
@@ -149,7 +149,10 @@ class ClientHost:
         payload = {k: self._to_device(v) for k, v in broadcast.payload.items()}
         partial = PartialAggregate()
         trained = self._train_vectorized(round_index, params, client_ids, broadcast.warmup)
-        for cid in client_ids:
+        noise = client_generators(
+            self.seed, round_index, client_ids, Purpose.CLIENT_NOISE, device=params.device
+        )
+        for cid, noise_generator in zip(client_ids, noise, strict=True):
             x, y = self.data[cid]
             uploads, weight, state, report = client_round(
                 self.algorithm,
@@ -165,6 +168,7 @@ class ClientHost:
                 nominal_cohort_size,
                 warmup=broadcast.warmup,
                 trained=trained.get(cid),
+                noise_generator=noise_generator,
             )
             self.client_state.put(cid, state)
             if not report.dropped:
@@ -183,10 +187,7 @@ class ClientHost:
         sizes = [self.data.num_records(cid) for cid in client_ids]
         if len(client_ids) < 2 or min(sizes) == 0 or not vectorizable(trainer, self.objective):
             return {}
-        generators = [
-            torch_generator(self.seed, round_index, cid, Purpose.LOCAL_TRAINING)
-            for cid in client_ids
-        ]
+        generators = client_generators(self.seed, round_index, client_ids, Purpose.LOCAL_TRAINING)
         data = [self.data[cid] for cid in client_ids]
         results = train_clients(trainer, self.objective, params, data, generators)
         return dict(zip(client_ids, results, strict=True))

@@ -40,6 +40,7 @@ def client_round(
     nominal_cohort_size: float,
     warmup: bool = False,
     trained: LocalResult | None = None,
+    noise_generator: torch.Generator | None = None,
 ) -> tuple[dict[str, torch.Tensor], float, dict[str, torch.Tensor], ClientReport]:
     """Returns (uploads to sum, aggregation weight, new client state, report).
 
@@ -48,10 +49,10 @@ def client_round(
     is the one drawn with round 0's keys at x⁰ (``payload["warm_start_point"]``), as if every
     client computed it in round 0; a client uploads it once, and one never sampled in the
     warm-up trains from it. ``trained``: this client's local training, already done (with the
-    same batches) for many clients at once by ``algorithms.vectorized``."""
+    same batches) for many clients at once by ``algorithms.vectorized``; ``noise_generator``:
+    this client's ``CLIENT_NOISE`` stream, already made (``rng.client_generators``)."""
     algorithm = algorithm.at_round(round_index).with_state(payload)
     keys = (seed, round_index, client_id)
-    training_rng = torch_generator(*keys, Purpose.LOCAL_TRAINING)
 
     def noise_stream(keys=keys) -> torch.Generator:
         return torch_generator(*keys, Purpose.SAMPLE_NOISE, device=params.device)
@@ -92,7 +93,7 @@ def client_round(
             params,
             x,
             y,
-            training_rng,
+            torch_generator(*keys, Purpose.LOCAL_TRAINING),
             correction,
             augment_generator=augment_rng,
             payload=payload,
@@ -117,8 +118,10 @@ def client_round(
             rows = order[: algorithm.trainer.batch_size].to(y.device)
         return objective.loss_and_grad(result.params, x[rows], y[rows])[2]
 
+    if noise_generator is None:
+        noise_generator = torch_generator(*keys, Purpose.CLIENT_NOISE, device=params.device)
     ctx = ClientContext(
-        torch_generator(*keys, Purpose.CLIENT_NOISE, device=params.device),
+        noise_generator,
         nominal_cohort_size,
         layout=objective.layout,
         round_key=(seed, round_index),

@@ -48,6 +48,73 @@ def stream_seed(seed: int, *keys: int) -> int:
 
 def torch_generator(seed: int, *keys: int, device: str | torch.device = "cpu") -> torch.Generator:
     """A torch generator on ``device`` for the stream ``(seed, *keys)``."""
+    return _seeded(stream_seed(seed, *keys), device)
+
+
+def _seeded(seed: int, device: str | torch.device) -> torch.Generator:
     generator = torch.Generator(device=device)
-    generator.manual_seed(stream_seed(seed, *keys))
+    generator.manual_seed(seed)
     return generator
+
+
+def client_generators(
+    seed: int, round_index: int, client_ids: list[int], purpose: Purpose, device="cpu"
+) -> list[torch.Generator]:
+    """``torch_generator(seed, round_index, c, purpose)`` for every client c, with the stream
+    seeds of all clients computed at once (``stream_seeds``): a round's thousand clients cost
+    one pass over arrays instead of a thousand ``SeedSequence`` objects (≈ 30 µs each)."""
+    keys = np.array([[seed, round_index, c, purpose] for c in client_ids], dtype=object).reshape(
+        -1, 4
+    )
+    return [_seeded(int(s), device) for s in stream_seeds(keys)]
+
+
+# NumPy's SeedSequence (numpy/random/bit_generator.pyx), pool of 4 uint32 words.
+_MASK32 = 0xFFFFFFFF
+_INIT_A, _MULT_A, _INIT_B, _MULT_B = 0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED
+_MIX_MULT_L, _MIX_MULT_R = 0xCA01F9DD, 0x4973F715
+
+
+def stream_seeds(keys: np.ndarray) -> np.ndarray:
+    """``stream_seed(*row)`` for every row of ``keys`` (n × k), vectorised over the rows.
+
+    This is SeedSequence's entropy mixing and ``generate_state(1, uint64)`` step for step, on
+    columns of uint32 words: its hash constants do not depend on the data, so every row follows
+    the same sequence of operations. Rows with a key outside [0, 2³²) — several words each —
+    take ``stream_seed`` itself. Bit-identical to it (``tests/test_rng.py``)."""
+    keys = np.asarray(keys, dtype=object)
+    n, k = keys.shape
+    if n == 0:
+        return np.zeros(0, dtype=np.uint64)
+    if not all(0 <= int(v) <= _MASK32 for v in keys.flat):
+        return np.array([stream_seed(*(int(v) for v in row)) for row in keys], dtype=np.uint64)
+    words = keys.astype(np.uint64)  # uint64 columns: products of two words fit before masking
+    hash_const = _INIT_A
+
+    def hashmix(value: np.ndarray) -> np.ndarray:
+        nonlocal hash_const
+        value = value ^ np.uint64(hash_const)
+        hash_const = (hash_const * _MULT_A) & _MASK32
+        value = (value * np.uint64(hash_const)) & np.uint64(_MASK32)
+        return value ^ (value >> np.uint64(16))
+
+    def mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        result = (np.uint64(_MIX_MULT_L) * x - np.uint64(_MIX_MULT_R) * y) & np.uint64(_MASK32)
+        return result ^ (result >> np.uint64(16))
+
+    zeros = np.zeros(n, dtype=np.uint64)
+    pool = [hashmix(words[:, i] if i < k else zeros) for i in range(4)]
+    for src in range(4):
+        for dst in range(4):
+            if src != dst:
+                pool[dst] = mix(pool[dst], hashmix(pool[src]))
+    for src in range(4, k):
+        for dst in range(4):
+            pool[dst] = mix(pool[dst], hashmix(words[:, src]))
+    hash_const, state = _INIT_B, []
+    for word in pool[:2]:  # two uint32 words, little-endian, make the uint64
+        value = word ^ np.uint64(hash_const)
+        hash_const = (hash_const * _MULT_B) & _MASK32
+        value = (value * np.uint64(hash_const)) & np.uint64(_MASK32)
+        state.append(value ^ (value >> np.uint64(16)))
+    return state[0] | (state[1] << np.uint64(32))
