@@ -25,6 +25,7 @@ time) and ``_vectorized`` (``true``: vmapped wherever it is the same computation
 Usage (repository root)::
 
     uv run python -m benchmarks.workloads [--workloads A B] [--executors ray ray_sequential local]
+        [--repeat 3]
 """
 
 from __future__ import annotations
@@ -194,17 +195,39 @@ def project(config: ExperimentConfig, executor: str) -> tuple[torch.Tensor, dict
     return outcome.result.params, timing
 
 
-def run_workload(name: str, executors: list[str], overrides: list[str], check_equal: bool):
+TIMES = ("wall_seconds", "startup_seconds", "seconds_per_round")
+RATIOS = ("wall_seconds", "seconds_per_round")
+
+
+def _medians(runs: list[dict]) -> dict:
+    """One timing: each time the median over the repeats (every repeat's listed beside it)."""
+    if len(runs) == 1:
+        return runs[0]
+    medians = {key: statistics.median(run[key] for run in runs) for key in TIMES}
+    return {**runs[-1], **medians, "repeats": [{key: run[key] for key in TIMES} for run in runs]}
+
+
+def run_workload(
+    name: str, executors: list[str], overrides: list[str], check_equal: bool, repeat: int = 1
+):
+    """The plain loop, then each executor, ``repeat`` times in turn: a ratio is the median of
+    each repeat's ratio to the plain loop run just before it (this machine's speed drifts by
+    tens of percent over minutes, which separate runs would read as differences)."""
     config = workload_config(name, overrides)
     store, _ = open_store(config)  # built here, outside every timing
-    _, plain = plain_loop(config, store)
-    line = {"workload": name, "rounds": config.rounds, "plain_loop": plain}
-    for executor in executors:
-        disconnect()  # each variant starts its own Ray: start-up is part of what is timed
-        _, timing = project(config, executor)
-        line[f"project_{executor}"] = timing
+    plains, timings = [], {executor: [] for executor in executors}
+    for _ in range(repeat):
+        _, plain = plain_loop(config, store)
+        plains.append(plain)
+        for executor in executors:
+            disconnect()  # each variant starts its own Ray: start-up is part of what is timed
+            timings[executor].append(project(config, executor)[1])
+    line = {"workload": name, "rounds": config.rounds, "plain_loop": _medians(plains)}
+    for executor, runs in timings.items():
+        line[f"project_{executor}"] = _medians(runs)
         line[f"ratio_{executor}"] = {
-            key: timing[key] / plain[key] for key in ("wall_seconds", "seconds_per_round")
+            key: statistics.median(a[key] / b[key] for a, b in zip(runs, plains, strict=True))
+            for key in RATIOS
         }
     if check_equal:
         exact = workload_config(name, [*overrides, "algorithm.noise_multiplier=0", "rounds=3"])
@@ -224,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--set", action="append", default=[], help="override (all workloads)")
     parser.add_argument("--check-equal", action="store_true", help="σ = 0 weight comparison")
+    parser.add_argument("--repeat", type=int, default=1, help="alternations; medians reported")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="dpfl-workloads-") as tmp:
@@ -232,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["DPFL_CHECKPOINT_DIR"] = str(Path(tmp) / "checkpoints")
         lines = []
         for name in args.workloads:
-            line = run_workload(name, args.executors, args.set, args.check_equal)
+            line = run_workload(name, args.executors, args.set, args.check_equal, args.repeat)
             print(json.dumps(line), flush=True)
             lines.append(line)
     disconnect()

@@ -9,7 +9,7 @@ a logistic regression, is smooth and is checked as configured by default (vector
 
 import pytest
 
-from benchmarks.workloads import MNIST_ROOT, plain_loop, project, workload_config
+from benchmarks.workloads import MNIST_ROOT, plain_loop, project, run_workload, workload_config
 from cluster.experiment import open_store
 
 TOLERANCE = 1e-5  # max |Δw| after 3 rounds; seen: 1.5e-8 (B), see the test for A
@@ -39,3 +39,18 @@ def test_project_and_plain_loop_reach_the_same_weights(name, store_root, tmp_pat
     assert project_timing["final_test_accuracy"] == pytest.approx(
         plain_timing["final_test_accuracy"], abs=1e-3
     )
+
+
+def test_repeats_alternate_and_report_medians(store_root, tmp_path, monkeypatch):
+    monkeypatch.setenv("DPFL_CHECKPOINT_DIR", str(tmp_path))
+    small = ["data.num_clients=200", "cohort.size=20", "rounds=3", "eval_every=3"]
+    options = [*small, f"data.store_root={store_root}", "tracking.enabled=false"]
+    line = run_workload("B", ["local"], options, check_equal=False, repeat=2)
+    ours, plain = line["project_local"], line["plain_loop"]
+    assert len(ours["repeats"]) == len(plain["repeats"]) == 2
+    for timing in (ours, plain):
+        for key in ("wall_seconds", "seconds_per_round"):
+            assert timing[key] == pytest.approx(sum(r[key] for r in timing["repeats"]) / 2)
+    pairs = zip(ours["repeats"], plain["repeats"], strict=True)
+    ratios = sorted(a["seconds_per_round"] / b["seconds_per_round"] for a, b in pairs)
+    assert line["ratio_local"]["seconds_per_round"] == pytest.approx(sum(ratios) / 2)
