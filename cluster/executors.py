@@ -7,8 +7,8 @@ hosts' partial aggregates are summed in host order. ``LocalExecutor``'s hosts li
 process and run on threads (torch releases the GIL inside its kernels, so two hosts at one
 intra-op thread each keep two cores busy with the convolutions of two clients at once);
 ``RayExecutor``'s are Ray actors, broadcast to once per round with ``ray.put``. With the same
-number of hosts the two compute the same sums in the same order, so they agree bit for bit on
-the sequential path (``executor.vectorize: false``).
+number of hosts the two give each host the same clients (hence the same vmapped batches) and
+sum the same partials in the same order: they agree bit for bit.
 """
 
 from __future__ import annotations

@@ -48,34 +48,108 @@ def _user_samples(spec: SyntheticSpec, rng: np.random.Generator) -> tuple[np.nda
     return x, y
 
 
-def _standardise_unit_norm(x: np.ndarray) -> np.ndarray:
-    """In place (the same operations as out of place, so the same values): at 100,000 users
-    the pooled features are 2 GB, and every temporary copy was another 2 GB."""
-    std = x.std(axis=0)
-    x -= x.mean(axis=0)
-    x /= np.where(std > 0, std, 1.0)
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    x /= np.where(norms > 0, norms, 1.0)
-    return x
+# Users generated at a time: their rows are one float64 block (≈ 40 MB at 63 × 40).
+CHUNK_USERS = 2000
+# A float64 pool up to this size is generated once and kept between the passes; a larger one is
+# regenerated block by block on each pass (≈ 2.3× the generation time, memory of one block).
+KEPT_POOL_BYTES = 1 << 29
+
+
+def _user_chunks(spec: SyntheticSpec, user_seeds: list[np.random.SeedSequence]):
+    """(first row, x, y) of consecutive blocks of users, regenerated on every call (each user's
+    rows come from its own SeedSequence, so every pass sees the same values)."""
+    n = spec.samples_per_user
+    for first in range(0, spec.num_users, CHUNK_USERS):
+        seeds = user_seeds[first : first + CHUNK_USERS]
+        x = np.empty((len(seeds) * n, spec.num_features))
+        y = np.empty(len(seeds) * n, dtype=np.int64)
+        for i, seed_seq in enumerate(seeds):
+            x[i * n : (i + 1) * n], y[i * n : (i + 1) * n] = _user_samples(
+                spec, np.random.default_rng(seed_seq)
+            )
+        yield first * n, x, y
+
+
+def _block_source(spec: SyntheticSpec, user_seeds):
+    """A function returning an iterator over the blocks, for one pass each."""
+    pool_bytes = spec.num_users * spec.samples_per_user * spec.num_features * 8
+    if pool_bytes <= KEPT_POOL_BYTES:
+        kept = list(_user_chunks(spec, user_seeds))
+        return lambda: iter(kept)
+    return lambda: _user_chunks(spec, user_seeds)
+
+
+def _column_sums(blocks) -> np.ndarray:
+    """``np.add.reduce(pooled, axis=0)`` of the blocks stacked, bit for bit: NumPy reduces a
+    C-ordered array along axis 0 row after row, so carrying the running sum in as the first row
+    of the next block keeps the same additions in the same order."""
+    total = None
+    for block in blocks:
+        rows = block if total is None else np.concatenate([total[None], block])
+        total = np.add.reduce(rows, axis=0)
+    return total
+
+
+def _feature_scaling(spec: SyntheticSpec, blocks) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, std) per feature over the pooled rows — ``x.mean(axis=0)`` and ``x.std(axis=0)``
+    of the whole float64 pool to the last bit (NumPy's ``_var``: mean = Σx / N, then
+    Σ(x − mean)² / N, then √), in two passes over regenerated blocks instead of holding the
+    pool (2 GB at 100,000 users) and its centred copy (2 GB more)."""
+    count = spec.num_users * spec.samples_per_user
+    mean = _column_sums(x for _, x, _ in blocks()) / count
+
+    def squared_deviations():
+        for _, x, _ in blocks():
+            centred = x - mean
+            yield np.multiply(centred, centred, out=centred)
+
+    return mean, np.sqrt(_column_sums(squared_deviations()) / count)
+
+
+def _train_rows(spec: SyntheticSpec, split_seed: np.random.SeedSequence) -> np.ndarray:
+    """Which pooled rows are training rows: ``train_fraction`` of each user's, at random."""
+    n = spec.samples_per_user
+    n_train = int(round(spec.train_fraction * n))
+    split_rng = np.random.default_rng(split_seed)
+    train_mask = np.zeros(spec.num_users * n, dtype=bool)
+    for user in range(spec.num_users):
+        rows = user * n + split_rng.permutation(n)
+        train_mask[rows[:n_train]] = True
+    return train_mask
 
 
 def generate_synthetic(spec: SyntheticSpec, seed: int) -> tuple[LabeledArrays, LabeledArrays]:
-    """Return (train, test); ``group`` holds the generating user of every row."""
-    root = np.random.SeedSequence([int(seed), 0x5C4F])
-    n = spec.samples_per_user
-    x = np.empty((spec.num_users * n, spec.num_features))
-    y = np.empty(spec.num_users * n, dtype=np.int64)
-    for user, seed_seq in enumerate(root.spawn(spec.num_users)):  # written in place, no parts
-        rows = slice(user * n, (user + 1) * n)
-        x[rows], y[rows] = _user_samples(spec, np.random.default_rng(seed_seq))
-    x = _standardise_unit_norm(x).astype(np.float32)
-    users = np.repeat(np.arange(spec.num_users, dtype=np.int64), spec.samples_per_user)
+    """Return (train, test); ``group`` holds the generating user of every row.
 
-    n_train = int(round(spec.train_fraction * spec.samples_per_user))
-    split_rng = np.random.default_rng(root.spawn(1)[0])
-    train_mask = np.zeros(len(y), dtype=bool)
-    for user in range(spec.num_users):
-        rows = user * spec.samples_per_user + split_rng.permutation(spec.samples_per_user)
-        train_mask[rows[:n_train]] = True
-    pooled = LabeledArrays(x, y, users)
-    return pooled.take(np.flatnonzero(train_mask)), pooled.take(np.flatnonzero(~train_mask))
+    Three passes over blocks of users (column means, standard deviations, then the standardised
+    unit-norm rows written straight into the float32 train and test arrays); a pool over
+    ``KEPT_POOL_BYTES`` is regenerated for each pass, so the peak memory is the float32 output
+    plus one block. The values are those of standardising the whole float64 pool at once
+    (``tests/test_data.py`` compares with that computation)."""
+    root = np.random.SeedSequence([int(seed), 0x5C4F])
+    blocks = _block_source(spec, root.spawn(spec.num_users))
+    mean, std = _feature_scaling(spec, blocks)
+    scale = np.where(std > 0, std, 1.0)
+    train_mask = _train_rows(spec, root.spawn(1)[0])
+    users = np.repeat(np.arange(spec.num_users, dtype=np.int64), spec.samples_per_user)
+    splits = {
+        part: LabeledArrays(
+            np.empty((int(mask.sum()), spec.num_features), dtype=np.float32),
+            np.empty(int(mask.sum()), dtype=np.int64),
+            users[mask],
+        )
+        for part, mask in (("train", train_mask), ("test", ~train_mask))
+    }
+    filled = {"train": 0, "test": 0}
+    for first, x, y in blocks():  # the last pass: blocks are standardised in place
+        x -= mean
+        x /= scale
+        norms = np.linalg.norm(x, axis=1, keepdims=True)  # row by row: blocks change nothing
+        x /= np.where(norms > 0, norms, 1.0)
+        in_train = train_mask[first : first + len(y)]
+        for part, rows in (("train", in_train), ("test", ~in_train)):
+            start, stop = filled[part], filled[part] + int(rows.sum())
+            splits[part].x[start:stop] = x[rows]  # float64 → float32, as astype
+            splits[part].y[start:stop] = y[rows]
+            filled[part] = stop
+    return splits["train"], splits["test"]

@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 
+from datasets import synthetic
 from datasets.arrays import LabeledArrays
 from datasets.partition import DirichletClientPrior, IIDPartitioner, NaturalPartitioner
 from datasets.sources import build_or_open_store
@@ -22,6 +23,38 @@ def test_synthetic_rows_are_unit_norm_and_split_80_20_per_user():
     assert set(np.unique(train.y)) <= set(range(10))
     again, _ = generate_synthetic(SyntheticSpec(**SPEC), seed=3)
     np.testing.assert_array_equal(train.x, again.x)
+
+
+def whole_pool(spec: SyntheticSpec, seed: int):
+    """The generator's definition in one piece: every user's rows pooled in float64, each
+    feature standardised over the pool, rows scaled to unit norm, float32, split per user."""
+    root = np.random.SeedSequence([seed, 0x5C4F])
+    rows = [
+        synthetic._user_samples(spec, np.random.default_rng(s)) for s in root.spawn(spec.num_users)
+    ]
+    x = np.concatenate([r[0] for r in rows])
+    y = np.concatenate([r[1] for r in rows])
+    std = x.std(axis=0)
+    x = (x - x.mean(axis=0)) / np.where(std > 0, std, 1.0)
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    x = (x / np.where(norms > 0, norms, 1.0)).astype(np.float32)
+    train = synthetic._train_rows(spec, root.spawn(1)[0])
+    return (x[train], y[train]), (x[~train], y[~train])
+
+
+@pytest.mark.parametrize("kept", [True, False])
+def test_generation_in_blocks_equals_the_whole_pool_bit_for_bit(kept, monkeypatch):
+    monkeypatch.setattr(synthetic, "CHUNK_USERS", 7)  # blocks of 7 users, the last one short
+    monkeypatch.setattr(synthetic, "KEPT_POOL_BYTES", 1 << 40 if kept else 0)
+    for spec, seed in [
+        (SyntheticSpec(1.0, 1.0, 20, 100), 0),
+        (SyntheticSpec(0.0, 0.0, 23, 63), 5),
+        (SyntheticSpec(0.5, 2.0, 30, 37, num_features=60, num_classes=5, train_fraction=0.75), 1),
+    ]:
+        for got, (x, y) in zip(generate_synthetic(spec, seed), whole_pool(spec, seed), strict=True):
+            assert got.x.dtype == np.float32
+            np.testing.assert_array_equal(got.x, x)
+            np.testing.assert_array_equal(got.y, y)
 
 
 def test_feature_heterogeneity_grows_with_beta():
