@@ -35,17 +35,11 @@ from torch import nn
 from torch.func import grad_and_value, vmap
 
 from algorithms.local import LocalResult, LocalTrainer, ModelObjective, SgdGradient
+from models import GLOBAL_RNG_LAYERS
 
 MAX_CHUNK_FLOATS = 32 * 2**20  # 128 MiB of float32 per [chunk, d] matrix
 
-_STATEFUL_OR_RANDOM = (
-    nn.Dropout,
-    nn.Dropout1d,
-    nn.Dropout2d,
-    nn.Dropout3d,
-    nn.AlphaDropout,
-    nn.modules.batchnorm._BatchNorm,
-)
+_STATEFUL_OR_RANDOM = (*GLOBAL_RNG_LAYERS, nn.modules.batchnorm._BatchNorm)
 
 
 def vectorizable(trainer: LocalTrainer, objective: ModelObjective) -> bool:

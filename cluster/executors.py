@@ -24,6 +24,7 @@ from actors.scheduling import balance_round, pin_clients
 from algorithms.aggregate import PartialAggregate
 from algorithms.presets import Algorithm
 from datasets.store import ShardStore
+from models import draws_from_global_rng
 
 MAX_RETRIES = 3
 
@@ -90,7 +91,8 @@ class HostPool:
 
 
 class LocalExecutor(HostPool):
-    """``num_hosts`` hosts in this process, on as many threads (one host: no thread at all).
+    """``num_hosts`` hosts in this process, on as many threads (one host, or a model with
+    dropout: the hosts take turns on the calling thread).
 
     Each host trains its share of a round at torch's intra-op thread count, which the caller
     sets (``torch.set_num_threads``: ``executor.cpus_per_actor``)."""
@@ -121,7 +123,9 @@ class LocalExecutor(HostPool):
             for clients in self.assignment
         ]
         self._threads = None
-        if num_hosts > 1:
+        # Dropout draws from torch's one global generator, seeded per client: such hosts take
+        # turns (same results, no overlap); Ray's actors each have their own.
+        if num_hosts > 1 and not draws_from_global_rng(self.hosts[0].objective.model):
             self._threads = ThreadPoolExecutor(num_hosts, thread_name_prefix="client-host")
 
     def _call(self, method: str, calls: list[Call]) -> list:

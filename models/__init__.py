@@ -38,6 +38,23 @@ from models.resnet9 import ResNet9
 
 ModelFactory = Callable[[tuple[int, ...], int], nn.Module]
 
+# Layers that draw from torch's process-wide generator, not from an explicit torch.Generator.
+GLOBAL_RNG_LAYERS = (
+    nn.Dropout,
+    nn.Dropout1d,
+    nn.Dropout2d,
+    nn.Dropout3d,
+    nn.AlphaDropout,
+    nn.FeatureAlphaDropout,
+)
+
+
+def draws_from_global_rng(model: nn.Module) -> bool:
+    """Whether training ``model`` draws from torch's global generator (dropout), which the
+    client code seeds per client: two clients trained at once in one process would interleave
+    their seeds and draws."""
+    return any(isinstance(m, GLOBAL_RNG_LAYERS) for m in model.modules())
+
 
 def _image_shape(name: str, shape: tuple[int, ...]) -> tuple[int, int, int]:
     """(C, H, W) from a (C, H, W) or one-channel (H, W) input shape."""

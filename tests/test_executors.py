@@ -40,6 +40,31 @@ def test_local_hosts_train_a_round_at_the_same_time(store_root, monkeypatch):
     assert len(threads) == 2 and all(name.startswith("client-host") for name in threads)
 
 
+def test_hosts_of_a_model_with_dropout_take_turns(store_root, monkeypatch):
+    import cluster.executors as executors
+    from models import draws_from_global_rng
+    from models.cnn import EmnistCnn, ReddiCnn
+
+    assert draws_from_global_rng(ReddiCnn()) and not draws_from_global_rng(EmnistCnn())
+    config = small_config(store_root, *DP, "rounds=2")
+    store, _ = open_store(config)
+    threads = set()
+    run_round = ClientHost.run_round
+
+    def recorded(self, *args):
+        threads.add(threading.current_thread().name)
+        return run_round(self, *args)
+
+    monkeypatch.setattr(ClientHost, "run_round", recorded)
+    monkeypatch.setattr(executors, "draws_from_global_rng", lambda model: True)
+    executor = LocalExecutor(store, config.task, config.build_algorithm(), config.seed, 2)
+    try:
+        Simulation(config, store, executor).run()
+    finally:
+        executor.close()
+    assert threads == {threading.main_thread().name}
+
+
 def test_local_hosts_equal_one_host_up_to_summation_order(store_root):
     config = small_config(store_root, *DP, "algorithm.clip_norm=5.0")
     one, two = run_local(config), run_local(config, num_hosts=2)
