@@ -107,7 +107,10 @@ def client_round(
         train_loss=result.loss_sum / max(result.seen, 1),
         train_accuracy=result.correct / max(result.seen, 1),
     )
-    if not bool(torch.isfinite(delta).all()):
+    # One reduction instead of a full-size isfinite mask: NaN or ±inf anywhere makes the norm
+    # NaN or inf (so does a float32 overflow of ‖Δ‖², an update no clipping could use).
+    delta_norm = float(torch.linalg.vector_norm(delta))
+    if not math.isfinite(delta_norm):
         report.dropped = True
         return {}, 0.0, state, report
 
@@ -131,7 +134,7 @@ def client_round(
         lr=result.lr,
     )
     update = algorithm.pipeline(delta, ctx)
-    report.pre_clip_norm = ctx.stats.get("pre_clip_norm", float(torch.linalg.vector_norm(delta)))
+    report.pre_clip_norm = ctx.stats.get("pre_clip_norm", delta_norm)
     report.clipped = ctx.stats.get("clipped", math.nan)
     report.stats = {k: v for k, v in ctx.stats.items() if k not in ("pre_clip_norm", "clipped")}
     report.stats["grad_evals_per_step"] = result.grad_evals / max(result.steps, 1)

@@ -61,7 +61,9 @@ class ModelObjective:
     channels_last: bool = False
 
     def logits(self, flat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        params = self.layout.unflatten(flat)
+        return self._forward(self.layout.unflatten(flat), x)
+
+    def _forward(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         if self.channels_last:
             params = {k: _nhwc(v) if v.dim() == 4 else v for k, v in params.items()}
             x = _nhwc(x) if x.dim() == 4 else x
@@ -77,6 +79,24 @@ class ModelObjective:
         loss = nn.functional.cross_entropy(logits, y)
         (grad,) = torch.autograd.grad(loss, flat)
         return loss.detach(), logits.detach(), grad
+
+    def sgd_step_(
+        self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, lr: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """w ← w − η·∇f(w) on ``flat`` in place, tensor by tensor (``torch.optim.SGD``'s
+        update); returns (mean cross-entropy, logits) at the old w. The same numbers as
+        ``loss_and_grad`` then ``flat.add_(grad, alpha=-lr)``, without assembling the flat
+        gradient: one pass less over d floats per step (for the MNIST CNN, 2.3 MB)."""
+        self.grad_evals += 1
+        views = self.layout.unflatten(flat)
+        leaves = {name: view.detach().requires_grad_(True) for name, view in views.items()}
+        logits = self._forward(leaves, x)
+        loss = nn.functional.cross_entropy(logits, y)
+        grads = torch.autograd.grad(loss, list(leaves.values()))
+        with torch.no_grad():
+            for view, grad in zip(views.values(), grads, strict=True):
+                view.add_(grad, alpha=-lr)
+        return loss.detach(), logits.detach()
 
 
 def _nhwc(t: torch.Tensor) -> torch.Tensor:
@@ -296,13 +316,17 @@ class LocalTrainer:
         # Statistics stay on the device until the end: no host sync per step (a GPU would stall).
         loss_sum = torch.zeros((), dtype=torch.float64, device=w.device)
         correct = torch.zeros((), dtype=torch.int64, device=w.device)
+        plain_sgd = self._plain_sgd(gradient, correction)
         for xb, yb in batches:
-            loss, logits, g = gradient(objective, w, xb, yb)
-            for regularizer in self.regularizers:
-                extra = regularizer.grad(w, params)
-                if extra is not None:
-                    g = g + extra
-            w, buf = self.descend(w, g, buf, lr, correction)
+            if plain_sgd:
+                loss, logits = objective.sgd_step_(w, xb, yb, lr)
+            else:
+                loss, logits, g = gradient(objective, w, xb, yb)
+                for regularizer in self.regularizers:
+                    extra = regularizer.grad(w, params)
+                    if extra is not None:
+                        g = g + extra
+                w, buf = self.descend(w, g, buf, lr, correction)
             steps += 1
             loss_sum += loss.double() * len(yb)
             correct += (logits.argmax(1) == yb).sum()
@@ -317,17 +341,30 @@ class LocalTrainer:
             lr,
         )
 
+    def _plain_sgd(self, gradient, correction: torch.Tensor | None) -> bool:
+        """Whether a step is w ← w − η·∇f(w) and nothing else (``ModelObjective.sgd_step_``)."""
+        return (
+            isinstance(gradient, SgdGradient)
+            and not self.regularizers
+            and correction is None
+            and not self.momentum
+            and not self.weight_decay
+        )
+
     def descend(
         self,
         w: torch.Tensor,
         g: torch.Tensor,
         buf: torch.Tensor | None,
-        lr: float,
+        lr: float | torch.Tensor,
         correction: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One step from gradient ``g``: + λ·w, + correction, momentum, w − η·g (the module
-        docstring's update); returns the new ``(w, momentum buffer)``. Shapes are free: ``w``
-        may be one client's vector or the ``[n, d]`` matrix of ``algorithms.vectorized``."""
+        docstring's update), ``w`` and the buffer updated in place (as ``torch.optim.SGD``: a
+        fresh multi-megabyte result per step costs more than the arithmetic, in page faults);
+        returns ``(w, momentum buffer)``. Shapes are free: ``w`` may be one client's vector or
+        the ``[n, d]`` matrix of ``algorithms.vectorized``, ``lr`` a float or an ``[n, 1]``
+        column of per-client rates."""
         if self.weight_decay:
             g = g.add(w, alpha=self.weight_decay)
         if correction is not None:
@@ -335,7 +372,9 @@ class LocalTrainer:
         if self.momentum:
             buf = g if buf is None else buf.mul_(self.momentum).add_(g)
             g = buf
-        return w - lr * g, buf
+        if isinstance(lr, torch.Tensor):
+            return w.addcmul_(g, lr, value=-1), buf
+        return w.add_(g, alpha=-lr), buf
 
     def mean_gradient(
         self,

@@ -133,8 +133,7 @@ def _train_chunk(trainer, objective, params, data, generators) -> list[LocalResu
         xb, yb = xs[rows, index], ys[rows, index]
         g, (batch_loss, logits) = step(w[:m], xb, yb, mask)
         lr_m = lr if isinstance(lr, float) else lr[:m]
-        new_w, new_buf = trainer.descend(w[:m], g, None if buf is None else buf[:m], lr_m)
-        w[:m] = new_w
+        _, new_buf = trainer.descend(w[:m], g, None if buf is None else buf[:m], lr_m)
         if buf is None and new_buf is not None:
             buf = torch.zeros_like(w)
             buf[:m] = new_buf

@@ -36,6 +36,7 @@ import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -207,21 +208,56 @@ def _medians(runs: list[dict]) -> dict:
     return {**runs[-1], **medians, "repeats": [{key: run[key] for key in TIMES} for run in runs]}
 
 
+def timed_in_child(name: str, variant: str, overrides: list[str]) -> dict:
+    """One timing of ``variant`` (``plain`` or an executor) in a fresh interpreter: nothing
+    imported, cached or left running by an earlier variant (a loop run after the project in
+    one process found MLflow imported and Ray's processes winding down). The child reads the
+    store this process built (``DPFL_STORE_ROOT``); its clock starts after its imports."""
+    sets = [arg for override in overrides for arg in ("--set", override)]
+    command = [sys.executable, "-m", "benchmarks.workloads", "--child", variant]
+    done = subprocess.run(
+        [*command, "--workloads", name, *sets],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{variant} on workload {name} failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _create_tracking_schema() -> None:
+    """A fresh SQLite store migrates its schema on first use (seconds): done here, once, as on
+    a machine that has run an experiment before, not inside the first variant's timing."""
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient(os.environ["MLFLOW_TRACKING_URI"]).search_experiments()
+
+
+def child(name: str, variant: str, overrides: list[str]) -> dict:
+    """The timing ``timed_in_child`` reads: the plain loop's, or the project's."""
+    config = workload_config(name, overrides)
+    if variant == "plain":
+        store, _ = open_store(config)
+        return plain_loop(config, store)[1]
+    return project(config, variant)[1]
+
+
 def run_workload(
     name: str, executors: list[str], overrides: list[str], check_equal: bool, repeat: int = 1
 ):
-    """The plain loop, then each executor, ``repeat`` times in turn: a ratio is the median of
-    each repeat's ratio to the plain loop run just before it (this machine's speed drifts by
-    tens of percent over minutes, which separate runs would read as differences)."""
+    """The plain loop, then each executor, ``repeat`` times in turn, each in its own process:
+    a ratio is the median of each repeat's ratio to the plain loop run just before it (this
+    machine's speed drifts by tens of percent over minutes, which separate runs would read as
+    differences)."""
     config = workload_config(name, overrides)
     store, _ = open_store(config)  # built here, outside every timing
     plains, timings = [], {executor: [] for executor in executors}
     for _ in range(repeat):
-        _, plain = plain_loop(config, store)
-        plains.append(plain)
+        plains.append(timed_in_child(name, "plain", overrides))
         for executor in executors:
-            disconnect()  # each variant starts its own Ray: start-up is part of what is timed
-            timings[executor].append(project(config, executor)[1])
+            timings[executor].append(timed_in_child(name, executor, overrides))
     line = {"workload": name, "rounds": config.rounds, "plain_loop": _medians(plains)}
     for executor, runs in timings.items():
         line[f"project_{executor}"] = _medians(runs)
@@ -236,6 +272,7 @@ def run_workload(
             executor: float((project(exact, executor)[0] - theirs).abs().max())
             for executor in ("local_sequential", "local_vectorized")
         }
+    disconnect()
     return line
 
 
@@ -249,17 +286,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check-equal", action="store_true", help="σ = 0 weight comparison")
     parser.add_argument("--repeat", type=int, default=1, help="alternations; medians reported")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--child", choices=["plain", *sorted(EXECUTORS)], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.child:  # one timing, as JSON on the last line (``timed_in_child``)
+        print(json.dumps(child(args.workloads[0], args.child, args.set)), flush=True)
+        disconnect()
+        return 0
     with tempfile.TemporaryDirectory(prefix="dpfl-workloads-") as tmp:
         os.environ.setdefault("DPFL_STORE_ROOT", str(Path(tmp) / "shards"))
-        os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{Path(tmp) / 'mlflow.db'}"
-        os.environ["DPFL_CHECKPOINT_DIR"] = str(Path(tmp) / "checkpoints")
+        os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{Path(tmp) / 'mlflow.db'}")
+        os.environ.setdefault("DPFL_CHECKPOINT_DIR", str(Path(tmp) / "checkpoints"))
+        _create_tracking_schema()
         lines = []
         for name in args.workloads:
             line = run_workload(name, args.executors, args.set, args.check_equal, args.repeat)
             print(json.dumps(line), flush=True)
             lines.append(line)
-    disconnect()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
     return 0

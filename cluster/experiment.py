@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 import tempfile
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -175,10 +177,39 @@ def _tracking_in_background(
     return opening
 
 
-def _abandon(opening: Future | None) -> None:
-    """End a run whose start-up failed after its MLflow run was opened."""
+def _abandon(opening: Future | None, status: str = "FAILED") -> None:
+    """End a run that failed (or was killed) after its MLflow run was opened."""
     if opening is not None and opening.exception() is None:
-        opening.result().end("FAILED")
+        opening.result().end(status)
+
+
+class OpeningRun:
+    """The run's MLflow tracker while it opens on a thread (importing MLflow, a fresh SQLite
+    store's schema, the partition report: seconds of a short run): the rounds start at once
+    and their records wait here, in order, until the run exists. What needs the run itself —
+    its id, which names the checkpoint; the final artifacts — waits for it (``tracker``)."""
+
+    def __init__(self, opening: Future, on_open: Callable[[Any], None]):
+        self._opening = opening
+        self._on_open = on_open
+        self._waiting: list[tuple[RoundRecord, int]] = []  # (record, when: ms since the epoch)
+        self._tracker = None
+
+    def log_round(self, record: RoundRecord) -> None:
+        if self._tracker is None and not self._opening.done():
+            self._waiting.append((record, int(time.time() * 1000)))
+        else:
+            self.tracker().log_round(record)
+
+    def tracker(self):
+        """The open ``MlflowTracker`` (waiting for it), with every waiting record handed on."""
+        if self._tracker is None:
+            self._tracker = self._opening.result()
+            self._on_open(self._tracker)
+            for record, when in self._waiting:
+                self._tracker.log_round(record, when)
+            self._waiting.clear()
+        return self._tracker
 
 
 def run_experiment(
@@ -212,34 +243,46 @@ def run_experiment(
     except BaseException:
         _abandon(opening)
         raise
-    tracker = None
+    every = config.checkpoint.every
+
+    def announce(run_id: str | None) -> None:
+        path = checkpoint_path(config, run_id)
+        say(f"checkpoint: {path} ({f'every {every} rounds and ' if every else ''}at the end)")
+
+    run = None
+    if opening is None:
+        announce(None)
+    else:
+        run = OpeningRun(opening, lambda tracker: announce(tracker.run_id))
     try:
-        tracker = opening.result() if opening is not None else None
         sim = Simulation(config, store, executor)
         for notice in sim.claim.notices():
             say(notice)
         if resume is not None:
             sim.load_state_dict(resume["simulation"])
-        run_id = tracker.run_id if tracker else None
-        path = checkpoint_path(config, run_id)
-        every = config.checkpoint.every
-        say(f"checkpoint: {path} ({f'every {every} rounds and ' if every else ''}at the end)")
+
+        def checkpoint_here() -> Path:
+            run_id = None
+            if run is not None:  # named by the MLflow run, whose rounds are all in it first
+                tracker = run.tracker()
+                tracker.flush()
+                run_id = tracker.run_id
+            path = checkpoint_path(config, run_id)
+            save_checkpoint(path, sim.state_dict(), config.to_dict(), run_id)
+            return path
 
         def report(record: RoundRecord) -> None:
-            if tracker is not None:
-                tracker.log_round(record)
+            if run is not None:
+                run.log_round(record)
             if every and record.round % every == 0:
-                if tracker is not None:  # the checkpoint's rounds are all in MLflow first
-                    tracker.flush()
-                save_checkpoint(path, sim.state_dict(), config.to_dict(), run_id)
+                checkpoint_here()
             on_round(record)
 
         with GracefulStop(say) as stop:
             result = sim.run(report, lambda: stop.reason)
         interrupted = stop.reason is not None
-        if tracker is not None:
-            tracker.flush()
-        save_checkpoint(path, sim.state_dict(), config.to_dict(), run_id)
+        path = checkpoint_here()
+        tracker = run.tracker() if run is not None else None
         if tracker is not None:
             ParamLayout.of(sim.model).load_into(sim.model, result.params)
             eps = final_epsilon(result.history)
@@ -256,11 +299,12 @@ def run_experiment(
             status = "KILLED" if interrupted else "FINISHED"
             tracker.finish(config.to_dict(), result.history, sim.model, summary, report, status)
     except BaseException as error:
-        if tracker is not None:  # a second Ctrl-C is the user's stop, not a failure
-            tracker.end("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
+        # A second Ctrl-C is the user's stop, not a failure.
+        _abandon(opening, "KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
         raise
     finally:
         executor.close()
+    run_id = tracker.run_id if tracker else None
     uri = tracker.uri if tracker else None
     page = tracker.run_page() if tracker else None
     return Outcome(result, config, run_id, uri, path, sim.claim, interrupted, page)

@@ -97,7 +97,8 @@ class Simulation:
         # Every ε of the run comes from this claim, read off the mechanism that runs.
         self.claim = privacy_claim(config, self.algorithm, store.client_sizes)
         self.accountant = self.claim.new_accountant()
-        self._accounting = ThreadPoolExecutor(max_workers=1, thread_name_prefix="accounting")
+        # The round's ε and its server noise are computed here while the round trains.
+        self._background = ThreadPoolExecutor(max_workers=2, thread_name_prefix="round-background")
         self.history: list[RoundRecord] = []
 
     def _budget_exhausted(self) -> str | None:
@@ -125,8 +126,10 @@ class Simulation:
         payload = {k: v.numpy() for k, v in self.state.extras.items() if k not in server_only}
         broadcast = Broadcast(self.state.params.numpy(), payload, warmup=warmup)
         accounting = self._account_while_training(round_index)
+        # The server's noise depends on the round and σ only: drawn while the clients train.
+        context = self._background.submit(self._server_context, algorithm, round_index)
         total = self.executor.run_round(round_index, broadcast, cohort, float(c.cohort.size))
-        ctx = self._server_context(algorithm, round_index)
+        ctx = context.result()
         before = self.state.params
         if warmup:  # c_i⁰ only: x stays x⁰
             self.state = algorithm.server.control_step(self.state, total, ctx)
@@ -176,7 +179,7 @@ class Simulation:
             eps = self.accountant.epsilon(self.claim.delta)
             return eps, self.claim.epsilon_vs_server(round_index + 1)
 
-        return self._accounting.submit(epsilons)
+        return self._background.submit(epsilons)
 
     def _server_context(self, algorithm, round_index: int) -> ServerContext:
         """The round's server-placed noise (on the sum, and on the adaptive clip's count)."""

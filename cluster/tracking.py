@@ -137,10 +137,11 @@ class MlflowTracker:
     _pending: queue.Queue | None = None
     _write_error: BaseException | None = None
 
-    def log_round(self, record: RoundRecord) -> None:
+    def log_round(self, record: RoundRecord, when_ms: int | None = None) -> None:
+        """Queue the round's metrics, stamped ``when_ms`` (ms since the epoch; default now)."""
         if record.round <= self.logged_through:
             return
-        now = int(time.time() * 1000)
+        now = int(time.time() * 1000) if when_ms is None else when_ms
         values = {
             "seconds_per_round": record.seconds,
             "cohort_size": record.cohort_size,

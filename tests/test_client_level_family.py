@@ -202,3 +202,25 @@ def test_lus_keeps_1_minus_c_per_layer_and_beats_a_random_mask():
             mask[start + torch.randperm(stop - start, generator=generator)[:keep]] = 1.0
         random_losses.append(loss(delta * mask))
     assert loss(out) < min(random_losses)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_a_client_whose_update_is_not_finite_is_dropped(bad):
+    from algorithms.client import client_round
+    from models import LogisticRegression
+
+    dp = ("algorithm.name=dp_fedavg", "algorithm.clip_norm=1", "algorithm.noise_multiplier=1")
+    algorithm = small_config("unused", *dp).build_algorithm()
+    torch.manual_seed(0)
+    model = LogisticRegression(6, 3)
+    objective, params = ModelObjective(model, ParamLayout.of(model)), ParamLayout.flatten(model)
+    x, y = torch.randn(50, 6), torch.randint(0, 3, (50,))
+    uploads, weight, _, report = client_round(
+        algorithm, objective, params, {}, x, y, {}, 0, 0, 1, 5
+    )
+    assert not report.dropped and weight == 1.0 and torch.isfinite(uploads["delta"]).all()
+    x[7, 2] = bad  # every record's batch that holds it poisons the update
+    uploads, weight, _, report = client_round(
+        algorithm, objective, params, {}, x, y, {}, 0, 0, 1, 5
+    )
+    assert report.dropped and weight == 0.0 and uploads == {}
