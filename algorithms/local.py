@@ -108,6 +108,18 @@ def _nhwc(t: torch.Tensor) -> torch.Tensor:
     return t.as_strided(t.shape, (h * w * c, 1, w * c, c))
 
 
+def _batch_totals(
+    losses: list[torch.Tensor], outputs: list[torch.Tensor], labels: list[torch.Tensor]
+) -> tuple[float, int, int]:
+    """(Σ batch mean loss × batch size, correct predictions, records seen) over the steps."""
+    if not losses:
+        return 0.0, 0, 0
+    y = torch.cat(labels)
+    sizes = torch.tensor([b.shape[0] for b in labels], dtype=torch.float64, device=y.device)
+    loss_sum = float((torch.stack(losses).double() * sizes).sum())
+    return loss_sum, int((torch.cat(outputs).argmax(1) == y).sum()), y.shape[0]
+
+
 @dataclass(frozen=True)
 class SgdGradient:
     """G(w; ξ) = ∇f(w; ξ): one gradient evaluation per step."""
@@ -312,10 +324,9 @@ class LocalTrainer:
             objective, x, y, generator, payload, noise_stream, augment_generator
         )
         buf = None
-        steps, seen = 0, 0
-        # Statistics stay on the device until the end: no host sync per step (a GPU would stall).
-        loss_sum = torch.zeros((), dtype=torch.float64, device=w.device)
-        correct = torch.zeros((), dtype=torch.int64, device=w.device)
+        # Each step's loss, logits and labels are kept (a few floats) and reduced once at the
+        # end: no host sync per step (a GPU would stall), no small kernels per step.
+        losses, outputs, labels = [], [], []
         plain_sgd = self._plain_sgd(gradient, correction)
         for xb, yb in batches:
             if plain_sgd:
@@ -327,15 +338,15 @@ class LocalTrainer:
                     if extra is not None:
                         g = g + extra
                 w, buf = self.descend(w, g, buf, lr, correction)
-            steps += 1
-            loss_sum += loss.double() * len(yb)
-            correct += (logits.argmax(1) == yb).sum()
-            seen += len(yb)
+            losses.append(loss)
+            outputs.append(logits)
+            labels.append(yb)
+        loss_sum, correct, seen = _batch_totals(losses, outputs, labels)
         return LocalResult(
             w.detach(),
-            steps,
-            float(loss_sum),
-            int(correct),
+            len(losses),
+            loss_sum,
+            correct,
             seen,
             objective.grad_evals - evals_before,
             lr,
