@@ -28,7 +28,6 @@ from cluster.privacy_plan import (
     privacy_warnings,
 )
 from cluster.simulation import RoundRecord, Simulation, SimulationResult, final_epsilon
-from datasets.partition_report import write_partition_report
 from datasets.sources import build_or_open_store
 from datasets.store import ShardStore
 
@@ -140,7 +139,9 @@ def _start_tracking(
     run_id: str | None,
     parent_run_id: str | None,
 ):
+    # MLflow and matplotlib load here, on the opening thread, not before the rounds can start.
     from cluster.tracking import MlflowTracker, flatten
+    from datasets.partition_report import write_partition_report
 
     if run_id is not None:
         return MlflowTracker.resume(run_id)
