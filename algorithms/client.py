@@ -18,7 +18,6 @@ from algorithms.local import LocalResult, ModelObjective
 from algorithms.presets import Algorithm
 from algorithms.rng import Purpose, stream_seed, torch_generator
 from algorithms.transforms import ClientContext
-from models import draws_from_global_rng
 
 
 def upload_bytes(update: torch.Tensor) -> int:
@@ -89,7 +88,7 @@ def client_round(
     if result is None:
         # Dropout draws from torch's global generator: seed it per (round, client) too (only
         # then: ``torch.manual_seed`` also queues a seed for every device type, ≈ 2 ms each).
-        if draws_from_global_rng(objective.model):
+        if objective.draws_from_global_rng:
             torch.manual_seed(stream_seed(*keys, Purpose.DROPOUT))
         result = algorithm.trainer.train(
             objective,

@@ -39,6 +39,7 @@ from torch import nn
 from torch.func import functional_call
 
 from algorithms.layout import ParamLayout
+from models import draws_from_global_rng
 
 
 @dataclass
@@ -59,6 +60,11 @@ class ModelObjective:
     augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None = None
     grad_evals: int = 0  # forward/backward passes so far
     channels_last: bool = False
+
+    @property
+    def draws_from_global_rng(self) -> bool:
+        """Whether a training step draws from torch's global generator (dropout)."""
+        return draws_from_global_rng(self.model)
 
     def logits(self, flat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return self._forward(self.layout.unflatten(flat), x)

@@ -49,6 +49,7 @@ class CraftedObjective:
     table: torch.Tensor  # records × d
     augment: None = None
     grad_evals: int = 0
+    draws_from_global_rng: bool = False
 
     def per_example_gradients(self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor):
         self.grad_evals += 1
