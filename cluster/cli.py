@@ -10,7 +10,7 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from cluster.simulation import RoundRecord
+    from cluster.records import RoundRecord
 
 # Subcommands in their own modules, imported only when chosen (torch, opacus and mlflow take
 # seconds to import; `--help` and the calculators should not wait for them).

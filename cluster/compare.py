@@ -280,7 +280,7 @@ def run(args: argparse.Namespace) -> int:
         results = _run_all(name, base, runs, labels, args, parent and parent.run_id)
     except BaseException as error:
         if parent is not None:
-            parent.end("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
+            parent.abandon("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
         raise
     rows = summarize(results, baseline)
     print(markdown(rows, baseline))
@@ -332,10 +332,11 @@ def _run_all(
 def _start_parent_run(name: str, base: dict):
     """The parent MLflow run: each preset × seed run is nested under it (``mlflow.parentRunId``)
     and it holds the table, the figure and ``children.json`` (label-seed → run id)."""
-    from cluster.tracking import MlflowTracker
+    from cluster.config.runtime import tracking_uri
+    from cluster.tracking_process import TrackingRun
 
     tracking = base.get("tracking") or {}
     if tracking.get("enabled", True) is False:
         return None
     experiment = tracking.get("experiment", "dpfl")
-    return MlflowTracker(experiment, f"compare-{name}", {}, {"compare": name})
+    return TrackingRun.open(tracking_uri(), experiment, f"compare-{name}", {}, {"compare": name})

@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import math
-import tempfile
-import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -17,6 +13,7 @@ from actors.client_host import Kernels
 from algorithms.layout import ParamLayout
 from cluster.checkpoint import checkpoint_path, save_checkpoint
 from cluster.config import ExperimentConfig
+from cluster.config.runtime import tracking_uri
 from cluster.executors import LocalExecutor, RayExecutor
 from cluster.interrupts import GracefulStop
 from cluster.preflight import check_store_matches, preflight
@@ -27,7 +24,9 @@ from cluster.privacy_plan import (
     privacy_report,
     privacy_warnings,
 )
-from cluster.simulation import RoundRecord, Simulation, SimulationResult, final_epsilon
+from cluster.records import RoundRecord
+from cluster.simulation import Simulation, SimulationResult, final_epsilon
+from cluster.tracking_process import TrackingRun, flatten
 from datasets.sources import build_or_open_store
 from datasets.store import ShardStore
 
@@ -133,18 +132,15 @@ class Outcome:
 
 
 def _start_tracking(
-    config: ExperimentConfig,
-    claim: PrivacyClaim,
-    store: ShardStore,
-    run_id: str | None,
-    parent_run_id: str | None,
-):
-    # MLflow and matplotlib load here, on the opening thread, not before the rounds can start.
-    from cluster.tracking import MlflowTracker, flatten
-    from datasets.partition_report import write_partition_report
-
+    config: ExperimentConfig, store: ShardStore, run_id: str | None, parent_run_id: str | None
+) -> TrackingRun | None:
+    """The experiment's MLflow run (a new one, or ``run_id`` resumed), opening in the tracking
+    process while Ray, the actors and the first rounds run; None when tracking is off."""
+    if not config.tracking.enabled:
+        return None
     if run_id is not None:
-        return MlflowTracker.resume(run_id)
+        return TrackingRun.resume(tracking_uri(), run_id)
+    claim = privacy_claim(config, config.build_algorithm(), store.client_sizes)
     tags = {
         "algorithm": config.algorithm.name,
         "task": config.task,
@@ -153,64 +149,14 @@ def _start_tracking(
     }
     if parent_run_id is not None:  # MLflow's UI nests the run under its parent
         tags["mlflow.parentRunId"] = parent_run_id
-    tracker = MlflowTracker(
-        config.tracking.experiment, config.tracking.run_name, flatten(config.to_dict()), tags
+    return TrackingRun.open(
+        tracking_uri(),
+        config.tracking.experiment,
+        config.tracking.run_name,
+        flatten(config.to_dict()),
+        tags,
+        class_counts=store.class_counts(),  # the partition report, drawn there
     )
-    with tempfile.TemporaryDirectory() as tmp:
-        tracker.log_files(write_partition_report(store.class_counts(), tmp), "partition")
-    return tracker
-
-
-def _tracking_in_background(
-    config: ExperimentConfig,
-    store: ShardStore,
-    run_id: str | None,
-    parent_run_id: str | None,
-) -> Future | None:
-    """Open the MLflow run on a thread while Ray and the actors start (seconds each: a fresh
-    database migrates its schema); None when tracking is off."""
-    if not config.tracking.enabled:
-        return None
-    claim = privacy_claim(config, config.build_algorithm(), store.client_sizes)
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-open")
-    opening = pool.submit(_start_tracking, config, claim, store, run_id, parent_run_id)
-    pool.shutdown(wait=False)
-    return opening
-
-
-def _abandon(opening: Future | None, status: str = "FAILED") -> None:
-    """End a run that failed (or was killed) after its MLflow run was opened."""
-    if opening is not None and opening.exception() is None:
-        opening.result().end(status)
-
-
-class OpeningRun:
-    """The run's MLflow tracker while it opens on a thread (importing MLflow, a fresh SQLite
-    store's schema, the partition report: seconds of a short run): the rounds start at once
-    and their records wait here, in order, until the run exists. What needs the run itself —
-    its id, which names the checkpoint; the final artifacts — waits for it (``tracker``)."""
-
-    def __init__(self, opening: Future, on_open: Callable[[Any], None]):
-        self._opening = opening
-        self._on_open = on_open
-        self._waiting: list[tuple[RoundRecord, int]] = []  # (record, when: ms since the epoch)
-        self._tracker = None
-
-    def log_round(self, record: RoundRecord) -> None:
-        if self._tracker is None and not self._opening.done():
-            self._waiting.append((record, int(time.time() * 1000)))
-        else:
-            self.tracker().log_round(record)
-
-    def tracker(self):
-        """The open ``MlflowTracker`` (waiting for it), with every waiting record handed on."""
-        if self._tracker is None:
-            self._tracker = self._opening.result()
-            self._on_open(self._tracker)
-            for record, when in self._waiting:
-                self._tracker.log_round(record, when)
-            self._waiting.clear()
-        return self._tracker
 
 
 def run_experiment(
@@ -238,23 +184,25 @@ def run_experiment(
             say(f"warning: {warning}")
     store, _ = open_store(config)
     resumed_run = resume.get("run_id") if resume is not None else None
-    opening = _tracking_in_background(config, store, resumed_run, parent_run_id)
+    run = _start_tracking(config, store, resumed_run, parent_run_id)
     try:
         executor = make_executor(config, store, say, verbose)
     except BaseException:
-        _abandon(opening)
+        if run is not None:
+            run.abandon()
         raise
     every = config.checkpoint.every
+    announced = False
 
-    def announce(run_id: str | None) -> None:
-        path = checkpoint_path(config, run_id)
-        say(f"checkpoint: {path} ({f'every {every} rounds and ' if every else ''}at the end)")
+    def announce_once_open() -> None:
+        """Print where the checkpoint goes, once its name (the MLflow run id) is known."""
+        nonlocal announced
+        if not announced and (run is None or run.is_open()):
+            announced = True
+            path = checkpoint_path(config, run.run_id if run is not None else None)
+            say(f"checkpoint: {path} ({f'every {every} rounds and ' if every else ''}at the end)")
 
-    run = None
-    if opening is None:
-        announce(None)
-    else:
-        run = OpeningRun(opening, lambda tracker: announce(tracker.run_id))
+    announce_once_open()
     try:
         sim = Simulation(config, store, executor)
         for notice in sim.claim.notices():
@@ -265,9 +213,9 @@ def run_experiment(
         def checkpoint_here() -> Path:
             run_id = None
             if run is not None:  # named by the MLflow run, whose rounds are all in it first
-                tracker = run.tracker()
-                tracker.flush()
-                run_id = tracker.run_id
+                run.flush()
+                run_id = run.run_id
+                announce_once_open()
             path = checkpoint_path(config, run_id)
             save_checkpoint(path, sim.state_dict(), config.to_dict(), run_id)
             return path
@@ -275,6 +223,7 @@ def run_experiment(
         def report(record: RoundRecord) -> None:
             if run is not None:
                 run.log_round(record)
+                announce_once_open()
             if every and record.round % every == 0:
                 checkpoint_here()
             on_round(record)
@@ -283,11 +232,10 @@ def run_experiment(
             result = sim.run(report, lambda: stop.reason)
         interrupted = stop.reason is not None
         path = checkpoint_here()
-        tracker = run.tracker() if run is not None else None
-        if tracker is not None:
+        if run is not None:
             ParamLayout.of(sim.model).load_into(sim.model, result.params)
             eps = final_epsilon(result.history)
-            tracker.set_tags({"stop_reason": result.stop_reason, "checkpoint": str(path)})
+            run.set_tags({"stop_reason": result.stop_reason, "checkpoint": str(path)})
             summary = {
                 "rounds": len(result.history),
                 "stop_reason": result.stop_reason,
@@ -298,14 +246,15 @@ def run_experiment(
             }
             report = privacy_report(config, sim.claim, len(result.history), eps)
             status = "KILLED" if interrupted else "FINISHED"
-            tracker.finish(config.to_dict(), result.history, sim.model, summary, report, status)
+            model_state = sim.model.state_dict()
+            run.finish(config.to_dict(), result.history, model_state, summary, report, status)
     except BaseException as error:
-        # A second Ctrl-C is the user's stop, not a failure.
-        _abandon(opening, "KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
+        if run is not None:  # a second Ctrl-C is the user's stop, not a failure
+            run.abandon("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
         raise
     finally:
         executor.close()
-    run_id = tracker.run_id if tracker else None
-    uri = tracker.uri if tracker else None
-    page = tracker.run_page() if tracker else None
+    run_id = run.run_id if run is not None else None
+    uri = run.uri if run is not None else None
+    page = run.run_page() if run is not None else None
     return Outcome(result, config, run_id, uri, path, sim.claim, interrupted, page)

@@ -214,7 +214,7 @@ def check_no_checkpoint_overwritten(config: ExperimentConfig) -> None:
     one left by an earlier run (it may hold hundreds of rounds). Tracked runs are named by
     their MLflow run and never collide."""
     from cluster.checkpoint import checkpoint_path, load_checkpoint
-    from cluster.tracking import flatten
+    from cluster.tracking_process import flatten
 
     path = checkpoint_path(config, None)
     if config.tracking.enabled or not path.exists():

@@ -11,7 +11,7 @@ import math
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
@@ -25,18 +25,8 @@ from algorithms.server import ServerContext, ServerState
 from cluster.cohort import sample_cohort
 from cluster.config import ExperimentConfig
 from cluster.privacy_plan import privacy_claim
+from cluster.records import RoundRecord
 from datasets.store import ShardStore
-
-
-@dataclass
-class RoundRecord:
-    round: int  # 1-based: the number of rounds completed
-    seconds: float
-    cohort_size: int
-    epsilon: float | None = None
-    test_accuracy: float | None = None
-    test_loss: float | None = None
-    metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

@@ -1,44 +1,32 @@
-"""MLflow tracking, written by the driver only (DESIGN §8).
+"""One MLflow run, written from the tracking process (``cluster.tracking_process``, DESIGN §8).
 
 Default store: ``sqlite:///mlflow.db`` in the working directory; ``MLFLOW_TRACKING_URI``
 overrides it. Metrics go in one ``log_batch`` per round; artifacts at the end: the resolved
-config, accuracy and ε curves (PNG), the per-round history (JSON) and the final model.
+config, accuracy and ε curves (PNG), the per-round history (JSON) and the final model. Nothing
+here imports torch: the process that runs this module only writes to MLflow.
 """
 
 from __future__ import annotations
 
 import json
 import platform
-import queue
+import shutil
 import subprocess
 import tempfile
-import threading
-import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 import yaml
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-from cluster.config.runtime import tracking_uri
-from cluster.simulation import RoundRecord
+if TYPE_CHECKING:
+    from cluster.records import RoundRecord
 
 # MLflow 3's experiment type: "custom_model_development" is its classic machine-learning view.
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 _PACKAGES = ("torch", "ray", "mlflow", "opacus", "numpy", "pyarrow")
-
-
-def flatten(tree: dict, prefix: str = "") -> dict[str, str]:
-    out: dict[str, str] = {}
-    for key, value in tree.items():
-        name = f"{prefix}.{key}" if prefix else key
-        if isinstance(value, dict):
-            out.update(flatten(value, name))
-        else:
-            out[name] = str(value)
-    return out
 
 
 def git_commit() -> str:
@@ -75,10 +63,15 @@ def _artifact_location(uri: str, experiment: str) -> str | None:
 
 class MlflowTracker:
     def __init__(
-        self, experiment: str, run_name: str | None, params: dict[str, str], tags: dict[str, str]
+        self,
+        uri: str,
+        experiment: str,
+        run_name: str | None,
+        params: dict[str, str],
+        tags: dict[str, str],
     ):
-        self.uri = tracking_uri()
-        self.client = MlflowClient(self.uri)
+        self.uri = uri
+        self.client = MlflowClient(uri)
         self.experiment_id = self._experiment(experiment)
         all_tags = {"git_commit": git_commit(), **_versions(), **tags}
         self.run_id = self.client.create_run(
@@ -100,21 +93,12 @@ class MlflowTracker:
                 self.client.set_experiment_tag(found.experiment_id, key, value)
         return found.experiment_id
 
-    def run_page(self) -> str:
-        """The run's page, in the machine-learning (not GenAI) workflow: on the tracking server,
-        or under ``mlflow ui`` at its default address for a local store."""
-        server = self.uri if self.uri.startswith("http") else "http://127.0.0.1:5000"
-        return (
-            f"{server.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{self.run_id}"
-            "?workflowType=machine_learning"
-        )
-
     @classmethod
-    def resume(cls, run_id: str) -> MlflowTracker:
+    def resume(cls, uri: str, run_id: str) -> MlflowTracker:
         """Continue an existing run (a resumed checkpoint logs into the same run)."""
         tracker = cls.__new__(cls)
-        tracker.uri = tracking_uri()
-        tracker.client = MlflowClient(tracker.uri)
+        tracker.uri = uri
+        tracker.client = MlflowClient(uri)
         tracker.run_id = run_id
         tracker.experiment_id = tracker.client.get_run(run_id).info.experiment_id
         tracker.client.update_run(run_id, status="RUNNING")
@@ -132,16 +116,11 @@ class MlflowTracker:
         self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
     logged_through = 0  # the last round whose metrics this run holds already
-    # Round metrics go to MLflow from one background thread, started with the first round (a
-    # SQLite or HTTP write per round, off the round's critical path); ``flush`` waits for them.
-    _pending: queue.Queue | None = None
-    _write_error: BaseException | None = None
 
-    def log_round(self, record: RoundRecord, when_ms: int | None = None) -> None:
-        """Queue the round's metrics, stamped ``when_ms`` (ms since the epoch; default now)."""
+    def log_round(self, record: RoundRecord, when_ms: int) -> None:
+        """The round's metrics, stamped ``when_ms`` (ms since the epoch: when the round ended)."""
         if record.round <= self.logged_through:
             return
-        now = int(time.time() * 1000) if when_ms is None else when_ms
         values = {
             "seconds_per_round": record.seconds,
             "cohort_size": record.cohort_size,
@@ -150,68 +129,34 @@ class MlflowTracker:
         for name in ("epsilon", "test_accuracy", "test_loss"):
             if getattr(record, name) is not None:
                 values[name] = getattr(record, name)
-        metrics = [Metric(k, float(v), now, record.round) for k, v in values.items()]
-        self._writer().put(metrics)
-
-    def _writer(self) -> queue.Queue:
-        if self._pending is None:
-            self._pending = queue.Queue()
-            threading.Thread(target=self._write_forever, name="mlflow-metrics", daemon=True).start()
-        return self._pending
-
-    def _write_forever(self) -> None:
-        pending = self._pending
-        while True:
-            metrics = pending.get()
-            try:
-                if metrics is None:  # the run ended (``end``)
-                    return
-                if self._write_error is None:
-                    self.client.log_batch(self.run_id, metrics=metrics)
-            except BaseException as error:  # raised in the driver at the next flush
-                self._write_error = error
-            finally:
-                pending.task_done()
-
-    def flush(self) -> None:
-        """Wait until every round's metrics are written (before a checkpoint, at the end)."""
-        if self._pending is not None:
-            self._pending.join()
-            if self._write_error is not None:
-                raise self._write_error
+        metrics = [Metric(k, float(v), when_ms, record.round) for k, v in values.items()]
+        self.client.log_batch(self.run_id, metrics=metrics)
 
     def finish(
         self,
         config: dict,
         history: list[RoundRecord],
-        model: torch.nn.Module,
+        model_file: str,
         summary: dict,
         privacy_report: dict,
         status: str = "FINISHED",
     ) -> None:
+        """Log the run's artifacts (``model_file``: the final model's ``state_dict``, saved by
+        the driver) and end it with ``status``."""
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp)
             (out / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
             (out / "history.json").write_text(json.dumps([r.__dict__ for r in history], indent=1))
             (out / "summary.json").write_text(json.dumps(summary, indent=1))
             (out / "privacy_report.json").write_text(json.dumps(privacy_report, indent=1))
-            torch.save(model.state_dict(), out / "model.pt")
+            shutil.copyfile(model_file, out / "model.pt")
             _plot_curves(history, out / "curves.png")
             for path in sorted(out.iterdir()):
                 self.client.log_artifact(self.run_id, str(path))
         self.end(status)
 
     def end(self, status: str = "FINISHED") -> None:
-        try:
-            self.flush()
-        except Exception:
-            if status == "FINISHED":  # a failed run ends with its own error, not this one
-                raise
-        finally:
-            if self._pending is not None:  # its writer thread ends (no thread per run left)
-                self._pending.put(None)
-                self._pending = None
-            self.client.set_terminated(self.run_id, status)
+        self.client.set_terminated(self.run_id, status)
 
 
 def _plot_curves(history: list[RoundRecord], path: Path) -> None:
