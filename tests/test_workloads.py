@@ -36,6 +36,11 @@ def test_project_and_plain_loop_reach_the_same_weights(name, store_root, tmp_pat
     ours, project_timing = project(config, {"A": "local_sequential", "B": "local"}[name])
     theirs, plain_timing = plain_loop(config, store)
     assert (ours - theirs).abs().max() < TOLERANCE
+    for timing in (project_timing, plain_timing):  # start-up, rounds and end: the wall time
+        parts = ("startup_seconds", "rounds_seconds", "end_seconds")
+        assert all(timing[part] > 0 for part in parts)
+        total = sum(timing[part] for part in parts)
+        assert total == pytest.approx(timing["wall_seconds"], rel=0.05)
     assert project_timing["final_test_accuracy"] == pytest.approx(
         plain_timing["final_test_accuracy"], abs=1e-3
     )
