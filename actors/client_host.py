@@ -171,7 +171,9 @@ class ClientHost:
                 noise_generator=noise_generator,
             )
             self.client_state.put(cid, state)
-            if not report.dropped:
+            if report.dropped:
+                partial.add_noise_share(uploads)
+            else:
                 partial.add(uploads, weight)
             partial.reports.append(report)
         return partial.cpu()

@@ -27,8 +27,9 @@ class PartialAggregate:
     """Float64 sums of named uploads (e.g. ``delta``, ``control``) over some clients.
 
     ``weight`` is Σ of the clients' aggregation weights (1 each, or their sample counts);
-    ``count`` the number of clients summed; a client whose update was not finite is dropped
-    (zero contribution) and only appears in ``reports`` with ``dropped=True``.
+    ``count`` the number of clients summed; a client whose update was not finite is dropped:
+    it contributes only its share of client-placed noise (if any), and appears in ``reports``
+    with ``dropped=True``.
     """
 
     sums: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -47,6 +48,10 @@ class PartialAggregate:
         self._accumulate(uploads)
         self.weight += weight
         self.count += 1
+
+    def add_noise_share(self, uploads: dict[str, torch.Tensor]) -> None:
+        """A dropped client's share of client-placed noise: summed, but no client counted."""
+        self._accumulate(uploads)
 
     def merge(self, other: PartialAggregate) -> None:
         self._accumulate(other.sums)

@@ -112,8 +112,8 @@ def client_round(
     # One reduction instead of a full-size isfinite mask: NaN or ±inf anywhere makes the norm
     # NaN or inf (so does a float32 overflow of ‖Δ‖², an update no clipping could use).
     delta_norm = float(torch.linalg.vector_norm(delta))
-    if not math.isfinite(delta_norm):
-        report.dropped = True
+    report.dropped = not math.isfinite(delta_norm)
+    if report.dropped and not algorithm.pipeline.owes_noise_share:
         return {}, 0.0, state, report
 
     def final_gradient(kind: str) -> torch.Tensor:
@@ -135,6 +135,8 @@ def client_round(
         local_steps=result.steps,
         lr=result.lr,
     )
+    if report.dropped:
+        return _noise_share(algorithm, delta, ctx, keys), 0.0, state, report
     update = algorithm.pipeline(delta, ctx)
     report.pre_clip_norm = ctx.stats.get("pre_clip_norm", delta_norm)
     report.clipped = ctx.stats.get("clipped", math.nan)
@@ -166,3 +168,14 @@ def client_round(
         uploads["control"] = new_control - client_control
         state = {**state, "control": new_control}
     return uploads, weight, state, report
+
+
+def _noise_share(algorithm: Algorithm, like: torch.Tensor, ctx: ClientContext, keys) -> dict:
+    """A dropped client's uploads: its share of client-placed noise, on the update and on the
+    adaptive clip's count, with nothing of its own (``UpdatePipeline.noise_share``)."""
+    uploads = {algorithm.pipeline.upload_name: algorithm.pipeline.noise_share(like, ctx)}
+    if algorithm.adaptive_clip is not None:
+        std = algorithm.adaptive_clip.client_noise_std(algorithm.mechanism.noise_scale)
+        generator = torch_generator(*keys, Purpose.CLIP_BIT)
+        uploads["clip_bit"] = std * torch.randn(1, generator=generator, dtype=torch.float64)
+    return uploads

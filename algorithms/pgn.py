@@ -3,9 +3,11 @@
 Local steps mix (1 − β)·g̃ into every gradient, so after K steps of lr η the update carries the
 public drift −(1 − β)·K·η·g̃, which is a function of the previous (already private) release.
 ``StripDrift`` removes it before clipping, Δ̄ = Δ + (1 − β)Kη·g̃ = −ηβ·Σ_k ∇f(x_k + δ; ξ_k), so
-only the private part is clipped and noised; ``AddDrift`` puts it back after the noise
-(post-processing). K is the number of steps the client ran, η the trainer's lr, g̃ the broadcast
-``direction``; β = 1 (or g̃ = 0) makes both the identity.
+only the private part is clipped and noised. The server puts the drift back once, on the noisy
+mean (``MeanServerRule.drift_beta``; post-processing): added by each client it would be summed
+over the clients who took part and divided by the nominal cohort m, so that a Poisson cohort of
+n ≠ m would scale g̃'s memory term by n/m. K is the fixed number of local steps, η the trainer's
+lr, g̃ the broadcast ``direction``; β = 1 (or g̃ = 0) makes it the identity.
 """
 
 from __future__ import annotations
@@ -34,16 +36,3 @@ class StripDrift:
 
     def output_bound(self, input_bound):
         return input_bound  # unbounded before the clip that follows
-
-
-@dataclass(frozen=True)
-class AddDrift:
-    beta: float
-    selects_by_value: ClassVar[bool] = False
-
-    def apply(self, update, ctx):
-        drift = _drift(ctx, self.beta)
-        return update if drift is None else update - drift
-
-    def output_bound(self, input_bound):
-        return input_bound

@@ -45,6 +45,24 @@ class UpdatePipeline:
         return update
 
     @property
+    def owes_noise_share(self) -> bool:
+        """Each client adds a share of the sum's noise (client placement, σ > 0): a dropped
+        client must still upload it. Server-placed noise does not depend on who uploads, and
+        local noise comes whole with each upload."""
+        m = self.mechanism
+        return m is not None and m.placement == "client" and m.noise_multiplier > 0
+
+    def noise_share(self, like: torch.Tensor, ctx: ClientContext) -> torch.Tensor:
+        """What a client whose update is dropped (not finite) still uploads: its share of
+        client-placed noise on a zero update, so that the sum carries the noise the round is
+        charged for (the m shares of N(0, σ²S²k²/m) make up Z; without it, (m − 1)/m of it).
+        Only under ``owes_noise_share``."""
+        update = self.mechanism.privatize(torch.zeros_like(like), ctx)
+        for transform in self.after:
+            update = transform.apply(update, ctx)
+        return update
+
+    @property
     def upload_name(self) -> str:
         """What a client uploads: ``sketch`` when a transform sketches it, else ``delta``."""
         between = () if self.mechanism is None else self.mechanism.between

@@ -14,7 +14,7 @@
 | dp_fedavg_blur  | SGD + BLUR    | Clip(C) → Noise(σ)                       | Cheng et al. 22    |
 | dp_fedavg_lus   | SGD           | LUS(c) → Clip → Noise                    | Cheng et al. 22    |
 | dp_fedavg_blurs | SGD + BLUR    | LUS(c) → Clip → Noise                    | Cheng et al. 22    |
-| dp_fedpgn       | PGN (β, ρ, g̃) | StripDrift → Clip → Noise → AddDrift     | Liu et al. 25      |
+| dp_fedpgn       | PGN (β, ρ, g̃) | StripDrift → Clip → Noise; server: +drift | Liu et al. 25      |
 |                 |               | server: g̃ ← −Δ̄/(ηK) broadcast           |                    |
 | dp_fedpgn_ls    | PGN           | as dp_fedpgn; server: A⁻¹ on Δ̄ and g̃      | Liu et al. 25      |
 | dp_fedavg_ls    | SGD           | Clip → Noise; server: A⁻¹ on Δ̄            | Liang et al. 24    |
@@ -70,7 +70,7 @@ from algorithms.mechanism import (
     SharedMaskSupport,
     UploadSupport,
 )
-from algorithms.pgn import AddDrift, StripDrift
+from algorithms.pgn import StripDrift
 from algorithms.pipeline import UpdatePipeline
 from algorithms.regularizers import BoundedLocalUpdate
 from algorithms.server import MeanServerRule, ServerContext, ServerState
@@ -398,11 +398,10 @@ def _pgn(name, trainer, dp, server_lr, ls_sigma, beta, rho):
     if trainer.local_steps is None:
         raise ValueError(f"{name} needs local_steps (its server scale is γ = η·K)")
     trainer = replace(trainer, gradient=PgnGradient(beta, rho))
-    pipeline = dp.pipeline(before=(StripDrift(beta),), after=(AddDrift(beta),))
+    pipeline = dp.pipeline(before=(StripDrift(beta),))
     smoothing = LaplacianSmoothing(ls_sigma) if ls_sigma else None
-    server = MeanServerRule(
-        server_lr, "uniform", smoothing, direction_scale=trainer.lr * trainer.local_steps
-    )
+    scale = trainer.lr * trainer.local_steps
+    server = MeanServerRule(server_lr, "uniform", smoothing, direction_scale=scale, drift_beta=beta)
     return Algorithm(name, trainer, pipeline, server)
 
 
@@ -413,7 +412,8 @@ def dp_fedpgn(
     pgn_beta: float = 0.3,
     pgn_rho: float = 0.2,
 ) -> Algorithm:
-    """DP-FedPGN: ``PgnGradient`` local steps; drift stripped before clipping, added after."""
+    """DP-FedPGN: ``PgnGradient`` local steps; the drift stripped before clipping, added back
+    by the server."""
     return _pgn("dp_fedpgn", trainer, dp, server_lr, 0.0, pgn_beta, pgn_rho)
 
 

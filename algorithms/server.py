@@ -14,7 +14,9 @@ Options, all post-processing of the noisy mean Δ̄ (no privacy cost):
 - ``smoothing``: Laplacian smoothing Δ̄ ← A_σ⁻¹Δ̄ (DP-FedAvg-LS, DP-FedPGN-LS);
 - ``momentum`` μ: server momentum v ← μ·v + Δ̄, x ← x + η_g·v (v kept in the state);
 - ``direction_scale`` ηK: DP-FedPGN's pseudo-gradient g̃ = −Δ̄/(ηK), kept in the state and
-  broadcast to the next round's clients (with γ = ηK, x − γ·g̃ = x + Δ̄).
+  broadcast to the next round's clients (with γ = ηK, x − γ·g̃ = x + Δ̄);
+- ``drift_beta`` β: DP-FedPGN's public drift, stripped from each upload by the clients
+  (``algorithms.pgn``), added back once: Δ̄ ← Δ̄ − (1 − β)·ηK·g̃.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class MeanServerRule:
     smoothing: LaplacianSmoothing | None = None
     momentum: float = 0.0
     direction_scale: float | None = None
+    drift_beta: float | None = None
     server_only: ClassVar[frozenset[str]] = frozenset({"momentum"})  # state never broadcast
     sparse_broadcast: ClassVar[bool] = False  # clients need the whole model
 
@@ -86,6 +89,9 @@ class MeanServerRule:
         self, state: ServerState, total: PartialAggregate, ctx: ServerContext, control: bool
     ) -> ServerState:
         mean = self.noisy_mean(total, state.params.numel(), ctx)
+        if self.drift_beta is not None and self.drift_beta != 1:
+            drift = (1 - self.drift_beta) * self.direction_scale * state.extras["direction"]
+            mean = mean - drift.double()
         if self.smoothing is not None:
             mean = self.smoothing(mean)
         extras = dict(state.extras)

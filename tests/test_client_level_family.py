@@ -223,4 +223,37 @@ def test_a_client_whose_update_is_not_finite_is_dropped(bad):
     uploads, weight, _, report = client_round(
         algorithm, objective, params, {}, x, y, {}, 0, 0, 1, 5
     )
-    assert report.dropped and weight == 0.0 and uploads == {}
+    assert report.dropped and weight == 0.0 and uploads == {}  # server noise: nothing owed
+
+
+def test_a_dropped_client_still_uploads_its_share_of_client_placed_noise():
+    """Client-placed noise is m shares of N(0, σ²C²/m): a dropped client that sent nothing
+    would leave the sum with (m − 1)/m of the noise the round is charged for."""
+    from algorithms.aggregate import PartialAggregate
+    from algorithms.client import client_round
+    from algorithms.rng import Purpose, torch_generator
+    from models import LogisticRegression
+
+    sigma, clip, m = 1.5, 2.0, 5
+    dp = (
+        "algorithm.name=dp_fedavg",
+        f"algorithm.clip_norm={clip}",
+        f"algorithm.noise_multiplier={sigma}",
+        "algorithm.noise_placement=client",
+    )
+    algorithm = small_config("unused", *dp).build_algorithm()
+    torch.manual_seed(0)
+    model = LogisticRegression(6, 3)
+    objective, params = ModelObjective(model, ParamLayout.of(model)), ParamLayout.flatten(model)
+    x, y = torch.randn(50, 6), torch.randint(0, 3, (50,))
+    x[7, 2] = math.nan
+    uploads, weight, _, report = client_round(
+        algorithm, objective, params, {}, x, y, {}, 0, 3, 1, m
+    )
+    assert report.dropped and weight == 0.0
+    share = torch.randn(params.numel(), generator=torch_generator(0, 3, 1, Purpose.CLIENT_NOISE))
+    assert torch.equal(uploads["delta"], sigma * clip / math.sqrt(m) * share)
+    partial = PartialAggregate()
+    partial.add_noise_share(uploads)
+    assert partial.count == 0 and partial.weight == 0.0
+    assert torch.equal(partial.sums["delta"], uploads["delta"].double())

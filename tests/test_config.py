@@ -22,6 +22,15 @@ BAD_CONFIGS = [
         "must be > 0",
     ),
     (["data.partition.method=dirichlet"], "data.partition.alpha", "must be > 0"),
+    (
+        [
+            "algorithm.name=dp_fedpgn",
+            "algorithm.local.local_steps=5",
+            "algorithm.local.momentum=0.9",
+        ],
+        "algorithm.local.momentum",
+        "exact only without local momentum",
+    ),
     (["cohort.size=0"], "cohort.size", "must be > 0"),
     (["cohort.size=101"], "cohort.size", "cannot exceed the population of 100"),
     (["data.source=imagenet"], "data.source", "unknown data source"),

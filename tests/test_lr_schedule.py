@@ -51,7 +51,7 @@ def test_pgn_direction_uses_the_decayed_lr():
     total = PartialAggregate()
     total.add({"delta": at_t.pipeline(result.params - x0, ctx)}, 1.0)
     server_ctx = ServerContext(1.0, 10)
-    state = ServerState(x0, at_t.server.initial_extras(x0))
+    state = ServerState(x0, {"direction": direction})  # the g̃ the clients were sent
     state = at_t.server.step(state, total, server_ctx, False)
     expected = beta * torch.stack(grads).mean(0) + (1 - beta) * direction
     torch.testing.assert_close(state.extras["direction"], expected)

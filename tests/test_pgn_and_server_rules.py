@@ -7,7 +7,7 @@ from helpers import Quadratic, run_local, small_config
 from algorithms.aggregate import PartialAggregate
 from algorithms.layout import ParamLayout
 from algorithms.local import LocalTrainer, PgnGradient
-from algorithms.pgn import AddDrift, StripDrift
+from algorithms.pgn import StripDrift
 from algorithms.server import MeanServerRule, ServerContext, ServerState
 from algorithms.smoothing import LaplacianSmoothing
 from algorithms.transforms import ClientContext
@@ -34,16 +34,32 @@ def test_drift_identities_on_a_quadratic():
     ctx = ClientContext(torch.Generator(), 1.0, payload=payload, local_steps=k, lr=lr)
     stripped = StripDrift(beta).apply(result.params - x0, ctx)
     torch.testing.assert_close(stripped, -lr * beta * torch.stack(perturbed).sum(0))
-    upload = AddDrift(beta).apply(stripped, ctx)
-    torch.testing.assert_close(upload, result.params - x0)
-    # Server: g̃ ← −mean/(ηK) = β·ĝ + (1 − β)·g̃ with ĝ the mean perturbed gradient.
+    # Server: the drift back once, x ← x + Δ; g̃ ← −mean/(ηK) = β·ĝ + (1 − β)·g̃ with ĝ the
+    # mean perturbed gradient.
     total = PartialAggregate()
-    total.add({"delta": upload}, 1.0)
-    rule = MeanServerRule(direction_scale=lr * k)
-    state = rule.step(ServerState(x0, rule.initial_extras(x0)), total, _server_ctx(1.0), False)
+    total.add({"delta": stripped}, 1.0)
+    rule = MeanServerRule(direction_scale=lr * k, drift_beta=beta)
+    state = rule.step(ServerState(x0, {"direction": direction}), total, _server_ctx(1.0), False)
     expected = beta * torch.stack(perturbed).mean(0) + (1 - beta) * direction
     torch.testing.assert_close(state.extras["direction"], expected)
-    torch.testing.assert_close(state.params, x0 + upload)
+    torch.testing.assert_close(state.params, result.params)
+
+
+def test_pgn_memory_term_is_exact_whatever_the_cohort_size():
+    """Under Poisson sampling n clients take part, the mean divides by the nominal m: the
+    private part is scaled by n/m as in DP-FedAvg, the public (1 − β)·g̃ term must not be."""
+    d, lr, k, beta, m = 8, 0.1, 5, 0.3, 4
+    direction = torch.randn(d, generator=torch.Generator().manual_seed(2))
+    grads = torch.randn(2, d, generator=torch.Generator().manual_seed(3))  # 2 of m took part
+    total = PartialAggregate()
+    for g in grads:  # each client's stripped update: −ηβK·(its mean perturbed gradient)
+        total.add({"delta": -lr * beta * k * g}, 1.0)
+    rule = MeanServerRule(direction_scale=lr * k, drift_beta=beta)
+    state = rule.step(
+        ServerState(torch.zeros(d), {"direction": direction}), total, _server_ctx(m), False
+    )
+    expected = beta * grads.sum(0) / m + (1 - beta) * direction
+    torch.testing.assert_close(state.extras["direction"], expected)
 
 
 def _server_ctx(m):
@@ -79,8 +95,7 @@ def test_pgn_noise_on_the_mean_has_std_sigma_c_over_m(store_root):
         ctx = ClientContext(
             torch.Generator().manual_seed(client), m, payload=payload, local_steps=5, lr=0.1
         )
-        drift = (1 - 0.3) * 5 * 0.1
-        total.add({"delta": algorithm.pipeline(torch.zeros(d), ctx) + drift}, 1.0)
+        total.add({"delta": algorithm.pipeline(torch.zeros(d), ctx)}, 1.0)
     mean = total.sums["delta"] / m
     assert float(mean.std()) == pytest.approx(1.0 * 0.5 / m, rel=0.02)
 

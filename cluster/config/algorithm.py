@@ -259,6 +259,14 @@ def _validate_preset_options(a: AlgorithmConfig) -> None:
             None,
             f"{a.name} scales its server step by η·K: set local_steps (and local_epochs: null)",
         )
+    if a.name in FIXED_STEP_PRESETS and a.local.momentum:
+        raise ConfigError(
+            "algorithm.local.momentum",
+            a.local.momentum,
+            f"{a.name} strips the public drift (1 − β)·K·η·g̃ from each update before clipping, "
+            "which is exact only without local momentum (momentum compounds it): set 0, as the "
+            "paper does",
+        )
     if a.lus_sparsity is not None and not 0 <= a.lus_sparsity < 1:
         raise ConfigError(
             "algorithm.lus_sparsity", a.lus_sparsity, "must be in [0, 1) (0.7 in the paper)"
