@@ -7,9 +7,10 @@ the assumption, the accountant) and δ off the config. A mechanism whose noise s
 on the clients' data is *unaccounted*: the claim has no ε, says why, and tags the run
 ``privacy.dp_valid=false``.
 
-The sampling assumption follows the cohort sampler unless ``privacy.sampling`` overrides it; an
-override is recorded and warned about, because the ε is then an approximation (e.g. a
-fixed-size cohort accounted as Poisson, as the DP-FedSAM paper does).
+The sampling assumption follows the cohort sampler unless ``privacy.sampling`` overrides it. An
+override that accounts another sampler than the one that runs (a fixed-size cohort accounted as
+Poisson, as the DP-FedSAM paper does) is unaccounted too: no accountant's ε holds for it. The
+papers' numbers come from running what they account: a Poisson cohort.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from privacy.accountant import (
     ADJACENCY,
     accountant_class,
     accountants_for,
-    assumption_for_sampler,
 )
 from privacy.adaptive_clipping import effective_noise_multiplier, update_noise_multiplier
 from privacy.calibration import calibrate_sigma, epsilon_for, max_rounds
@@ -57,18 +57,6 @@ def ceil_significant(value: float, digits: int = 4) -> float:
 
 def format_sigma(sigma: float) -> str:
     return f"{ceil_significant(sigma):g}"
-
-
-def mismatch_warning(config: ExperimentConfig) -> str | None:
-    """Why the ε is an approximation, when the sampler and the accountant's assumption differ."""
-    sampler = config.cohort.sampling
-    if config.sampling_assumption == assumption_for_sampler(sampler):
-        return None
-    return (
-        f"privacy: the cohort is sampled {sampler} but ε is accounted as "
-        f"{config.sampling_assumption.replace('_', ' ')} (privacy.sampling); "
-        "the reported ε is an approximation, not a guarantee for this sampler"
-    )
 
 
 THREAT_SERVER = (
@@ -201,9 +189,6 @@ class PrivacyClaim(ClaimStatus):
                     "privacy.accountant": self.accountant_name,
                     "privacy.assumption": f"{self.assumption}-subsampled gaussian",
                     "privacy.adjacency": ADJACENCY[self.assumption],
-                    "privacy.assumption_mismatch": str(
-                        self.assumption != assumption_for_sampler(self.cohort_sampler)
-                    ).lower(),
                 }
             )
         return tags
@@ -221,7 +206,7 @@ def privacy_claim(
     return PrivacyClaim(
         preset=config.algorithm.name,
         mechanism=algorithm.mechanism,
-        unaccounted_reason=algorithm.pipeline.unaccounted_reason,
+        unaccounted_reason=algorithm.pipeline.unaccounted_reason or config.sampling_mismatch,
         sample_rate=config.accounting_sample_rate,
         noise_cohort_size=config.noise_cohort_size,
         assumption=config.sampling_assumption,
@@ -341,8 +326,8 @@ def calibrate_with_message(config: ExperimentConfig, say=print) -> ExperimentCon
 
 
 def privacy_warnings(config: ExperimentConfig) -> list[str]:
-    """Config-level warnings for a private run: an approximate assumption, a weak δ."""
-    return [w for w in (mismatch_warning(config), config.delta_warning) if w]
+    """Config-level warnings for a private run: a weak δ."""
+    return [config.delta_warning] if config.delta_warning else []
 
 
 def _epsilon_under(claim: PrivacyClaim, name: str, rounds: int) -> float | str | None:
@@ -397,7 +382,6 @@ def privacy_report(
         accountant=claim.accountant_name,
         sampling_assumption=claim.assumption,
         adjacency=ADJACENCY[claim.assumption],
-        assumption_warning=mismatch_warning(config),
         calibrate=config.privacy.calibrate,
         target_epsilon=config.privacy.target_epsilon,
         epsilon_by_accountant={

@@ -15,8 +15,8 @@ assumptions, each with the adjacency under which its amplification theorem holds
   (privacy.subsampling_wor) at the integer orders 2..256. The ε is for replace-one adjacency,
   which is weaker per unit of ε than add/remove (add/remove ε-DP implies replace-one 2ε-DP), so
   it is typically about twice the Poisson number: that is the honest price of accounting a
-  fixed-size cohort as what it is. Papers that account a fixed cohort as Poisson (DP-FedSAM)
-  are reproduced with ``privacy.sampling: poisson``, and the run warns about the mismatch.
+  fixed-size cohort as what it is. A fixed cohort accounted as Poisson (as DP-FedSAM does)
+  has no ε here (``ExperimentConfig.sampling_mismatch``); the paper configs run Poisson cohorts.
 
 Both RDP accountants compose heterogeneous rounds by summing per-round RDP curves (σ and q may
 change from round to round), cache the curve per distinct (σ, q), and convert to (ε, δ) with

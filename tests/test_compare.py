@@ -29,7 +29,6 @@ def test_compare_runs_presets_at_the_same_epsilon(tmp_path, store_root, monkeypa
         "privacy": {
             "target_epsilon": 5.0,
             "calibrate": "sigma",
-            "sampling": "poisson",
             "accountant": "rdp",
         },
         "executor": {"kind": "local"},

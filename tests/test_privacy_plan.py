@@ -9,7 +9,7 @@ from helpers import run_local, small_config
 from algorithms.aggregate import PartialAggregate
 from algorithms.server import MeanServerRule, ServerContext
 from cluster.config import ConfigError
-from cluster.privacy_plan import calibrated, mismatch_warning, privacy_claim
+from cluster.privacy_plan import calibrated, privacy_claim
 from privacy.accountant import RdpAccountant, WorRdpAccountant, accountant_class
 from privacy.calibration import epsilon_for
 from privacy.pld import PldAccountant
@@ -25,12 +25,30 @@ def test_the_accountant_follows_the_cohort_sampler(store_root):
     fixed = small_config(store_root, *DP)
     assert (fixed.sampling_assumption, fixed.accountant_name) == ("without_replacement", "rdp")
     assert isinstance(_accountant(fixed), WorRdpAccountant)
-    assert mismatch_warning(fixed) is None
     poisson = small_config(store_root, *DP, "cohort.sampling=poisson")
     assert isinstance(_accountant(poisson), PldAccountant)
-    assert mismatch_warning(poisson) is None
+    for config in (fixed, poisson):
+        assert privacy_claim(config, config.build_algorithm()).dp_valid
+
+
+def test_accounting_another_sampler_than_the_cohorts_has_no_epsilon(store_root):
+    """DP-FedSAM's fixed cohort accounted as Poisson: runs, dp_valid=false, no ε, no budget."""
     as_paper = small_config(store_root, *DP, "privacy.sampling=poisson")
-    assert "approximation" in mismatch_warning(as_paper)
+    claim = privacy_claim(as_paper, as_paper.build_algorithm())
+    assert not claim.dp_valid and claim.new_accountant() is None
+    assert "sampled fixed but privacy.sampling accounts poisson" in claim.unaccounted_reason
+    assert claim.tags()["privacy.dp_valid"] == "false"
+    with pytest.raises(ConfigError, match="privacy.sampling: match"):
+        small_config(store_root, *DP, "privacy.sampling=poisson", "privacy.target_epsilon=5")
+    # A noise cohort claims ε for the deployment it describes, sampled as assumed.
+    deployment = small_config(
+        store_root,
+        *DP,
+        "privacy.sampling=poisson",
+        "privacy.noise_cohort_size=200",
+        "privacy.population=20000",
+    )
+    assert privacy_claim(deployment, deployment.build_algorithm()).dp_valid
 
 
 def test_without_replacement_costs_more_than_poisson_at_the_same_rate():

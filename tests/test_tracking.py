@@ -26,11 +26,9 @@ def test_run_is_logged_with_params_metrics_and_artifacts(store_root, tracking_ur
         "eval_every=2",
         "tracking.enabled=true",
         "tracking.experiment=test-tracking",
-        "privacy.sampling=poisson",  # a fixed cohort accounted as Poisson, as DP-FedSAM does
+        "cohort.sampling=poisson",
     )
-    messages = []
-    outcome = run_experiment(config, say=messages.append)
-    assert any("approximation" in m for m in messages)  # the mismatch is warned about
+    outcome = run_experiment(config)
     client = MlflowClient(tracking_uri)
     run = client.get_run(outcome.run_id)
     assert run.info.status == "FINISHED"
@@ -41,8 +39,7 @@ def test_run_is_logged_with_params_metrics_and_artifacts(store_root, tracking_ur
     assert "version.torch" in run.data.tags and "git_commit" in run.data.tags
     assert run.data.tags["privacy.accountant"] == "pld"
     assert run.data.tags["privacy.assumption"] == "poisson-subsampled gaussian"
-    assert run.data.tags["privacy.cohort_sampler"] == "fixed"
-    assert run.data.tags["privacy.assumption_mismatch"] == "true"
+    assert run.data.tags["privacy.cohort_sampler"] == "poisson"
 
     epsilon = client.get_metric_history(outcome.run_id, "epsilon")
     assert [m.step for m in epsilon] == [1, 2, 3, 4]
@@ -71,7 +68,7 @@ def test_run_is_logged_with_params_metrics_and_artifacts(store_root, tracking_ur
     assert report["dp_valid"] is True and "trusted server" in report["threat_model"]
     assert report["epsilon"] == pytest.approx(outcome.epsilon)
     assert report["noise_cohort_size"] == 5 and report["noise_std_on_mean"] == 0.1
-    assert "approximation" in report["assumption_warning"]
+    assert report["cohort_sampler"] == "poisson" and report["sampling_assumption"] == "poisson"
     by = report["epsilon_by_accountant"]
     assert by["pld"] == pytest.approx(outcome.epsilon) and by["rdp"] >= by["pld"]
     local = client.download_artifacts(outcome.run_id, "config.yaml")

@@ -80,8 +80,7 @@ def validate_privacy(c: ExperimentConfig) -> None:
             "privacy.accountant",
             p.accountant,
             f"{p.accountant} has no analysis of sampling without replacement (the fixed-size "
-            "cohort's assumption); use accountant: rdp or auto, cohort.sampling: poisson, or "
-            "privacy.sampling: poisson to account the fixed cohort as Poisson (approximation)",
+            "cohort's assumption); use accountant: rdp or auto, or cohort.sampling: poisson",
         )
     if p.calibrate != "none" and p.target_epsilon is None:
         raise ConfigError(
@@ -99,6 +98,8 @@ def validate_privacy(c: ExperimentConfig) -> None:
             + (
                 "(clip_rule: fixed with a clip_norm)"
                 if c.sample_level
+                else "(privacy.sampling: match)"
+                if c.sampling_mismatch
                 else "(noise_support: dense, mask_source: clean)"
             ),
         )

@@ -82,6 +82,23 @@ class ExperimentConfig:
         return self.privacy.sampling
 
     @property
+    def sampling_mismatch(self) -> str | None:
+        """Why no ε holds when ``privacy.sampling`` accounts another sampler than the cohort's
+        (DP-FedSAM's fixed cohort accounted as Poisson), else None. With a noise cohort
+        (``privacy.noise_cohort_size``) the ε is claimed for the deployment it describes, whose
+        sampler is the assumption, not for the simulated cohort: no mismatch."""
+        if self.sample_level or self.privacy.noise_cohort_size is not None:
+            return None
+        ran = assumption_for_sampler(self.cohort.sampling)
+        if self.sampling_assumption == ran:
+            return None
+        return (
+            f"the cohort is sampled {self.cohort.sampling} but privacy.sampling accounts "
+            f"{self.sampling_assumption.replace('_', ' ')} sampling: no accountant's ε holds "
+            "for the sampler that runs"
+        )
+
+    @property
     def sample_level(self) -> bool:
         """Record-level DP (DP-SGD in the clients) rather than client-level."""
         return self.algorithm.name in SAMPLE_LEVEL_PRESETS
@@ -183,10 +200,12 @@ class ExperimentConfig:
 
     @property
     def unaccounted_reason(self) -> str | None:
-        """Why the configured preset's mechanism has no ε (read off its pipeline), else None."""
+        """Why the configured preset's mechanism has no ε (read off its pipeline, or a sampling
+        assumption that is not the cohort's), else None."""
         if self.algorithm.name not in PRIVATE_PRESETS:
             return None
-        return self._build_algorithm(1.0).unaccounted_reason  # structural: any σ > 0
+        # structural: any σ > 0
+        return self._build_algorithm(1.0).unaccounted_reason or self.sampling_mismatch
 
     def _build_algorithm(self, noise_multiplier: float | None) -> Algorithm:
         a, local = self.algorithm, self.algorithm.local
