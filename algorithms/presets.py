@@ -394,12 +394,11 @@ def dp_fedavg_blurs(
     return _private("dp_fedavg_blurs", blur, dp.pipeline(before=lus), server_lr)
 
 
-def _pgn(name, trainer, dp, server_lr, ls_sigma, beta, rho):
+def _pgn(name, trainer, dp, server_lr, smoothing, beta, rho):
     if trainer.local_steps is None:
         raise ValueError(f"{name} needs local_steps (its server scale is γ = η·K)")
     trainer = replace(trainer, gradient=PgnGradient(beta, rho))
     pipeline = dp.pipeline(before=(StripDrift(beta),))
-    smoothing = LaplacianSmoothing(ls_sigma) if ls_sigma else None
     scale = trainer.lr * trainer.local_steps
     server = MeanServerRule(server_lr, "uniform", smoothing, direction_scale=scale, drift_beta=beta)
     return Algorithm(name, trainer, pipeline, server)
@@ -414,7 +413,7 @@ def dp_fedpgn(
 ) -> Algorithm:
     """DP-FedPGN: ``PgnGradient`` local steps; the drift stripped before clipping, added back
     by the server."""
-    return _pgn("dp_fedpgn", trainer, dp, server_lr, 0.0, pgn_beta, pgn_rho)
+    return _pgn("dp_fedpgn", trainer, dp, server_lr, None, pgn_beta, pgn_rho)
 
 
 def dp_fedpgn_ls(
@@ -424,16 +423,23 @@ def dp_fedpgn_ls(
     pgn_beta: float = 0.3,
     pgn_rho: float = 0.2,
     ls_sigma: float = 0.01,
+    ls_scope: str = "flat",
 ) -> Algorithm:
     """DP-FedPGN with Laplacian smoothing of the aggregated update and direction."""
-    return _pgn("dp_fedpgn_ls", trainer, dp, server_lr, ls_sigma, pgn_beta, pgn_rho)
+    smoothing = LaplacianSmoothing(ls_sigma, ls_scope)
+    return _pgn("dp_fedpgn_ls", trainer, dp, server_lr, smoothing, pgn_beta, pgn_rho)
 
 
 def dp_fedavg_ls(
-    trainer: LocalTrainer, dp: ClientDP, server_lr: float = 1.0, ls_sigma: float = 0.01
+    trainer: LocalTrainer,
+    dp: ClientDP,
+    server_lr: float = 1.0,
+    ls_sigma: float = 0.01,
+    ls_scope: str = "flat",
 ) -> Algorithm:
-    """DP-FedAvg with Laplacian smoothing A⁻¹ of the noisy mean (Liang et al.)."""
-    server = MeanServerRule(server_lr, "uniform", LaplacianSmoothing(ls_sigma))
+    """DP-FedAvg with Laplacian smoothing A⁻¹ of the noisy mean (Liang et al.); ``ls_scope``:
+    the flat vector as one signal, or each tensor on its own (``tensor``)."""
+    server = MeanServerRule(server_lr, "uniform", LaplacianSmoothing(ls_sigma, ls_scope))
     return Algorithm("dp_fedavg_ls", trainer, dp.pipeline(), server)
 
 

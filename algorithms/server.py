@@ -60,6 +60,12 @@ class MeanServerRule:
     server_only: ClassVar[frozenset[str]] = frozenset({"momentum"})  # state never broadcast
     sparse_broadcast: ClassVar[bool] = False  # clients need the whole model
 
+    def bind(self, layout) -> MeanServerRule:
+        """The rule with per-tensor smoothing resolved to the model's tensors."""
+        if self.smoothing is None:
+            return self
+        return replace(self, smoothing=self.smoothing.bind(layout))
+
     def with_local_lr_factor(self, factor: float) -> MeanServerRule:
         """The rule for a round whose local lr is ``factor`` × the base lr: γ = η·K follows it."""
         if self.direction_scale is None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -73,11 +73,12 @@ class LaplacianSmoothing:
     Call:
         ``smoothing(g, segments=None)``. ``g`` is a floating tensor of shape ``(..., d)``.
         Smoothing acts on the last dim, and leading dims are a batch. The result has the
-        dtype, device and shape of ``g``.
+        dtype, device and shape of ``g``. ``segments`` defaults to the bound model's tensors.
     """
 
     sigma: float
     scope: Literal["flat", "tensor"] = "flat"
+    segments: tuple[tuple[int, int], ...] | None = None  # the model's tensors (``bind``)
 
     def __post_init__(self):
         if isinstance(self.sigma, bool) or not (
@@ -87,6 +88,10 @@ class LaplacianSmoothing:
         if self.scope not in ("flat", "tensor"):
             raise ValueError(f"scope must be 'flat' or 'tensor', got {self.scope!r}")
 
+    def bind(self, layout) -> LaplacianSmoothing:
+        """The operator with a model's tensors as its segments (``ParamLayout``)."""
+        return replace(self, segments=segments_from_offsets(layout.offsets))
+
     def __call__(
         self, g: torch.Tensor, segments: Sequence[tuple[int, int]] | None = None
     ) -> torch.Tensor:
@@ -95,6 +100,7 @@ class LaplacianSmoothing:
                 f"g must be a real floating tensor with at least one dim, got {g.dtype} "
                 f"of shape {tuple(g.shape)}"
             )
+        segments = self.segments if segments is None else segments
         if self.scope == "tensor":
             if segments is None:
                 raise ValueError("scope='tensor' needs segments: a list of (offset, size)")

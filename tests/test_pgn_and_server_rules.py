@@ -116,6 +116,27 @@ def test_laplacian_smoothing_and_server_momentum_steps():
     torch.testing.assert_close(state.params, upload / 2 * (1 + 1.9))
 
 
+def test_per_tensor_smoothing_smooths_each_tensor_of_the_bound_model(store_root):
+    layout = ParamLayout(("w", "b"), ((12,), (4,)), (0, 12, 16))
+    upload = torch.randn(16, generator=torch.Generator().manual_seed(4))
+    total = PartialAggregate()
+    total.add({"delta": upload}, 1.0)
+    rule = MeanServerRule(smoothing=LaplacianSmoothing(0.5, "tensor")).bind(layout)
+    state = rule.step(ServerState(torch.zeros(16)), total, _server_ctx(1.0), False)
+    flat = LaplacianSmoothing(0.5)
+    expected = torch.cat([flat(upload[:12].double()), flat(upload[12:].double())]).float()
+    torch.testing.assert_close(state.params, expected)
+    runs = {}
+    for scope in ("flat", "tensor"):
+        options = (
+            "algorithm.name=dp_fedavg_ls",
+            f"algorithm.ls_scope={scope}",
+            "algorithm.ls_sigma=1",
+        )
+        runs[scope] = run_local(small_config(store_root, *options, *DP)).state.params
+    assert not torch.equal(runs["flat"], runs["tensor"])
+
+
 def test_ls_presets_run(store_root):
     for name in ("dp_fedavg_ls", "dp_fedpgn_ls"):
         sim = run_local(small_config(store_root, f"algorithm.name={name}", *DP))

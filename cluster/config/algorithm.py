@@ -70,6 +70,7 @@ class AlgorithmConfig:
     pgn_beta: float | None = None  # DP-FedPGN mixing β (0.3)
     pgn_rho: float | None = None  # DP-FedPGN perturbation radius ρ (0.2)
     ls_sigma: float | None = None  # Laplacian smoothing σ_ls (0.01)
+    ls_scope: Literal["flat", "tensor"] | None = None  # one flat signal (default) or per tensor
     server_momentum: float | None = None  # server momentum μ (any preset; off by default)
     # Sample-level presets (dp_fedavg_sample, dp_scaffold): DP-SGD in every local step
     adjacency: Literal["replace_one", "add_remove"] | None = None  # replace_one (the paper)
