@@ -34,7 +34,9 @@ def _segments(layout: ParamLayout | None, size: int, scope: str) -> list[tuple[i
 
 
 def _kept(p: float, n: int) -> int:
-    return math.floor(p * n)
+    """⌊p·n⌋ in exact arithmetic: p = 1 − 0.9 is 0.0999…98 in floats, whose product with n = 10
+    would floor to 0 (a 10-wide bias never updated at LUS c = 0.9)."""
+    return math.floor(round(p * n, 6))
 
 
 def topk_mask(score: torch.Tensor, segments, fraction: float) -> torch.Tensor:
@@ -69,12 +71,15 @@ class TopK:
 
 @functools.lru_cache(maxsize=4)
 def _shared_mask(randk, size, layout, round_key, device, dtype) -> torch.Tensor:
-    generator = torch_generator(*round_key, Purpose.SHARED_MASK, device=device)
-    mask = torch.zeros(size, device=device, dtype=dtype)
+    if device != "cpu":  # drawn on the CPU, as the server draws it: a CUDA generator's
+        # randperm is another stream, and server noise would miss the clients' coordinates
+        return _shared_mask(randk, size, layout, round_key, "cpu", dtype).to(device)
+    generator = torch_generator(*round_key, Purpose.SHARED_MASK)
+    mask = torch.zeros(size, dtype=dtype)
     for start, stop in _segments(layout, size, randk.scope):
         k = _kept(randk.fraction, stop - start)
         if k:
-            order = torch.randperm(stop - start, generator=generator, device=device)
+            order = torch.randperm(stop - start, generator=generator)
             mask[start + order[:k]] = 1.0
     return mask
 
@@ -99,7 +104,8 @@ class RandK:
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
     ) -> torch.Tensor:
-        """The round's mask: 1 on the kept coordinates (drawn on ``device``; do not modify).
+        """The round's mask: 1 on the kept coordinates (drawn on the CPU whatever ``device``
+        it is returned on, so that clients on a GPU and the server agree; do not modify).
 
         Every client of a round and the server ask for the same mask: the last few are cached.
         """

@@ -257,3 +257,13 @@ def test_a_dropped_client_still_uploads_its_share_of_client_placed_noise():
     partial.add_noise_share(uploads)
     assert partial.count == 0 and partial.weight == 0.0
     assert torch.equal(partial.sums["delta"], uploads["delta"].double())
+
+
+def test_kept_counts_are_exact_where_one_minus_c_is_not_a_float():
+    """1 − 0.9 = 0.0999…98 in floats: ⌊(1 − c)·n⌋ must still keep 1 of a 10-wide bias."""
+    from algorithms.sparsify import topk_mask
+
+    score = torch.arange(1.0, 1291.0)
+    mask = topk_mask(score, [(0, 1280), (1280, 1290)], 1 - 0.9)
+    assert int(mask[:1280].sum()) == 128 and int(mask[1280:].sum()) == 1
+    assert int(topk_mask(score[:90], [(0, 90)], 1 - 0.3).sum()) == 63
