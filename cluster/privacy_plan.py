@@ -340,6 +340,14 @@ def _epsilon_under(claim: PrivacyClaim, name: str, rounds: int) -> float | str |
     return epsilon if math.isfinite(epsilon) else None
 
 
+def _noise_std_on_sum(mechanism: GaussianMechanism, cohort_size: int) -> float:
+    """The noise std the sum carries: Z's σSk, or under ``local`` placement (every upload
+    carries the whole Z) √m times it."""
+    if mechanism.placement == "local":
+        return mechanism.sum_noise_std * math.sqrt(cohort_size)
+    return mechanism.sum_noise_std
+
+
 def privacy_report(
     config: ExperimentConfig, claim: PrivacyClaim, rounds: int, epsilon: float | None
 ) -> dict:
@@ -367,8 +375,8 @@ def privacy_report(
         sensitivity=m.sensitivity,
         noise_placement=m.placement,
         noise_support=m.support.description,
-        noise_std_on_sum=m.sum_noise_std,
-        noise_std_on_mean=m.sum_noise_std / config.cohort.size,
+        noise_std_on_sum=_noise_std_on_sum(m, config.cohort.size),
+        noise_std_on_mean=_noise_std_on_sum(m, config.cohort.size) / config.cohort.size,
         sample_rate=claim.sample_rate,
         cohort_size=config.cohort.size,
         cohort_sampler=config.cohort.sampling,

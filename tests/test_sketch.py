@@ -378,3 +378,18 @@ def test_privacy_calculator_prints_the_papers_rho_and_counter_noise(capsys):
     assert main(["privacy", "--dpsfl-paper", "--target-epsilon", "4", "--delta", "1e-5"]) == 0
     out = capsys.readouterr().out
     assert "ρ = 0.2977" in out and "σ = C·√(l/(2ρ)) = 4.3472" in out and "dp_valid=false" in out
+
+
+def test_report_gives_the_sums_noise_when_every_upload_carries_it_whole(store_root):
+    """The paper variant's clients each add the whole noise (local placement): the sum of m
+    uploads carries √m times the per-upload std, and the report says so."""
+    from cluster.privacy_plan import privacy_claim, privacy_report
+
+    config = small_config(store_root, *DPSFL, "algorithm.sketch_noise=paper", "cohort.size=4")
+    claim = privacy_claim(
+        config, config.build_algorithm().bind(ParamLayout(("w",), ((300,),), (0, 300)))
+    )
+    assert claim.mechanism.placement == "local"
+    report = privacy_report(config, claim, 3, None)
+    assert report["noise_std_on_sum"] == pytest.approx(2 * claim.mechanism.sum_noise_std)
+    assert report["noise_std_on_mean"] == pytest.approx(claim.mechanism.sum_noise_std / 2)
