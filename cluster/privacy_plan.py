@@ -85,6 +85,8 @@ class PrivacyClaim(ClaimStatus):
     cohort_sampler: str = "fixed"
     # DPSFL-AC: std of the noise on the adaptive clip's count Σ(b_i − ½) (None: no such count)
     count_noise_on_sum: float | None = None
+    # "C_n of N clients per round": the deployment a noise cohort claims ε for (None: this run)
+    deployment: str | None = None
 
     @property
     def update_noise_multiplier(self) -> float:
@@ -151,20 +153,31 @@ class PrivacyClaim(ClaimStatus):
 
     @property
     def accounting_text(self) -> str:
-        return f"client-level, {self.accountant_name}, {self.assumption} sampling"
+        text = f"client-level, {self.accountant_name}, {self.assumption} sampling"
+        if self.deployment is not None:
+            text += f"; for a deployment of {self.deployment}, not this simulation's cohort"
+        return text
 
     def notices(self) -> list[str]:
         """Lines for the start of a run: what the ε means, or why there is none."""
         if not self.dp_valid:
             return self.unaccounted_notices()
+        notices = []
+        if self.deployment is not None:
+            notices.append(
+                f"privacy: ε is that of a deployment of {self.deployment} "
+                "(privacy.noise_cohort_size, privacy.population) with noise σS on each round's "
+                "sum; this simulation adds that noise scaled to its own cohort, whose own ε "
+                "(far larger) is not reported"
+            )
         if self.client_placed:
-            return [
+            notices.append(
                 "privacy: client-placed noise; ε holds against an observer of the noisy sum "
                 "(secure aggregation). Against a server that sees each upload, each client's "
                 f"noise multiplier is σ/√C_n = {self.client_noise_multiplier:.4g}: "
                 "epsilon_vs_server"
-            ]
-        return []
+            )
+        return notices
 
     def tags(self) -> dict[str, str]:
         """MLflow tags: what the ε rests on, or why there is none."""
@@ -189,6 +202,7 @@ class PrivacyClaim(ClaimStatus):
                     "privacy.accountant": self.accountant_name,
                     "privacy.assumption": f"{self.assumption}-subsampled gaussian",
                     "privacy.adjacency": ADJACENCY[self.assumption],
+                    "privacy.epsilon_for": self.deployment or "this run",
                 }
             )
         return tags
@@ -214,7 +228,16 @@ def privacy_claim(
         delta=config.delta,
         cohort_sampler=config.cohort.sampling,
         count_noise_on_sum=count_noise_on_sum(algorithm, config),
+        deployment=_deployment(config),
     )
+
+
+def _deployment(config: ExperimentConfig) -> str | None:
+    """The deployment a noise cohort (or a population) claims ε for, unless it is this run."""
+    simulated = (config.cohort.size, config.data.num_clients)
+    if (config.noise_cohort_size, config.population) == simulated:
+        return None
+    return f"{config.noise_cohort_size:,} of {config.population:,} clients per round"
 
 
 def count_noise_on_sum(algorithm: Algorithm, config: ExperimentConfig) -> float | None:

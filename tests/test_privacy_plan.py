@@ -48,7 +48,13 @@ def test_accounting_another_sampler_than_the_cohorts_has_no_epsilon(store_root):
         "privacy.noise_cohort_size=200",
         "privacy.population=20000",
     )
-    assert privacy_claim(deployment, deployment.build_algorithm()).dp_valid
+    claim = privacy_claim(deployment, deployment.build_algorithm())
+    assert claim.dp_valid and claim.deployment == "200 of 20,000 clients per round"
+    assert "not this simulation's cohort" in claim.accounting_text
+    assert any("whose own ε" in notice for notice in claim.notices())
+    assert claim.tags()["privacy.epsilon_for"] == "200 of 20,000 clients per round"
+    plain = small_config(store_root, *DP)
+    assert privacy_claim(plain, plain.build_algorithm()).tags()["privacy.epsilon_for"] == "this run"
 
 
 def test_without_replacement_costs_more_than_poisson_at_the_same_rate():
