@@ -143,12 +143,13 @@ def _inner_pld(
 
     add/remove: ``privacy.pld``'s PLD of one s-subsampled Gaussian release at interval h (the
     client-level round's mechanism, applied to records). replace-one: dp-accounting's
-    ``REPLACE_ONE`` relation, σ relative to the replace sensitivity 2C (noise 2Cσ_g). Either is
-    self-composed K times.
+    ``REPLACE_ONE`` relation, which with sensitivity 1 compares a record's contribution −1
+    against +1 (2 apart): in units of C, the replaced record moves the clipped sum by up to 2
+    and the noise std is 2σ_g (noise 2Cσ_g). Either is self-composed K times.
     """
     if adjacency == "replace_one":
         step = pld_lib.from_gaussian_mechanism(
-            standard_deviation=noise_multiplier,
+            standard_deviation=2.0 * noise_multiplier,
             value_discretization_interval=interval,
             sampling_prob=data_rate,
             neighboring_relation=NeighborRel.REPLACE_ONE,

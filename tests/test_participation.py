@@ -41,3 +41,14 @@ def test_calculator_prints_the_server_view_of_client_placed_noise(capsys):
         epsilon_vs_server(1 / 10**0.5, 0.1, 100, 1e-5), rel=1e-3
     )
     assert float(rows["replace-one"]) > float(rows["zero-out"])
+
+
+def test_record_level_replace_one_pld_is_the_gaussian_of_its_noise():
+    """Replacing a record moves the clipped sum by ≤ 2C under noise 2Cσ_g: with every record
+    in every step (s = l = K = 1) that is the Gaussian mechanism at μ = 1/σ_g."""
+    from privacy.sample_level import SampleLevelPldAccountant
+
+    sigma = 2.0
+    accountant = SampleLevelPldAccountant(1.0, 1.0, 1, sigma, adjacency="replace_one")
+    expected = gaussian_epsilon(1 / sigma, 1e-5)
+    assert accountant.epsilon(1, 1e-5) == pytest.approx(expected, rel=2e-3)

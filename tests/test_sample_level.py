@@ -218,6 +218,12 @@ def test_resume_is_bit_identical_with_client_controls(store_root):
         (("algorithm.clip_rule=median",), "algorithm.clip_norm"),
         (("privacy.accountant=pld",), "privacy.accountant"),
         (("privacy.noise_cohort_size=10",), "privacy.noise_cohort_size"),
+        (("privacy.population=1000",), "privacy.population"),  # l is the simulated cohort's
+        (("privacy.accountant=paper", "cohort.sampling=poisson"), "poisson cohorts"),
+        (
+            ("privacy.accountant=paper", "algorithm.local.batch_sampling=poisson"),
+            "poisson batches",
+        ),
     ],
 )
 def test_sample_level_config_errors_name_the_field(overrides, field):

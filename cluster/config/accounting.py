@@ -75,6 +75,16 @@ def validate_privacy(c: ExperimentConfig) -> None:
             "paper",
             "DP-SCAFFOLD's accountant is for the sample-level presets; use auto, rdp, pld or prv",
         )
+    paper_sampling = ("fixed", "fresh", "replace_one")  # cohort, batches, adjacency it analyses
+    ran = (c.cohort.sampling, c.batch_sampling, c.algorithm.adjacency or "replace_one")
+    if c.accountant_name == "paper" and c.sample_level and ran != paper_sampling:
+        raise ConfigError(
+            "privacy.accountant",
+            "paper",
+            "DP-SCAFFOLD's accountant analyses fixed cohorts, fixed-size batches drawn without "
+            f"replacement and replace-one adjacency; this run has {ran[0]} cohorts, {ran[1]} "
+            f"batches and {ran[2]}: use auto (its number stays in the privacy report)",
+        )
     if not c.sample_level and c.accountant_name not in accountants_for(c.sampling_assumption):
         raise ConfigError(
             "privacy.accountant",

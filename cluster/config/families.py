@@ -37,12 +37,15 @@ def validate_sample_level(c: ExperimentConfig) -> None:
             a.noise_placement,
             f"{a.name} adds its noise in every local DP-SGD step of the clients; remove it",
         )
-    if c.privacy.noise_cohort_size is not None or c.privacy.sampling != "match":
-        field_name = (
-            "privacy.noise_cohort_size"
-            if c.privacy.noise_cohort_size is not None
-            else "privacy.sampling"
-        )
+    client_level_options = {
+        "privacy.noise_cohort_size": c.privacy.noise_cohort_size is not None,
+        # the record-level ε's client rate l is the simulated cohort over the simulated clients
+        "privacy.population": c.privacy.population is not None,
+        "privacy.sampling": c.privacy.sampling != "match",
+    }
+    set_options = [name for name, is_set in client_level_options.items() if is_set]
+    if set_options:
+        field_name = set_options[0]
         raise ConfigError(
             field_name,
             getattr(c.privacy, field_name.split(".")[1]),
