@@ -327,14 +327,16 @@ def calibrated(config: ExperimentConfig, client_sizes=None) -> ExperimentConfig:
     return dataclasses.replace(config, rounds=rounds)
 
 
-def calibration_line(before: ExperimentConfig, after: ExperimentConfig, seconds: float) -> str:
+def calibration_line(
+    before: ExperimentConfig, after: ExperimentConfig, seconds: float, delta: float
+) -> str:
     what = (
         f"σ = {format_sigma(after.algorithm.noise_multiplier)}"
         if before.privacy.calibrate == "sigma"
         else f"{after.rounds} rounds"
     )
     return (
-        f"calibrated {what} for ε ≤ {after.privacy.target_epsilon:g} at δ = {after.delta:g}, "
+        f"calibrated {what} for ε ≤ {after.privacy.target_epsilon:g} at δ = {delta:g}, "
         f"q = {after.accounting_sample_rate:g} ({after.accountant_name}, {seconds:.1f} s)"
     )
 
@@ -344,7 +346,10 @@ def calibrate_with_message(config: ExperimentConfig, say=print) -> ExperimentCon
         return config
     start = time.perf_counter()
     after = calibrated(config)
-    say(calibration_line(config, after, time.perf_counter() - start))
+    seconds = time.perf_counter() - start
+    # A sample-level run's default δ is over its records, not its clients.
+    delta = _sample_level_accounting(after, None)[1] if after.sample_level else after.delta
+    say(calibration_line(config, after, seconds, delta))
     return after
 
 

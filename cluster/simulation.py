@@ -99,7 +99,7 @@ class Simulation:
         if nxt > target:
             return (
                 f"privacy budget: round {len(self.history) + 1} would reach ε={nxt:.3f} "
-                f"> target ε={target:g} at δ={self.config.delta:g}"
+                f"> target ε={target:g} at δ={self.claim.delta:g}"
             )
         return None
 

@@ -15,7 +15,7 @@ from algorithms.local import LocalTrainer, ModelObjective
 from cluster.config import ConfigError, load_config
 from cluster.executors import LocalExecutor
 from cluster.experiment import open_store
-from cluster.privacy_plan import calibrated, privacy_claim
+from cluster.privacy_plan import calibrate_with_message, calibrated, privacy_claim
 from cluster.simulation import Simulation
 from models.logreg import LogisticRegression
 
@@ -306,3 +306,6 @@ def test_calibration_uses_the_record_level_accountant(store_root):
     after = calibrated(sigma)
     claim = privacy_claim(after, after.build_algorithm(), [80] * 20)
     assert 1.99 < claim.epsilon(after.rounds) <= 2.0
+    said = []
+    calibrate_with_message(sigma, said.append)  # the δ printed is the records' (R^-1.1)
+    assert f"at δ = {claim.delta:g}," in said[0] and claim.delta != sigma.delta
