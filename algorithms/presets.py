@@ -605,6 +605,9 @@ PRIVATE_PRESETS = CLIENT_LEVEL_PRESETS | SAMPLE_LEVEL_PRESETS
 SKETCH_PRESETS = presets_taking("sketch_cols")
 # PGN's server scale γ = η·K needs a fixed number of local steps.
 FIXED_STEP_PRESETS = presets_taking("pgn_beta")
+# SCAFFOLD's option II sets c_i⁺ = c_i − c + (x − y)/(Kη): the mean local gradient only for
+# plain SGD steps (momentum carries gradients between steps).
+CONTROL_VARIATE_PRESETS = frozenset({"scaffold", "dp_scaffold"})
 # Options beyond the trainer, the DP part and the server's lr and weighting (config fields).
 PRESET_OPTIONS = frozenset().union(*(inspect.signature(p).parameters for p in PRESETS.values())) - {
     "trainer",

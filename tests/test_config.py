@@ -31,6 +31,15 @@ BAD_CONFIGS = [
         "algorithm.local.momentum",
         "exact only without local momentum",
     ),
+    (
+        [
+            "algorithm.name=dp_scaffold",
+            "algorithm.noise_placement=null",
+            "algorithm.local.momentum=0.5",
+        ],
+        "algorithm.local.momentum",
+        "mean local gradient only for plain SGD",
+    ),
     (["cohort.size=0"], "cohort.size", "must be > 0"),
     (["cohort.size=101"], "cohort.size", "cannot exceed the population of 100"),
     (["data.source=imagenet"], "data.source", "unknown data source"),

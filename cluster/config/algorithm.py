@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal
 
 from algorithms.presets import (
+    CONTROL_VARIATE_PRESETS,
     FIXED_STEP_PRESETS,
     PRESET_OPTIONS,
     PRESETS,
@@ -267,6 +268,13 @@ def _validate_preset_options(a: AlgorithmConfig) -> None:
             f"{a.name} strips the public drift (1 − β)·K·η·g̃ from each update before clipping, "
             "which is exact only without local momentum (momentum compounds it): set 0, as the "
             "paper does",
+        )
+    if a.name in CONTROL_VARIATE_PRESETS and a.local.momentum:
+        raise ConfigError(
+            "algorithm.local.momentum",
+            a.local.momentum,
+            f"{a.name}'s control variate c_i⁺ = c_i − c + (x − y)/(Kη) is the mean local "
+            "gradient only for plain SGD steps: set 0, as the paper does",
         )
     if a.lus_sparsity is not None and not 0 <= a.lus_sparsity < 1:
         raise ConfigError(
