@@ -58,8 +58,13 @@ class AdaptiveClip:
         """b − ½, plus N(0, ``noise_std``²) (``client_noise_std``; 0 when the server adds it)."""
         value = torch.tensor([self.bit(pre_clip_norm, clip_norm) - 0.5], dtype=torch.float64)
         if noise_std:
-            value += noise_std * torch.randn(1, generator=generator, dtype=torch.float64)
+            value += self.noise_share(generator, noise_std)
         return value
+
+    @staticmethod
+    def noise_share(generator: torch.Generator, noise_std: float) -> torch.Tensor:
+        """One client's N(0, ``noise_std``²) on the count (alone: a dropped client's upload)."""
+        return noise_std * torch.randn(1, generator=generator, dtype=torch.float64)
 
     # With a noise cohort (k = m/C_n, ``GaussianMechanism.noise_scale``) the count's noise is
     # scaled as the updates' is: the mean over the m simulated clients carries the noise of a

@@ -174,8 +174,8 @@ def _noise_share(algorithm: Algorithm, like: torch.Tensor, ctx: ClientContext, k
     """A dropped client's uploads: its share of client-placed noise, on the update and on the
     adaptive clip's count, with nothing of its own (``UpdatePipeline.noise_share``)."""
     uploads = {algorithm.pipeline.upload_name: algorithm.pipeline.noise_share(like, ctx)}
-    if algorithm.adaptive_clip is not None:
-        std = algorithm.adaptive_clip.client_noise_std(algorithm.mechanism.noise_scale)
-        generator = torch_generator(*keys, Purpose.CLIP_BIT)
-        uploads["clip_bit"] = std * torch.randn(1, generator=generator, dtype=torch.float64)
+    clip = algorithm.adaptive_clip
+    if clip is not None:
+        std = clip.client_noise_std(algorithm.mechanism.noise_scale)
+        uploads["clip_bit"] = clip.noise_share(torch_generator(*keys, Purpose.CLIP_BIT), std)
     return uploads

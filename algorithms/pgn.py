@@ -18,11 +18,12 @@ from typing import ClassVar
 import torch
 
 
-def _drift(ctx, beta: float) -> torch.Tensor | None:
-    direction = ctx.payload.get("direction")
+def public_drift(beta: float, scale: float, direction: torch.Tensor | None) -> torch.Tensor | None:
+    """(1 − β)·ηK·g̃ for ``scale`` = ηK: the drift K PGN steps of lr η add to an update, a
+    function of the broadcast g̃ only (None where it vanishes: β = 1, or no g̃ yet)."""
     if beta == 1 or direction is None:
         return None
-    return (1 - beta) * ctx.local_steps * ctx.lr * direction
+    return (1 - beta) * scale * direction
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class StripDrift:
     selects_by_value: ClassVar[bool] = False
 
     def apply(self, update, ctx):
-        drift = _drift(ctx, self.beta)
+        drift = public_drift(self.beta, ctx.local_steps * ctx.lr, ctx.payload.get("direction"))
         return update if drift is None else update + drift
 
     def output_bound(self, input_bound):

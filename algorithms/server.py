@@ -28,6 +28,7 @@ import torch
 
 from algorithms.aggregate import PartialAggregate
 from algorithms.control_variates import updated_server_control
+from algorithms.pgn import public_drift
 from algorithms.smoothing import LaplacianSmoothing
 
 
@@ -95,9 +96,9 @@ class MeanServerRule:
         self, state: ServerState, total: PartialAggregate, ctx: ServerContext, control: bool
     ) -> ServerState:
         mean = self.noisy_mean(total, state.params.numel(), ctx)
-        if self.drift_beta is not None and self.drift_beta != 1:
-            drift = (1 - self.drift_beta) * self.direction_scale * state.extras["direction"]
-            mean = mean - drift.double()
+        if self.drift_beta is not None:
+            drift = public_drift(self.drift_beta, self.direction_scale, state.extras["direction"])
+            mean = mean if drift is None else mean - drift.double()
         if self.smoothing is not None:
             mean = self.smoothing(mean)
         extras = dict(state.extras)

@@ -34,8 +34,9 @@ def _segments(layout: ParamLayout | None, size: int, scope: str) -> list[tuple[i
 
 
 def _kept(p: float, n: int) -> int:
-    """⌊p·n⌋ in exact arithmetic: p = 1 − 0.9 is 0.0999…98 in floats, whose product with n = 10
-    would floor to 0 (a 10-wide bias never updated at LUS c = 0.9)."""
+    """⌊p·n⌋ as exact arithmetic gives it: p = 1 − 0.9 is 0.0999…98 in floats, whose product
+    with n = 10 would floor to 0 (a 10-wide bias never updated at LUS c = 0.9); a product
+    within 5·10⁻⁷ of an integer is taken as that integer."""
     return math.floor(round(p * n, 6))
 
 

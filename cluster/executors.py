@@ -13,6 +13,7 @@ sum the same partials in the same order: they agree bit for bit.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -31,7 +32,7 @@ MAX_RETRIES = 3
 Call = tuple | None  # one host's arguments for a method, or None: that host has nothing to do
 
 
-class HostPool:
+class HostPool(ABC):
     """What an executor does with its hosts, whatever they are: pin the clients, split each
     round's cohort, fan a method out and combine the answers in host order. Subclasses say how
     a host is called (``_call``) and how a large argument is shared by all hosts (``_share``)."""
@@ -53,10 +54,10 @@ class HostPool:
     def num_hosts(self) -> int:
         return len(self.eval_slices)
 
+    @abstractmethod
     def _call(self, method: str, calls: list[Call]) -> list:
         """``method(*args)`` on every host whose ``calls`` entry is not None, concurrently; the
         answers in host order."""
-        raise NotImplementedError
 
     def _share(self, value: Any) -> Any:
         return value

@@ -16,7 +16,7 @@ from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 from mlflow.tracking import MlflowClient
 from opacus.accountants.analysis.rdp import get_privacy_spent
 
-from algorithms.presets import PRESETS, PRIVATE_PRESETS, SKETCH_PRESETS
+from algorithms.presets import CONTROL_VARIATE_PRESETS, PRESETS, PRIVATE_PRESETS, SKETCH_PRESETS
 from cluster.cli import main
 from cluster.compare import epsilon_cell
 from cluster.config import load_config
@@ -75,6 +75,13 @@ def _overrides(store_root, case):
     if name in SKETCH_PRESETS:
         sets += SKETCHED
     return sets
+
+
+def test_control_variate_presets_are_those_whose_algorithm_keeps_c_i(store_root):
+    """The config refuses local momentum for these by name: the list must be the presets'."""
+    for name in PRESETS:
+        config = load_config("configs/quickstart.yaml", _overrides(store_root, name))
+        assert config.build_algorithm().control_variates == (name in CONTROL_VARIATE_PRESETS)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
