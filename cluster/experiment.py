@@ -179,10 +179,10 @@ def run_experiment(
     preflight(config)
     if resume is None and calibrate:
         config = calibrate_with_message(config, say)
-    if config.build_algorithm().privacy_unit != "none":
-        for warning in privacy_warnings(config):
-            say(f"warning: {warning}")
     store, _ = open_store(config)
+    if config.build_algorithm().privacy_unit != "none":
+        for warning in privacy_warnings(config, store.client_sizes):
+            say(f"warning: {warning}")
     resumed_run = resume.get("run_id") if resume is not None else None
     run = _start_tracking(config, store, resumed_run, parent_run_id)
     try:

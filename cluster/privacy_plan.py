@@ -353,9 +353,22 @@ def calibrate_with_message(config: ExperimentConfig, say=print) -> ExperimentCon
     return after
 
 
-def privacy_warnings(config: ExperimentConfig) -> list[str]:
-    """Config-level warnings for a private run: a weak δ."""
-    return [config.delta_warning] if config.delta_warning else []
+def privacy_warnings(config: ExperimentConfig, client_sizes) -> list[str]:
+    """Config-level warnings for a private run: a configured δ ≥ 1/n permits publishing one
+    unit's data in the clear, n the clients (client level) or the training records of all
+    clients (sample level, ``client_sizes`` summed)."""
+    delta = config.privacy.delta
+    if config.sample_level:
+        count, symbol, unit = int(sum(client_sizes)), "R", "training record"
+    else:
+        count, symbol, unit = config.population, "N", "client"
+    if delta is None or delta < 1 / count:
+        return []
+    return [
+        f"privacy: δ = {delta:g} ≥ 1/{symbol} = {1 / count:g} ({symbol} = {count} {unit}s): a "
+        f"mechanism that publishes one random {unit}'s data in the clear meets such a δ; "
+        f"prefer δ ≤ {symbol}^-1.1 = {count**-1.1:.3g} (the default when privacy.delta is unset)"
+    ]
 
 
 def _epsilon_under(claim: PrivacyClaim, name: str, rounds: int) -> float | str | None:

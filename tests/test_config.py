@@ -3,6 +3,7 @@
 import pytest
 
 from cluster.config import ConfigError, load_config
+from cluster.privacy_plan import privacy_warnings
 
 DP = ["algorithm.name=dp_fedavg", "algorithm.clip_norm=1.0", "algorithm.noise_multiplier=1.0"]
 
@@ -127,9 +128,21 @@ def test_overrides_are_typed_and_applied():
     assert c.sample_rate == pytest.approx(0.2)
     default = load_config("configs/quickstart.yaml")
     assert default.delta == pytest.approx(100**-1.1)  # δ defaults to N^-1.1, below 1/N
-    assert default.delta_warning is None
+    assert privacy_warnings(default, []) == []
     weak = load_config("configs/quickstart.yaml", ["privacy.delta=0.01"])
-    assert "δ = 0.01 ≥ 1/N" in weak.delta_warning
+    assert "δ = 0.01 ≥ 1/N = 0.01 (N = 100 clients)" in privacy_warnings(weak, [])[0]
+
+
+def test_a_sample_level_delta_is_weak_against_the_records_not_the_clients():
+    """δ = 1e-3 is below 1/N for 60 clients but above 1/R for their 6,000 records."""
+    sizes = [100] * 60
+    paper = "configs/papers/dpscaffold_mnist_mlp.yaml"
+    config = load_config(paper, ["privacy.delta=1e-3"])
+    assert config.sample_level and config.data.num_clients == 60
+    (warning,) = privacy_warnings(config, sizes)
+    assert "≥ 1/R = 0.000166667 (R = 6000 training records)" in warning
+    strict = load_config(paper, ["privacy.delta=1e-4"])
+    assert privacy_warnings(strict, sizes) == []
 
 
 def test_store_root_is_absolute_for_actors(monkeypatch, tmp_path):

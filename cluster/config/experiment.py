@@ -151,17 +151,6 @@ class ExperimentConfig:
         return self.population**-1.1
 
     @property
-    def delta_warning(self) -> str | None:
-        """Why the configured δ is weak: δ ≥ 1/N permits releasing some client's data."""
-        if self.privacy.delta is None or self.privacy.delta < 1 / self.population:
-            return None
-        return (
-            f"privacy: δ = {self.privacy.delta:g} ≥ 1/N = {1 / self.population:g}: a mechanism "
-            "that publishes one random client's data in the clear meets such a δ; prefer "
-            f"δ ≤ N^-1.1 = {self.population**-1.1:.3g} (the default when privacy.delta is unset)"
-        )
-
-    @property
     def store_parameters(self) -> tuple:
         """What keys the shard store (``datasets.sources.store_path``'s arguments after the
         root): source, its options, partition, clients, seed."""
