@@ -209,8 +209,15 @@ def project(config: ExperimentConfig, executor: str) -> tuple[torch.Tensor, dict
     return outcome.result.params, timing
 
 
-TIMES = ("wall_seconds", "startup_seconds", "rounds_seconds", "end_seconds", "seconds_per_round")
-RATIOS = ("wall_seconds", "seconds_per_round")
+TIMES = (
+    "wall_seconds",
+    "startup_seconds",
+    "rounds_seconds",
+    "end_seconds",
+    "seconds_per_round",
+    "process_seconds",
+)
+RATIOS = ("wall_seconds", "seconds_per_round", "process_seconds")
 
 
 def _medians(runs: list[dict]) -> dict:
@@ -227,7 +234,8 @@ def timed_in_child(name: str, variant: str, overrides: list[str]) -> dict:
     one process found MLflow imported and Ray's processes winding down). The child reads the
     store this process built (``DPFL_STORE_ROOT``); its clock starts after its imports."""
     sets = [arg for override in overrides for arg in ("--set", override)]
-    command = [sys.executable, "-m", "benchmarks.workloads", "--child", variant]
+    command = [sys.executable, "-m", "benchmarks.workload_child", "--child", variant]
+    start = time.perf_counter()
     done = subprocess.run(
         [*command, "--workloads", name, *sets],
         capture_output=True,
@@ -235,9 +243,11 @@ def timed_in_child(name: str, variant: str, overrides: list[str]) -> dict:
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
+    process_seconds = time.perf_counter() - start
     if done.returncode != 0:
         raise RuntimeError(f"{variant} on workload {name} failed:\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    timing = json.loads(done.stdout.strip().splitlines()[-1])
+    return {**timing, "process_seconds": process_seconds}
 
 
 def _create_tracking_schema() -> None:

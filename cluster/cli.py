@@ -9,6 +9,8 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from cluster.tracking_process import prestart as prestart_tracking
+
 if TYPE_CHECKING:
     from cluster.records import RoundRecord
 
@@ -64,6 +66,7 @@ def _overrides(args: argparse.Namespace) -> list[str]:
 def _run(args: argparse.Namespace) -> int:
     # First line before the heavy imports (torch alone takes seconds): the user sees it started.
     print(f"run {args.config}" + "".join(f" --set {a}" for a in args.set), flush=True)
+    prestart_tracking()  # MLflow's imports on another core while this one imports torch
     from cluster.config import load_config
 
     return _execute(load_config(args.config, _overrides(args)), None, args.verbose)
@@ -74,6 +77,7 @@ def _resume(args: argparse.Namespace) -> int:
     from cluster.config import ConfigError, config_from_dict
 
     print(f"resume {args.checkpoint}", flush=True)
+    prestart_tracking()
     overrides = _overrides(args)
     for assignment in overrides:
         if not assignment.startswith(RESUMABLE_PREFIXES):

@@ -104,20 +104,28 @@ def test_the_tracking_process_writes_rounds_in_order_and_raises_its_error_at_the
 
 def test_the_driver_never_imports_mlflow(store_root, tracking_uri):
     """MLflow lives in the tracking process: on a thread of the driver its imports held the GIL
-    that the training hosts need (workload A's first round: 1.8 s instead of 0.2 s)."""
+    that the training hosts need (workload A's first round: 1.8 s instead of 0.2 s). The CLI
+    starts that process before its own imports; the run takes it, and one left unused exits
+    with the driver."""
     import os
     import subprocess
     import sys
+    import time
     from pathlib import Path
 
     script = f"""
 import sys
+import cluster.tracking_process as tracking_process
+tracking_process.prestart()
+prestarted = tracking_process._prestarted[0]
 from helpers import small_config
 from cluster.experiment import run_experiment
 config = small_config({str(store_root)!r}, "rounds=2", "tracking.enabled=true",
                       "tracking.experiment=test-no-mlflow")
 outcome = run_experiment(config)
-print(outcome.run_id, "mlflow" in sys.modules)
+tracking_process.prestart()  # a spare no run takes
+spare = tracking_process._prestarted[0]
+print(outcome.run_id, "mlflow" in sys.modules, prestarted.returncode, spare.pid)
 """
     tests = Path(__file__).parent
     done = subprocess.run(
@@ -129,8 +137,16 @@ print(outcome.run_id, "mlflow" in sys.modules)
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    run_id, imported = done.stdout.split()[-2:]
+    run_id, imported, prestarted_code, spare = done.stdout.split()[-4:]
     assert imported == "False"
+    assert prestarted_code == "0"  # the run's process: it ended with the run
+    stat = Path(f"/proc/{spare}/stat")
+    for _ in range(100):  # the spare reads EOF once the driver is gone, and exits
+        if not stat.exists() or stat.read_text().split(")")[-1].split()[0] == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the unused tracking process {spare} outlived the driver")
     client = MlflowClient(tracking_uri)
     assert client.get_run(run_id).info.status == "FINISHED"
     assert "partition" in {a.path for a in client.list_artifacts(run_id)}
