@@ -38,6 +38,9 @@ import numpy as np
 import torch
 
 MERSENNE_61 = (1 << 61) - 1
+# Names the hash family: sketch tables saved under another (a checkpoint's momentum and error
+# sketches) index other buckets and cannot be continued.
+HASH_FAMILY = "cubic-buckets"
 _MASK_31 = (1 << 31) - 1
 _MASK_30 = (1 << 30) - 1
 _CHUNK = 1 << 20  # coordinates hashed at a time (bounds the uint64 temporaries)

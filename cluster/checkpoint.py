@@ -15,6 +15,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from algorithms.presets import SKETCH_PRESETS
+from algorithms.sketch import HASH_FAMILY
+
 if TYPE_CHECKING:
     from cluster.config import ExperimentConfig
 
@@ -31,6 +34,7 @@ def save_checkpoint(path: Path, simulation_state: dict, config: dict, run_id: st
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "format_version": FORMAT_VERSION,
+        "sketch_hash_family": HASH_FAMILY,
         "config": config,
         "run_id": run_id,
         "simulation": simulation_state,
@@ -73,5 +77,15 @@ def load_checkpoint(path: str | Path) -> dict:
             f"checkpoint format {version}, this code reads format {FORMAT_VERSION}: resume it "
             "with the version of the code that wrote it (its MLflow run's git_commit tag), or "
             "start the run afresh",
+        )
+    family = payload.get("sketch_hash_family", "linear-buckets")
+    if payload["config"]["algorithm"]["name"] in SKETCH_PRESETS and family != HASH_FAMILY:
+        raise ConfigError(
+            "CHECKPOINT",
+            str(path),
+            f"its sketches were hashed with the {family} count-sketch hash of an earlier version, "
+            f"this code hashes with {HASH_FAMILY} (algorithms/sketch.py): its momentum and error "
+            "sketches cannot be continued; resume it with the version of the code that wrote it "
+            "(its MLflow run's git_commit tag), or start the run afresh",
         )
     return payload

@@ -287,6 +287,11 @@ def test_dpsfl_ac_moves_c_logs_bytes_and_resumes_bit_for_bit(store_root, tmp_pat
     resumed = run_experiment(config_from_dict(saved["config"], ["rounds=6"]), resume=saved)
     assert torch.equal(resumed.result.params, straight.result.params)
     assert resumed.result.history[-1].metrics["clip_norm"] == clip_norms[-1]
+    # A checkpoint from before the cubic bucket hash holds sketches of other buckets.
+    del saved["sketch_hash_family"]
+    torch.save(saved, tmp_path / "linear.pt")
+    with pytest.raises(ConfigError, match="linear-buckets count-sketch hash of an earlier"):
+        load_checkpoint(tmp_path / "linear.pt")
 
 
 BAD_SKETCH_CONFIGS = {
