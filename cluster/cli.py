@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import os
 import sys
 from typing import TYPE_CHECKING
@@ -63,10 +62,18 @@ def _overrides(args: argparse.Namespace) -> list[str]:
     return overrides
 
 
+def _start_tracking_process(verbose: bool) -> None:
+    """Start the MLflow process now: its imports run on another core while this one imports
+    torch. It inherits the environment as it is here."""
+    if not verbose:  # e.g. MLflow's "Creating initial MLflow database tables..."
+        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # read when MLflow is imported
+    prestart_tracking()
+
+
 def _run(args: argparse.Namespace) -> int:
     # First line before the heavy imports (torch alone takes seconds): the user sees it started.
     print(f"run {args.config}" + "".join(f" --set {a}" for a in args.set), flush=True)
-    prestart_tracking()  # MLflow's imports on another core while this one imports torch
+    _start_tracking_process(args.verbose)
     from cluster.config import load_config
 
     return _execute(load_config(args.config, _overrides(args)), None, args.verbose)
@@ -77,7 +84,7 @@ def _resume(args: argparse.Namespace) -> int:
     from cluster.config import ConfigError, config_from_dict
 
     print(f"resume {args.checkpoint}", flush=True)
-    prestart_tracking()
+    _start_tracking_process(args.verbose)
     overrides = _overrides(args)
     for assignment in overrides:
         if not assignment.startswith(RESUMABLE_PREFIXES):
@@ -120,9 +127,6 @@ def _execute_in_session(config, checkpoint: dict | None, verbose: bool) -> int:
     def say(message: str) -> None:
         print(message, flush=True)
 
-    if not verbose:  # e.g. MLflow's "Creating initial MLflow database tables..."
-        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # read when MLflow is imported
-        logging.getLogger("alembic").setLevel(logging.WARNING)
     if checkpoint is None:
         preflight(config)  # before the σ search: a missing file fails at once
         check_no_checkpoint_overwritten(config)

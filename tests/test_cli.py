@@ -44,6 +44,9 @@ def test_cli_runs_locally_and_prints_progress(tmp_path, store_root):
     assert len(progress) == 3 and "ε" in progress[0] and "acc" in progress[0]
     assert any(line.startswith("MLflow run ") for line in lines)
     assert any("mlflow ui --backend-store-uri" in line for line in lines)
+    # The MLflow process starts before the run's settings: it still inherits the quiet log
+    # level (a fresh store would say "Creating initial MLflow database tables...").
+    assert "INFO mlflow" not in result.stdout + result.stderr
 
 
 def test_cli_rejects_bad_config_before_any_work(tmp_path):
