@@ -59,7 +59,8 @@ def test_budget_stops_before_target_epsilon(store_root):
 def ray_session():
     ray = pytest.importorskip("ray")
     # One logical GPU: actors asking for a fraction of it are packed, and fall back to the CPU.
-    ray.init(num_cpus=3, num_gpus=1, include_dashboard=False, log_to_driver=False)
+    # address="local": a fresh instance even where a `ray start` left /tmp/ray/ray_current_cluster.
+    ray.init(address="local", num_cpus=3, num_gpus=1, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
 
