@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 # MLflow 3's experiment type: "custom_model_development" is its classic machine-learning view.
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+METRICS_PER_BATCH = 1000  # MLflow's limit per log_batch call
 _PACKAGES = ("torch", "ray", "mlflow", "opacus", "numpy", "pyarrow")
 
 
@@ -117,10 +118,42 @@ class MlflowTracker:
 
     logged_through = 0  # the last round whose metrics this run holds already
 
-    def log_round(self, record: RoundRecord, when_ms: int) -> None:
-        """The round's metrics, stamped ``when_ms`` (ms since the epoch: when the round ended)."""
-        if record.round <= self.logged_through:
+    def log_rounds(self, rounds: list[tuple[RoundRecord, int]]) -> None:
+        """Rounds' metrics, each stamped with its ``when_ms`` (ms since the epoch: when the
+        round ended), in as few ``log_batch`` calls as MLflow's limit of 1,000 metrics allows:
+        a call is one SQLite transaction, ≈ 5 ms of CPU, and a round's ≈ 25 metrics add ≈ 1 ms
+        to it. A refused call is retried round by round: the rounds before the bad one are
+        written and its error is raised, as if each round had been written alone."""
+        pending = [
+            (record.round, self._round_metrics(record, when_ms))
+            for record, when_ms in rounds
+            if record.round > self.logged_through
+        ]
+        group: list[tuple[int, list[Metric]]] = []
+        size = 0
+        for number, metrics in pending:
+            if group and size + len(metrics) > METRICS_PER_BATCH:
+                self._write(group)
+                group, size = [], 0
+            group.append((number, metrics))
+            size += len(metrics)
+        if group:
+            self._write(group)
+
+    def _write(self, group: list[tuple[int, list[Metric]]]) -> None:
+        """One ``log_batch`` for the rounds in ``group`` ((round, its metrics), in order)."""
+        try:
+            self.client.log_batch(self.run_id, metrics=[m for _, ms in group for m in ms])
+        except Exception:
+            if len(group) == 1:
+                raise
+            for one in group:
+                self._write([one])
             return
+        self.logged_through = group[-1][0]
+
+    @staticmethod
+    def _round_metrics(record: RoundRecord, when_ms: int) -> list[Metric]:
         values = {
             "seconds_per_round": record.seconds,
             "cohort_size": record.cohort_size,
@@ -129,8 +162,7 @@ class MlflowTracker:
         for name in ("epsilon", "test_accuracy", "test_loss"):
             if getattr(record, name) is not None:
                 values[name] = getattr(record, name)
-        metrics = [Metric(k, float(v), when_ms, record.round) for k, v in values.items()]
-        self.client.log_batch(self.run_id, metrics=metrics)
+        return [Metric(k, float(v), when_ms, record.round) for k, v in values.items()]
 
     def finish(
         self,

@@ -102,6 +102,64 @@ def test_the_tracking_process_writes_rounds_in_order_and_raises_its_error_at_the
     assert run.run_page().endswith(f"/runs/{run.run_id}?workflowType=machine_learning")
 
 
+def test_rounds_are_written_together_and_a_refused_batch_keeps_the_rounds_before_it(
+    tracking_uri, monkeypatch
+):
+    """The tracking process writes the rounds it has received in few ``log_batch`` calls (each is
+    an SQLite transaction): within MLflow's 1,000-metric limit, each round stamped with its own
+    time. A batch with a bad round is retried round by round: the rounds before it are kept."""
+    from cluster.records import RoundRecord
+    from cluster.tracking import MlflowTracker
+
+    tracker = MlflowTracker(tracking_uri, "test-batches", "r", {}, {})
+    calls = []
+    log_batch = tracker.client.log_batch
+    monkeypatch.setattr(
+        tracker.client, "log_batch", lambda *a, **k: calls.append(1) or log_batch(*a, **k)
+    )
+    metrics = {f"m{i}": float(i) for i in range(23)}  # 25 per round with the two always logged
+    rounds = [
+        (RoundRecord(round=r, cohort_size=5, seconds=0.1, metrics=metrics), 1_000 + r)
+        for r in range(1, 51)
+    ]
+    tracker.log_rounds(rounds)
+    assert len(calls) == 2  # 50 × 25 = 1,250 metrics: 40 rounds, then 10
+    history = tracker.client.get_metric_history(tracker.run_id, "m3")
+    assert sorted((m.step, m.timestamp, m.value) for m in history) == [
+        (r, 1_000 + r, 3.0) for r in range(1, 51)
+    ]
+    tracker.log_rounds(rounds[:5])  # already written (a resumed run recomputes them): skipped
+    assert len(calls) == 2
+    bad = RoundRecord(round=53, cohort_size=5, seconds=0.1, metrics={"bad?name": 1.0})
+    later = [
+        RoundRecord(round=r, cohort_size=5, seconds=0.1, metrics={"m3": 3.0}) for r in (51, 52, 54)
+    ]
+    with pytest.raises(Exception, match=r"bad\?name"):
+        tracker.log_rounds([(later[0], 1), (later[1], 2), (bad, 3), (later[2], 4)])
+    steps = sorted(m.step for m in tracker.client.get_metric_history(tracker.run_id, "m3"))
+    assert steps == [*range(1, 53)] and tracker.logged_through == 52
+    tracker.client.set_terminated(tracker.run_id)
+
+
+def test_the_tracking_process_writes_rounds_without_being_asked(tracking_uri):
+    """Rounds sent and not followed by any call that waits are still written, within
+    ``ROUNDS_EVERY_S``: the MLflow UI follows a long run as it goes."""
+    import time
+
+    from cluster.records import RoundRecord
+    from cluster.tracking_process import ROUNDS_EVERY_S, TrackingRun
+
+    run = TrackingRun.open(tracking_uri, "test-live", "r", {}, {})
+    run_id = run._open_reply()[0]
+    run.log_round(RoundRecord(round=1, cohort_size=5, seconds=0.1, metrics={"m": 1.0}))
+    client = MlflowClient(tracking_uri)
+    deadline = time.monotonic() + ROUNDS_EVERY_S + 10
+    while not client.get_metric_history(run_id, "m") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [m.step for m in client.get_metric_history(run_id, "m")] == [1]
+    run.end()
+
+
 def test_the_driver_never_imports_mlflow(store_root, tracking_uri):
     """MLflow lives in the tracking process: on a thread of the driver its imports held the GIL
     that the training hosts need (workload A's first round: 1.8 s instead of 0.2 s). The CLI
