@@ -67,6 +67,21 @@ class PartialAggregate:
             total.merge(part)
         return total
 
+    def __getstate__(self) -> dict:
+        # An actor's partial reaches the driver pickled by Ray: a torch tensor goes through
+        # torch.save (≈ 5 ms each way for workload A's 4.6 MB of float64, on the round's
+        # critical path), a NumPy array as an out-of-band buffer (one copy into the object store).
+        return {**self.__dict__, "sums": {k: v.cpu().numpy() for k, v in self.sums.items()}}
+
+    def __setstate__(self, state: dict) -> None:
+        # Ray hands the arrays back as read-only views of its object store: those are copied
+        # (sums are accumulated in place), others taken as they are.
+        sums = {
+            k: torch.from_numpy(a if a.flags.writeable else a.copy())
+            for k, a in state["sums"].items()
+        }
+        self.__dict__.update({**state, "sums": sums})
+
     def cpu(self) -> PartialAggregate:
         """The same aggregate with its sums on the CPU, for transport to the driver."""
         sums = {name: value.cpu() for name, value in self.sums.items()}

@@ -86,11 +86,11 @@ class MeanServerRule:
         summed = total.sums.get("delta")
         if summed is None:  # empty cohort: the noise is still due
             summed = torch.zeros(size, dtype=torch.float64)
-        if ctx.noise_on_sum is not None:
-            summed = summed + ctx.noise_on_sum
+        # One new d-vector, divided in place: at the server every pass over d float64s counts.
+        mean = summed.clone() if ctx.noise_on_sum is None else summed + ctx.noise_on_sum
         if self.weighting == "samples":
-            return summed / max(total.weight, 1.0)
-        return summed / ctx.nominal_cohort_size
+            return mean.div_(max(total.weight, 1.0))
+        return mean.div_(ctx.nominal_cohort_size)
 
     def step(
         self, state: ServerState, total: PartialAggregate, ctx: ServerContext, control: bool
@@ -108,7 +108,7 @@ class MeanServerRule:
             extras["momentum"] = step.to(state.params.dtype)
         if self.direction_scale is not None:
             extras["direction"] = (-mean / self.direction_scale).to(state.params.dtype)
-        params = (state.params.double() + self.server_lr * step).to(state.params.dtype)
+        params = state.params.double().add_(step, alpha=self.server_lr).to(state.params.dtype)
         new = ServerState(params, extras)
         return self.control_step(new, total, ctx) if control else new
 

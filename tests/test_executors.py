@@ -106,3 +106,32 @@ def test_local_executor_on_a_gpu_needs_one(store_root):
         preflight(config)
     assert "executor.gpus_per_actor" in str(error.value)
     assert "GPUs, this machine has 0" in str(error.value)
+
+
+def test_a_partial_aggregate_crosses_processes_as_arrays():
+    """What an actor returns is pickled by Ray: its sums travel as NumPy arrays (out of band,
+    no torch.save) and come back as float64 tensors the driver may accumulate into; read-only
+    arrays (views of Ray's object store) are copied, the object store is never written."""
+    import pickle
+
+    import numpy as np
+
+    from algorithms.aggregate import ClientReport, PartialAggregate
+
+    sums = {"delta": torch.arange(6, dtype=torch.float64), "clip_bit": torch.ones(1)}
+    partial = PartialAggregate(sums, 2.0, 2, [ClientReport(7, 80, 5, 0.3, 0.9)])
+    state = partial.__getstate__()
+    assert all(isinstance(v, np.ndarray) for v in state["sums"].values())
+    back = pickle.loads(pickle.dumps(partial, protocol=5))
+    assert back.weight == 2.0 and back.count == 2 and back.reports[0].client_id == 7
+    assert all(
+        torch.equal(back.sums[k], v) and back.sums[k].dtype == v.dtype for k, v in sums.items()
+    )
+    frozen = state["sums"]["delta"].copy()
+    frozen.flags.writeable = False
+    restored = PartialAggregate.__new__(PartialAggregate)
+    restored.__setstate__({**state, "sums": {"delta": frozen}})
+    total = PartialAggregate.combine([restored, restored])
+    assert torch.equal(total.sums["delta"], 2 * sums["delta"])
+    restored.sums["delta"].add_(1)  # its own copy
+    assert np.array_equal(frozen, np.arange(6))
