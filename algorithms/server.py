@@ -108,7 +108,8 @@ class MeanServerRule:
             extras["momentum"] = step.to(state.params.dtype)
         if self.direction_scale is not None:
             extras["direction"] = (-mean / self.direction_scale).to(state.params.dtype)
-        params = state.params.double().add_(step, alpha=self.server_lr).to(state.params.dtype)
+        params = state.params.to(torch.float64, copy=True).add_(step, alpha=self.server_lr)
+        params = params.to(state.params.dtype)
         new = ServerState(params, extras)
         return self.control_step(new, total, ctx) if control else new
 

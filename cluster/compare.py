@@ -332,8 +332,7 @@ def _run_all(
 def _start_parent_run(name: str, base: dict):
     """The parent MLflow run: each preset × seed run is nested under it (``mlflow.parentRunId``)
     and it holds the table, the figure and ``children.json`` (label-seed → run id)."""
-    from cluster.config.runtime import tracking_uri
-    from cluster.tracking_process import TrackingRun
+    from cluster.tracking_process import TrackingRun, tracking_uri
 
     tracking = base.get("tracking") or {}
     if tracking.get("enabled", True) is False:

@@ -13,7 +13,6 @@ from actors.client_host import Kernels
 from algorithms.layout import ParamLayout
 from cluster.checkpoint import checkpoint_path, save_checkpoint
 from cluster.config import ExperimentConfig
-from cluster.config.runtime import tracking_uri
 from cluster.executors import LocalExecutor, RayExecutor
 from cluster.interrupts import GracefulStop
 from cluster.preflight import check_store_matches, preflight
@@ -26,7 +25,7 @@ from cluster.privacy_plan import (
 )
 from cluster.records import RoundRecord
 from cluster.simulation import Simulation, SimulationResult, final_epsilon
-from cluster.tracking_process import TrackingRun, flatten
+from cluster.tracking_process import TrackingRun, flatten, tracking_uri
 from datasets.sources import build_or_open_store
 from datasets.store import ShardStore
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from cluster.config import ConfigError, DataConfig, ExperimentConfig
-from cluster.config.runtime import tracking_uri
+from cluster.tracking_process import tracking_uri
 from datasets.store import ShardStore, StoreError
 
 CONNECT_TIMEOUT_S = 3.0

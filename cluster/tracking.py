@@ -1,9 +1,9 @@
 """One MLflow run, written from the tracking process (``cluster.tracking_process``, DESIGN §8).
 
 Default store: ``sqlite:///mlflow.db`` in the working directory; ``MLFLOW_TRACKING_URI``
-overrides it. Metrics go in one ``log_batch`` per round; artifacts at the end: the resolved
-config, accuracy and ε curves (PNG), the per-round history (JSON) and the final model. Nothing
-here imports torch: the process that runs this module only writes to MLflow.
+overrides it. Rounds' metrics go in few ``log_batch`` calls (``log_rounds``); artifacts at the
+end: the resolved config, accuracy and ε curves (PNG), the per-round history (JSON) and the
+final model. Nothing here imports torch: the process that runs this module only writes to MLflow.
 """
 
 from __future__ import annotations

@@ -141,3 +141,19 @@ def test_ls_presets_run(store_root):
     for name in ("dp_fedavg_ls", "dp_fedpgn_ls"):
         sim = run_local(small_config(store_root, f"algorithm.name={name}", *DP))
         assert sim.history[-1].test_accuracy is not None
+
+
+def test_the_mean_rule_leaves_its_inputs_as_they_were():
+    """The server's mean and step work in place on new vectors only: the round's sum and the
+    previous state (float32 or float64: ``double()`` of a float64 tensor is the tensor itself)
+    stay as they were, e.g. for an audit's released − previous difference."""
+    for dtype in (torch.float32, torch.float64):
+        params = torch.zeros(4, dtype=dtype)
+        summed = torch.ones(4, dtype=torch.float64)
+        total = PartialAggregate({"delta": summed}, 2.0, 2)
+        rule = MeanServerRule(server_lr=0.5)
+        for noise in (None, torch.full((4,), 2.0, dtype=torch.float64)):
+            new = rule.step(ServerState(params, {}), total, ServerContext(2.0, 10, noise), False)
+            expected = 0.5 * (1.0 + (0.0 if noise is None else 2.0)) / 2.0
+            assert torch.equal(new.params, torch.full((4,), expected, dtype=dtype))
+            assert not params.any() and torch.equal(summed, torch.ones(4, dtype=torch.float64))

@@ -122,14 +122,23 @@ def test_rounds_are_written_together_and_a_refused_batch_keeps_the_rounds_before
         (RoundRecord(round=r, cohort_size=5, seconds=0.1, metrics=metrics), 1_000 + r)
         for r in range(1, 51)
     ]
-    tracker.log_rounds(rounds)
-    assert len(calls) == 2  # 50 × 25 = 1,250 metrics: 40 rounds, then 10
+    tracker.log_rounds(rounds[:40])  # 40 × 25 = 1,000 metrics: MLflow's limit, one call
+    assert len(calls) == 1
+    tracker.log_rounds(rounds)  # the first 40 already written: skipped
+    assert len(calls) == 2
+    fresh = MlflowTracker(tracking_uri, "test-batches", "r2", {}, {})
+    monkeypatch.setattr(
+        fresh.client, "log_batch", lambda *a, **k: calls.append(2) or log_batch(*a, **k)
+    )
+    fresh.log_rounds(rounds)  # 1,250 metrics: 40 rounds, then 10
+    assert calls.count(2) == 2
+    fresh.client.set_terminated(fresh.run_id)
     history = tracker.client.get_metric_history(tracker.run_id, "m3")
     assert sorted((m.step, m.timestamp, m.value) for m in history) == [
         (r, 1_000 + r, 3.0) for r in range(1, 51)
     ]
     tracker.log_rounds(rounds[:5])  # already written (a resumed run recomputes them): skipped
-    assert len(calls) == 2
+    assert calls.count(1) == 2
     bad = RoundRecord(round=53, cohort_size=5, seconds=0.1, metrics={"bad?name": 1.0})
     later = [
         RoundRecord(round=r, cohort_size=5, seconds=0.1, metrics={"m3": 3.0}) for r in (51, 52, 54)
@@ -139,6 +148,54 @@ def test_rounds_are_written_together_and_a_refused_batch_keeps_the_rounds_before
     steps = sorted(m.step for m in tracker.client.get_metric_history(tracker.run_id, "m3"))
     assert steps == [*range(1, 53)] and tracker.logged_through == 52
     tracker.client.set_terminated(tracker.run_id)
+
+
+def test_serve_writes_rounds_together_and_before_it_exits(monkeypatch):
+    """The tracking process's loop with a recording tracker: rounds sent in a burst are one
+    write, done before a flush answers; rounds still held when the driver closes its end, or
+    dies leaving a reply unread (ECONNRESET, not EOF), are written before the loop ends."""
+    import socket
+    import threading
+    import time
+    from multiprocessing.connection import Connection
+
+    import cluster.tracking_process as tp
+
+    writes = []
+
+    class Recorder:
+        run_id, experiment_id = "r", "e"
+
+        def log_rounds(self, rounds):
+            writes.append([record for record, _ in rounds])
+
+    monkeypatch.setattr(tp, "_open", lambda *args: Recorder())
+
+    def start():
+        ours, theirs = socket.socketpair()
+        process = threading.Thread(target=tp.serve, args=(Connection(theirs.detach()),))
+        process.start()
+        return Connection(ours.detach()), process
+
+    driver, process = start()
+    driver.send(("open", (), True))
+    assert driver.recv() == ("ok", ("r", "e"))
+    for r in (1, 2, 3):
+        driver.send(("log_round", (r, 0), False))
+    driver.send(("flush", (), True))
+    assert driver.recv() == ("ok", None) and writes == [[1, 2, 3]]
+    driver.send(("log_round", (4, 0), False))
+    driver.close()
+    process.join(10)
+    assert writes == [[1, 2, 3], [4]] and not process.is_alive()
+
+    driver, process = start()
+    driver.send(("open", (), True))  # its answer never read
+    driver.send(("log_round", (5, 0), False))
+    time.sleep(0.5)  # received and held (the next write is due in 2 s)
+    driver.close()
+    process.join(10)
+    assert writes[-1] == [5] and not process.is_alive()
 
 
 def test_the_tracking_process_writes_rounds_without_being_asked(tracking_uri):
@@ -158,6 +215,27 @@ def test_the_tracking_process_writes_rounds_without_being_asked(tracking_uri):
         time.sleep(0.1)
     assert [m.step for m in client.get_metric_history(run_id, "m")] == [1]
     run.end()
+
+
+def test_a_prestarted_process_opens_an_existing_store_and_never_creates_one(tmp_path, monkeypatch):
+    """Started ahead of its run, the tracking process opens the store it will write to (MLflow
+    keeps the engine): an existing SQLite store, never a new one, since the run may not track."""
+    from cluster.tracking_process import _preload
+
+    db = tmp_path / "mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
+    _preload()
+    assert not db.exists()
+    MlflowClient(f"sqlite:///{db}").search_experiments()
+    # What the preload counts on: MLflow keeps one store per URI for every later client.
+    from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+
+    stores = _tracking_store_registry._get_store_with_resolved_uri
+    stores.cache_clear()
+    _preload()
+    assert stores.cache_info().currsize == 1
+    MlflowClient(f"sqlite:///{db}").search_experiments()  # the run's own client
+    assert stores.cache_info().hits >= 1 and stores.cache_info().currsize == 1
 
 
 def test_the_driver_never_imports_mlflow(store_root, tracking_uri):

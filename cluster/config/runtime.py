@@ -54,15 +54,6 @@ class CheckpointConfig:
         return configured_path("DPFL_CHECKPOINT_DIR", self.dir)
 
 
-DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
-
-
-def tracking_uri() -> str:
-    """Where runs are tracked: ``$MLFLOW_TRACKING_URI``, else the local SQLite file. Here, not
-    in ``cluster.tracking``, so that checking it does not import MLflow (2 s) before Ray starts."""
-    return os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI)
-
-
 @dataclass
 class TrackingConfig:
     enabled: bool = True
