@@ -60,6 +60,11 @@ class ModelObjective:
     augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None = None
     grad_evals: int = 0  # forward/backward passes so far
     channels_last: bool = False
+    # (module, attribute) of each of the layout's tensors, found once (``_parameter_slots``)
+    _slots: dict[str, tuple[nn.Module, str]] | None = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._slots = _parameter_slots(self.model, self.layout)
 
     @property
     def draws_from_global_rng(self) -> bool:
@@ -73,7 +78,9 @@ class ModelObjective:
         if self.channels_last:
             params = {k: _nhwc(v) if v.dim() == 4 else v for k, v in params.items()}
             x = _nhwc(x) if x.dim() == 4 else x
-        return functional_call(self.model, params, (x,))
+        if self._slots is None:
+            return functional_call(self.model, params, (x,))
+        return _call_with(self.model, self._slots, params, x)
 
     def loss_and_grad(
         self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor
@@ -103,6 +110,41 @@ class ModelObjective:
             for view, grad in zip(views.values(), grads, strict=True):
                 view.add_(grad, alpha=-lr)
         return loss.detach(), logits.detach()
+
+
+def _parameter_slots(model: nn.Module, layout: ParamLayout):
+    """Where each of ``layout``'s tensors lives in ``model``: {name: (submodule, attribute)}, for
+    ``_call_with``. None where a tensor is registered under two names (tied weights), which
+    ``functional_call`` handles."""
+    names = [name for name, _ in model.named_parameters(remove_duplicate=False)]
+    if names != list(layout.names):
+        return None
+    slots = {}
+    for name in names:
+        path, _, attribute = name.rpartition(".")
+        slots[name] = (model.get_submodule(path), attribute)
+    return slots
+
+
+def _call_with(
+    model: nn.Module,
+    slots: dict[str, tuple[nn.Module, str]],
+    params: dict[str, torch.Tensor],
+    x: torch.Tensor,
+) -> torch.Tensor:
+    """``model(x)`` with its parameters replaced by ``params`` for the call, then put back: what
+    ``functional_call`` does, without walking the module tree on every call (≈ 85 µs a step for
+    the MNIST CNN, 2.5% of a host's round of workload A; the same numbers, bit for bit)."""
+    saved = {name: module._parameters[attribute] for name, (module, attribute) in slots.items()}
+    try:
+        for name, tensor in params.items():
+            module, attribute = slots[name]
+            module._parameters[attribute] = tensor
+        return model(x)
+    finally:
+        for name, tensor in saved.items():
+            module, attribute = slots[name]
+            module._parameters[attribute] = tensor
 
 
 def _nhwc(t: torch.Tensor) -> torch.Tensor:

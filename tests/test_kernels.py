@@ -85,3 +85,55 @@ def test_plain_sgd_steps_tensor_by_tensor_exactly_as_through_the_flat_gradient(c
     assert torch.equal(fast.params, flat.params) and not torch.equal(fast.params, params)
     assert (fast.loss_sum, fast.correct, fast.steps) == (flat.loss_sum, flat.correct, flat.steps)
     assert fast.grad_evals == flat.grad_evals == 6
+
+
+SHAPES = {"mnist_cnn": (1, 28, 28), "resnet10_gn": (3, 32, 32), "reddi_cnn": (1, 28, 28)}
+
+
+@pytest.mark.parametrize("name", ["logreg", "mnist_cnn", "reddi_cnn", "resnet10_gn"])
+def test_parameters_set_in_place_give_functional_calls_numbers(name):
+    """A forward with the model's parameters swapped for the flat vector's views
+    (``_call_with``, slots found once) equals ``functional_call``'s, values and gradients bit
+    for bit, dropout included (the same global seed); the module keeps its own parameters."""
+    from torch.func import functional_call
+
+    shape = SHAPES.get(name, (60,))
+    torch.manual_seed(0)
+    model = build_model(name, shape, 10)
+    objective = ModelObjective(model, ParamLayout.of(model))
+    assert objective._slots is not None
+    own = [p for p in model.parameters()]
+    flat = ParamLayout.flatten(model).clone() + 0.01
+    x = torch.randn(4, *shape)
+    results = []
+    for forward in (objective.logits, None):
+        leaf = flat.detach().requires_grad_(True)
+        torch.manual_seed(1)  # dropout's draws
+        if forward is None:
+            out = functional_call(model, objective.layout.unflatten(leaf), (x,))
+        else:
+            out = forward(leaf, x)
+        (grad,) = torch.autograd.grad(out.square().sum(), leaf)
+        results.append((out.detach(), grad))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+    assert all(p is q for p, q in zip(model.parameters(), own, strict=True))
+
+
+def test_tied_parameters_fall_back_to_functional_call():
+    """One tensor under two names: ``functional_call`` ties the alias, the slots would not."""
+
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(3, 3, bias=False)
+            self.b = torch.nn.Linear(3, 3, bias=False)
+            self.b.weight = self.a.weight
+
+        def forward(self, x):
+            return self.b(self.a(x))
+
+    model = Tied()
+    objective = ModelObjective(model, ParamLayout.of(model))
+    assert objective._slots is None
+    flat = torch.ones(9)
+    assert torch.equal(objective.logits(flat, torch.ones(1, 3)), torch.full((1, 3), 9.0))
