@@ -64,9 +64,9 @@ def _overrides(args: argparse.Namespace) -> list[str]:
 
 def _start_tracking_process(verbose: bool) -> None:
     """Start the MLflow process now: its imports run on another core while this one imports
-    torch. It inherits the environment as it is here."""
-    if not verbose:  # e.g. MLflow's "Creating initial MLflow database tables..."
-        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # read when MLflow is imported
+    torch. It inherits the environment as it is here (quiet MLflow, unless ``verbose``)."""
+    if verbose:
+        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "INFO")  # read when MLflow is imported
     prestart_tracking()
 
 

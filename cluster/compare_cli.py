@@ -4,7 +4,6 @@ imports torch and MLflow) is imported when it runs, so that ``compare --help`` s
 from __future__ import annotations
 
 import argparse
-import os
 
 
 def add_parser(commands, help_text: str) -> None:
@@ -34,9 +33,6 @@ def add_parser(commands, help_text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # Each run's tracking process imports MLflow with this: no INFO lines (e.g. "Creating
-    # initial MLflow database tables...") between the progress lines.
-    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     from cluster.compare import run as run_compare
 
     return run_compare(args)

@@ -15,7 +15,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from cluster.config import ConfigError, DataConfig, ExperimentConfig
-from cluster.tracking_process import tracking_uri
+from cluster.tracking_process import sqlite_path, tracking_uri
 from datasets.store import ShardStore, StoreError
 
 CONNECT_TIMEOUT_S = 3.0
@@ -118,7 +118,7 @@ def check_tracking_uri() -> None:
             "http://HOST:PORT of an `mlflow server` (unset it for the local default)",
         )
     if scheme == "sqlite":
-        database = Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
+        database = sqlite_path(uri)
         if database is None or not database.parent.is_dir():
             raise ConfigError(
                 "MLFLOW_TRACKING_URI",

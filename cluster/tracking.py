@@ -21,6 +21,8 @@ import yaml
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
+from cluster.tracking_process import sqlite_path
+
 if TYPE_CHECKING:
     from cluster.records import RoundRecord
 
@@ -56,10 +58,10 @@ def _versions() -> dict[str, str]:
 
 def _artifact_location(uri: str, experiment: str) -> str | None:
     """Keep artifacts next to a SQLite store (a Ray job's working directory is temporary)."""
-    if uri.startswith("sqlite:///"):
-        db = Path(uri[len("sqlite:///") :]).resolve()
-        return (db.parent / "mlruns" / experiment).as_uri()
-    return None
+    database = sqlite_path(uri)
+    if database is None:
+        return None
+    return (database.resolve().parent / "mlruns" / experiment).as_uri()
 
 
 class MlflowTracker:

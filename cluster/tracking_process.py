@@ -48,6 +48,12 @@ def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI)
 
 
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///relative.db`` or ``sqlite:////absolute.db`` URI."""
+    prefix = "sqlite:///"
+    return Path(uri[len(prefix) :]) if uri.startswith(prefix) else None
+
+
 class TrackingError(RuntimeError):
     """A call to MLflow failed in the tracking process (its error and traceback inside)."""
 
@@ -235,7 +241,9 @@ def _spawn(preload: bool) -> tuple[subprocess.Popen, Connection]:
         + (["--preload"] if preload else []),
         pass_fds=(theirs.fileno(),),
         stdin=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONPATH": path},
+        # MLflow's INFO lines ("Creating initial MLflow database tables...") would interleave
+        # with the run's progress; a level the user (or the CLI's --verbose) set wins.
+        env={"MLFLOW_LOGGING_LEVEL": "WARNING", **os.environ, "PYTHONPATH": path},
         start_new_session=True,  # a Ctrl-C reaches the driver, which ends the run as KILLED
     )
     theirs.close()
@@ -324,8 +332,8 @@ def _preload() -> None:
     import datasets.partition_report  # noqa: F401
 
     uri = tracking_uri()
-    path = uri.removeprefix("sqlite:///")
-    if uri.startswith("sqlite:///") and Path(path).is_file():
+    database = sqlite_path(uri)
+    if database is not None and database.is_file():
         from mlflow.tracking import MlflowClient
 
         with contextlib.suppress(Exception):  # the run's own opening reports any problem

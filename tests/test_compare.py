@@ -12,7 +12,7 @@ from cluster.cli import main
 def test_compare_runs_presets_at_the_same_epsilon(tmp_path, store_root, monkeypatch, capfd):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.delenv("MLFLOW_LOGGING_LEVEL", raising=False)  # compare sets it (undone after)
+    monkeypatch.delenv("MLFLOW_LOGGING_LEVEL", raising=False)  # the tracking processes' default
     base = {
         "rounds": 3,
         "eval_every": 1,
