@@ -40,6 +40,22 @@ class ClientContext:
     payload: dict[str, torch.Tensor] = field(default_factory=dict)  # the server's broadcast
     local_steps: int = 0  # K actually run this round
     lr: float = 0.0  # η of the local trainer
+    # ‖Δ‖₂ the client computed already (its finiteness check): ``with_known_norm``
+    known_norm: tuple[torch.Tensor, int, float] | None = None
+
+    def with_known_norm(self, update: torch.Tensor, norm: float) -> ClientContext:
+        """This context, knowing ‖update‖₂ = ``norm`` for as long as ``update`` is unchanged."""
+        return replace(self, known_norm=(update, update._version, norm))
+
+    def l2_norm(self, update: torch.Tensor) -> float:
+        """‖update‖₂: the known norm for the very tensor it was computed on, not modified in
+        place since (torch's version counter), else computed (a pass over d floats); the same
+        number either way, so clipping's bound holds exactly."""
+        if self.known_norm is not None:
+            tensor, version, norm = self.known_norm
+            if tensor is update and update._version == version:
+                return norm
+        return float(torch.linalg.vector_norm(update))
 
 
 def layer_segments(layout: ParamLayout | None, size: int) -> list[tuple[int, int]]:
@@ -77,7 +93,7 @@ class Clip:
     selects_by_value: ClassVar[bool] = False
 
     def apply(self, update, ctx):
-        norm = float(torch.linalg.vector_norm(update))
+        norm = ctx.l2_norm(update)
         ctx.stats["pre_clip_norm"] = norm
         ctx.stats["alpha"] = min(1.0, self.clip_norm / norm) if norm > 0 else 1.0
         if self.scope == "flat":

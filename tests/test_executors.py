@@ -108,6 +108,26 @@ def test_local_executor_on_a_gpu_needs_one(store_root):
     assert "GPUs, this machine has 0" in str(error.value)
 
 
+def test_partial_sums_of_float32_uploads_are_the_float64_sums_torch_computes():
+    """Float32 uploads are summed into float64 by NumPy on the CPU (faster than torch's
+    mixed-type add): bit for bit torch's sum; the uploads themselves are left as they were."""
+    from algorithms.aggregate import PartialAggregate
+
+    g = torch.Generator().manual_seed(0)
+    uploads = [torch.randn(1000, generator=g) * 10.0**k for k in range(-3, 4)]
+    uploads.append(torch.randn(2000, generator=g)[::2])  # not contiguous
+    before = [u.clone() for u in uploads]
+    partial = PartialAggregate()
+    for update in uploads:
+        partial.add({"delta": update}, 1.0)
+    expected = torch.zeros(1000, dtype=torch.float64)
+    for update in uploads:
+        expected += update.double()
+    assert torch.equal(partial.sums["delta"], expected)
+    assert partial.count == len(uploads) and partial.weight == len(uploads)
+    assert all(torch.equal(u, b) for u, b in zip(uploads, before, strict=True))
+
+
 def test_a_partial_aggregate_crosses_processes_as_arrays():
     """What an actor returns is pickled by Ray: its sums travel as NumPy arrays (out of band,
     no torch.save) and come back as float64 tensors the driver may accumulate into; read-only
