@@ -44,7 +44,10 @@ class ClientContext:
     known_norm: tuple[torch.Tensor, int, float] | None = None
 
     def with_known_norm(self, update: torch.Tensor, norm: float) -> ClientContext:
-        """This context, knowing ‖update‖₂ = ``norm`` for as long as ``update`` is unchanged."""
+        """This context, knowing ‖update‖₂ = ``norm`` for as long as ``update`` is unchanged
+        (an inference-mode tensor has no version counter: its norm is not kept)."""
+        if update.is_inference():
+            return self
         return replace(self, known_norm=(update, update._version, norm))
 
     def l2_norm(self, update: torch.Tensor) -> float:

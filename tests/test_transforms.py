@@ -45,6 +45,11 @@ def test_clip_reuses_the_clients_norm_only_for_the_unchanged_tensor():
     out = Clip(1.0).apply(update, planted)
     assert planted.stats["pre_clip_norm"] == pytest.approx(20.0)
     assert torch.linalg.vector_norm(out).item() == pytest.approx(1.0)
+    with torch.inference_mode():
+        frozen = torch.full((100,), 0.5)
+    ctx = _ctx().with_known_norm(frozen, 2.0)  # no version counter: not kept
+    Clip(1.0).apply(frozen, ctx)
+    assert ctx.stats["pre_clip_norm"] == pytest.approx(5.0)
 
 
 def test_clip_is_identity_under_c_and_records_stats():
