@@ -60,7 +60,8 @@ class Kernels:
       without convolutions: a linear model's batched matrix products win (workload B: 0.26
       against 1.73 s/round), a batched (grouped) convolution at one thread loses (workload A's
       CNN: 0.46 against 0.44 s/round);
-    - NHWC on the CPU for models with 2-D convolutions (the MNIST CNN's step: 51 against 73 ms).
+    - NHWC on the CPU for models with 2-D convolutions (the MNIST CNN's batch-16 step at one
+      thread: 4.9–5.4 against 6.6–6.7 ms).
     """
 
     vectorize: bool | str = "auto"

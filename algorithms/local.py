@@ -52,7 +52,7 @@ class ModelObjective:
     ``channels_last``: run 2-D convolutions on NHWC views of the images and kernels (the flat
     vector stays as it is; autograd copies the gradients back). The same math up to float
     rounding, and on the CPU a faster kernel: the MNIST CNN's batch-16 step at one thread takes
-    51 instead of 73 ms (``executor.channels_last``).
+    4.9–5.4 instead of 6.6–6.7 ms (``executor.channels_last``).
     """
 
     model: nn.Module

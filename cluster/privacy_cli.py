@@ -97,7 +97,13 @@ def _client_level(args: argparse.Namespace) -> None:
 
     from privacy.accountant import accountant_class
     from privacy.adaptive_clipping import effective_noise_multiplier
-    from privacy.calibration import calibrate_sigma, epsilon_for, max_rounds
+    from privacy.calibration import (
+        as_run_accountant,
+        calibrate_sigma,
+        ceil_significant,
+        epsilon_for,
+        max_rounds,
+    )
 
     if args.count_noise is not None:
         charged = effective_noise_multiplier(args.sigma, args.count_noise)
@@ -112,9 +118,15 @@ def _client_level(args: argparse.Namespace) -> None:
             lambda cls: epsilon_for(args.sigma, args.q, args.rounds, args.delta, cls),
         )
     elif args.target_epsilon is not None and args.rounds is not None:
+        # As a run calibrates (``privacy_plan.calibrated``), printed rounded up: the σ shown
+        # meets the target itself (1.110337 would print as 1.11, which gives ε 8.004 > 8).
         header, compute = (
             "σ",
-            lambda cls: calibrate_sigma(args.target_epsilon, args.delta, args.q, args.rounds, cls),
+            lambda cls: ceil_significant(
+                calibrate_sigma(
+                    args.target_epsilon, args.delta, args.q, args.rounds, as_run_accountant(cls)
+                )
+            ),
         )
     else:  # σ and ε*
         header, compute = (

@@ -33,7 +33,13 @@ from privacy.accountant import (
     accountants_for,
 )
 from privacy.adaptive_clipping import effective_noise_multiplier, update_noise_multiplier
-from privacy.calibration import calibrate_sigma, epsilon_for, max_rounds
+from privacy.calibration import (
+    as_run_accountant,
+    calibrate_sigma,
+    ceil_significant,
+    epsilon_for,
+    max_rounds,
+)
 from privacy.participation import epsilon_vs_server
 
 
@@ -43,16 +49,7 @@ def accountant_factory(config: ExperimentConfig):
 
 
 def _factory(name: str, assumption: str):
-    cls = accountant_class(name, assumption)
-    return lambda: cls(fallback_to_rdp=True)
-
-
-def ceil_significant(value: float, digits: int = 4) -> float:
-    """``value`` rounded *up* to ``digits`` significant digits (a printed σ never undershoots)."""
-    if value <= 0 or not math.isfinite(value):
-        return value
-    scale = 10 ** (digits - 1 - math.floor(math.log10(value)))
-    return math.ceil(value * scale - 1e-9) / scale
+    return as_run_accountant(accountant_class(name, assumption))
 
 
 def format_sigma(sigma: float) -> str:

@@ -25,6 +25,20 @@ from privacy.search import largest_meeting
 AccountantFactory = Callable[[], object]
 
 
+def as_run_accountant(cls: type) -> AccountantFactory:
+    """A factory of accountant ``cls`` as runs use it: where the tight accountant refuses (ε
+    beyond its range) it returns the RDP bound instead, still an upper bound on ε."""
+    return lambda: cls(fallback_to_rdp=True)
+
+
+def ceil_significant(value: float, digits: int = 4) -> float:
+    """``value`` rounded *up* to ``digits`` significant digits (a printed σ never undershoots)."""
+    if value <= 0 or not math.isfinite(value):
+        return value
+    scale = 10 ** (digits - 1 - math.floor(math.log10(value)))
+    return math.ceil(value * scale - 1e-9) / scale
+
+
 def _composed(
     noise_multiplier: float, sample_rate: float, rounds: int, accountant: AccountantFactory
 ):

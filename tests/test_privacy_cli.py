@@ -29,6 +29,28 @@ def test_epsilon_side_by_side(capsys):
     assert float(rows["pld"]) < float(rows["rdp"]) < float(rows["rdp-wor"])
 
 
+def test_a_calibrated_sigma_is_printed_rounded_up_and_meets_the_target(capsys, monkeypatch):
+    """σ = 1.110337 meets ε* = 8 (RDP, q 0.1, T 300, δ 0.002), and its nearest 4-digit value
+    1.11 does not (ε 8.004): the calculator prints 1.111, the σ a run calibrates rounded up.
+    The RDP rows only (the tight accountants' calibrations take seconds each)."""
+    import cluster.privacy_cli as privacy_cli
+    from privacy.accountant import RdpAccountant, WorRdpAccountant
+    from privacy.calibration import as_run_accountant, calibrate_sigma, epsilon_for
+
+    rows = [("rdp", "rdp", "poisson"), ("rdp-wor", "rdp", "without_replacement")]
+    monkeypatch.setattr(privacy_cli, "_rows", lambda: rows)
+    args = ["--target-epsilon", "8", "--rounds", "300", "--q", "0.1", "--delta", "0.002"]
+    assert main(["privacy", *args]) == 0
+    printed = _rows(capsys.readouterr().out)
+    for label, cls in (("rdp", RdpAccountant), ("rdp-wor", WorRdpAccountant)):
+        sigma = float(printed[label])
+        exact = calibrate_sigma(8, 0.002, 0.1, 300, as_run_accountant(cls))
+        assert exact <= sigma < exact * (1 + 1e-3)
+        assert epsilon_for(sigma, 0.1, 300, 0.002, cls) <= 8
+    assert printed["rdp"] == "1.111"
+    assert epsilon_for(1.11, 0.1, 300, 0.002, RdpAccountant) > 8
+
+
 @pytest.mark.slow  # 30 s of PLD/PRV calibrations; test_calibration.py covers the searches in CI
 def test_calibrated_sigma_and_round_budget(capsys):
     assert (
