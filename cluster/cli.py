@@ -72,7 +72,7 @@ def _start_tracking_process(verbose: bool) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     # First line before the heavy imports (torch alone takes seconds): the user sees it started.
-    print(f"run {args.config}" + "".join(f" --set {a}" for a in args.set), flush=True)
+    print(f"run {args.config}" + "".join(f" --set {a}" for a in _overrides(args)), flush=True)
     _start_tracking_process(args.verbose)
     from cluster.config import load_config
 

@@ -40,6 +40,9 @@ def test_cli_runs_locally_and_prints_progress(tmp_path, store_root):
     )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
+    # The first line repeats the command with every override, --executor's included.
+    assert lines[0].startswith("run configs/quickstart.yaml --set rounds=3")
+    assert lines[0].endswith("--set executor.kind=local")
     progress = [line for line in lines if line.startswith("round")]
     assert len(progress) == 3 and "ε" in progress[0] and "acc" in progress[0]
     assert any(line.startswith("MLflow run ") for line in lines)
