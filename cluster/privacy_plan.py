@@ -275,10 +275,11 @@ def calibrated(config: ExperimentConfig, client_sizes=None) -> ExperimentConfig:
     if p.calibrate == "none":
         return config
     q, delta = config.accounting_sample_rate, config.delta
-    factory, extra = accountant_factory(config), 0
-    if config.sample_level:
+    if config.sample_level:  # its accountants (DP-SCAFFOLD's "paper" among them) are its own
         factory, delta = _sample_level_accounting(config, client_sizes)
         extra = config.warmup_rounds
+    else:
+        factory, extra = accountant_factory(config), 0
     if p.calibrate == "sigma":
         try:
             if config.sample_level:

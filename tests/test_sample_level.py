@@ -309,3 +309,18 @@ def test_calibration_uses_the_record_level_accountant(store_root):
     said = []
     calibrate_with_message(sigma, said.append)  # the δ printed is the records' (R^-1.1)
     assert f"at δ = {claim.delta:g}," in said[0] and claim.delta != sigma.delta
+
+    # DP-SCAFFOLD's own accountant ("paper") calibrates too: a sample-level config never asks
+    # the client-level registry, which has no "paper" (it raised there).
+    paper = small_config(
+        store_root,
+        *SCAFFOLD_DP,
+        "algorithm.noise_multiplier=10",
+        "privacy.target_epsilon=2.0",
+        "privacy.calibrate=rounds",
+        "privacy.accountant=paper",
+    )
+    after = calibrated(paper)
+    claim = privacy_claim(after, after.build_algorithm(), [80] * 20)
+    assert claim.epsilon(after.total_rounds, "paper") <= 2.0
+    assert claim.epsilon(after.total_rounds + 1, "paper") > 2.0
