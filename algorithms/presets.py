@@ -109,7 +109,8 @@ class Algorithm:
         """Why no accountant's ε holds for what this algorithm releases (None: one does)."""
         if self.sample_dp is not None:
             return self.sample_dp.unaccounted_reason
-        return self.pipeline.unaccounted_reason
+        server = getattr(self.server, "unaccounted_reason", None)
+        return self.pipeline.unaccounted_reason or server
 
     @property
     def mechanism(self) -> GaussianMechanism | None:

@@ -8,6 +8,10 @@
 With uniform weighting m is the *nominal* cohort size (the fixed size, or qN under Poisson
 sampling), not the realised count: a data-independent denominator keeps the sensitivity of Δ̄ at
 C/m. Sample-count weighting (non-private only) divides Σ n_i Δ_i by Σ n_i.
+``denominator="realised"`` divides by the number of uploads |P_t| instead (BLUR+LUS's Alg. 1):
+no ε holds for it (``unaccounted_reason``): |P_t| is released without noise — under Poisson
+sampling it changes with one client's participation, and with any cohort when a client's update
+is dropped — and the noise in Δ̄, σS/|P_t|, reveals it.
 
 Options, all post-processing of the noisy mean Δ̄ (no privacy cost):
 
@@ -58,6 +62,7 @@ class MeanServerRule:
     momentum: float = 0.0
     direction_scale: float | None = None
     drift_beta: float | None = None
+    denominator: Literal["nominal", "realised"] = "nominal"
     server_only: ClassVar[frozenset[str]] = frozenset({"momentum"})  # state never broadcast
     sparse_broadcast: ClassVar[bool] = False  # clients need the whole model
 
@@ -90,7 +95,20 @@ class MeanServerRule:
         mean = summed.clone() if ctx.noise_on_sum is None else summed + ctx.noise_on_sum
         if self.weighting == "samples":
             return mean.div_(max(total.weight, 1.0))
+        if self.denominator == "realised":
+            return mean.div_(max(total.count, 1))
         return mean.div_(ctx.nominal_cohort_size)
+
+    @property
+    def unaccounted_reason(self) -> str | None:
+        """Why no ε holds for the mean this rule releases (None: the mechanism's ε does)."""
+        if self.denominator != "realised":
+            return None
+        return (
+            "the noisy sum is divided by the realised cohort size |P_t|, a count released "
+            "without noise (it changes with one client's participation under Poisson sampling, "
+            "or with a dropped update)"
+        )
 
     def step(
         self, state: ServerState, total: PartialAggregate, ctx: ServerContext, control: bool

@@ -217,7 +217,7 @@ def privacy_claim(
     return PrivacyClaim(
         preset=config.algorithm.name,
         mechanism=algorithm.mechanism,
-        unaccounted_reason=algorithm.pipeline.unaccounted_reason or config.sampling_mismatch,
+        unaccounted_reason=algorithm.unaccounted_reason or config.sampling_mismatch,
         sample_rate=config.accounting_sample_rate,
         noise_cohort_size=config.noise_cohort_size,
         assumption=config.sampling_assumption,

@@ -157,3 +157,33 @@ def test_the_mean_rule_leaves_its_inputs_as_they_were():
             expected = 0.5 * (1.0 + (0.0 if noise is None else 2.0)) / 2.0
             assert torch.equal(new.params, torch.full((4,), expected, dtype=dtype))
             assert not params.any() and torch.equal(summed, torch.ones(4, dtype=torch.float64))
+
+
+def test_a_realised_denominator_divides_by_the_uploads_and_has_no_epsilon():
+    """BLUR+LUS's Alg. 1 divides by |P_t|, the number of uploads: the mean of 3 uploads with
+    noise Z is (Σ + Z)/3, where the default divides by the nominal cohort (10); no ε holds."""
+    total = PartialAggregate()
+    for value in (1.0, 2.0, 6.0):
+        total.add({"delta": torch.full((4,), value)}, 1.0)
+    ctx = ServerContext(10.0, 100, noise_on_sum=torch.full((4,), 3.0, dtype=torch.float64))
+    realised = MeanServerRule(denominator="realised")
+    assert torch.equal(realised.noisy_mean(total, 4, ctx), torch.full((4,), 4.0).double())
+    nominal = MeanServerRule().noisy_mean(total, 4, ctx)
+    assert torch.equal(nominal, torch.full((4,), 12.0, dtype=torch.float64) / 10)
+    assert MeanServerRule().unaccounted_reason is None
+    assert "|P_t|" in realised.unaccounted_reason
+
+
+@pytest.mark.parametrize(
+    ("sets", "says"),
+    [
+        (("algorithm.name=dp_scaffold", *DP), "client-level mean's option"),
+        (("algorithm.name=fedavg", "algorithm.weighting=samples"), "sample weighting"),
+    ],
+)
+def test_a_realised_denominator_is_refused_where_it_has_no_meaning(store_root, sets, says):
+    from cluster.config import ConfigError
+
+    with pytest.raises(ConfigError) as error:
+        small_config(store_root, *sets, "algorithm.mean_denominator=realised")
+    assert "algorithm.mean_denominator" in str(error.value) and says in str(error.value)

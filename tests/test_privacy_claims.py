@@ -30,6 +30,10 @@ LITERAL = {
     "fed_smp_topk kept": ("algorithm.name=fed_smp_topk", "algorithm.noise_support=kept"),
     "dp_scaffold median": ("algorithm.name=dp_scaffold", "algorithm.clip_rule=median"),
     "dpsfl paper": ("algorithm.name=dpsfl", "algorithm.sketch_noise=paper"),
+    "dp_fedavg_blurs realised": (
+        "algorithm.name=dp_fedavg_blurs",
+        "algorithm.mean_denominator=realised",
+    ),
 }
 # One batch gradient per client, a sketch small enough for the 410-parameter model.
 SKETCHED = (

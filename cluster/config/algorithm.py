@@ -73,6 +73,9 @@ class AlgorithmConfig:
     ls_sigma: float | None = None  # Laplacian smoothing σ_ls (0.01)
     ls_scope: Literal["flat", "tensor"] | None = None  # one flat signal (default) or per tensor
     server_momentum: float | None = None  # server momentum μ (any preset; off by default)
+    # The mean's denominator: the nominal cohort size (m, or qN under Poisson) or the realised
+    # number of uploads |P_t| (BLUR+LUS's Alg. 1; unaccounted: the count carries no noise)
+    mean_denominator: Literal["nominal", "realised"] = "nominal"
     # Sample-level presets (dp_fedavg_sample, dp_scaffold): DP-SGD in every local step
     adjacency: Literal["replace_one", "add_remove"] | None = None  # replace_one (the paper)
     clip_rule: Literal["fixed", "median"] | None = None  # median: the authors' code; no ε
@@ -254,6 +257,19 @@ def _validate_preset_options(a: AlgorithmConfig) -> None:
     if a.server_momentum is not None and not 0 <= a.server_momentum < 1:
         raise ConfigError(
             "algorithm.server_momentum", a.server_momentum, "must be in [0, 1), e.g. 0.9"
+        )
+    if a.mean_denominator == "realised" and a.name in SKETCH_PRESETS | SAMPLE_LEVEL_PRESETS:
+        raise ConfigError(
+            "algorithm.mean_denominator",
+            a.mean_denominator,
+            f"realised is the client-level mean's option (BLUR+LUS); {a.name} averages over "
+            "the nominal cohort: use nominal",
+        )
+    if a.mean_denominator == "realised" and a.weighting != "uniform":
+        raise ConfigError(
+            "algorithm.mean_denominator",
+            a.mean_denominator,
+            "sample weighting divides by the clients' sample counts already; use nominal",
         )
     if a.name in FIXED_STEP_PRESETS and a.local.local_steps is None:
         raise ConfigError(

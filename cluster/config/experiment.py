@@ -235,6 +235,10 @@ class ExperimentConfig:
             algorithm = replace(
                 algorithm, server=replace(algorithm.server, momentum=a.server_momentum)
             )
+        if a.mean_denominator != "nominal":
+            algorithm = replace(
+                algorithm, server=replace(algorithm.server, denominator=a.mean_denominator)
+            )
         return algorithm
 
     def to_dict(self) -> dict:
