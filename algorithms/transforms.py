@@ -87,7 +87,8 @@ class Clip:
     ``scope="layer"`` (DP-FedSAM's and DP-FedPGN's code): every parameter tensor separately,
     Δ_l ← Δ_l·min(1, C/‖Δ_l‖₂), so the whole update's L2 bound is C·√L for L tensors; the noise
     is scaled to that bound. ``num_layers`` is set by ``bind`` from the model's layout.
-    Records the pre-clip norm, whether it was clipped and α = min(1, C/‖Δ‖₂) (flat norms).
+    Records the pre-clip norm, whether it was clipped, α = min(1, C/‖Δ‖₂) (flat norms) and the
+    post-clip norm (min(‖Δ‖₂, C) flat; (Σ_l min(‖Δ_l‖₂, C)²)^½ per layer).
     """
 
     clip_norm: float
@@ -101,6 +102,7 @@ class Clip:
         ctx.stats["alpha"] = min(1.0, self.clip_norm / norm) if norm > 0 else 1.0
         if self.scope == "flat":
             ctx.stats["clipped"] = float(norm > self.clip_norm)
+            ctx.stats["post_clip_norm"] = min(norm, self.clip_norm)
             return update if norm <= self.clip_norm else update * (self.clip_norm / norm)
         # All layers at once: per-segment norms, then one scale per layer (1 within the bound).
         segments = layer_segments(ctx.layout, update.numel())
@@ -108,6 +110,7 @@ class Clip:
         norms = torch.segment_reduce(update * update, "sum", lengths=sizes).sqrt()
         scale = torch.where(norms > self.clip_norm, self.clip_norm / norms, 1.0)
         ctx.stats["clipped"] = float((norms > self.clip_norm).any())
+        ctx.stats["post_clip_norm"] = float(torch.clamp(norms, max=self.clip_norm).norm())
         return update * torch.repeat_interleave(scale.to(update.dtype), sizes)
 
     def output_bound(self, input_bound):

@@ -109,9 +109,11 @@ def test_topk_upload_noise_energy_matches_spec_000(variant, expected):
 def test_per_layer_clip_bounds_each_layer_and_reports_c_sqrt_l():
     update = 10 * torch.randn(140, generator=torch.Generator().manual_seed(4))
     clip = Clip(0.5, "layer").bind(LAYOUT)
-    out = clip.apply(update, _ctx())
+    ctx = _ctx()
+    out = clip.apply(update, ctx)
     for start, stop in ((0, 100), (100, 137), (137, 140)):
         assert float(torch.linalg.vector_norm(out[start:stop])) <= 0.5 * (1 + 1e-6)
+    assert ctx.stats["post_clip_norm"] == pytest.approx(float(torch.linalg.vector_norm(out)))
     assert clip.output_bound(math.inf) == pytest.approx(0.5 * math.sqrt(3))
     mechanism = GaussianMechanism(Clip(0.5, "layer"), 2.0).bind(LAYOUT)
     assert mechanism.sum_noise_std == pytest.approx(2.0 * 0.5 * math.sqrt(3))
@@ -139,6 +141,9 @@ def test_sam_runs_report_two_evaluations_per_step(store_root):
     assert sim.history[-1].metrics["grad_evals_per_step"] == 2.0
     assert 0 < sim.history[-1].metrics["mean_alpha"] <= 1
     assert "pre_clip_norm_p90" in sim.history[-1].metrics
+    metrics = sim.history[-1].metrics  # the post-clip norm: min(‖Δ‖, C), averaged
+    clip = sim.config.algorithm.clip_norm
+    assert 0 < metrics["mean_post_clip_norm"] <= min(metrics["mean_pre_clip_norm"], clip)
 
 
 def test_blur_lambda_0_and_lus_c_0_are_dp_fedavg_bit_for_bit(store_root):

@@ -58,11 +58,17 @@ def test_clip_is_identity_under_c_and_records_stats():
     ctx = _ctx()
     out = Clip(norm * 1.01).apply(update, ctx)
     assert torch.equal(out, update)
-    assert ctx.stats == {"pre_clip_norm": pytest.approx(norm), "clipped": 0.0, "alpha": 1.0}
+    assert ctx.stats == {
+        "pre_clip_norm": pytest.approx(norm),
+        "clipped": 0.0,
+        "alpha": 1.0,
+        "post_clip_norm": pytest.approx(norm),
+    }
     ctx = _ctx()
     out = Clip(norm / 2).apply(update, ctx)
     assert ctx.stats["clipped"] == 1.0 and ctx.stats["alpha"] == pytest.approx(0.5)
     assert torch.allclose(out, update / 2)  # direction kept, scaled to C
+    assert ctx.stats["post_clip_norm"] == pytest.approx(torch.linalg.vector_norm(out).item())
 
 
 def test_mechanism_owns_sensitivity_and_rejects_unbounded_noise():
