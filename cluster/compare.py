@@ -16,7 +16,8 @@ references) takes the base and ``--set`` without privacy settings and DP fields:
 of a paper's unaccounted variant (``noise_support: kept``, ``mask_source: noisy``) runs at the
 σ its accounted twin is calibrated to, with no budget, and its ε reads "n/a (dp_valid=false)".
 Each run × seed is a normal tracked run named
-``<spec>-<label>-seed<k>``. The summary — final and best test accuracy, mean ± std over seeds,
+``<spec>-<label>-seed<k>``. The summary — final and best test accuracy, and the mean over the
+last 10% of rounds' evaluations (DP-SCAFFOLD's metric), mean ± std over seeds,
 ε, and the seed-by-seed difference to ``--baseline`` (default ``dp_fedavg``) — is printed as
 markdown and written as ``compare.md``, ``compare.csv`` and
 ``compare_accuracy.png`` (mean test accuracy per round) to ``--out`` and to a parent MLflow run.
@@ -175,6 +176,7 @@ def summarize(results: dict[str, list], baseline: str | None = None) -> list[dic
         ]
         final, final_sd = _stats(finals)
         best, best_sd = _stats(bests)
+        last_tenth, last_tenth_sd = _stats([o.last_tenth_accuracy for o in outcomes])
         first = outcomes[0]
         rows.append(
             {
@@ -183,6 +185,8 @@ def summarize(results: dict[str, list], baseline: str | None = None) -> list[dic
                 "final_acc_std": final_sd,
                 "best_acc_mean": best,
                 "best_acc_std": best_sd,
+                "last10pct_acc_mean": last_tenth,
+                "last10pct_acc_std": last_tenth_sd,
                 # From the run's own PrivacyClaim: a number only where the mechanism has one.
                 "epsilon": first.epsilon if first.claim.dp_valid else None,
                 "epsilon_vs_server": first.epsilon_vs_server,
@@ -212,7 +216,7 @@ def epsilon_cell(row: dict) -> str:
 
 
 def markdown(rows: list[dict], baseline: str | None = None) -> str:
-    header = "| run | final acc (%) | best acc (%) | ε | σ |"
+    header = "| run | final acc (%) | best acc (%) | last 10% of rounds, mean acc (%) | ε | σ |"
     if baseline:
         header += f" Δ vs {baseline}, paired (pts) |"
     lines = [header, "|---" * header.count(" |") + "|"]
@@ -221,7 +225,9 @@ def markdown(rows: list[dict], baseline: str | None = None) -> str:
         eps = epsilon_cell(r)
         line = (
             f"| {r['run']} | {100 * r['final_acc_mean']:.2f} ± {100 * r['final_acc_std']:.2f} "
-            f"| {100 * r['best_acc_mean']:.2f} ± {100 * r['best_acc_std']:.2f} | {eps} | {sigma} |"
+            f"| {100 * r['best_acc_mean']:.2f} ± {100 * r['best_acc_std']:.2f} "
+            f"| {100 * r['last10pct_acc_mean']:.2f} ± {100 * r['last10pct_acc_std']:.2f} "
+            f"| {eps} | {sigma} |"
         )
         if baseline:
             diff, sd = 100 * r["diff_vs_baseline_mean"], 100 * r["diff_vs_baseline_std"]

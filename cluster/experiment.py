@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,6 +101,18 @@ class Outcome:
     def final_accuracy(self) -> float | None:
         evals = [r.test_accuracy for r in self.result.history if r.test_accuracy is not None]
         return evals[-1] if evals else None
+
+    @property
+    def last_tenth_accuracy(self) -> float | None:
+        """Mean test accuracy of the evaluations in the last 10% of the training rounds (the
+        DP-SCAFFOLD paper's table metric); the last evaluation alone where none falls there
+        (eval_every above T/10, or an interrupted run)."""
+        history = self.result.history
+        evals = [(r.round, r.test_accuracy) for r in history if r.test_accuracy is not None]
+        if not evals:
+            return None
+        start = history[-1].round - math.ceil(self.config.rounds / 10)
+        return statistics.mean([a for t, a in evals if t > start] or [evals[-1][1]])
 
     @property
     def epsilon(self) -> float:

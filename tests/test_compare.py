@@ -3,6 +3,7 @@
 import csv
 import json
 
+import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
@@ -61,6 +62,8 @@ def test_compare_runs_presets_at_the_same_epsilon(tmp_path, store_root, monkeypa
     for r in rows[1:]:
         diff = float(r["final_acc_mean"]) - float(rows[0]["final_acc_mean"])
         assert abs(float(r["diff_vs_baseline_mean"]) - diff) < 1e-12
+    for r in rows:  # 3 rounds: the last 10% is round 3, the final evaluation
+        assert float(r["last10pct_acc_mean"]) == float(r["final_acc_mean"])
     assert "Δ vs dp_fedavg, paired" in printed
     assert "| fedavg |" in printed and "| ∞ | — |" in printed
     assert (out / "compare_accuracy.png").stat().st_size > 0
@@ -156,3 +159,26 @@ def test_sketch_spec_runs_the_papers_noise_at_the_budgets_epsilon():
     assert paper_base["privacy"]["calibrate"] == "none"
     assert "target_epsilon" not in paper_base["privacy"]
     assert overrides == ["algorithm.paper_epsilon=4.0"]
+
+
+def test_last_tenth_accuracy_averages_the_evaluations_of_the_last_10_percent_of_rounds():
+    """DP-SCAFFOLD's tables: per run, the mean test accuracy over the last 10% of the rounds."""
+    from types import SimpleNamespace
+
+    from cluster.experiment import Outcome
+    from cluster.records import RoundRecord
+    from cluster.simulation import SimulationResult
+
+    def outcome(rounds, evaluated):
+        history = [
+            RoundRecord(t, 0.0, 5, test_accuracy=t / 100 if t in evaluated else None)
+            for t in range(1, rounds + 1)
+        ]
+        result = SimulationResult(None, history, "done")
+        return Outcome(result, SimpleNamespace(rounds=rounds), None, None, None, None)
+
+    assert outcome(20, range(1, 21)).last_tenth_accuracy == pytest.approx(0.195)  # 19, 20
+    assert outcome(20, (10, 20)).last_tenth_accuracy == pytest.approx(0.20)  # 20 only
+    assert outcome(25, range(5, 26, 5)).last_tenth_accuracy == pytest.approx(0.25)  # 23–25
+    assert outcome(30, (10,)).last_tenth_accuracy == pytest.approx(0.10)  # the last one alone
+    assert outcome(30, ()).last_tenth_accuracy is None
