@@ -14,12 +14,21 @@ accuracy. ``sources`` lists the data sources a task accepts (the first is its us
 | cifar10_resnet18   | cifar10                    | resnet18_gn  | crop 32 pad 4, flip |
 | cifar100_resnet18  | cifar100                   | resnet18_gn  | crop 32 pad 4, flip |
 | cifar10_resnet10   | cifar10                    | resnet10_gn  | crop 32 pad 4, flip |
+| cifar100_resnet10  | cifar100                   | resnet10_gn  | crop 32 pad 4, flip |
+| cifar10_resnet18_gn2, cifar100_resnet18_gn2 | cifar10, cifar100 | resnet18_gn2 | crop, flip |
+| femnist_resnet18   | femnist                    | resnet18_gn  | —                   |
+| cifar10_cnn2       | cifar10                    | reddi_cnn    | crop 32 pad 4, flip |
 | cifar10_resnet9    | cifar10                    | resnet9      | crop 32 pad 4, flip |
 | cifar100_resnet9   | cifar100                   | resnet9      | crop 32 pad 4, flip |
 
 ``emnist_cnn`` runs DP-FedSAM's CNN on the 28×28 images (its dense layer follows the input
 size); the authors' code pads to 36 and crops 32×32, which changes only that layer's width.
 ``femnist_cnn`` keeps TFF's polarity (1 = background), as Reddi et al.'s TFF pipeline does.
+The papers' other pairings: DP-FedPGN's ResNet-10 on CIFAR-100 and its ResNet-18 with
+GroupNorm(2) (``*_resnet18_gn2``; DP-FedSAM's has 32 groups); BLUR+LUS's ResNet-18 on EMNIST
+by writer (``femnist_resnet18``: the TFF federated EMNIST of 3,400 writers is our ``femnist``;
+the paper leaves its normalisation layer unstated, GroupNorm(32) here) and its "CNN-2-Layers"
+on CIFAR-10 (``cifar10_cnn2``; the paper states no augmentation, this task uses the CIFAR one).
 """
 
 from __future__ import annotations
@@ -64,6 +73,11 @@ _TASKS = [
     Task("cifar10_resnet18", ("cifar10",), "resnet18_gn", CIFAR10_STATS, CIFAR_AUGMENT),
     Task("cifar100_resnet18", ("cifar100",), "resnet18_gn", CIFAR100_STATS, CIFAR_AUGMENT),
     Task("cifar10_resnet10", ("cifar10",), "resnet10_gn", CIFAR10_STATS, CIFAR_AUGMENT),
+    Task("cifar100_resnet10", ("cifar100",), "resnet10_gn", CIFAR100_STATS, CIFAR_AUGMENT),
+    Task("cifar10_resnet18_gn2", ("cifar10",), "resnet18_gn2", CIFAR10_STATS, CIFAR_AUGMENT),
+    Task("cifar100_resnet18_gn2", ("cifar100",), "resnet18_gn2", CIFAR100_STATS, CIFAR_AUGMENT),
+    Task("femnist_resnet18", ("femnist",), "resnet18_gn"),
+    Task("cifar10_cnn2", ("cifar10",), "reddi_cnn", CIFAR10_STATS, CIFAR_AUGMENT),
     Task("cifar10_resnet9", ("cifar10",), "resnet9", CIFAR10_STATS, CIFAR_AUGMENT),
     Task("cifar100_resnet9", ("cifar100",), "resnet9", CIFAR100_STATS, CIFAR_AUGMENT),
 ]

@@ -72,6 +72,7 @@ _IMAGE_MODELS: dict[str, Callable[[int, int, tuple[int, int]], nn.Module]] = {
     "mnist_cnn": EmnistCnn,
     "resnet10_gn": lambda k, c, _: resnet10_gn(k, c),
     "resnet18_gn": lambda k, c, _: resnet18_gn(k, c),
+    "resnet18_gn2": lambda k, c, _: resnet18_gn(k, c, num_groups=2),  # DP-FedPGN's
     "resnet9": lambda k, c, _: ResNet9(k, c),
 }
 

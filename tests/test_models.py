@@ -81,12 +81,20 @@ CASES = [
     ("resnet10_gn", (3, 32, 32), 100, cifar_resnet([1, 1, 1, 1], 100)),
     ("resnet18_gn", (3, 32, 32), 10, cifar_resnet([2, 2, 2, 2], 10)),
     ("resnet18_gn", (3, 32, 32), 100, cifar_resnet([2, 2, 2, 2], 100)),
+    ("resnet18_gn2", (3, 32, 32), 10, cifar_resnet([2, 2, 2, 2], 10)),  # GroupNorm(2)
+    # BLUR+LUS's CNN-2 on CIFAR-10: conv3 → 30, conv3 → 28, pool → 14: flatten 64·14·14.
+    (
+        "reddi_cnn",
+        (3, 32, 32),
+        10,
+        conv(3, 32, 3) + conv(32, 64, 3) + linear(12544, 128) + linear(128, 10),
+    ),
     ("resnet9", (3, 32, 32), 10, resnet9(10)),
     ("resnet9", (3, 32, 32), 100, resnet9(100)),
     ("mlp_pca60", (60,), 10, linear(60, 200) + linear(200, 10)),
 ]
 CASE_IDS = [f"{name}-{k}" for name, _, k, _ in CASES]
-BIG = {"resnet10_gn", "resnet18_gn", "resnet9"}
+BIG = {"resnet10_gn", "resnet18_gn", "resnet18_gn2", "resnet9"}
 
 
 def n_params(model: nn.Module) -> int:
@@ -112,6 +120,7 @@ def test_registry_names() -> None:
         "mnist_cnn",
         "resnet10_gn",
         "resnet18_gn",
+        "resnet18_gn2",
         "resnet9",
         "mlp_pca60",
     }
@@ -183,6 +192,7 @@ def test_group_counts() -> None:
     assert groups(MODELS["resnet18_gn"]((3, 32, 32), 10)) == {32}  # DP-FedSAM (spec 000)
     assert groups(MODELS["resnet10_gn"]((3, 32, 32), 10)) == {2}  # DP-FedPGN (spec 003)
     assert groups(resnet18_gn(10, num_groups=2)) == {2}  # DP-FedPGN's ResNet-18
+    assert groups(MODELS["resnet18_gn2"]((3, 32, 32), 10)) == {2}
     assert groups(MODELS["resnet9"]((3, 32, 32), 10)) == {32}
 
 
@@ -294,3 +304,23 @@ def test_registry_rejects_wrong_shapes() -> None:
     with pytest.raises(KeyError, match="unknown model"):
         build_model("vgg", (3, 32, 32), 10)
     assert isinstance(build_model("mlp_pca60", [60], 10), nn.Module)
+
+
+@pytest.mark.parametrize(
+    ("task", "shape", "classes", "model", "groups", "augmented"),
+    [
+        ("cifar100_resnet10", (3, 32, 32), 100, "resnet10_gn", {2}, True),  # DP-FedPGN
+        ("cifar10_resnet18_gn2", (3, 32, 32), 10, "resnet18_gn2", {2}, True),  # DP-FedPGN
+        ("cifar100_resnet18_gn2", (3, 32, 32), 100, "resnet18_gn2", {2}, True),
+        ("femnist_resnet18", (28, 28), 62, "resnet18_gn", {32}, False),  # BLUR+LUS, EMNIST
+        ("cifar10_cnn2", (3, 32, 32), 10, "reddi_cnn", set(), True),  # BLUR+LUS, CIFAR-10
+    ],
+)
+def test_the_papers_other_pairings_are_tasks(task, shape, classes, model, groups, augmented):
+    from datasets.tasks import TASKS
+
+    t = TASKS[task]
+    assert t.model_name == model and (t.augment is not None) == augmented
+    net = t.model(shape, classes)
+    assert {m.num_groups for m in net.modules() if isinstance(m, nn.GroupNorm)} == groups
+    assert net(torch.zeros(2, *shape)).shape == (2, classes)
