@@ -162,10 +162,14 @@ def _stats(values: list[float]) -> tuple[float, float]:
     return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def summarize(results: dict[str, list], baseline: str | None = None) -> list[dict]:
+def summarize(
+    results: dict[str, list], baseline: str | None = None, targets: tuple[float, ...] = ()
+) -> list[dict]:
     """One row per run; with a ``baseline`` label also the paired difference of final accuracy
     (run − baseline, seed by seed: the seeds share partition, cohorts and batches), whose spread
-    is far smaller than the runs' own std when seeds differ mostly in difficulty."""
+    is far smaller than the runs' own std when seeds differ mostly in difficulty. For each of
+    ``targets``: the rounds to reach that test accuracy, mean ± std over the seeds that did, and
+    how many did."""
     rows = []
     reference = [o.final_accuracy for o in results[baseline]] if baseline else None
     for label, outcomes in results.items():
@@ -196,11 +200,32 @@ def summarize(results: dict[str, list], baseline: str | None = None) -> list[dic
                 "seeds": len(outcomes),
             }
         )
+        for target in targets:
+            reached = [r for r in (o.rounds_to(target) for o in outcomes) if r is not None]
+            mean, sd = _stats(reached) if reached else (None, None)
+            key = _target_key(target)
+            rows[-1].update({f"{key}_mean": mean, f"{key}_std": sd, f"{key}_reached": len(reached)})
         if reference is not None:
             paired = [a - b for a, b in zip(finals, reference, strict=False)]
             diff, diff_sd = _stats(paired)
             rows[-1].update({"diff_vs_baseline_mean": diff, "diff_vs_baseline_std": diff_sd})
     return rows
+
+
+def _target_key(target: float) -> str:
+    return f"rounds_to_{100 * target:g}pct"
+
+
+def _targets(row: dict) -> list[str]:
+    """The rounds-to-target keys of a summary row, in the order they were asked for."""
+    return [key[: -len("_reached")] for key in row if key.endswith("_reached")]
+
+
+def _rounds_cell(row: dict, key: str) -> str:
+    reached = f"({row[f'{key}_reached']}/{row['seeds']})"
+    if row[f"{key}_mean"] is None:
+        return f"— {reached}"
+    return f"{row[f'{key}_mean']:.0f} ± {row[f'{key}_std']:.0f} {reached}"
 
 
 def epsilon_cell(row: dict) -> str:
@@ -217,6 +242,9 @@ def epsilon_cell(row: dict) -> str:
 
 def markdown(rows: list[dict], baseline: str | None = None) -> str:
     header = "| run | final acc (%) | best acc (%) | last 10% of rounds, mean acc (%) | ε | σ |"
+    targets = _targets(rows[0]) if rows else []
+    for key in targets:
+        header += f" rounds to {key.removeprefix('rounds_to_').removesuffix('pct')}% (reached) |"
     if baseline:
         header += f" Δ vs {baseline}, paired (pts) |"
     lines = [header, "|---" * header.count(" |") + "|"]
@@ -229,6 +257,7 @@ def markdown(rows: list[dict], baseline: str | None = None) -> str:
             f"| {100 * r['last10pct_acc_mean']:.2f} ± {100 * r['last10pct_acc_std']:.2f} "
             f"| {eps} | {sigma} |"
         )
+        line += "".join(f" {_rounds_cell(r, key)} |" for key in targets)
         if baseline:
             diff, sd = 100 * r["diff_vs_baseline_mean"], 100 * r["diff_vs_baseline_std"]
             line += f" {diff:+.2f} ± {sd:.2f} |"
@@ -277,6 +306,9 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--seeds", args.seeds, "must be >= 1")
         labels = list(runs)
         baseline = _baseline(args.baseline, labels)
+        for target in args.target_accuracy:
+            if not 0 < target <= 1:
+                raise ConfigError("--target-accuracy", target, "must be in (0, 1], e.g. 0.3")
     except (ConfigError, OSError, yaml.YAMLError) as error:
         print(f"compare: {error}", file=sys.stderr)
         return 2
@@ -288,7 +320,7 @@ def run(args: argparse.Namespace) -> int:
         if parent is not None:
             parent.abandon("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
         raise
-    rows = summarize(results, baseline)
+    rows = summarize(results, baseline, tuple(args.target_accuracy))
     print(markdown(rows, baseline))
     paths = write_outputs(rows, results, Path(args.out), baseline)
     print(f"wrote {', '.join(str(p) for p in paths)}")

@@ -29,6 +29,15 @@ def add_parser(commands, help_text: str) -> None:
         help="run label to difference against, seed by seed (default: dp_fedavg if present; "
         "'none' for no difference column)",
     )
+    p.add_argument(
+        "--target-accuracy",
+        action="append",
+        type=float,
+        default=[],
+        metavar="ACC",
+        help="also report the first round each run's test accuracy reaches ACC (e.g. 0.3; "
+        "repeatable): DP-FedPGN's rounds-to-target",
+    )
     p.set_defaults(handler=run)
 
 

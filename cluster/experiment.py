@@ -114,6 +114,12 @@ class Outcome:
         start = history[-1].round - math.ceil(self.config.rounds / 10)
         return statistics.mean([a for t, a in evals if t > start] or [evals[-1][1]])
 
+    def rounds_to(self, accuracy: float) -> int | None:
+        """The first round whose test accuracy is at least ``accuracy`` (None: never reached;
+        only rounds with an evaluation count, see ``eval_every``)."""
+        reached = (r.round for r in self.result.history if (r.test_accuracy or 0) >= accuracy)
+        return next(reached, None)
+
     @property
     def epsilon(self) -> float:
         """The accountant's final ε (∞ for a run without one: check ``claim.dp_valid``)."""

@@ -45,7 +45,17 @@ def test_compare_runs_presets_at_the_same_epsilon(tmp_path, store_root, monkeypa
     }
     spec.write_text(yaml.safe_dump({"base": base, "runs": runs}))
     out = tmp_path / "out"
-    assert main(["compare", str(spec), "--seeds", "2", "--out", str(out)]) == 0
+    args = [
+        "--seeds",
+        "2",
+        "--out",
+        str(out),
+        "--target-accuracy",
+        "0.01",
+        "--target-accuracy",
+        "1",
+    ]
+    assert main(["compare", str(spec), *args]) == 0
     printed, errors = capfd.readouterr()  # the runs' tracking processes' output too
     assert "| dp_fedsam |" in printed and "± " in printed
     assert "INFO mlflow" not in printed + errors  # a fresh store, quietly
@@ -64,6 +74,11 @@ def test_compare_runs_presets_at_the_same_epsilon(tmp_path, store_root, monkeypa
         assert abs(float(r["diff_vs_baseline_mean"]) - diff) < 1e-12
     for r in rows:  # 3 rounds: the last 10% is round 3, the final evaluation
         assert float(r["last10pct_acc_mean"]) == float(r["final_acc_mean"])
+        # 1% test accuracy is reached at the first evaluation (round 1), 100% never.
+        assert r["rounds_to_1pct_mean"] == "1" and r["rounds_to_1pct_reached"] == "2"
+        assert r["rounds_to_100pct_mean"] == "" and r["rounds_to_100pct_reached"] == "0"
+    assert "rounds to 1% (reached) | rounds to 100% (reached) |" in printed
+    assert "| 1 ± 0 (2/2) | — (0/2) |" in printed
     assert "Δ vs dp_fedavg, paired" in printed
     assert "| fedavg |" in printed and "| ∞ | — |" in printed
     assert (out / "compare_accuracy.png").stat().st_size > 0
@@ -182,3 +197,10 @@ def test_last_tenth_accuracy_averages_the_evaluations_of_the_last_10_percent_of_
     assert outcome(25, range(5, 26, 5)).last_tenth_accuracy == pytest.approx(0.25)  # 23–25
     assert outcome(30, (10,)).last_tenth_accuracy == pytest.approx(0.10)  # the last one alone
     assert outcome(30, ()).last_tenth_accuracy is None
+
+
+def test_a_target_accuracy_outside_0_1_is_refused(tmp_path, capsys):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({"base": {}, "runs": {"dp_fedavg": {}}}))
+    assert main(["compare", str(spec), "--target-accuracy", "30"]) == 2
+    assert "--target-accuracy = 30.0: must be in (0, 1]" in capsys.readouterr().err
