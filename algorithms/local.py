@@ -254,6 +254,24 @@ class _PgnRound:
         return loss, logits, g if self.drift is None else g + self.drift
 
 
+@dataclass(frozen=True)
+class _ClippedGradients:
+    """``objective`` whose every mini-batch gradient g is scaled to min(1, M/(‖g‖₂ + 10⁻⁶))·g
+    (``torch.nn.utils.clip_grad_norm_``'s rule, as tensor ops: no host sync per step). Local
+    optimisation only: the update's own clipping is what bounds a client's sensitivity."""
+
+    inner: ModelObjective
+    max_norm: float
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def loss_and_grad(self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor):
+        loss, logits, grad = self.inner.loss_and_grad(flat, x, y)
+        scale = (self.max_norm / (torch.linalg.vector_norm(grad) + 1e-6)).clamp(max=1.0)
+        return loss, logits, grad * scale
+
+
 @dataclass
 class LocalResult:
     params: torch.Tensor
@@ -281,6 +299,7 @@ class LocalTrainer:
     regularizers: tuple = ()  # objects with grad(w, w0) -> Tensor | None (algorithms.regularizers)
     batch_sampling: BatchSampling = "epoch"
     lr_scaling: Literal["none", "inverse_sk"] = "none"
+    max_grad_norm: float | None = None  # every mini-batch gradient clipped to it (``_Clipped``)
 
     def __post_init__(self) -> None:
         if (self.local_steps is None) == (self.local_epochs is None):
@@ -371,6 +390,7 @@ class LocalTrainer:
         gradient, batches = self._round_batches(
             objective, x, y, generator, payload, noise_stream, augment_generator
         )
+        objective = self._objective(objective)
         buf = None
         # Each step's loss, logits and labels are kept (a few floats) and reduced once at the
         # end: no host sync per step (a GPU would stall), no small kernels per step.
@@ -408,7 +428,15 @@ class LocalTrainer:
             and correction is None
             and not self.momentum
             and not self.weight_decay
+            and self.max_grad_norm is None
         )
+
+    def _objective(self, objective: ModelObjective) -> ModelObjective | _ClippedGradients:
+        """The objective the gradient rule evaluates: with ``max_grad_norm``, one whose every
+        mini-batch gradient is clipped (before PGN mixes it with g̃, as the authors' code)."""
+        if self.max_grad_norm is None:
+            return objective
+        return _ClippedGradients(objective, self.max_grad_norm)
 
     def descend(
         self,
@@ -450,6 +478,7 @@ class LocalTrainer:
         gradient, batches = self._round_batches(
             objective, x, y, generator, None, noise_stream, augment_generator
         )
+        objective = self._objective(objective)
         total, steps = torch.zeros_like(params), 0
         for xb, yb in batches:
             total += gradient(objective, params, xb, yb)[2]

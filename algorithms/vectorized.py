@@ -47,6 +47,7 @@ def vectorizable(trainer: LocalTrainer, objective: ModelObjective) -> bool:
     return (
         type(trainer.gradient) is SgdGradient
         and not trainer.regularizers
+        and trainer.max_grad_norm is None
         and trainer.batch_sampling in ("epoch", "fresh")
         and objective.augment is None
         and not any(isinstance(m, _STATEFUL_OR_RANDOM) for m in objective.model.modules())

@@ -46,6 +46,9 @@ class LocalConfig:
     batch_sampling: Literal["epoch", "fresh", "poisson"] | None = None
     # inverse_sk: lr is η₀ and a client of n records trains with η_l = η₀/(sK), s = B/n
     lr_scaling: Literal["none", "inverse_sk"] = "none"
+    # every mini-batch gradient clipped to this L2 norm before the step (the DP-FedPGN
+    # authors' code: maxnorm 10; an optimisation knob, no part of any privacy guarantee)
+    max_grad_norm: float | None = None
 
 
 @dataclass
@@ -145,6 +148,15 @@ def validate_algorithm(c: ExperimentConfig) -> None:
         raise ConfigError("algorithm.local.momentum", local.momentum, "must be in [0, 1)")
     if local.weight_decay < 0:
         raise ConfigError("algorithm.local.weight_decay", local.weight_decay, "must be >= 0")
+    if local.max_grad_norm is not None:
+        positive("algorithm.local.max_grad_norm", local.max_grad_norm, "10 (or null: none)")
+        if a.name in SAMPLE_LEVEL_PRESETS | SKETCH_PRESETS:
+            raise ConfigError(
+                "algorithm.local.max_grad_norm",
+                local.max_grad_norm,
+                f"{a.name}'s clients clip their gradients already (per example, or the batch "
+                "gradient they sketch): remove it",
+            )
     if not 0 < local.lr_decay <= 1:
         raise ConfigError(
             "algorithm.local.lr_decay",

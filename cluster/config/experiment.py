@@ -205,6 +205,7 @@ class ExperimentConfig:
             local_epochs=local.local_epochs,
             momentum=local.momentum,
             weight_decay=local.weight_decay,
+            max_grad_norm=local.max_grad_norm,
             lr_decay=local.lr_decay,
             batch_sampling=self.batch_sampling,
             lr_scaling=local.lr_scaling,
