@@ -21,6 +21,9 @@ assumptions, each with the adjacency under which its amplification theorem holds
 Both RDP accountants compose heterogeneous rounds by summing per-round RDP curves (σ and q may
 change from round to round), cache the curve per distinct (σ, q), and convert to (ε, δ) with
 Balle et al. 2020, Thm 21 (``opacus.accountants.analysis.rdp.get_privacy_spent``).
+``ClassicRdpAccountant`` (``rdp_classic``, Poisson) converts the same curve with Mironov 2017's
+Prop. 3, ε = min_α ε(α) + log(1/δ)/(α − 1), the moments accountant's conversion: looser, and
+what papers of that lineage report (the BLUR+LUS spec's main σ column).
 """
 
 from __future__ import annotations
@@ -111,6 +114,21 @@ class RdpAccountant:
             self.step(sigma, q, int(rounds))
 
 
+def epsilon_from_rdp_classic(orders, rdp: np.ndarray, delta: float) -> float:
+    """(ε, δ) from an RDP curve by Mironov 2017, Prop. 3: min over α of ε(α) + log(1/δ)/(α − 1)."""
+    alphas = np.asarray(orders, dtype=np.float64)
+    return float(np.min(np.asarray(rdp) + np.log(1.0 / delta) / (alphas - 1.0)))
+
+
+class ClassicRdpAccountant(RdpAccountant):
+    """``RdpAccountant``'s curve converted with the classic bound (the moments accountant's)."""
+
+    name = "rdp_classic"
+
+    def _epsilon(self, rdp: np.ndarray, delta: float) -> float:
+        return epsilon_from_rdp_classic(self.orders, rdp, delta)
+
+
 class WorRdpAccountant(RdpAccountant):
     """Fixed-size cohorts without replacement, replace-one adjacency (sensitivity 2C), Thm 9."""
 
@@ -119,7 +137,7 @@ class WorRdpAccountant(RdpAccountant):
     _curve = staticmethod(_round_rdp_wor)
 
 
-ACCOUNTANTS = ("rdp", "pld", "prv")
+ACCOUNTANTS = ("rdp", "pld", "prv", "rdp_classic")
 SAMPLING_ASSUMPTIONS = ("poisson", "without_replacement")
 ADJACENCY = {"poisson": "add/remove one client", "without_replacement": "replace one client"}
 
@@ -153,7 +171,7 @@ def accountants_for(sampling: str) -> tuple[str, ...]:
 
 
 def accountant_class(name: str, sampling: str = "poisson") -> type:
-    """The accountant class for a name (rdp|pld|prv) and a sampling assumption."""
+    """The accountant class for a name (rdp|pld|prv|rdp_classic) and a sampling assumption."""
     if name not in ACCOUNTANTS:
         raise ValueError(f"unknown accountant {name!r}; known: {', '.join(ACCOUNTANTS)}")
     if name not in accountants_for(sampling):
@@ -171,4 +189,6 @@ def accountant_class(name: str, sampling: str = "poisson") -> type:
         from privacy.prv import PrvAccountant
 
         return PrvAccountant
+    if name == "rdp_classic":
+        return ClassicRdpAccountant
     return RdpAccountant

@@ -46,3 +46,32 @@ def test_matches_opacus_reference_and_composes_heterogeneous_rounds():
             reference.step(noise_multiplier=sigma, sample_rate=q)
     assert ours.rounds == 60
     assert ours.epsilon(1e-5) == pytest.approx(reference.get_epsilon(1e-5), rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("q", "rounds", "delta", "classic", "balle"),
+    [  # spec 001 §3 (rdp_check.py, integer orders 2..256): the classic and the Balle columns
+        (0.04, 1000, 1 / 3400, (2.85, 1.62, 1.23, 1.04), (2.38, 1.46, 1.15, 0.98)),
+        (0.06, 300, 1 / 1000, (2.26, 1.36, 1.07, 0.92), None),
+    ],
+)
+def test_classic_rdp_conversion_reproduces_the_blur_specs_sigma_column(
+    q, rounds, delta, classic, balle
+):
+    """``rdp_classic`` converts with Mironov's Prop. 3 (the moments accountant's bound), the
+    reading the BLUR+LUS spec calls its main one; ``rdp`` with Balle et al.'s, its other
+    column. Both within the spec's ±5% (its script uses integer orders, we Opacus's)."""
+    from privacy.accountant import ClassicRdpAccountant, accountant_class
+    from privacy.calibration import calibrate_sigma, epsilon_for
+
+    assert accountant_class("rdp_classic") is ClassicRdpAccountant
+    for target, expected in zip((2, 4, 6, 8), classic, strict=True):
+        sigma = calibrate_sigma(target, delta, q, rounds, ClassicRdpAccountant)
+        assert sigma == pytest.approx(expected, rel=0.05)
+        # The classic bound is looser: at the same σ it gives the larger ε.
+        loose = epsilon_for(sigma, q, rounds, delta, ClassicRdpAccountant)
+        assert loose > epsilon_for(sigma, q, rounds, delta, RdpAccountant)
+    for target, expected in zip((2, 4, 6, 8), balle or (), strict=False):
+        assert calibrate_sigma(target, delta, q, rounds, RdpAccountant) == pytest.approx(
+            expected, rel=0.05
+        )

@@ -25,7 +25,7 @@ class PrivacyConfig:
     target_epsilon: float | None = None  # stop before a round would exceed it
     # auto: pld under Poisson sampling, rdp without replacement (see default_accountant);
     # sample level: pld for Poisson batches, rdp for fixed-size ones; paper: DP-SCAFFOLD's own
-    accountant: Literal["auto", "rdp", "pld", "prv", "paper"] = "auto"
+    accountant: Literal["auto", "rdp", "pld", "prv", "rdp_classic", "paper"] = "auto"
     # match: the assumption of the cohort sampler (poisson → poisson, fixed → without_replacement)
     sampling: Literal["match", "poisson", "without_replacement"] = "match"
     # sigma: the smallest σ reaching target_epsilon after `rounds`; rounds: the most rounds at σ
