@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import torch
@@ -33,19 +33,30 @@ class Broadcast:
     warmup: bool = False  # DP-SCAFFOLD-warm: clients compute c_i⁰ only, no local training
 
 
+class _Summed:
+    """Per-host results of one evaluation, combined field by field in host order."""
+
+    @classmethod
+    def combine(cls, parts: list) -> _Summed:
+        return cls(*(sum(getattr(p, f.name) for p in parts) for f in fields(cls)))
+
+
 @dataclass(frozen=True)
-class EvalResult:
+class EvalResult(_Summed):
     loss_sum: float
     correct: int
     count: int
 
-    @staticmethod
-    def combine(parts: list[EvalResult]) -> EvalResult:
-        return EvalResult(
-            sum(p.loss_sum for p in parts),
-            sum(p.correct for p in parts),
-            sum(p.count for p in parts),
-        )
+
+@dataclass(frozen=True)
+class TrainDiagnostics(_Summed):
+    """Sums over clients at one model x: Σ_i F_i(x), Σ_i ‖∇F_i(x)‖², Σ_i ∇F_i(x) (float64),
+    F_i the mean loss on client i's training data (full batch, dropout off)."""
+
+    loss_sum: float
+    grad_sq_sum: float
+    grad_sum: np.ndarray
+    clients: int
 
 
 @dataclass(frozen=True)
@@ -105,6 +116,7 @@ class ClientHost:
         cache_bytes: int = DEFAULT_CACHE_BYTES,
     ):
         self.device = torch.device(device)
+        self.client_ids = list(client_ids)  # pinned here: each client's state lives here
         self.store = ShardStore.open(store_path)
         self.seed = seed
         self.task = TASKS[task]
@@ -218,6 +230,23 @@ class ClientHost:
     def evaluate_clients(self, params: np.ndarray) -> EvalResult:
         """Loss and accuracy summed over the hosted clients' matched test sets."""
         return self._evaluate(params, list(self.client_tests.values()))
+
+    def train_diagnostics(self, params: np.ndarray) -> TrainDiagnostics:
+        """F_i(x) and ∇F_i(x) of every pinned client, summed (``TrainDiagnostics``)."""
+        flat = self._to_device(params)
+        loss_sum, grad_sq_sum = 0.0, 0.0
+        grad_sum = torch.zeros(flat.numel(), dtype=torch.float64, device=flat.device)
+        self.objective.model.eval()  # dropout off: the objective itself, not a noisy estimate
+        try:
+            for cid in self.client_ids:
+                x, y = self.data[cid]
+                loss, _, grad = self.objective.loss_and_grad(flat, x, y)
+                loss_sum += float(loss)
+                grad_sq_sum += float(torch.linalg.vector_norm(grad.double()) ** 2)
+                grad_sum += grad
+        finally:
+            self.objective.model.train()
+        return TrainDiagnostics(loss_sum, grad_sq_sum, grad_sum.cpu().numpy(), len(self.client_ids))
 
     @torch.no_grad()
     def _evaluate(self, params: np.ndarray, batches: list) -> EvalResult:

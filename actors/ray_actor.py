@@ -7,7 +7,7 @@ import os
 import ray
 import torch
 
-from actors.client_host import Broadcast, ClientHost, EvalResult
+from actors.client_host import Broadcast, ClientHost, EvalResult, TrainDiagnostics
 from actors.scheduling import pin_clients
 from algorithms.aggregate import PartialAggregate
 from datasets.store import ShardStore
@@ -54,6 +54,9 @@ class ClientHostActor:
 
     def evaluate_clients(self, params) -> EvalResult:
         return self.host.evaluate_clients(params)
+
+    def train_diagnostics(self, params) -> TrainDiagnostics:
+        return self.host.train_diagnostics(params)
 
     def client_states(self) -> dict:
         return self.host.client_states()

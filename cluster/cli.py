@@ -50,7 +50,7 @@ def _progress_line(record: RoundRecord, total: int, claim) -> str:
 
 
 # What a resumed run may change: how and how long it runs, never what it computes.
-RESUMABLE_PREFIXES = ("rounds", "eval_every", "executor.", "checkpoint.")
+RESUMABLE_PREFIXES = ("rounds", "eval_every", "eval_train", "executor.", "checkpoint.")
 
 
 def _overrides(args: argparse.Namespace) -> list[str]:
@@ -92,7 +92,7 @@ def _resume(args: argparse.Namespace) -> int:
                 "--set",
                 assignment,
                 "a resumed run keeps its config; only "
-                "rounds, eval_every, executor.* and checkpoint.* may change",
+                "rounds, eval_every, eval_train, executor.* and checkpoint.* may change",
             )
     checkpoint = load_checkpoint(args.checkpoint)
     try:
@@ -202,7 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     run.set_defaults(handler=_run)
     resume = commands.add_parser("resume", help="continue a run from its checkpoint")
     resume.add_argument("checkpoint", help="checkpoint file written by a run")
-    _add_execution_options(resume, "change rounds, eval_every, executor.* or checkpoint.* only")
+    _add_execution_options(
+        resume, "change rounds, eval_every, eval_train, executor.* or checkpoint.* only"
+    )
     resume.set_defaults(handler=_resume)
     argv = sys.argv[1:] if argv is None else argv
     chosen = next((a for a in argv if not a.startswith("-")), None)

@@ -19,7 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from actors.client_host import AUTO_KERNELS, Broadcast, ClientHost, EvalResult, Kernels
+from actors.client_host import (
+    AUTO_KERNELS,
+    Broadcast,
+    ClientHost,
+    EvalResult,
+    Kernels,
+    TrainDiagnostics,
+)
 from actors.client_state import ClientStateStore
 from actors.scheduling import balance_round, pin_clients
 from algorithms.aggregate import PartialAggregate
@@ -82,6 +89,12 @@ class HostPool(ABC):
     def evaluate_clients(self, params: np.ndarray) -> EvalResult:
         shared = self._share(params)
         return EvalResult.combine(self._call("evaluate_clients", [(shared,)] * self.num_hosts))
+
+    def train_diagnostics(self, params: np.ndarray) -> TrainDiagnostics:
+        """Every client's F_i and ∇F_i at ``params``, summed (each on the host it is pinned to)."""
+        shared = self._share(params)
+        calls = [(shared,)] * self.num_hosts
+        return TrainDiagnostics.combine(self._call("train_diagnostics", calls))
 
     def client_states(self) -> dict:
         return ClientStateStore.merge(self._call("client_states", [()] * self.num_hosts))

@@ -145,6 +145,8 @@ class Simulation:
                 local = self.executor.evaluate_clients(self.state.params.numpy())
                 record.metrics["client_test_accuracy"] = local.correct / max(local.count, 1)
                 record.metrics["client_test_loss"] = local.loss_sum / max(local.count, 1)
+            if c.eval_train:
+                record.metrics.update(self._train_diagnostics(algorithm))
             if "train_accuracy" in record.metrics:
                 record.metrics["train_test_gap"] = (
                     record.metrics["train_accuracy"] - record.test_accuracy
@@ -155,6 +157,22 @@ class Simulation:
                 record.metrics["epsilon_vs_server"] = vs_server
         record.seconds = time.perf_counter() - start
         return record
+
+    def _train_diagnostics(self, algorithm) -> dict[str, float]:
+        """DP-SCAFFOLD's diagnostics at the new model x over all M clients' training data: the
+        objective F(x) = (1/M) Σ_i F_i(x) + (λ/2)‖x‖² (λ: the local weight decay, the paper's
+        ℓ2 term) and the gradient dissimilarity (1/M) Σ_i ‖∇F_i(x)‖² − ‖(1/M) Σ_i ∇F_i(x)‖²
+        (λx is common to all clients and cancels there)."""
+        params = self.state.params
+        found = self.executor.train_diagnostics(params.numpy())
+        m = max(found.clients, 1)
+        decay = algorithm.trainer.weight_decay
+        l2 = 0.5 * decay * float(params.double().square().sum()) if decay else 0.0
+        mean_grad = found.grad_sum / m
+        return {
+            "train_objective": found.loss_sum / m + l2,
+            "gradient_dissimilarity": found.grad_sq_sum / m - float(mean_grad @ mean_grad),
+        }
 
     def _account_while_training(self, round_index: int) -> Future | None:
         """Charge round ``round_index`` now and compute the ε it brings on a thread while the

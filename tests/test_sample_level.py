@@ -324,3 +324,45 @@ def test_calibration_uses_the_record_level_accountant(store_root):
     claim = privacy_claim(after, after.build_algorithm(), [80] * 20)
     assert claim.epsilon(after.total_rounds, "paper") <= 2.0
     assert claim.epsilon(after.total_rounds + 1, "paper") > 2.0
+
+
+def test_train_diagnostics_are_the_objective_and_the_gradient_dissimilarity(store_root):
+    """``eval_train``: at each evaluation, F(x) = (1/M) Σ_i F_i(x) + (λ/2)‖x‖² over every
+    client's training data and (1/M) Σ_i ‖∇F_i‖² − ‖(1/M) Σ_i ∇F_i‖² (DP-SCAFFOLD's
+    diagnostics), the same on 1 or 2 hosts, and equal to computing them directly."""
+    from actors.client_host import build_model
+    from algorithms.layout import ParamLayout
+    from algorithms.local import ModelObjective
+    from cluster.experiment import open_store
+    from datasets.tasks import TASKS
+
+    config = small_config(
+        store_root,
+        "eval_train=true",
+        "eval_every=2",
+        "rounds=4",
+        "algorithm.local.weight_decay=0.005",
+    )
+    one, two = run_local(config), run_local(config, num_hosts=2)
+    evaluated = [r.round for r in one.history if "train_objective" in r.metrics]
+    assert evaluated == [2, 4]
+    store, _ = open_store(config)
+    task = TASKS[config.task]
+    model = build_model(store, config.task)
+    objective = ModelObjective(model, ParamLayout.of(model))
+    x = one.state.params
+    losses, grads = [], []
+    for cid in range(store.num_clients):
+        rows = store.client(cid)
+        xs, ys = task.preprocess(torch.tensor(rows.x)), torch.tensor(rows.y)
+        loss, _, grad = objective.loss_and_grad(x, xs, ys)
+        losses.append(float(loss))
+        grads.append(grad.double())
+    g = torch.stack(grads)
+    expected_f = sum(losses) / len(losses) + 0.5 * 0.005 * float(x.double().square().sum())
+    expected_d = float(g.square().sum(1).mean() - g.mean(0).square().sum())
+    for sim in (one, two):
+        metrics = sim.history[-1].metrics
+        assert metrics["train_objective"] == pytest.approx(expected_f, rel=1e-6)
+        assert metrics["gradient_dissimilarity"] == pytest.approx(expected_d, rel=1e-5)
+    assert expected_d > 0  # heterogeneous synthetic clients

@@ -43,6 +43,9 @@ class ExperimentConfig:
     seed: int = 0
     rounds: int = 100
     eval_every: int = 1
+    # At each evaluation also DP-SCAFFOLD's diagnostics over every client's training data: the
+    # objective F(x) and the gradient dissimilarity (a full pass over all clients' data)
+    eval_train: bool = False
     data: DataConfig = field(default_factory=DataConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     cohort: CohortConfig = field(default_factory=CohortConfig)
