@@ -234,19 +234,22 @@ class ClientHost:
     def train_diagnostics(self, params: np.ndarray) -> TrainDiagnostics:
         """F_i(x) and ∇F_i(x) of every pinned client, summed (``TrainDiagnostics``)."""
         flat = self._to_device(params)
-        loss_sum, grad_sq_sum = 0.0, 0.0
+        loss_sum, grad_sq_sum, clients = 0.0, 0.0, 0
         grad_sum = torch.zeros(flat.numel(), dtype=torch.float64, device=flat.device)
         self.objective.model.eval()  # dropout off: the objective itself, not a noisy estimate
         try:
             for cid in self.client_ids:
                 x, y = self.data[cid]
+                if len(y) == 0:  # no F_i (the central optimum leaves such clients out too)
+                    continue
+                clients += 1
                 loss, _, grad = self.objective.loss_and_grad(flat, x, y)
                 loss_sum += float(loss)
                 grad_sq_sum += float(torch.linalg.vector_norm(grad.double()) ** 2)
                 grad_sum += grad
         finally:
             self.objective.model.train()
-        return TrainDiagnostics(loss_sum, grad_sq_sum, grad_sum.cpu().numpy(), len(self.client_ids))
+        return TrainDiagnostics(loss_sum, grad_sq_sum, grad_sum.cpu().numpy(), clients)
 
     @torch.no_grad()
     def _evaluate(self, params: np.ndarray, batches: list) -> EvalResult:

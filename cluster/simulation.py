@@ -22,6 +22,7 @@ from algorithms.client import upload_bytes
 from algorithms.layout import ParamLayout
 from algorithms.rng import Purpose, stream_seed, torch_generator
 from algorithms.server import ServerContext, ServerState
+from cluster.central_optimum import central_optimum
 from cluster.cohort import sample_cohort
 from cluster.config import ExperimentConfig
 from cluster.privacy_plan import privacy_claim
@@ -90,6 +91,12 @@ class Simulation:
         # The round's ε and its server noise are computed here while the round trains.
         self._background = ThreadPoolExecutor(max_workers=2, thread_name_prefix="round-background")
         self.history: list[RoundRecord] = []
+        self._optimum: Future | None = None  # F(x*) for eval_train, found in the background
+        if config.eval_train:  # on a thread of its own: the round's noise and ε keep theirs
+            decay = self.algorithm.trainer.weight_decay
+            finder = ThreadPoolExecutor(1, thread_name_prefix="central-optimum")
+            self._optimum = finder.submit(central_optimum, store, config.task, decay)
+            finder.shutdown(wait=False)
 
     def _budget_exhausted(self) -> str | None:
         target = self.config.privacy.target_epsilon
@@ -169,10 +176,15 @@ class Simulation:
         decay = algorithm.trainer.weight_decay
         l2 = 0.5 * decay * float(params.double().square().sum()) if decay else 0.0
         mean_grad = found.grad_sum / m
-        return {
+        metrics = {
             "train_objective": found.loss_sum / m + l2,
             "gradient_dissimilarity": found.grad_sq_sum / m - float(mean_grad @ mean_grad),
         }
+        optimum = self._optimum.result()  # a convex task's F(x*); None: none to compare with
+        if optimum is not None and metrics["train_objective"] > optimum:
+            # the paper's train-loss gap
+            metrics["train_loss_gap_log10"] = math.log10(metrics["train_objective"] - optimum)
+        return metrics
 
     def _account_while_training(self, round_index: int) -> Future | None:
         """Charge round ``round_index`` now and compute the ε it brings on a thread while the

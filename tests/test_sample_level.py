@@ -333,6 +333,7 @@ def test_train_diagnostics_are_the_objective_and_the_gradient_dissimilarity(stor
     from actors.client_host import build_model
     from algorithms.layout import ParamLayout
     from algorithms.local import ModelObjective
+    from cluster.central_optimum import central_optimum
     from cluster.experiment import open_store
     from datasets.tasks import TASKS
 
@@ -366,3 +367,32 @@ def test_train_diagnostics_are_the_objective_and_the_gradient_dissimilarity(stor
         assert metrics["train_objective"] == pytest.approx(expected_f, rel=1e-6)
         assert metrics["gradient_dissimilarity"] == pytest.approx(expected_d, rel=1e-5)
     assert expected_d > 0  # heterogeneous synthetic clients
+    # The train-loss gap against the central optimum F(x*) (convex: logistic regression).
+    optimum = central_optimum(store, config.task, 0.005)
+    gap = one.history[-1].metrics["train_loss_gap_log10"]
+    assert gap == pytest.approx(math.log10(expected_f - optimum), abs=1e-4)
+    # x* is a stationary point of F: its gradient vanishes (checked in float64).
+    rows = [store.client(cid) for cid in range(store.num_clients)]
+    xs = torch.cat([task.preprocess(torch.tensor(r.x)).double() for r in rows])
+    ys = torch.cat([torch.tensor(r.y) for r in rows])
+    weights = torch.cat(
+        [torch.full((len(r.y),), 1 / (len(rows) * len(r.y)), dtype=torch.float64) for r in rows]
+    )
+    assert optimum < expected_f and optimum < min(
+        r.metrics["train_objective"] for r in one.history if "train_objective" in r.metrics
+    )
+    w = torch.zeros(xs.shape[1], 10, dtype=torch.float64, requires_grad=True)
+    b = torch.zeros(10, dtype=torch.float64, requires_grad=True)
+    optimizer = torch.optim.LBFGS([w, b], max_iter=500, line_search_fn="strong_wolfe")
+
+    def closure():
+        optimizer.zero_grad()
+        losses = torch.nn.functional.cross_entropy(xs @ w + b, ys, reduction="none")
+        loss = (weights * losses).sum() + 0.0025 * (w.square().sum() + b.square().sum())
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    assert float(closure().detach()) == pytest.approx(optimum, rel=1e-8)
+    cnn = small_config(store_root, "task=mnist_cnn", "data.source=mnist_test_split")
+    assert central_optimum(store, cnn.task, 0.0) is None  # no global optimum to compare with
