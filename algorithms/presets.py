@@ -61,7 +61,7 @@ from algorithms.dpsgd import Adjacency, DpSgdGradient
 from algorithms.fetchsgd import FetchSgdServerRule
 from algorithms.layout import ParamLayout
 from algorithms.local import LocalTrainer, PgnGradient, SamGradient
-from algorithms.lus import LocalUpdateSparsification
+from algorithms.lus import LocalUpdateSparsification, LusScope
 from algorithms.mechanism import (
     DENSE,
     GaussianMechanism,
@@ -375,8 +375,9 @@ def dp_fedavg_lus(
     server_lr: float = 1.0,
     lus_sparsity: float = 0.7,
     lus_gradient: Literal["data", "batch"] = "data",
+    lus_scope: LusScope = "tensor",
 ) -> Algorithm:
-    lus = (LocalUpdateSparsification(lus_sparsity, lus_gradient),)
+    lus = (LocalUpdateSparsification(lus_sparsity, lus_gradient, lus_scope),)
     return _private("dp_fedavg_lus", trainer, dp.pipeline(before=lus), server_lr)
 
 
@@ -388,9 +389,10 @@ def dp_fedavg_blurs(
     blur_bound: float | None = None,
     lus_sparsity: float = 0.7,
     lus_gradient: Literal["data", "batch"] = "data",
+    lus_scope: LusScope = "tensor",
 ) -> Algorithm:
     """BLUR in the trainer and LUS before clipping: Cheng et al.'s full method."""
-    lus = (LocalUpdateSparsification(lus_sparsity, lus_gradient),)
+    lus = (LocalUpdateSparsification(lus_sparsity, lus_gradient, lus_scope),)
     blur = _blur(trainer, dp, blur_lambda, blur_bound)
     return _private("dp_fedavg_blurs", blur, dp.pipeline(before=lus), server_lr)
 

@@ -69,6 +69,23 @@ def layer_segments(layout: ParamLayout | None, size: int) -> list[tuple[int, int
     return list(zip(offsets[:-1], offsets[1:], strict=True))
 
 
+def module_segments(layout: ParamLayout | None, size: int) -> list[tuple[int, int]]:
+    """(start, stop) of every module's tensors together (``conv1.weight`` and ``conv1.bias``:
+    one segment; they are adjacent in the layout); one segment without a layout."""
+    if layout is None:
+        return [(0, size)]
+    segments: list[tuple[int, int]] = []
+    modules: list[str] = []
+    for name, (start, stop) in zip(layout.names, layer_segments(layout, size), strict=True):
+        module = name.rpartition(".")[0]
+        if modules and modules[-1] == module:
+            segments[-1] = (segments[-1][0], stop)
+        else:
+            segments.append((start, stop))
+            modules.append(module)
+    return segments
+
+
 class UpdateTransform(Protocol):
     selects_by_value: ClassVar[bool]  # its kept coordinates depend on the update's values
 

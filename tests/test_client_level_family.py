@@ -209,6 +209,37 @@ def test_lus_keeps_1_minus_c_per_layer_and_beats_a_random_mask():
     assert loss(out) < min(random_losses)
 
 
+@pytest.mark.parametrize(
+    ("scope", "groups"),
+    [
+        ("tensor", [(0, 320), (320, 336), (336, 416), (416, 421)]),
+        ("module", [(0, 336), (336, 421)]),  # each Linear's weight and bias together
+        ("global", [(0, 421)]),
+    ],
+)
+def test_lus_groups_its_top_k_per_tensor_module_or_globally(scope, groups):
+    """``lus_scope`` (spec 001's configurable layer grouping): ⌊0.3·n⌋ kept in each group, the
+    group's highest |g·Δ|."""
+    from algorithms.transforms import module_segments
+
+    model = torch.nn.Sequential(torch.nn.Linear(20, 16), torch.nn.ReLU(), torch.nn.Linear(16, 5))
+    layout = ParamLayout.of(model)
+    assert module_segments(layout, layout.size) == [(0, 336), (336, 421)]
+    delta = torch.randn(layout.size, generator=torch.Generator().manual_seed(0))
+    gradient = torch.randn(layout.size, generator=torch.Generator().manual_seed(1))
+    ctx = _ctx(layout=layout)
+    ctx.local_gradient = lambda kind: gradient
+    out = LocalUpdateSparsification(0.7, scope=scope).apply(delta, ctx)
+    score = (gradient * delta).abs()
+    for start, stop in groups:
+        kept = out[start:stop] != 0
+        assert int(kept.sum()) == math.floor(0.3 * (stop - start))
+        threshold = score[start:stop].sort(descending=True).values[int(kept.sum()) - 1]
+        assert bool((score[start:stop][kept] >= threshold).all())
+    with pytest.raises(ValueError, match="tensor, module or global"):
+        LocalUpdateSparsification(0.7, scope="layer")
+
+
 @pytest.mark.parametrize("bad", [math.nan, math.inf])
 def test_a_client_whose_update_is_not_finite_is_dropped(bad):
     from algorithms.client import client_round
