@@ -134,7 +134,9 @@ def client_round(
         payload=payload,
         local_steps=result.steps,
         lr=result.lr,
-    ).with_known_norm(delta, delta_norm)
+    )
+    if not algorithm.pipeline.before:  # the clip's input is Δ itself, untouched since its norm
+        ctx = ctx.with_known_norm(delta, delta_norm)
     if report.dropped:
         return _noise_share(algorithm, delta, ctx, keys), 0.0, state, report
     update = algorithm.pipeline(delta, ctx)

@@ -478,7 +478,6 @@ class LocalTrainer:
         gradient, batches = self._round_batches(
             objective, x, y, generator, None, noise_stream, augment_generator
         )
-        objective = self._objective(objective)
         total, steps = torch.zeros_like(params), 0
         for xb, yb in batches:
             total += gradient(objective, params, xb, yb)[2]

@@ -107,10 +107,8 @@ class Algorithm:
     @property
     def unaccounted_reason(self) -> str | None:
         """Why no accountant's ε holds for what this algorithm releases (None: one does)."""
-        if self.sample_dp is not None:
-            return self.sample_dp.unaccounted_reason
-        server = getattr(self.server, "unaccounted_reason", None)
-        return self.pipeline.unaccounted_reason or server
+        own = self.pipeline if self.sample_dp is None else self.sample_dp
+        return own.unaccounted_reason or getattr(self.server, "unaccounted_reason", None)
 
     @property
     def mechanism(self) -> GaussianMechanism | None:

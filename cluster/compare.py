@@ -100,7 +100,8 @@ def run_setup(base: dict, overrides: list[str], changes: dict | None) -> tuple[d
 
 
 BUDGET_KEYS = ("privacy.calibrate", "privacy.target_epsilon")
-LITERAL_OPTIONS = ("noise_support", "mask_source")  # the papers' unaccounted top-k variants
+# The papers' unaccounted variants: the top-k ones, and BLUR+LUS's realised denominator
+LITERAL_OPTIONS = ("noise_support", "mask_source", "mean_denominator")
 
 
 def _without_budget(raw: dict) -> dict:

@@ -415,7 +415,11 @@ def privacy_report(
         noise_placement=m.placement,
         noise_support=m.support.description,
         noise_std_on_sum=_noise_std_on_sum(m, config.cohort.size),
-        noise_std_on_mean=_noise_std_on_sum(m, config.cohort.size) / config.cohort.size,
+        noise_std_on_mean=(
+            _noise_std_on_sum(m, config.cohort.size) / config.cohort.size
+            if config.algorithm.mean_denominator == "nominal"
+            else "σS/|P_t|: divided by each round's realised count of uploads"
+        ),
         sample_rate=claim.sample_rate,
         cohort_size=config.cohort.size,
         cohort_sampler=config.cohort.sampling,

@@ -371,7 +371,7 @@ def audit_two_worlds(
     positives = scores(run, crafted, *cohort, canary_sign=1.0, seed=seed, world=1)
     other = -1.0 if adjacency == "replace_one" else None
     negatives = scores(run, crafted, *cohort, canary_sign=other, seed=seed, world=2)
-    valid = claim_algorithm.pipeline.unaccounted_reason is None
+    valid = claim_algorithm.unaccounted_reason is None
     return audit_result(positives, negatives, mu, confidence, valid)
 
 

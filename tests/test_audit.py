@@ -65,6 +65,14 @@ def test_noise_scaled_by_0_6_is_caught_and_the_power_is_reported(store_root):
     assert detectable_noise_scale(2.0, 4 * TRIALS, 0.95) > result.detectable_noise_scale
 
 
+def test_an_unaccounted_server_rule_makes_the_audit_claim_no_epsilon(store_root):
+    """BLUR+LUS's realised denominator: the mechanism's noise is as claimed, but the release
+    divides by a count without noise, so the audit reports its claim as not DP-valid."""
+    realised = ("algorithm.name=dp_fedavg_blurs", "algorithm.mean_denominator=realised")
+    assert not _audit(store_root, *BASE, *realised).dp_valid
+    assert _audit(store_root, *BASE, "algorithm.name=dp_fedavg_blurs").dp_valid
+
+
 # The noisy-mask variant's audit (23 s) runs with the slow tests; test_mechanism's χ² check
 # catches its under-noising in CI.
 @pytest.mark.parametrize(

@@ -204,3 +204,27 @@ def test_a_target_accuracy_outside_0_1_is_refused(tmp_path, capsys):
     spec.write_text(yaml.safe_dump({"base": {}, "runs": {"dp_fedavg": {}}}))
     assert main(["compare", str(spec), "--target-accuracy", "30"]) == 2
     assert "--target-accuracy = 30.0: must be in (0, 1]" in capsys.readouterr().err
+
+
+def test_a_realised_denominator_runs_at_its_accounted_twins_sigma_with_no_budget(store_root):
+    """A comparison at one ε: the realised-denominator run has no ε of its own, so it runs at
+    the σ its nominal twin is calibrated to (as the papers' literal top-k variants do)."""
+    from cluster.compare import run_setup
+    from cluster.config import ConfigError, load_config
+    from cluster.privacy_plan import calibrated
+
+    base = {
+        "data": {"num_clients": 20, "store_root": str(store_root)},
+        "algorithm": {"name": "dp_fedavg_blurs", "clip_norm": 0.5},
+        "privacy": {"target_epsilon": 4.0, "calibrate": "sigma"},
+        "rounds": 3,
+    }
+    literal_base, overrides = run_setup(base, [], {"algorithm.mean_denominator": "realised"})
+    assert literal_base["privacy"]["calibrate"] == "none"
+    twin = calibrated(load_config(None, [f"{k}={v}" for k, v in _flat(base).items()]))
+    assert overrides == [f"algorithm.noise_multiplier={twin.algorithm.noise_multiplier!r}"]
+    with pytest.raises(ConfigError, match="mean_denominator: nominal"):
+        load_config(
+            None,
+            [f"{k}={v}" for k, v in _flat(base).items()] + ["algorithm.mean_denominator=realised"],
+        )

@@ -178,6 +178,7 @@ def test_a_realised_denominator_divides_by_the_uploads_and_has_no_epsilon():
     ("sets", "says"),
     [
         (("algorithm.name=dp_scaffold", *DP), "client-level mean's option"),
+        (("algorithm.name=dpsfl", *DP), "client-level mean's option"),
         (("algorithm.name=fedavg", "algorithm.weighting=samples"), "sample weighting"),
     ],
 )
@@ -231,9 +232,11 @@ def test_a_local_gradient_norm_clip_is_sequential_and_refused_where_clients_clip
     assert config.build_algorithm().trainer.max_grad_norm == 10.0
     with pytest.raises(ConfigError, match="algorithm.local.max_grad_norm"):
         small_config(store_root, "algorithm.local.max_grad_norm=0", *private)
-    sample_level = ("algorithm.name=dp_scaffold", *DP)
-    with pytest.raises(ConfigError, match="clip their gradients already"):
-        small_config(store_root, "algorithm.local.max_grad_norm=10", *sample_level)
+    for preset in ("dp_scaffold", "dpsfl"):  # per-example clipping; the sketched batch gradient
+        with pytest.raises(ConfigError, match="clip their gradients already"):
+            small_config(
+                store_root, "algorithm.local.max_grad_norm=10", f"algorithm.name={preset}", *DP
+            )
 
 
 @pytest.mark.parametrize("preset", ["dp_fedpgn", "dp_fedsam", "dp_fedavg"])

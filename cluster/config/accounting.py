@@ -110,6 +110,8 @@ def validate_privacy(c: ExperimentConfig) -> None:
                 if c.sample_level
                 else "(privacy.sampling: match)"
                 if c.sampling_mismatch
+                else "(algorithm.mean_denominator: nominal)"
+                if c.algorithm.mean_denominator != "nominal"
                 else "(noise_support: dense, mask_source: clean)"
             ),
         )
