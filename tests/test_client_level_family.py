@@ -7,7 +7,7 @@ import torch
 from helpers import run_local, small_config
 
 from algorithms.layout import ParamLayout
-from algorithms.local import ModelObjective, SamGradient, SgdGradient
+from algorithms.local import LocalTrainer, ModelObjective, SamGradient, SgdGradient
 from algorithms.lus import LocalUpdateSparsification
 from algorithms.mechanism import DENSE, GaussianMechanism, UploadSupport
 from algorithms.pipeline import UpdatePipeline
@@ -303,3 +303,65 @@ def test_kept_counts_are_exact_where_one_minus_c_is_not_a_float():
     mask = topk_mask(score, [(0, 1280), (1280, 1290)], 1 - 0.9)
     assert int(mask[:1280].sum()) == 128 and int(mask[1280:].sum()) == 1
     assert int(topk_mask(score[:90], [(0, 90)], 1 - 0.3).sum()) == 63
+
+
+def test_local_sgd_with_momentum_and_weight_decay_is_torch_optim_sgd():
+    """DP-FedSAM's local optimiser (momentum 0.5, weight decay 5e-4): ``LocalTrainer.descend``
+    reproduces ``torch.optim.SGD`` step for step."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(6, 3)
+    objective = ModelObjective(model, ParamLayout.of(model))
+    trainer = LocalTrainer(0.1, batch_size=8, local_steps=7, momentum=0.5, weight_decay=5e-4)
+    x, y = torch.randn(8, 6), torch.randint(0, 3, (8,))
+    w0 = ParamLayout.flatten(model)
+    ours = trainer.train(objective, w0, x, y, torch.Generator().manual_seed(0)).params
+    reference = torch.nn.Linear(6, 3)
+    ParamLayout.of(reference).load_into(reference, w0)
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.5, weight_decay=5e-4)
+    for _ in range(7):  # one batch of 8 = the whole client: every step sees the same rows
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(reference(x), y).backward()
+        optimizer.step()
+    torch.testing.assert_close(ours, ParamLayout.flatten(reference), rtol=1e-6, atol=1e-7)
+
+
+def test_asam_perturbs_by_rho_w_squared_g_over_the_norm_of_w_g():
+    """DP-FedSAM's authors' code (ASAM): e = ρ·w²⊙g/(‖w⊙g‖ + 1e-12), G = ∇f(w + e)."""
+    torch.manual_seed(1)
+    model = torch.nn.Linear(4, 3)
+    objective = ModelObjective(model, ParamLayout.of(model))
+    w = ParamLayout.flatten(model)
+    x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+    g = objective.loss_and_grad(w, x, y)[2]
+    e = 0.5 * w.square() * g / ((w * g).norm() + 1e-12)
+    expected = objective.loss_and_grad(w + e, x, y)[2]
+    torch.testing.assert_close(SamGradient(0.5, adaptive=True)(objective, w, x, y)[2], expected)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_top_k_keeps_at_least_its_share_of_each_layers_energy(seed):
+    """‖top_k(Δ)‖² ≥ (⌊p·n⌋/n)·‖Δ‖² per layer (the largest squares are at least their share)."""
+    g = torch.Generator().manual_seed(seed)
+    delta = torch.randn(140, generator=g) * torch.rand(140, generator=g) ** 3
+    out = TopK(0.4).apply(delta, _ctx())
+    for start, stop in zip(LAYOUT.offsets[:-1], LAYOUT.offsets[1:], strict=True):
+        share = math.floor(0.4 * (stop - start)) / (stop - start)
+        kept = float(out[start:stop].square().sum())
+        assert kept >= share * float(delta[start:stop].square().sum()) * (1 - 1e-6)
+
+
+@pytest.mark.parametrize(
+    ("path", "epsilon"),
+    [  # specs 000 and 003: the authors' accountant (RDP, Balle et al.'s conversion)
+        ("configs/papers/dpfedsam_cifar10_dir0.6.yaml", 10.80),
+        ("configs/papers/dpfedsam_emnist_dir0.6.yaml", 8.51),
+        ("configs/papers/dpfedpgn_cifar10_resnet10_dir0.6.yaml", 15.49),
+    ],
+)
+def test_paper_configs_claim_the_papers_epsilon(path, epsilon):
+    from cluster.config import load_config
+    from cluster.privacy_plan import privacy_claim
+
+    config = load_config(path)
+    claim = privacy_claim(config, config.build_algorithm())
+    assert claim.epsilon(config.rounds) == pytest.approx(epsilon, rel=0.005)
