@@ -365,3 +365,42 @@ def test_paper_configs_claim_the_papers_epsilon(path, epsilon):
     config = load_config(path)
     claim = privacy_claim(config, config.build_algorithm())
     assert claim.epsilon(config.rounds) == pytest.approx(epsilon, rel=0.005)
+
+
+def test_the_presets_defaults_are_the_papers(store_root):
+    """BLUR+LUS: λ = 0.4, c = 0.7, the BLUR radius is the clip norm S, LUS runs before the
+    clip and the noise (spec 001); LS: σ_ls = 0.01 (spec 003)."""
+    from algorithms.regularizers import BoundedLocalUpdate
+    from algorithms.smoothing import LaplacianSmoothing
+
+    blurs = small_config(store_root, "algorithm.name=dp_fedavg_blurs", *DP).build_algorithm()
+    (regularizer,) = blurs.trainer.regularizers
+    assert regularizer == BoundedLocalUpdate(0.4, 0.5)  # λ, radius = C
+    (lus,) = blurs.pipeline.before
+    assert isinstance(lus, LocalUpdateSparsification) and lus.sparsity == 0.7
+    assert blurs.pipeline.mechanism.clip.clip_norm == 0.5 and not blurs.pipeline.after
+    for name in ("dp_fedavg_ls", "dp_fedpgn_ls"):
+        algorithm = small_config(store_root, f"algorithm.name={name}", *DP).build_algorithm()
+        assert algorithm.server.smoothing == LaplacianSmoothing(0.01, "flat")
+
+
+def test_without_noise_or_clipping_the_private_presets_are_their_references(store_root):
+    """σ = 0 and C = ∞: DP-FedSAM is FedSAM bit for bit (spec 000 §7)."""
+    open_dp = ("algorithm.clip_norm=.inf", "algorithm.noise_multiplier=0", "rounds=3")
+    dp_sam = run_local(small_config(store_root, "algorithm.name=dp_fedsam", *open_dp))
+    sam = run_local(small_config(store_root, "algorithm.name=fedsam", "rounds=3"))
+    assert torch.equal(dp_sam.state.params, sam.state.params)
+
+
+@pytest.mark.parametrize("m", [10, 40])
+def test_the_noise_on_the_mean_has_std_sigma_c_over_m(m):
+    """Client-placed shares N(0, σ²C²/m) summed over m clients and divided by m: std σC/m,
+    the same as the server's N(0, σ²C²) on the sum (spec 001 §7.2; checked at two m)."""
+    sigma, c, d = 1.3, 0.5, 20_000
+    mechanism = GaussianMechanism(Clip(c), sigma, "client")
+    total = torch.zeros(d, dtype=torch.float64)
+    for client in range(m):
+        ctx = ClientContext(torch.Generator().manual_seed(client), float(m))
+        total += mechanism.privatize(torch.zeros(d), ctx).double()
+    std = float((total / m).std())
+    assert std == pytest.approx(sigma * c / m, rel=0.02)

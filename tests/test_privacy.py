@@ -92,3 +92,12 @@ def test_the_specs_other_reference_epsilons_and_sigma_readings():
     for target, integer_orders in zip((4, 6, 8, 10), (1.70, 1.31, 1.15, 1.00), strict=True):
         sigma = calibrate_sigma(target, 0.002, 0.1, 300, RdpAccountant)
         assert integer_orders * 0.965 <= sigma <= integer_orders
+
+
+def test_without_sampling_one_round_is_the_gaussian_mechanisms_rdp():
+    """q = 1: the subsampled Gaussian's RDP is the Gaussian's, α/(2σ²), at every order."""
+    import numpy as np
+
+    from privacy.accountant import ORDERS, _round_rdp
+
+    np.testing.assert_allclose(_round_rdp(1.7, 1.0), np.asarray(ORDERS) / (2 * 1.7**2), rtol=1e-12)

@@ -404,3 +404,19 @@ def test_train_diagnostics_are_the_objective_and_the_gradient_dissimilarity(stor
     assert optimum < min(objectives)
     cnn = small_config(store_root, "task=mnist_cnn", "data.source=mnist_test_split")
     assert central_optimum(store, cnn.task, 0.0) is None  # no global optimum to compare with
+
+
+def test_dp_scaffold_and_dp_fedavg_cost_the_same_epsilon_at_the_same_noise():
+    """DP-SCAFFOLD's Claim 4.1: at the same σ_g, batches, cohorts and rounds its ε is
+    DP-FedAvg's (the control variates are post-processing of the same noisy releases)."""
+    config = load_config("configs/papers/dpscaffold_mnist_mlp.yaml")
+    fedavg = load_config(
+        "configs/papers/dpscaffold_mnist_mlp.yaml",
+        ["algorithm.name=dp_fedavg_sample", "algorithm.warm_start=null"],
+    )
+    sizes = [800] * 60
+    scaffold = privacy_claim(config, config.build_algorithm(), sizes)
+    plain = privacy_claim(fedavg, fedavg.build_algorithm(), sizes)
+    for rounds in (1, 50, 400):
+        assert scaffold.epsilon(rounds) == plain.epsilon(rounds)
+        assert scaffold.epsilon(rounds, "paper") == plain.epsilon(rounds, "paper")
