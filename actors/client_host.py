@@ -234,8 +234,10 @@ class ClientHost:
     def train_diagnostics(self, params: np.ndarray) -> TrainDiagnostics:
         """F_i(x) and ∇F_i(x) of every pinned client, summed (``TrainDiagnostics``)."""
         flat = self._to_device(params)
-        loss_sum, grad_sq_sum, clients = 0.0, 0.0, 0
-        grad_sum = torch.zeros(flat.numel(), dtype=torch.float64, device=flat.device)
+        # Sums kept on the device (float64), read once: no host sync per client.
+        loss_sum, grad_sq_sum = (flat.new_zeros((), dtype=torch.float64) for _ in range(2))
+        grad_sum = flat.new_zeros(flat.numel(), dtype=torch.float64)
+        clients = 0
         self.objective.model.eval()  # dropout off: the objective itself, not a noisy estimate
         try:
             for cid in self.client_ids:
@@ -244,12 +246,14 @@ class ClientHost:
                     continue
                 clients += 1
                 loss, _, grad = self.objective.loss_and_grad(flat, x, y)
-                loss_sum += float(loss)
-                grad_sq_sum += float(torch.linalg.vector_norm(grad.double()) ** 2)
+                loss_sum += loss
+                grad_sq_sum += torch.linalg.vector_norm(grad, dtype=torch.float64).square()
                 grad_sum += grad
         finally:
             self.objective.model.train()
-        return TrainDiagnostics(loss_sum, grad_sq_sum, grad_sum.cpu().numpy(), clients)
+        return TrainDiagnostics(
+            float(loss_sum), float(grad_sq_sum), grad_sum.cpu().numpy(), clients
+        )
 
     @torch.no_grad()
     def _evaluate(self, params: np.ndarray, batches: list) -> EvalResult:

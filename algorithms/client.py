@@ -135,11 +135,9 @@ def client_round(
         local_steps=result.steps,
         lr=result.lr,
     )
-    if not algorithm.pipeline.before:  # the clip's input is Δ itself, untouched since its norm
-        ctx = ctx.with_known_norm(delta, delta_norm)
     if report.dropped:
         return _noise_share(algorithm, delta, ctx, keys), 0.0, state, report
-    update = algorithm.pipeline(delta, ctx)
+    update = algorithm.pipeline(delta, ctx, norm=delta_norm)
     report.pre_clip_norm = ctx.stats.get("pre_clip_norm", delta_norm)
     report.clipped = ctx.stats.get("clipped", math.nan)
     report.stats = {k: v for k, v in ctx.stats.items() if k not in ("pre_clip_norm", "clipped")}

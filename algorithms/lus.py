@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from algorithms.sparsify import topk_mask
-from algorithms.transforms import layer_segments, module_segments
+from algorithms.transforms import scoped_segments
 
 LusScope = Literal["tensor", "module", "global"]
 
@@ -36,19 +36,14 @@ class LocalUpdateSparsification:
         if self.scope not in ("tensor", "module", "global"):
             raise ValueError(f"LUS scope must be tensor, module or global, not {self.scope!r}")
 
-    def _segments(self, ctx, size: int) -> list[tuple[int, int]]:
-        if self.scope == "global":
-            return [(0, size)]
-        segments = module_segments if self.scope == "module" else layer_segments
-        return segments(ctx.layout, size)
-
     def apply(self, update, ctx):
         if self.sparsity == 0:
             return update
         if ctx.local_gradient is None:
             raise ValueError("LUS needs the gradient at the final local weights in the context")
         score = (ctx.local_gradient(self.gradient) * update).abs()
-        mask = topk_mask(score, self._segments(ctx, update.numel()), 1 - self.sparsity)
+        segments = scoped_segments(ctx.layout, update.numel(), self.scope)
+        mask = topk_mask(score, segments, 1 - self.sparsity)
         ctx.stats["kept_fraction"] = float(mask.mean())
         return update * mask
 

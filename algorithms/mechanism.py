@@ -165,9 +165,12 @@ class GaussianMechanism:
             "coordinates carry noise depends on the clients' data"
         )
 
-    def privatize(self, update: torch.Tensor, ctx: ClientContext) -> torch.Tensor:
-        """One client's part: clip, ``between``, then its share of client-placed noise."""
-        update = self.clip.apply(update, ctx)
+    def privatize(
+        self, update: torch.Tensor, ctx: ClientContext, norm: float | None = None
+    ) -> torch.Tensor:
+        """One client's part: clip, ``between``, then its share of client-placed noise
+        (``norm``: ‖update‖₂ if known, for the clip)."""
+        update = self.clip.apply(update, ctx, norm)
         for transform in self.between:
             update = transform.apply(update, ctx)
         mask = self.support.mask(update, ctx)

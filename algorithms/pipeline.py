@@ -35,11 +35,16 @@ class UpdatePipeline:
             bind_all(self.before, layout), mechanism, bind_all(self.after, layout)
         )
 
-    def __call__(self, update: torch.Tensor, ctx: ClientContext) -> torch.Tensor:
+    def __call__(
+        self, update: torch.Tensor, ctx: ClientContext, norm: float | None = None
+    ) -> torch.Tensor:
+        """``norm``: ‖update‖₂ where the caller computed it already (the client's finiteness
+        check); the clip reads it only when no transform runs before the mechanism, i.e. when
+        its input is this very ``update``."""
         for transform in self.before:
             update = transform.apply(update, ctx)
         if self.mechanism is not None:
-            update = self.mechanism.privatize(update, ctx)
+            update = self.mechanism.privatize(update, ctx, None if self.before else norm)
         for transform in self.after:
             update = transform.apply(update, ctx)
         return update

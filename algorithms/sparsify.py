@@ -26,11 +26,7 @@ import torch
 
 from algorithms.layout import ParamLayout
 from algorithms.rng import Purpose, torch_generator
-from algorithms.transforms import ClientContext, layer_segments
-
-
-def _segments(layout: ParamLayout | None, size: int, scope: str) -> list[tuple[int, int]]:
-    return [(0, size)] if scope == "global" else layer_segments(layout, size)
+from algorithms.transforms import ClientContext, scoped_segments
 
 
 def _kept(p: float, n: int) -> int:
@@ -61,7 +57,7 @@ class TopK:
     def apply(self, update, ctx):
         if self.fraction >= 1.0:
             return update
-        segments = _segments(ctx.layout, update.numel(), self.scope)
+        segments = scoped_segments(ctx.layout, update.numel(), self.scope)
         mask = topk_mask(update.abs(), segments, self.fraction)
         ctx.stats["kept_fraction"] = float(mask.mean())
         return update * mask
@@ -77,7 +73,7 @@ def _shared_mask(randk, size, layout, round_key, device, dtype) -> torch.Tensor:
         return _shared_mask(randk, size, layout, round_key, "cpu", dtype).to(device)
     generator = torch_generator(*round_key, Purpose.SHARED_MASK)
     mask = torch.zeros(size, dtype=dtype)
-    for start, stop in _segments(layout, size, randk.scope):
+    for start, stop in scoped_segments(layout, size, randk.scope):
         k = _kept(randk.fraction, stop - start)
         if k:
             order = torch.randperm(stop - start, generator=generator)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import ClassVar, Literal, Protocol
 
 import torch
@@ -40,25 +41,6 @@ class ClientContext:
     payload: dict[str, torch.Tensor] = field(default_factory=dict)  # the server's broadcast
     local_steps: int = 0  # K actually run this round
     lr: float = 0.0  # η of the local trainer
-    # ‖Δ‖₂ the client computed already (its finiteness check): ``with_known_norm``
-    known_norm: tuple[torch.Tensor, int, float] | None = None
-
-    def with_known_norm(self, update: torch.Tensor, norm: float) -> ClientContext:
-        """This context, knowing ‖update‖₂ = ``norm`` for as long as ``update`` is unchanged
-        (an inference-mode tensor has no version counter: its norm is not kept)."""
-        if update.is_inference():
-            return self
-        return replace(self, known_norm=(update, update._version, norm))
-
-    def l2_norm(self, update: torch.Tensor) -> float:
-        """‖update‖₂: the known norm for the very tensor it was computed on, not modified in
-        place since (torch's version counter), else computed (a pass over d floats); the same
-        number either way, so clipping's bound holds exactly."""
-        if self.known_norm is not None:
-            tensor, version, norm = self.known_norm
-            if tensor is update and update._version == version:
-                return norm
-        return float(torch.linalg.vector_norm(update))
 
 
 def layer_segments(layout: ParamLayout | None, size: int) -> list[tuple[int, int]]:
@@ -69,9 +51,22 @@ def layer_segments(layout: ParamLayout | None, size: int) -> list[tuple[int, int
     return list(zip(offsets[:-1], offsets[1:], strict=True))
 
 
+def scoped_segments(layout: ParamLayout | None, size: int, scope: str) -> list[tuple[int, int]]:
+    """The groups a per-group operation (top-k, LUS) runs in: the whole update (``global``),
+    each module's tensors together (``module``), else each parameter tensor (top-k's ``layer``,
+    LUS's ``tensor``)."""
+    if scope == "global":
+        return [(0, size)]
+    if scope == "module":
+        return module_segments(layout, size)
+    return layer_segments(layout, size)
+
+
+@lru_cache(maxsize=32)
 def module_segments(layout: ParamLayout | None, size: int) -> list[tuple[int, int]]:
     """(start, stop) of every module's tensors together (``conv1.weight`` and ``conv1.bias``:
-    one segment; they are adjacent in the layout); one segment without a layout."""
+    one segment; they are adjacent in the layout); one segment without a layout. Found once
+    per layout (every client of every round asks), so callers must not modify the list."""
     if layout is None:
         return [(0, size)]
     segments: list[tuple[int, int]] = []
@@ -113,8 +108,10 @@ class Clip:
     num_layers: int | None = None
     selects_by_value: ClassVar[bool] = False
 
-    def apply(self, update, ctx):
-        norm = ctx.l2_norm(update)
+    def apply(self, update, ctx, norm: float | None = None):
+        """``norm``: ‖update‖₂ if the caller has it (the same number: no second pass)."""
+        if norm is None:
+            norm = float(torch.linalg.vector_norm(update))
         ctx.stats["pre_clip_norm"] = norm
         ctx.stats["alpha"] = min(1.0, self.clip_norm / norm) if norm > 0 else 1.0
         if self.scope == "flat":

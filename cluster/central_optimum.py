@@ -13,6 +13,7 @@ not logged (``eval_train`` still logs F(x^t)).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from datasets.store import ShardStore
@@ -56,12 +57,10 @@ def central_optimum(store: ShardStore, task_name: str, weight_decay: float) -> f
 
 
 def _weighted_rows(store: ShardStore, task) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Every client's training rows (float64, flattened), labels and weights 1/(M·n_i)."""
-    parts = [store.client(cid) for cid in range(store.num_clients)]
-    parts = [p for p in parts if len(p.y)]
-    rows = torch.cat([task.preprocess(torch.tensor(p.x)).double().flatten(1) for p in parts])
-    labels = torch.cat([torch.tensor(p.y, dtype=torch.long) for p in parts])
-    weights = torch.cat(
-        [torch.full((len(p.y),), 1.0 / (len(parts) * len(p.y)), dtype=torch.float64) for p in parts]
-    )
-    return rows, labels, weights
+    """Every client's training rows (float64, flattened), labels and weights 1/(M·n_i), M the
+    clients with rows (one read of the client-ordered store)."""
+    arrays = store.train_rows()
+    sizes = store.client_sizes
+    weights = np.repeat(1.0 / (np.count_nonzero(sizes) * np.maximum(sizes, 1)), sizes)
+    rows = task.preprocess(torch.tensor(arrays.x)).double().flatten(1)
+    return rows, torch.tensor(arrays.y, dtype=torch.long), torch.from_numpy(weights)

@@ -241,6 +241,10 @@ class ShardStore:
         """The training rows of one client."""
         return self._rows("train", int(self.offsets[client_id]), int(self.offsets[client_id + 1]))
 
+    def train_rows(self) -> ClientArrays:
+        """Every client's training rows, in client order (client i's are ``offsets[i]:``)."""
+        return self._rows("train", 0, int(self.offsets[-1]))
+
     def test_rows(self, start: int = 0, stop: int | None = None) -> ClientArrays:
         """A slice of the (pooled) test set."""
         stop = self.manifest["num_test"] if stop is None else stop

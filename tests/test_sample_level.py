@@ -282,16 +282,20 @@ def test_paper_configs_claim_the_papers_epsilon_with_its_accountant(
     assert claim.epsilon(config.total_rounds) < claim.epsilon(config.total_rounds, "paper")
 
 
-def test_calibration_uses_the_record_level_accountant(store_root):
-    rounds = small_config(
+def _rounds_for_epsilon_2(store_root, *extra):
+    """DP-SCAFFOLD at σ_g = 10 with T calibrated to ε = 2."""
+    return small_config(
         store_root,
         *SCAFFOLD_DP,
         "algorithm.noise_multiplier=10",
         "privacy.target_epsilon=2.0",
         "privacy.calibrate=rounds",
-        "algorithm.warm_start=true",
+        *extra,
     )
-    after = calibrated(rounds)
+
+
+def test_calibration_uses_the_record_level_accountant(store_root):
+    after = calibrated(_rounds_for_epsilon_2(store_root, "algorithm.warm_start=true"))
     claim = privacy_claim(after, after.build_algorithm(), [80] * 20)
     # T counts training rounds; the 16 warm-up rounds are charged on top of them.
     assert after.rounds > 1 and after.total_rounds == after.rounds + 16
@@ -312,15 +316,7 @@ def test_calibration_uses_the_record_level_accountant(store_root):
 
     # DP-SCAFFOLD's own accountant ("paper") calibrates too: a sample-level config never asks
     # the client-level registry, which has no "paper" (it raised there).
-    paper = small_config(
-        store_root,
-        *SCAFFOLD_DP,
-        "algorithm.noise_multiplier=10",
-        "privacy.target_epsilon=2.0",
-        "privacy.calibrate=rounds",
-        "privacy.accountant=paper",
-    )
-    after = calibrated(paper)
+    after = calibrated(_rounds_for_epsilon_2(store_root, "privacy.accountant=paper"))
     claim = privacy_claim(after, after.build_algorithm(), [80] * 20)
     assert claim.epsilon(after.total_rounds, "paper") <= 2.0
     assert claim.epsilon(after.total_rounds + 1, "paper") > 2.0

@@ -26,30 +26,26 @@ def test_clip_output_norm_never_exceeds_c(seed):
         assert torch.linalg.vector_norm(out).item() <= c * (1 + 1e-6)
 
 
-def test_clip_reuses_the_clients_norm_only_for_the_unchanged_tensor():
+def test_clip_reuses_the_clients_norm_only_where_its_input_is_the_pipelines():
     """The client's finiteness check computed ‖Δ‖₂: the flat clip reads it instead of another
-    pass, but only for that very tensor, not modified in place since; any other input (a
-    transform's output, or Δ changed in place) has its norm computed, so the bound holds."""
+    pass, but the pipeline hands it over only when no transform runs before the mechanism (the
+    clip's input is then Δ itself); after a transform the norm is computed, so the bound holds."""
+    from algorithms.lus import LocalUpdateSparsification
+
     update = torch.full((100,), 0.5)  # ‖update‖ = 5
-    ctx = _ctx().with_known_norm(update, 5.0)
-    assert torch.allclose(Clip(1.0).apply(update, ctx), update / 5)
+    ctx = _ctx()
+    assert torch.allclose(Clip(1.0).apply(update, ctx, 5.0), update / 5)
     assert ctx.stats["pre_clip_norm"] == 5.0
     # A planted (wrong) norm shows which one the clip used.
-    planted = _ctx().with_known_norm(update, 2.0)
-    Clip(1.0).apply(update, planted)
+    mechanism = GaussianMechanism(Clip(1.0), 0.0)
+    planted = _ctx()
+    UpdatePipeline(mechanism=mechanism)(update, planted, norm=2.0)
     assert planted.stats["pre_clip_norm"] == 2.0
-    other = update.clone()
-    Clip(1.0).apply(other, planted)
-    assert planted.stats["pre_clip_norm"] == pytest.approx(5.0)
-    update.mul_(4)  # in place: ‖update‖ = 20, the known norm is stale
-    out = Clip(1.0).apply(update, planted)
-    assert planted.stats["pre_clip_norm"] == pytest.approx(20.0)
+    before = (LocalUpdateSparsification(0.0),)  # c = 0 returns the very same tensor
+    computed = _ctx()
+    out = UpdatePipeline(before, mechanism)(update, computed, norm=2.0)
+    assert computed.stats["pre_clip_norm"] == pytest.approx(5.0)
     assert torch.linalg.vector_norm(out).item() == pytest.approx(1.0)
-    with torch.inference_mode():
-        frozen = torch.full((100,), 0.5)
-    ctx = _ctx().with_known_norm(frozen, 2.0)  # no version counter: not kept
-    Clip(1.0).apply(frozen, ctx)
-    assert ctx.stats["pre_clip_norm"] == pytest.approx(5.0)
 
 
 def test_clip_is_identity_under_c_and_records_stats():
