@@ -14,16 +14,19 @@
   the first.
 
 The plain loop (``plain_loop``) is one process at torch's default threads: copy the model, SGD
-over the client's batches, clip the delta, sum, add N(0, σ²C²), average, step. It reads the
-same shard store, the same cohorts (``sample_cohort``) and the same seeded batch and noise
-streams (``algorithms.rng``) as the project, so at σ = 0 both end with the same weights up to
-float rounding (``--check-equal`` reports the largest difference after 3 rounds, sequential and
-vectorised). Each workload prints one JSON line: both times and their ratios. The project's
-executors: ``ray`` (2 actors × 1 CPU) and ``local`` (in process, one host thread at one intra-op
-thread per thread of the plain loop) as configured by default (``executor.vectorize: auto``:
-clients vmapped where that is the same computation and faster, ``algorithms/vectorized.py``;
-``channels_last: auto``), each also ``_sequential`` (``vectorize: false``: one client at a
-time) and ``_vectorized`` (``true``: vmapped wherever it is the same computation).
+over the client's batches, clip the delta, sum, add N(0, σ²C²), average, step. It reads the same
+shard store, the same cohorts (``sample_cohort``) and the same seeded batch and noise streams
+(``algorithms.rng``) as the project, so at σ = 0 both end with the same weights up to float
+rounding (``--check-equal`` reports the largest difference after 3 rounds, the loop at the
+project's one intra-op thread: sequential, vectorised, and sequential with NCHW convolutions,
+which is the loop's computation; A's CNN amplifies other kernels' rounding, and even another
+thread count's, by a CPU-dependent amount). Each workload prints one JSON
+line: both times and their ratios. The project's executors: ``ray`` (2 actors × 1 CPU) and
+``local`` (in process, one host thread at one intra-op thread per thread of the plain loop) as
+configured by default (``executor.vectorize: auto``: clients vmapped where that is the same
+computation and faster, ``algorithms/vectorized.py``; ``channels_last: auto``), each also
+``_sequential`` (``vectorize: false``: one client at a time) and ``_vectorized`` (``true``:
+vmapped wherever it is the same computation).
 
 Usage (repository root)::
 
@@ -43,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -102,6 +106,17 @@ WORKLOADS = {
 
 def workload_config(name: str, overrides: list[str]) -> ExperimentConfig:
     return load_config(None, [*COMMON, *WORKLOADS[name], *overrides])
+
+
+@contextmanager
+def torch_threads(count: int):
+    """torch's (process-wide) intra-op thread count set to ``count`` for a block."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def plain_loop(config: ExperimentConfig, store) -> tuple[torch.Tensor, dict]:
@@ -218,6 +233,7 @@ TIMES = (
     "process_seconds",
 )
 RATIOS = ("wall_seconds", "seconds_per_round", "process_seconds")
+NCHW = "executor.channels_last=false"
 
 
 def _medians(runs: list[dict]) -> dict:
@@ -290,10 +306,18 @@ def run_workload(
         }
     if check_equal:
         exact = workload_config(name, [*overrides, "algorithm.noise_multiplier=0", "rounds=3"])
-        theirs, _ = plain_loop(exact, store)
+        with torch_threads(1):  # the project's hosts' intra-op threads: oneDNN's kernels vary
+            theirs, _ = plain_loop(exact, store)
+        variants = {  # the last runs the loop's kernels: one client at a time, NCHW
+            "local_sequential": exact,
+            "local_vectorized": exact,
+            "local_sequential_nchw": config_from_dict(
+                exact.to_dict(), ["executor.channels_last=false"]
+            ),
+        }
         line["sigma0_max_abs_weight_difference"] = {
-            executor: float((project(exact, executor)[0] - theirs).abs().max())
-            for executor in ("local_sequential", "local_vectorized")
+            label: float((project(config, label.removesuffix("_nchw"))[0] - theirs).abs().max())
+            for label, config in variants.items()
         }
     disconnect()
     return line

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+import torch
 
 from actors.client_host import (
     AUTO_KERNELS,
@@ -108,8 +109,9 @@ class LocalExecutor(HostPool):
     """``num_hosts`` hosts in this process, on as many threads (one host, or a model with
     dropout: the hosts take turns on the calling thread).
 
-    Each host trains its share of a round at torch's intra-op thread count, which the caller
-    sets (``torch.set_num_threads``: ``executor.cpus_per_actor``)."""
+    Each host trains its share of a round at torch's intra-op thread count: ``intra_op_threads``
+    (``executor.cpus_per_actor``) from here until ``close``, which gives the process its own
+    count back (it is process-wide), or the caller's when None."""
 
     def __init__(
         self,
@@ -121,8 +123,12 @@ class LocalExecutor(HostPool):
         device: str = "cpu",
         test_per_client: int | None = None,
         kernels: Kernels = AUTO_KERNELS,
+        intra_op_threads: int | None = None,
     ):
         super().__init__(store, algorithm, num_hosts)
+        self._callers_threads = torch.get_num_threads()
+        if intra_op_threads is not None:
+            torch.set_num_threads(intra_op_threads)
         self.hosts = [
             ClientHost(
                 store.location,
@@ -153,6 +159,7 @@ class LocalExecutor(HostPool):
     def close(self) -> None:
         if self._threads is not None:
             self._threads.shutdown()
+        torch.set_num_threads(self._callers_threads)
 
 
 class RayExecutor(HostPool):

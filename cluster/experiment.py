@@ -8,8 +8,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from actors.client_host import Kernels
 from algorithms.layout import ParamLayout
 from cluster.checkpoint import checkpoint_path, save_checkpoint
@@ -56,7 +54,6 @@ def make_executor(
     e = config.executor
     if e.kind == "local":
         # In process, each host is an "actor" on a thread, with the same thread budget.
-        torch.set_num_threads(max(1, int(e.cpus_per_actor)))
         return LocalExecutor(
             store,
             config.task,
@@ -66,6 +63,7 @@ def make_executor(
             device="cuda" if e.gpus_per_actor > 0 else "cpu",
             test_per_client=config.data.test_per_client,
             kernels=Kernels(e.vectorize, e.channels_last),
+            intra_op_threads=max(1, int(e.cpus_per_actor)),
         )
     from cluster.ray_runtime import check_resources, connect
 

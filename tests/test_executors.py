@@ -8,6 +8,7 @@ import torch
 from helpers import run_local, small_config
 
 from actors.client_host import ClientHost
+from benchmarks.workloads import torch_threads
 from cluster.config import ConfigError
 from cluster.executors import LocalExecutor
 from cluster.experiment import open_store
@@ -106,6 +107,21 @@ def test_local_executor_on_a_gpu_needs_one(store_root):
         preflight(config)
     assert "executor.gpus_per_actor" in str(error.value)
     assert "GPUs, this machine has 0" in str(error.value)
+
+
+def test_the_local_executor_gives_the_caller_its_thread_count_back(store_root):
+    """``executor.cpus_per_actor`` is the hosts' intra-op thread count while the executor is
+    open; torch's count is process-wide, so a notebook or benchmark calling ``run_experiment``
+    keeps its own afterwards."""
+    from cluster.experiment import make_executor
+
+    config = small_config(store_root, *DP, "executor.cpus_per_actor=1")
+    store, _ = open_store(config)
+    with torch_threads(3):
+        executor = make_executor(config, store)
+        assert torch.get_num_threads() == 1
+        executor.close()
+        assert torch.get_num_threads() == 3
 
 
 def test_partial_sums_of_float32_uploads_are_the_float64_sums_torch_computes():
