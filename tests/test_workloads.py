@@ -10,6 +10,8 @@ EPYC); tests/test_kernels.py and tests/test_vectorized.py check those kernels pe
 nothing amplifies. B, a logistic regression, is smooth and is checked as configured by default
 (vectorised)."""
 
+from pathlib import Path
+
 import pytest
 
 from benchmarks.workloads import (
@@ -75,3 +77,24 @@ def test_repeats_alternate_and_report_medians(store_root, tmp_path, monkeypatch)
     pairs = zip(ours["repeats"], plain["repeats"], strict=True)
     ratios = sorted(a["seconds_per_round"] / b["seconds_per_round"] for a, b in pairs)
     assert line["ratio_local"]["seconds_per_round"] == pytest.approx(sum(ratios) / 2)
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="per-thread CPU needs Linux /proc")
+def test_round_cpu_reads_the_threads_cpu_between_two_rounds(store_root, tmp_path, monkeypatch):
+    """benchmarks/round_cpu.py: the CPU of two host threads (the training), the driver and the
+    rest, per round between two rounds' records; the floor is their total over the cores."""
+    import threading
+
+    from benchmarks.round_cpu import round_cpu, thread_cpu_seconds
+
+    monkeypatch.setenv("DPFL_CHECKPOINT_DIR", str(tmp_path))
+    small = ["data.num_clients=200", "cohort.size=20", f"data.store_root={store_root}"]
+    line = round_cpu("B", [*small, "executor.num_actors=2"], first=2, last=5)
+    assert line["host_threads"] == 2
+    cpu = line["cpu_ms_per_round"]
+    assert set(cpu) <= {"host", "driver", "other"} and cpu["host"] > 0
+    assert line["total_cpu_ms_per_round"] == pytest.approx(sum(cpu.values()), abs=0.2)
+    floor = line["total_cpu_ms_per_round"] / line["cores"]
+    assert line["floor_ms_per_round"] == pytest.approx(floor, abs=0.1)
+    assert line["wall_ms_per_round"] > 0
+    assert threading.main_thread().native_id in thread_cpu_seconds()
