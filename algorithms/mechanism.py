@@ -133,6 +133,11 @@ class GaussianMechanism:
             raise ValueError("Gaussian noise needs a bounded input: a finite clip norm")
         if self.placement == "server" and not self.support.public:
             raise ValueError(f"noise on {self.support.description} can only be client-placed")
+        if self.placement == "server" and self.clip.rule == "median":
+            raise ValueError(
+                "median clipping scales each client's noise to its own C_i, which only the "
+                "client knows: client- or local-placed noise"
+            )
 
     def bind(self, layout: ParamLayout) -> GaussianMechanism:
         return replace(self, clip=self.clip.bind(layout), between=bind_all(self.between, layout))
@@ -154,6 +159,12 @@ class GaussianMechanism:
 
     @property
     def unaccounted_reason(self) -> str | None:
+        if self.clip.rule == "median":
+            return (
+                "clip_rule median: each client clips every tensor to C_i, the median of its own "
+                "per-tensor update norms, and scales its noise to C_i (the DP-FedPGN authors' "
+                "code), so the noise depends on the data and no sensitivity holds for all clients"
+            )
         for transform in self.between:
             if getattr(transform, "unaccounted_reason", None):
                 return transform.unaccounted_reason
@@ -178,15 +189,25 @@ class GaussianMechanism:
             update = update * mask  # nothing is released outside the support
         if self.placement == "server" or self.noise_multiplier == 0:
             return update
-        std = self.sum_noise_std
-        if self.placement == "client":
-            std /= math.sqrt(ctx.nominal_cohort_size)
+        std = self.client_noise_std(ctx)
         noise = torch.randn(
             update.shape, generator=ctx.noise_generator, device=update.device, dtype=update.dtype
         )
         if mask is not None:
             noise = noise * mask
         return update + std * noise
+
+    def client_noise_std(self, ctx: ClientContext) -> float:
+        """The per-coordinate std of one client's noise: its share σSk/√m of Z (``client``), or
+        all of it (``local``). Under the median rule S is the client's own C_i (``Clip``), as
+        in the DP-FedPGN authors' code: std σ·C_i·k/√m."""
+        if self.clip.rule == "median":
+            std = self.noise_multiplier * ctx.stats["client_clip_norm"] * self.noise_scale
+        else:
+            std = self.sum_noise_std
+        if self.placement == "client":
+            std /= math.sqrt(ctx.nominal_cohort_size)
+        return std
 
     def server_noise(
         self,

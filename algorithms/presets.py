@@ -190,20 +190,23 @@ def scaffold(trainer: LocalTrainer, server_lr: float = 1.0) -> Algorithm:
 
 @dataclass(frozen=True)
 class ClientDP:
-    """Client-level DP of a preset: clip to C (flat or per layer), Gaussian noise σ·S on the sum."""
+    """Client-level DP of a preset: clip to C (flat or per layer), Gaussian noise σ·S on the sum.
+
+    ``clip_rule="median"``: the DP-FedPGN authors' per-client median clip (``Clip``); no ε."""
 
     clip_norm: float
     noise_multiplier: float
     noise_placement: Placement = "server"
     noise_scale: float = 1.0  # m / noise_cohort_size
     clip_scope: Literal["flat", "layer"] = "flat"
+    clip_rule: Literal["fixed", "median"] = "fixed"
 
     def pipeline(
         self, before=(), between=(), after=(), support: NoiseSupport = DENSE
     ) -> UpdatePipeline:
         """``before`` → [Clip → ``between`` → noise on ``support``] → ``after``."""
         mechanism = GaussianMechanism(
-            Clip(self.clip_norm, self.clip_scope),
+            Clip(self.clip_norm, self.clip_scope, rule=self.clip_rule),
             self.noise_multiplier,
             self.noise_placement,
             self.noise_scale,

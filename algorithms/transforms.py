@@ -101,20 +101,33 @@ class Clip:
     is scaled to that bound. ``num_layers`` is set by ``bind`` from the model's layout.
     Records the pre-clip norm, whether it was clipped, α = min(1, C/‖Δ‖₂) (flat norms) and the
     post-clip norm (min(‖Δ‖₂, C) flat; (Σ_l min(‖Δ_l‖₂, C)²)^½ per layer).
+
+    ``rule="median"`` (per layer only; the DP-FedPGN authors' code, spec 003 §1c): C is not
+    given but each client's own C_i = the median of its per-tensor norms ‖Δ_l‖₂ (``torch``'s
+    median: the lower middle one for an even L), recorded as ``client_clip_norm``; the noise is
+    then scaled to C_i (``GaussianMechanism``). The bound depends on the client's data, so there
+    is none: ``output_bound`` is ∞ and no accountant's ε holds.
     """
 
     clip_norm: float
     scope: Literal["flat", "layer"] = "flat"
     num_layers: int | None = None
+    rule: Literal["fixed", "median"] = "fixed"
     selects_by_value: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        if self.rule not in ("fixed", "median"):
+            raise ValueError(f"clip rule must be fixed or median, got {self.rule!r}")
+        if self.rule == "median" and self.scope != "layer":
+            raise ValueError("the median rule takes the median of per-layer norms: scope layer")
 
     def apply(self, update, ctx, norm: float | None = None):
         """``norm``: ‖update‖₂ if the caller has it (the same number: no second pass)."""
         if norm is None:
             norm = float(torch.linalg.vector_norm(update))
         ctx.stats["pre_clip_norm"] = norm
-        ctx.stats["alpha"] = min(1.0, self.clip_norm / norm) if norm > 0 else 1.0
         if self.scope == "flat":
+            ctx.stats["alpha"] = min(1.0, self.clip_norm / norm) if norm > 0 else 1.0
             ctx.stats["clipped"] = float(norm > self.clip_norm)
             ctx.stats["post_clip_norm"] = min(norm, self.clip_norm)
             return update if norm <= self.clip_norm else update * (self.clip_norm / norm)
@@ -122,12 +135,19 @@ class Clip:
         segments = layer_segments(ctx.layout, update.numel())
         sizes = torch.tensor([stop - start for start, stop in segments], device=update.device)
         norms = torch.segment_reduce(update * update, "sum", lengths=sizes).sqrt()
-        scale = torch.where(norms > self.clip_norm, self.clip_norm / norms, 1.0)
-        ctx.stats["clipped"] = float((norms > self.clip_norm).any())
-        ctx.stats["post_clip_norm"] = float(torch.clamp(norms, max=self.clip_norm).norm())
+        clip_norm = self.clip_norm
+        if self.rule == "median":
+            clip_norm = float(norms.median())
+            ctx.stats["client_clip_norm"] = clip_norm
+        ctx.stats["alpha"] = min(1.0, clip_norm / norm) if norm > 0 else 1.0
+        scale = torch.where(norms > clip_norm, clip_norm / norms, 1.0)
+        ctx.stats["clipped"] = float((norms > clip_norm).any())
+        ctx.stats["post_clip_norm"] = float(torch.clamp(norms, max=clip_norm).norm())
         return update * torch.repeat_interleave(scale.to(update.dtype), sizes)
 
     def output_bound(self, input_bound):
+        if self.rule == "median":
+            return math.inf  # C_i is the client's own: no bound holds for every client
         if self.scope == "flat":
             return min(input_bound, self.clip_norm)
         if self.num_layers is None:

@@ -183,10 +183,10 @@ class PrivacyClaim(ClaimStatus):
         m = self.mechanism
         tags = {
             **self.base_tags("client"),
-            "privacy.clipping": "adaptive" if self.count_noise_on_sum is not None else "fixed",
+            "privacy.clipping": "adaptive" if self.count_noise_on_sum is not None else m.clip.rule,
             "privacy.noise_placement": m.placement,
             "privacy.noise_support": m.support.description,
-            "privacy.sensitivity": f"{m.sensitivity:g}",
+            "privacy.sensitivity": f"{m.sensitivity:g}" if m.clip.rule == "fixed" else "none",
             "privacy.noise_multiplier": f"{self.noise_multiplier:g}",
             "privacy.update_noise_multiplier": f"{self.update_noise_multiplier:g}",
             "privacy.sample_rate": f"{self.sample_rate:g}",
@@ -426,6 +426,15 @@ def privacy_report(
         noise_cohort_size=claim.noise_cohort_size,
         population=config.population,
     )
+    if m.clip.rule == "median":  # no C, no S: each client's own median sizes its noise
+        report.update(
+            clip_norm=None,
+            clipping=f"per-client median, {m.clip.scope} L2",
+            sensitivity=None,
+            noise_std_on_sum=f"σ·C_i·{m.noise_scale:g}{'/√m' if m.placement == 'client' else ''}"
+            " from each client i (C_i its median)",
+            noise_std_on_mean="the sum's, divided by the cohort size",
+        )
     if not claim.dp_valid:
         report.update(epsilon=None, epsilon_not_available=claim.unaccounted_reason)
         return report

@@ -48,7 +48,11 @@ def initial_params(
 
 
 # Per-client stats whose round mean is logged under another name.
-STAT_METRICS = {"alpha": "mean_alpha", "post_clip_norm": "mean_post_clip_norm"}
+STAT_METRICS = {
+    "alpha": "mean_alpha",
+    "post_clip_norm": "mean_post_clip_norm",
+    "client_clip_norm": "mean_client_clip_norm",
+}
 
 
 def round_metrics(total: PartialAggregate) -> dict[str, float]:

@@ -29,6 +29,7 @@ LITERAL = {
     "dp_fedsam_topk noisy": ("algorithm.name=dp_fedsam_topk", "algorithm.mask_source=noisy"),
     "fed_smp_topk kept": ("algorithm.name=fed_smp_topk", "algorithm.noise_support=kept"),
     "dp_scaffold median": ("algorithm.name=dp_scaffold", "algorithm.clip_rule=median"),
+    "dp_fedpgn median": ("algorithm.name=dp_fedpgn", "algorithm.clip_rule=median"),
     "dpsfl paper": ("algorithm.name=dpsfl", "algorithm.sketch_noise=paper"),
     "dp_fedavg_blurs realised": (
         "algorithm.name=dp_fedavg_blurs",

@@ -107,7 +107,7 @@ def validate_privacy(c: ExperimentConfig) -> None:
             "remove it and set algorithm.noise_multiplier, or use the accounted variant "
             + (
                 "(clip_rule: fixed with a clip_norm)"
-                if c.sample_level
+                if c.sample_level or c.algorithm.clip_rule == "median"
                 else "(privacy.sampling: match)"
                 if c.sampling_mismatch
                 else "(algorithm.mean_denominator: nominal)"

@@ -82,7 +82,7 @@ class AlgorithmConfig:
     mean_denominator: Literal["nominal", "realised"] = "nominal"
     # Sample-level presets (dp_fedavg_sample, dp_scaffold): DP-SGD in every local step
     adjacency: Literal["replace_one", "add_remove"] | None = None  # replace_one (the paper)
-    clip_rule: Literal["fixed", "median"] | None = None  # median: the authors' code; no ε
+    clip_rule: Literal["fixed", "median"] | None = None  # median: the authors' codes; no ε
     warm_start: bool | None = None  # dp_scaffold: ⌈4/l⌉ warm-up rounds computing c_i⁰
     # paper: warm-up before the rounds; authors_code: inside them, c_i⁰ of all at round 0
     warm_start_variant: Literal["paper", "authors_code"] | None = None
@@ -178,8 +178,11 @@ def validate_algorithm(c: ExperimentConfig) -> None:
                 raise ConfigError(
                     "algorithm.clip_norm",
                     a.clip_norm,
-                    "clip_rule median picks C from every batch; remove clip_norm",
+                    "clip_rule median picks C from the data (each batch's per-example norms, or "
+                    "each client's per-tensor update norms); remove clip_norm",
                 )
+            if not c.sample_level:
+                validate_client_median(c)
         elif a.clip_norm is None or not a.clip_norm > 0:
             raise ConfigError(
                 "algorithm.clip_norm",
@@ -236,6 +239,34 @@ def validate_algorithm(c: ExperimentConfig) -> None:
         validate_sketch(c)
 
 
+def validate_client_median(c) -> None:
+    """``clip_rule: median`` at client level (the DP-FedPGN authors' code): every tensor of a
+    client's update clipped to the median of its per-tensor norms, noise scaled to that median
+    by the client itself."""
+    a = c.algorithm
+    if a.name in SKETCH_PRESETS:
+        raise ConfigError(
+            "algorithm.clip_rule",
+            a.clip_rule,
+            f"{a.name} clips its batch gradient flat before sketching; the median rule is for "
+            "model updates clipped per layer: remove it",
+        )
+    if a.clip_scope == "flat":
+        raise ConfigError(
+            "algorithm.clip_scope",
+            a.clip_scope,
+            "clip_rule median clips each tensor to the median of the client's per-tensor norms: "
+            "set clip_scope: layer (or leave it unset)",
+        )
+    if c.noise_placement == "server":
+        raise ConfigError(
+            "algorithm.noise_placement",
+            c.noise_placement,
+            "clip_rule median scales each client's noise to its own median, which only the "
+            "client knows: use noise_placement: client (the authors' code) or local",
+        )
+
+
 def _validate_preset_options(a: AlgorithmConfig) -> None:
     accepted = inspect.signature(PRESETS[a.name]).parameters
     for name, value in a.preset_options().items():
@@ -251,14 +282,13 @@ def _validate_preset_options(a: AlgorithmConfig) -> None:
             raise ConfigError(
                 f"algorithm.{name}", getattr(a, name), f"{a.name} is non-private; remove it"
             )
-    for name in ("adjacency", "clip_rule"):
-        if getattr(a, name) is not None and a.name not in SAMPLE_LEVEL_PRESETS:
-            raise ConfigError(
-                f"algorithm.{name}",
-                getattr(a, name),
-                f"a DP-SGD option; {a.name} is client-level: remove it, or use "
-                f"{' or '.join(sorted(SAMPLE_LEVEL_PRESETS))}",
-            )
+    if a.adjacency is not None and a.name not in SAMPLE_LEVEL_PRESETS:
+        raise ConfigError(
+            "algorithm.adjacency",
+            a.adjacency,
+            f"a DP-SGD option; {a.name} is client-level: remove it, or use "
+            f"{' or '.join(sorted(SAMPLE_LEVEL_PRESETS))}",
+        )
     for name in ("blur_lambda", "blur_bound"):
         if getattr(a, name) is not None and getattr(a, name) < 0:
             raise ConfigError(f"algorithm.{name}", getattr(a, name), "must be >= 0")

@@ -170,6 +170,8 @@ class ExperimentConfig:
         """Where the noise is added: the config's choice, else the preset's paper default."""
         if self.algorithm.noise_placement is not None:
             return self.algorithm.noise_placement
+        if self.algorithm.clip_rule == "median" and not self.sample_level:
+            return "client"  # each client scales its noise to its own median
         return DEFAULT_PLACEMENT.get(self.algorithm.name, "server")
 
     @property
@@ -219,12 +221,14 @@ class ExperimentConfig:
         if "weighting" in accepted:
             kwargs["weighting"] = a.weighting
         if "dp" in accepted:
+            median = a.clip_rule == "median"
             kwargs["dp"] = ClientDP(
-                a.clip_norm,
+                math.nan if median else a.clip_norm,  # median: each client's own
                 noise_multiplier,
                 self.noise_placement,
                 self.noise_scale,
-                a.clip_scope or "flat",
+                a.clip_scope or ("layer" if median else "flat"),
+                a.clip_rule or "fixed",
             )
         if "sample_dp" in accepted:
             kwargs["sample_dp"] = SampleDP(
