@@ -30,7 +30,9 @@ is), so the sum carries √m times Z.
 ``between`` transforms act after the clip and before the noise; the sensitivity is the clip's
 bound carried through their ``output_bound`` (a count sketch raises it: ``algorithms.sketch``).
 A transform that claims a bound it does not have (``unaccounted_reason``, DPSFL's C√l) makes
-the mechanism unaccounted.
+the mechanism unaccounted, and so does a clip whose bound is each client's own (``Clip``'s
+median rule, the DP-FedPGN authors' code: client i's noise std is σ·C_i·k/√m, C_i from its
+data).
 """
 
 from __future__ import annotations
