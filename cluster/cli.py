@@ -32,6 +32,10 @@ SUBCOMMANDS = {
         "cluster.compare_cli",
         "run several presets at the same ε over several seeds; mean ± std table",
     ),
+    "landscape": (
+        "cluster.landscape_cli",
+        "loss-landscape slices around a checkpoint's model (filter-normalised directions)",
+    ),
 }
 
 
