@@ -100,7 +100,8 @@ def run_setup(base: dict, overrides: list[str], changes: dict | None) -> tuple[d
 
 
 BUDGET_KEYS = ("privacy.calibrate", "privacy.target_epsilon")
-# The papers' unaccounted variants: the top-k ones, and BLUR+LUS's realised denominator
+# The papers' unaccounted variants: the top-k ones, and BLUR+LUS's realised denominator (the
+# authors' median clips, clip_rule: median, run at the σ of the base's fixed clip norm)
 LITERAL_OPTIONS = ("noise_support", "mask_source", "mean_denominator")
 
 
@@ -138,6 +139,8 @@ def _at_claimed_sigma(base: dict, overrides: list[str], merged: dict) -> tuple[d
     twin = copy.deepcopy(merged)
     for option in LITERAL_OPTIONS:
         twin["algorithm"].pop(option, None)
+    if twin["algorithm"].pop("clip_rule", None) == "median":  # the base's fixed C, accounted
+        twin["algorithm"]["clip_norm"] = (base.get("algorithm") or {}).get("clip_norm")
     sigma = calibrated(config_from_dict(twin)).algorithm.noise_multiplier
     return _without_budget(base), [*kept, f"algorithm.noise_multiplier={sigma!r}"]
 

@@ -228,3 +228,32 @@ def test_a_realised_denominator_runs_at_its_accounted_twins_sigma_with_no_budget
             None,
             [f"{k}={v}" for k, v in _flat(base).items()] + ["algorithm.mean_denominator=realised"],
         )
+
+
+@pytest.mark.parametrize("name", ["dp_fedpgn", "dp_scaffold"])
+def test_a_median_clip_runs_at_the_sigma_of_the_bases_fixed_clip(store_root, name):
+    """The authors' median clips (client level: DP-FedPGN's; sample level: DP-SCAFFOLD's) have
+    no ε; in a comparison at one ε they run at the σ the base's fixed clip is calibrated to."""
+    from cluster.compare import run_setup
+    from cluster.config import load_config
+    from cluster.privacy_plan import calibrated
+
+    base = {
+        "data": {"num_clients": 20, "store_root": str(store_root)},
+        "algorithm": {"name": name, "clip_norm": 0.5, "local": {"local_steps": 2}},
+        "cohort": {"sampling": "fixed", "size": 5},
+        "privacy": {"target_epsilon": 4.0, "calibrate": "sigma"},
+        "rounds": 3,
+    }
+    median = {"algorithm.clip_rule": "median", "algorithm.clip_norm": None}
+    literal_base, overrides = run_setup(base, [], median)
+    assert literal_base["privacy"]["calibrate"] == "none"
+    twin = calibrated(load_config(None, [f"{k}={v}" for k, v in _flat(base).items()]))
+    sigma = twin.algorithm.noise_multiplier
+    assert overrides == [f"algorithm.noise_multiplier={sigma!r}"]
+    run = load_config(
+        None,
+        [f"{k}={v}" for k, v in _flat(literal_base).items()]
+        + ["algorithm.clip_rule=median", "algorithm.clip_norm=null", *overrides],
+    )
+    assert run.unaccounted_reason is not None and run.algorithm.noise_multiplier == sigma
