@@ -15,3 +15,6 @@ class RoundRecord:
     test_accuracy: float | None = None
     test_loss: float | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    # Each client's ‖Δ_i‖₂ before clipping (dropped clients left out): the distributions of
+    # DP-FedSAM's Fig. 4, BLUR+LUS's Fig. 2 and DP-FedPGN's Fig. 6 (``update_norms.npz``).
+    update_norms: list[float] = field(default_factory=list)

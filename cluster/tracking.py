@@ -180,7 +180,12 @@ class MlflowTracker:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp)
             (out / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-            (out / "history.json").write_text(json.dumps([r.__dict__ for r in history], indent=1))
+            rounds = [{k: v for k, v in r.__dict__.items() if k != "update_norms"} for r in history]
+            (out / "history.json").write_text(json.dumps(rounds, indent=1))
+            if any(r.update_norms for r in history):
+                _save_update_norms(history, out / "update_norms.npz")
+                clip_norm = (config.get("algorithm") or {}).get("clip_norm")
+                _plot_update_norms(history, clip_norm, out / "update_norms.png")
             (out / "summary.json").write_text(json.dumps(summary, indent=1))
             (out / "privacy_report.json").write_text(json.dumps(privacy_report, indent=1))
             shutil.copyfile(model_file, out / "model.pt")
@@ -191,6 +196,57 @@ class MlflowTracker:
 
     def end(self, status: str = "FINISHED") -> None:
         self.client.set_terminated(self.run_id, status)
+
+
+def _save_update_norms(history: list[RoundRecord], path: Path) -> None:
+    """Every round's per-client pre-clip norms, ragged: round r's are
+    ``norms[offsets[i]:offsets[i + 1]]`` where ``rounds[i] == r``."""
+    import numpy as np
+
+    sizes = [len(r.update_norms) for r in history]
+    np.savez_compressed(
+        path,
+        rounds=np.array([r.round for r in history]),
+        offsets=np.concatenate([[0], np.cumsum(sizes)]),
+        norms=np.array([n for r in history for n in r.update_norms], dtype=np.float64),
+        clip_norm=np.array([r.metrics.get("clip_norm", np.nan) for r in history]),
+    )
+
+
+def _plot_update_norms(history: list[RoundRecord], clip_norm: float | None, path: Path) -> None:
+    """``update_norms.png``: histograms of the clients' pre-clip norms at four rounds (first,
+    a third, two thirds, last), and their p10/p50/p90 over the rounds, with the clip norm C
+    (C_t per round where it adapts)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    rounds = [r for r in history if r.update_norms]
+    picks = sorted({rounds[int(i * (len(rounds) - 1) / 3)].round for i in range(4)})
+    fig, (hist, band) = plt.subplots(1, 2, figsize=(9.2, 3.6))
+    finite = np.array([n for r in rounds for n in r.update_norms if np.isfinite(n)])
+    bins = np.linspace(0, finite.max() if finite.size else 1.0, 40)
+    for r in rounds:
+        if r.round in picks:
+            hist.hist(r.update_norms, bins=bins, histtype="step", label=f"round {r.round}")
+    hist.set(xlabel="‖Δ_i‖₂ before clipping", ylabel="clients", title="update norms")
+    xs = [r.round for r in rounds]
+    for q in (10, 50, 90):
+        band.plot(xs, [np.percentile(r.update_norms, q) for r in rounds], label=f"p{q}")
+    adaptive = [(r.round, r.metrics["clip_norm"]) for r in rounds if "clip_norm" in r.metrics]
+    if adaptive:
+        band.plot(*zip(*adaptive, strict=True), "k--", label="C_t")
+    elif isinstance(clip_norm, int | float) and np.isfinite(clip_norm):
+        hist.axvline(clip_norm, color="k", linestyle="--", label="C")
+        band.axhline(clip_norm, color="k", linestyle="--", label="C")
+    band.set(xlabel="round", ylabel="‖Δ_i‖₂", title="quantiles per round")
+    hist.legend(fontsize=7)
+    band.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def _plot_curves(history: list[RoundRecord], path: Path) -> None:

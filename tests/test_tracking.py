@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 from helpers import small_config
 from mlflow.tracking import MlflowClient
@@ -53,6 +54,14 @@ def test_run_is_logged_with_params_metrics_and_artifacts(store_root, tracking_ur
 
     artifacts = {a.path for a in client.list_artifacts(outcome.run_id)}
     assert {"config.yaml", "curves.png", "model.pt", "history.json"} <= artifacts
+    assert {"update_norms.npz", "update_norms.png"} <= artifacts
+    norms = np.load(client.download_artifacts(outcome.run_id, "update_norms.npz"))
+    assert list(norms["rounds"]) == [1, 2, 3, 4]
+    for i, record in enumerate(outcome.result.history):  # the logged quantiles are theirs
+        own = norms["norms"][norms["offsets"][i] : norms["offsets"][i + 1]]
+        assert len(own) == record.metrics["clients"] - record.metrics["dropped_updates"]
+        assert np.median(own) == pytest.approx(record.metrics["pre_clip_norm_p50"])
+        assert own.mean() == pytest.approx(record.metrics["mean_pre_clip_norm"])
     partition = {a.path for a in client.list_artifacts(outcome.run_id, "partition")}
     assert partition == {
         "partition/class_histogram.png",
