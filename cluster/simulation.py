@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+from array import array
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -137,7 +138,7 @@ class Simulation:
         else:
             self.state = algorithm.server_step(self.state, total, ctx)
         record = RoundRecord(round_index + 1, 0.0, len(cohort), metrics=round_metrics(total))
-        record.update_norms = [r.pre_clip_norm for r in total.reports if not r.dropped]
+        record.update_norms = array("f", [r.pre_clip_norm for r in total.reports if not r.dropped])
         record.metrics["warmup"] = float(warmup)
         record.metrics["local_lr"] = algorithm.trainer.lr
         model_bytes = broadcast.params.nbytes
