@@ -61,7 +61,8 @@ class UpdatePipeline:
         """What a client whose update is dropped (not finite) still uploads: its share of
         client-placed noise on a zero update, so that the sum carries the noise the round is
         charged for (the m shares of N(0, σ²S²k²/m) make up Z; without it, (m − 1)/m of it).
-        Only under ``owes_noise_share``."""
+        Only under ``owes_noise_share``. Under the median clip (unaccounted) a zero update's
+        C_i is 0, so a dropped client adds no noise, as the authors' code would."""
         update = self.mechanism.privatize(torch.zeros_like(like), ctx)
         for transform in self.after:
             update = transform.apply(update, ctx)

@@ -120,6 +120,8 @@ class Clip:
             raise ValueError(f"clip rule must be fixed or median, got {self.rule!r}")
         if self.rule == "median" and self.scope != "layer":
             raise ValueError("the median rule takes the median of per-layer norms: scope layer")
+        if self.rule == "median" and not math.isnan(self.clip_norm):
+            raise ValueError("the median rule picks each client's C_i: clip_norm must be nan")
 
     def apply(self, update, ctx, norm: float | None = None):
         """``norm``: ‖update‖₂ if the caller has it (the same number: no second pass)."""

@@ -7,7 +7,8 @@ before anything is optimised; the plain loop (``benchmarks.workloads.plain_loop`
 default threads) runs the same rounds right after, for the floor's ratio to its median round.
 Threads are named by role: the host threads (``client-host_*``; a single host trains on the
 driver's thread), the driver's main thread, and the rest (the background ε and server-noise
-threads). Tracking is off (the MLflow process is another process). Linux only.
+threads; one that ends between the two rounds is not counted, which these long-lived threads
+do not). Tracking is off (the MLflow process is another process). Linux only.
 
 Usage (repository root)::
 

@@ -311,9 +311,7 @@ def run_workload(
         variants = {  # the last runs the loop's kernels: one client at a time, NCHW
             "local_sequential": exact,
             "local_vectorized": exact,
-            "local_sequential_nchw": config_from_dict(
-                exact.to_dict(), ["executor.channels_last=false"]
-            ),
+            "local_sequential_nchw": config_from_dict(exact.to_dict(), [NCHW]),
         }
         line["sigma0_max_abs_weight_difference"] = {
             label: float((project(config, label.removesuffix("_nchw"))[0] - theirs).abs().max())

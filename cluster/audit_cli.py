@@ -108,6 +108,13 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(
                 "algorithm.name", config.algorithm.name, "the audit needs a DP preset with σ > 0"
             )
+        if config.algorithm.clip_rule == "median":
+            raise ConfigError(
+                "algorithm.clip_rule",
+                "median",
+                "the median clip has no fixed bound for the canary to reach or for a claim to "
+                "rest on; audit the fixed-clip run (clip_rule: fixed with a clip_norm)",
+            )
         start = time.perf_counter()
         options = (args.trials, args.confidence, args.dim, args.seed, args.noise_scale_for_testing)
         if config.sample_level:

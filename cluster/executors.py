@@ -129,19 +129,23 @@ class LocalExecutor(HostPool):
         self._callers_threads = torch.get_num_threads()
         if intra_op_threads is not None:
             torch.set_num_threads(intra_op_threads)
-        self.hosts = [
-            ClientHost(
-                store.location,
-                task,
-                algorithm,
-                seed,
-                clients,
-                device,
-                test_per_client=test_per_client,
-                kernels=kernels,
-            )
-            for clients in self.assignment
-        ]
+        try:  # a host that fails to start must not leave the process at our thread count
+            self.hosts = [
+                ClientHost(
+                    store.location,
+                    task,
+                    algorithm,
+                    seed,
+                    clients,
+                    device,
+                    test_per_client=test_per_client,
+                    kernels=kernels,
+                )
+                for clients in self.assignment
+            ]
+        except BaseException:
+            torch.set_num_threads(self._callers_threads)
+            raise
         self._threads = None
         # Dropout draws from torch's one global generator, seeded per client: such hosts take
         # turns (same results, no overlap); Ray's actors each have their own.

@@ -90,16 +90,20 @@ def loss_slice(
     layout = ParamLayout.of(model)
     shape = (len(coordinates),) * len(directions)
     loss, accuracy = np.empty(shape), np.empty(shape)
+    was_training = model.training
     model.eval()
-    for index in np.ndindex(*shape):
-        point = params.clone()
-        for k, i in enumerate(index):
-            point.add_(directions[k], alpha=coordinates[i])
-        layout.load_into(model, point)
-        loss[index], accuracy[index] = _evaluate(model, x, y, batch_size)
-        if progress is not None:
-            progress(int(np.ravel_multi_index(index, shape)) + 1, loss.size)
-    layout.load_into(model, params)
+    try:
+        for index in np.ndindex(*shape):
+            point = params.clone()
+            for k, i in enumerate(index):
+                point.add_(directions[k], alpha=coordinates[i])
+            layout.load_into(model, point)
+            loss[index], accuracy[index] = _evaluate(model, x, y, batch_size)
+            if progress is not None:
+                progress(int(np.ravel_multi_index(index, shape)) + 1, loss.size)
+    finally:  # the model as it came: its parameters and its mode
+        layout.load_into(model, params)
+        model.train(was_training)
     return Slice(list(coordinates), loss, accuracy)
 
 

@@ -1,7 +1,7 @@
 """``python -m cluster landscape CHECKPOINT``: loss-landscape slices around a run's model.
 
     python -m cluster landscape checkpoints/RUN.pt [--dims 2] [--steps 21] [--span 1.0]
-        [--slices 5] [--split train] [--rows 2000] [--seed 0] [--out DIR] [--no-mlflow]
+        [--slices 1] [--split train] [--rows 2000] [--seed 0] [--out DIR] [--no-mlflow]
 
 reads the model a run checkpointed (its config names the store and the task), evaluates the loss
 on a grid along one or two filter-normalised random directions (``cluster.landscape``), prints
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 
@@ -45,7 +46,7 @@ def _check(args: argparse.Namespace) -> None:
 
     if args.steps < 3 or args.steps % 2 == 0:
         raise ConfigError("--steps", args.steps, "an odd number >= 3, so the grid holds the model")
-    if not args.span > 0:
+    if not (args.span > 0 and math.isfinite(args.span)):
         raise ConfigError("--span", args.span, "must be > 0 (e.g. 1.0)")
     if args.slices < 1:
         raise ConfigError("--slices", args.slices, "must be >= 1 (e.g. 5 for a mean ± std)")
@@ -110,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     summary = _summary(slices)
     print("  " + _describe(summary), flush=True)
     out = args.out or Path(args.checkpoint).with_name(Path(args.checkpoint).stem + "-landscape")
-    files = _write(out, args, config, rounds, slices, summary)
+    files = _write(out, args, config, rounds, slices, summary, rows=len(y))
     print(f"wrote {', '.join(str(f) for f in files)}", flush=True)
     run_id = checkpoint.get("run_id")
     if run_id and not args.no_mlflow:
@@ -140,7 +141,9 @@ def _describe(summary: dict[str, float]) -> str:
     return ", ".join(parts)
 
 
-def _write(out: Path, args, config, rounds: int, slices: list, summary: dict) -> list[Path]:
+def _write(
+    out: Path, args, config, rounds: int, slices: list, summary: dict, rows: int
+) -> list[Path]:
     from matplotlib.figure import Figure
 
     out.mkdir(parents=True, exist_ok=True)
@@ -151,7 +154,7 @@ def _write(out: Path, args, config, rounds: int, slices: list, summary: dict) ->
         "dims": args.dims,
         "normalization": "filter (Li et al. 2018); 1-D tensors zero",
         "split": args.split,
-        "rows": int(args.rows),
+        "rows": rows,  # the split may hold fewer than --rows
         "seed": args.seed,
         "coordinates": slices[0].coordinates,
         "slices": [
@@ -183,11 +186,23 @@ def _write(out: Path, args, config, rounds: int, slices: list, summary: dict) ->
 
 def _log_to_run(run_id: str, files: list[Path]) -> None:
     """The run's artifacts under ``landscape/`` (where this shell's tracking URI points)."""
+    from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
+    from cluster.config import ConfigError
     from cluster.tracking_process import tracking_uri
 
-    client = MlflowClient(tracking_uri())
+    uri = tracking_uri()
+    client = MlflowClient(uri)
+    try:
+        client.get_run(run_id)
+    except MlflowException:
+        raise ConfigError(
+            "MLFLOW_TRACKING_URI",
+            uri,
+            f"the checkpoint's run {run_id} is not in this store (the files are written): set "
+            "MLFLOW_TRACKING_URI to the store the run used, or pass --no-mlflow",
+        ) from None
     for path in files:
         client.log_artifact(run_id, str(path), "landscape")
     print(f"logged to MLflow run {run_id} under landscape/", flush=True)

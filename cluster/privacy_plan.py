@@ -431,9 +431,16 @@ def privacy_report(
             clip_norm=None,
             clipping=f"per-client median, {m.clip.scope} L2",
             sensitivity=None,
-            noise_std_on_sum=f"σ·C_i·{m.noise_scale:g}{'/√m' if m.placement == 'client' else ''}"
-            " from each client i (C_i its median)",
-            noise_std_on_mean="the sum's, divided by the cohort size",
+            noise_std_on_sum="σ·C_i"
+            + (f"·{m.noise_scale:g}" if m.noise_scale != 1 else "")
+            + ("/√m" if m.placement == "client" else "")
+            + " from each client i (C_i its median)",
+            noise_std_on_mean="the sum's, divided by "
+            + (
+                "the cohort size"
+                if config.algorithm.mean_denominator == "nominal"
+                else "each round's realised count of uploads"
+            ),
         )
     if not claim.dp_valid:
         report.update(epsilon=None, epsilon_not_available=claim.unaccounted_reason)

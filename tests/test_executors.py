@@ -122,6 +122,17 @@ def test_the_local_executor_gives_the_caller_its_thread_count_back(store_root):
         assert torch.get_num_threads() == 1
         executor.close()
         assert torch.get_num_threads() == 3
+        if not torch.cuda.is_available():  # a host that fails to start: the count is back too
+            with pytest.raises(RuntimeError):
+                LocalExecutor(
+                    store,
+                    config.task,
+                    config.build_algorithm(),
+                    0,
+                    device="cuda",
+                    intra_op_threads=1,
+                )
+            assert torch.get_num_threads() == 3
 
 
 def test_partial_sums_of_float32_uploads_are_the_float64_sums_torch_computes():

@@ -56,7 +56,7 @@ def test_a_convex_models_slice_is_convex_and_centred_on_the_model(store_root):
     surface = loss_slice(model, params, directions, grid, x, y)
     assert surface.loss.shape == (5, 5) and surface.center_loss == pytest.approx(own, rel=1e-5)
     assert np.allclose(surface.loss[:, 2], line.loss)  # β = 0 is the 1-D slice
-    assert torch.equal(ParamLayout.flatten(model), params)
+    assert torch.equal(ParamLayout.flatten(model), params) and model.training
 
 
 def test_the_cli_slices_a_tracked_checkpoint_and_logs_to_its_run(
@@ -97,3 +97,15 @@ def test_the_cli_slices_a_tracked_checkpoint_and_logs_to_its_run(
     capsys.readouterr()
     assert main(["landscape", str(checkpoint), "--steps", "4"]) == 2
     assert "--steps = 4" in capsys.readouterr().err
+    assert main(["landscape", str(checkpoint), "--span", "inf"]) == 2
+    assert "--span = inf" in capsys.readouterr().err
+    # More rows asked than the split has: the JSON says how many were used.
+    whole = tmp_path / "whole"
+    assert main([*args[:2], "--steps", "3", "--rows", "10000000", "--out", str(whole)]) == 0
+    assert json.loads((whole / "landscape.json").read_text())["rows"] == 20 * 80
+    # A checkpoint whose run is in another store: the files are written, the error says how.
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'other.db'}")
+    assert main([*args[:2], "--steps", "3", "--out", str(tmp_path / "elsewhere")]) == 2
+    error = capsys.readouterr().err
+    assert "MLFLOW_TRACKING_URI" in error and "--no-mlflow" in error
+    assert (tmp_path / "elsewhere" / "landscape.json").exists()

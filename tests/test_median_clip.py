@@ -115,6 +115,7 @@ def test_the_config_defaults_to_the_authors_layout(store_root):
         (("algorithm.noise_placement=server",), "algorithm.noise_placement"),
         (("algorithm.clip_norm=1.0",), "algorithm.clip_norm"),
         (("algorithm.adjacency=add_remove",), "algorithm.adjacency"),
+        (("algorithm.name=dp_fedavg_blur",), "algorithm.blur_bound"),
     ],
 )
 def test_bad_median_configs_name_the_field(store_root, extra, field):
@@ -127,3 +128,28 @@ def test_sketch_presets_refuse_the_median_rule(store_root):
     with pytest.raises(ConfigError) as error:
         small_config(store_root, *MEDIAN, "cohort.sampling=fixed", "algorithm.name=dpsfl")
     assert error.value.field_path == "algorithm.clip_rule"
+
+
+def test_blur_takes_its_radius_from_blur_bound_and_poisson_cohorts_are_refused(store_root):
+    config = small_config(
+        store_root,
+        *MEDIAN,
+        "cohort.sampling=fixed",
+        "algorithm.name=dp_fedavg_blur",
+        "algorithm.blur_bound=0.3",
+    )
+    (blur,) = config.build_algorithm().trainer.regularizers
+    assert blur.bound == 0.3
+    with pytest.raises(ConfigError) as error:
+        small_config(store_root, *MEDIAN, "cohort.sampling=poisson")
+    assert error.value.field_path == "algorithm.noise_placement"
+    assert "cohort.sampling: fixed" in str(error.value) and "server" not in error.value.fix
+
+
+def test_the_audit_refuses_a_median_clip(tmp_path, capsys):
+    from cluster.cli import main
+
+    sets = [*MEDIAN, "algorithm.clip_norm=null", "algorithm.noise_placement=client"]
+    sets += ["cohort.sampling=fixed", f"data.store_root={tmp_path}"]
+    code = main(["audit", "configs/quickstart.yaml", *(a for s in sets for a in ("--set", s))])
+    assert code == 2 and "algorithm.clip_rule = 'median'" in capsys.readouterr().err

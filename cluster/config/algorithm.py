@@ -221,8 +221,12 @@ def validate_algorithm(c: ExperimentConfig) -> None:
             raise ConfigError(
                 "algorithm.noise_placement",
                 c.noise_placement,
-                "client-placed noise sums to σC only over a fixed-size cohort; "
-                "use cohort.sampling: fixed or noise_placement: server",
+                "client-placed noise sums to σC only over a fixed-size cohort; use "
+                + (
+                    "cohort.sampling: fixed (clip_rule median needs client-placed noise)"
+                    if a.clip_rule == "median"
+                    else "cohort.sampling: fixed or noise_placement: server"
+                ),
             )
         if not c.sample_level:
             validate_noise_support(c)
@@ -258,12 +262,19 @@ def validate_client_median(c) -> None:
             "clip_rule median clips each tensor to the median of the client's per-tensor norms: "
             "set clip_scope: layer (or leave it unset)",
         )
+    if a.name in presets_taking("blur_bound") and a.blur_bound is None:
+        raise ConfigError(
+            "algorithm.blur_bound",
+            None,
+            "BLUR's radius defaults to the clip norm, which clip_rule median does not have: "
+            "set it (e.g. the C of the fixed-clip run, 0.3)",
+        )
     if c.noise_placement == "server":
         raise ConfigError(
             "algorithm.noise_placement",
             c.noise_placement,
             "clip_rule median scales each client's noise to its own median, which only the "
-            "client knows: use noise_placement: client (the authors' code) or local",
+            "client knows: use noise_placement: client (the authors' code)",
         )
 
 
