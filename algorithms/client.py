@@ -131,6 +131,7 @@ def client_round(
         layout=objective.layout,
         round_key=(seed, round_index),
         local_gradient=final_gradient,  # for LUS
+        client_stream=lambda purpose: torch_generator(*keys, purpose, device=params.device),
         payload=payload,
         local_steps=result.steps,
         lr=result.lr,

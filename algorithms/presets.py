@@ -61,7 +61,7 @@ from algorithms.dpsgd import Adjacency, DpSgdGradient
 from algorithms.fetchsgd import FetchSgdServerRule
 from algorithms.layout import ParamLayout
 from algorithms.local import LocalTrainer, PgnGradient, SamGradient
-from algorithms.lus import LocalUpdateSparsification, LusScope
+from algorithms.lus import LocalUpdateSparsification, LusScope, LusScore
 from algorithms.mechanism import (
     DENSE,
     GaussianMechanism,
@@ -377,8 +377,9 @@ def dp_fedavg_lus(
     lus_sparsity: float = 0.7,
     lus_gradient: Literal["data", "batch"] = "data",
     lus_scope: LusScope = "tensor",
+    lus_score: LusScore = "taylor",
 ) -> Algorithm:
-    lus = (LocalUpdateSparsification(lus_sparsity, lus_gradient, lus_scope),)
+    lus = (LocalUpdateSparsification(lus_sparsity, lus_gradient, lus_scope, lus_score),)
     return _private("dp_fedavg_lus", trainer, dp.pipeline(before=lus), server_lr)
 
 
@@ -391,9 +392,10 @@ def dp_fedavg_blurs(
     lus_sparsity: float = 0.7,
     lus_gradient: Literal["data", "batch"] = "data",
     lus_scope: LusScope = "tensor",
+    lus_score: LusScore = "taylor",
 ) -> Algorithm:
     """BLUR in the trainer and LUS before clipping: Cheng et al.'s full method."""
-    lus = (LocalUpdateSparsification(lus_sparsity, lus_gradient, lus_scope),)
+    lus = (LocalUpdateSparsification(lus_sparsity, lus_gradient, lus_scope, lus_score),)
     blur = _blur(trainer, dp, blur_lambda, blur_bound)
     return _private("dp_fedavg_blurs", blur, dp.pipeline(before=lus), server_lr)
 

@@ -29,6 +29,7 @@ class Purpose(IntEnum):
     SAMPLE_NOISE = 11  # per-step DP-SGD noise inside a client
     CLIP_BIT = 12  # the noise on a client's adaptive-clip bit (DPSFL-AC)
     SERVER_COUNT_NOISE = 13  # server-placed noise on the adaptive clip's count
+    LUS_MASK = 14  # LUS's random-mask ablation (lus_score: random)
 
 
 def _seed_words(seed: int, keys: tuple[int, ...]) -> np.random.SeedSequence:

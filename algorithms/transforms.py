@@ -41,6 +41,8 @@ class ClientContext:
     payload: dict[str, torch.Tensor] = field(default_factory=dict)  # the server's broadcast
     local_steps: int = 0  # K actually run this round
     lr: float = 0.0  # η of the local trainer
+    # The client's own seeded stream for a ``Purpose`` (its private randomness, no data)
+    client_stream: Callable[[int], torch.Generator] | None = None
 
 
 def layer_segments(layout: ParamLayout | None, size: int) -> list[tuple[int, int]]:

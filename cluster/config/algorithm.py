@@ -72,6 +72,7 @@ class AlgorithmConfig:
     lus_sparsity: float | None = None  # LUS: fraction c of each layer dropped (0.7)
     lus_gradient: Literal["data", "batch"] | None = None  # LUS score's gradient (all data)
     lus_scope: Literal["tensor", "module", "global"] | None = None  # LUS groups (per tensor)
+    lus_score: Literal["taylor", "magnitude", "random"] | None = None  # LUS ablation (taylor)
     pgn_beta: float | None = None  # DP-FedPGN mixing β (0.3)
     pgn_rho: float | None = None  # DP-FedPGN perturbation radius ρ (0.2)
     ls_sigma: float | None = None  # Laplacian smoothing σ_ls (0.01)
