@@ -30,6 +30,7 @@ import copy
 import csv
 import io
 import json
+import math
 import statistics
 import sys
 import time
@@ -185,6 +186,11 @@ def summarize(
         final, final_sd = _stats(finals)
         best, best_sd = _stats(bests)
         last_tenth, last_tenth_sd = _stats([o.last_tenth_accuracy for o in outcomes])
+        # DP-FedSAM's "Train" (its code: the clients' running accuracy during local training,
+        # last round) and Train − Val, paired per seed against the final test accuracy.
+        trains = [o.result.history[-1].metrics.get("train_accuracy", math.nan) for o in outcomes]
+        train, train_sd = _stats(trains)
+        gap, gap_sd = _stats([t - f for t, f in zip(trains, finals, strict=True)])
         first = outcomes[0]
         rows.append(
             {
@@ -195,6 +201,10 @@ def summarize(
                 "best_acc_std": best_sd,
                 "last10pct_acc_mean": last_tenth,
                 "last10pct_acc_std": last_tenth_sd,
+                "train_acc_mean": train,
+                "train_acc_std": train_sd,
+                "train_test_gap_mean": gap,
+                "train_test_gap_std": gap_sd,
                 # From the run's own PrivacyClaim: a number only where the mechanism has one.
                 "epsilon": first.epsilon if first.claim.dp_valid else None,
                 "epsilon_vs_server": first.epsilon_vs_server,
@@ -213,6 +223,13 @@ def summarize(
             paired = [a - b for a, b in zip(finals, reference, strict=False)]
             diff, diff_sd = _stats(paired)
             rows[-1].update({"diff_vs_baseline_mean": diff, "diff_vs_baseline_std": diff_sd})
+    if baseline:  # DP-FedPGN's speed-up: the baseline's rounds to a target over the run's
+        base = next(r for r in rows if r["run"] == baseline)
+        for row in rows:
+            for target in targets:
+                key = _target_key(target)
+                ours, theirs = row[f"{key}_mean"], base[f"{key}_mean"]
+                row[f"{key}_speedup"] = theirs / ours if ours and theirs else None
     return rows
 
 
@@ -229,7 +246,9 @@ def _rounds_cell(row: dict, key: str) -> str:
     reached = f"({row[f'{key}_reached']}/{row['seeds']})"
     if row[f"{key}_mean"] is None:
         return f"— {reached}"
-    return f"{row[f'{key}_mean']:.0f} ± {row[f'{key}_std']:.0f} {reached}"
+    speedup = row.get(f"{key}_speedup")
+    faster = "" if speedup is None else f", {speedup:.2f}× the baseline's speed"
+    return f"{row[f'{key}_mean']:.0f} ± {row[f'{key}_std']:.0f} {reached}{faster}"
 
 
 def epsilon_cell(row: dict) -> str:
@@ -245,7 +264,10 @@ def epsilon_cell(row: dict) -> str:
 
 
 def markdown(rows: list[dict], baseline: str | None = None) -> str:
-    header = "| run | final acc (%) | best acc (%) | last 10% of rounds, mean acc (%) | ε | σ |"
+    header = (
+        "| run | final acc (%) | best acc (%) | last 10% of rounds, mean acc (%) "
+        "| local train acc (%) | train − test (pts) | ε | σ |"
+    )
     targets = _targets(rows[0]) if rows else []
     for key in targets:
         header += f" rounds to {key.removeprefix('rounds_to_').removesuffix('pct')}% (reached) |"
@@ -259,6 +281,8 @@ def markdown(rows: list[dict], baseline: str | None = None) -> str:
             f"| {r['run']} | {100 * r['final_acc_mean']:.2f} ± {100 * r['final_acc_std']:.2f} "
             f"| {100 * r['best_acc_mean']:.2f} ± {100 * r['best_acc_std']:.2f} "
             f"| {100 * r['last10pct_acc_mean']:.2f} ± {100 * r['last10pct_acc_std']:.2f} "
+            f"| {100 * r['train_acc_mean']:.2f} ± {100 * r['train_acc_std']:.2f} "
+            f"| {100 * r['train_test_gap_mean']:+.2f} ± {100 * r['train_test_gap_std']:.2f} "
             f"| {eps} | {sigma} |"
         )
         line += "".join(f" {_rounds_cell(r, key)} |" for key in targets)

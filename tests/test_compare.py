@@ -74,11 +74,15 @@ def test_compare_runs_presets_at_the_same_epsilon(tmp_path, store_root, monkeypa
         assert abs(float(r["diff_vs_baseline_mean"]) - diff) < 1e-12
     for r in rows:  # 3 rounds: the last 10% is round 3, the final evaluation
         assert float(r["last10pct_acc_mean"]) == float(r["final_acc_mean"])
+        assert 0 < float(r["train_acc_mean"]) <= 1  # the clients' local accuracy, last round
+        gap = float(r["train_acc_mean"]) - float(r["final_acc_mean"])
+        assert float(r["train_test_gap_mean"]) == pytest.approx(gap)
         # 1% test accuracy is reached at the first evaluation (round 1), 100% never.
         assert r["rounds_to_1pct_mean"] == "1" and r["rounds_to_1pct_reached"] == "2"
+        assert r["rounds_to_1pct_speedup"] == "1.0" and r["rounds_to_100pct_speedup"] == ""
         assert r["rounds_to_100pct_mean"] == "" and r["rounds_to_100pct_reached"] == "0"
     assert "rounds to 1% (reached) | rounds to 100% (reached) |" in printed
-    assert "| 1 ± 0 (2/2) | — (0/2) |" in printed
+    assert "| 1 ± 0 (2/2), 1.00× the baseline's speed | — (0/2) |" in printed
     assert "Δ vs dp_fedavg, paired" in printed
     assert "| fedavg |" in printed and "| ∞ | — |" in printed
     assert (out / "compare_accuracy.png").stat().st_size > 0
