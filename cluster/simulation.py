@@ -147,6 +147,12 @@ class Simulation:
         record.metrics["download_bytes"] = float(
             model_bytes + sum(a.nbytes for a in broadcast.payload.values())
         )
+        # Every byte so far, both ways (the sampled clients each download): accuracy against
+        # communication, DPSFL's Fig. 5, reads off this.
+        sent = record.metrics.get("upload_bytes_total", 0.0)
+        sent += record.metrics["download_bytes"] * len(cohort)
+        before = self.history[-1].metrics.get("communication_bytes", 0.0) if self.history else 0.0
+        record.metrics["communication_bytes"] = before + sent
         if "clip_norm" in self.state.extras:
             record.metrics["clip_norm"] = float(self.state.extras["clip_norm"][0])
         last = round_index + 1 == c.total_rounds

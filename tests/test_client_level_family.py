@@ -61,6 +61,12 @@ def test_fed_smp_runs_and_reports_the_kept_fraction(store_root):
     )
     assert server.history[-1].metrics["upload_bytes"] == 8 * (160 + 4)
     assert server.history[-1].metrics["download_bytes"] == dense
+    # Every byte so far, both ways: each round's uploads and one download per sampled client.
+    total = 0.0
+    for record in server.history:
+        m = record.metrics
+        total += m["upload_bytes_total"] + m["download_bytes"] * record.cohort_size
+        assert m["communication_bytes"] == total
 
 
 @pytest.mark.parametrize("scope", ["layer", "global"])
