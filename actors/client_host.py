@@ -255,17 +255,24 @@ class ClientHost:
             float(loss_sum), float(grad_sq_sum), grad_sum.cpu().numpy(), clients
         )
 
-    @torch.no_grad()
     def _evaluate(self, params: np.ndarray, batches: list) -> EvalResult:
-        flat = self._to_device(params)
-        loss_sum, correct, count = 0.0, 0, 0
-        self.objective.model.eval()  # dropout off
-        try:
-            for x, y in batches:
-                logits = self.objective.logits(flat, x)
-                loss_sum += float(torch.nn.functional.cross_entropy(logits, y, reduction="sum"))
-                correct += int((logits.argmax(1) == y).sum())
-                count += len(y)
-        finally:
-            self.objective.model.train()
-        return EvalResult(loss_sum, correct, count)
+        return evaluate_batches(self.objective, self._to_device(params), batches)
+
+
+@torch.no_grad()
+def evaluate_batches(objective: ModelObjective, flat: torch.Tensor, batches) -> EvalResult:
+    """Summed cross-entropy and correct predictions of the flat parameters ``flat`` over
+    ``(x, y)`` batches, dropout off; the model's own parameters and mode are left as they were."""
+    loss_sum, correct, count = 0.0, 0, 0
+    model = objective.model
+    was_training = model.training
+    model.eval()
+    try:
+        for x, y in batches:
+            logits = objective.logits(flat, x)
+            loss_sum += float(torch.nn.functional.cross_entropy(logits, y, reduction="sum"))
+            correct += int((logits.argmax(1) == y).sum())
+            count += len(y)
+    finally:
+        model.train(was_training)
+    return EvalResult(loss_sum, correct, count)

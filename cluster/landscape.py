@@ -26,7 +26,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from actors.client_host import evaluate_batches
 from algorithms.layout import ParamLayout
+from algorithms.local import ModelObjective
 
 
 def filter_normalized_direction(
@@ -80,39 +82,24 @@ def loss_slice(
     x: torch.Tensor,
     y: torch.Tensor,
     batch_size: int = 1000,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Callable[[], None] | None = None,
 ) -> Slice:
     """The loss of ``model`` at params + Σ_k c_k·directions[k] for every point of the grid
-    ``coordinates``^len(directions) (one or two directions), on rows ``x``, ``y``;
-    ``progress(done, total)`` after each point."""
+    ``coordinates``^len(directions) (one or two directions), on rows ``x``, ``y``, through the
+    hosts' evaluation (``evaluate_batches``: the model's own parameters are never touched);
+    ``progress()`` after each point."""
     if len(directions) not in (1, 2):
         raise ValueError(f"a slice has 1 or 2 directions, got {len(directions)}")
-    layout = ParamLayout.of(model)
+    objective = ModelObjective(model, ParamLayout.of(model))
+    batches = [(x[i : i + batch_size], y[i : i + batch_size]) for i in range(0, len(y), batch_size)]
     shape = (len(coordinates),) * len(directions)
     loss, accuracy = np.empty(shape), np.empty(shape)
-    was_training = model.training
-    model.eval()
-    try:
-        for index in np.ndindex(*shape):
-            point = params.clone()
-            for k, i in enumerate(index):
-                point.add_(directions[k], alpha=coordinates[i])
-            layout.load_into(model, point)
-            loss[index], accuracy[index] = _evaluate(model, x, y, batch_size)
-            if progress is not None:
-                progress(int(np.ravel_multi_index(index, shape)) + 1, loss.size)
-    finally:  # the model as it came: its parameters and its mode
-        layout.load_into(model, params)
-        model.train(was_training)
+    for index in np.ndindex(*shape):
+        point = params.clone()
+        for k, i in enumerate(index):
+            point.add_(directions[k], alpha=coordinates[i])
+        result = evaluate_batches(objective, point, batches)
+        loss[index], accuracy[index] = result.loss_sum / result.count, result.correct / result.count
+        if progress is not None:
+            progress()
     return Slice(list(coordinates), loss, accuracy)
-
-
-@torch.no_grad()
-def _evaluate(model: nn.Module, x, y, batch_size: int) -> tuple[float, float]:
-    total, correct = 0.0, 0
-    for start in range(0, len(y), batch_size):
-        logits = model(x[start : start + batch_size])
-        labels = y[start : start + batch_size]
-        total += float(nn.functional.cross_entropy(logits, labels, reduction="sum"))
-        correct += int((logits.argmax(1) == labels).sum())
-    return total / len(y), correct / len(y)

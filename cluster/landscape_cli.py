@@ -94,16 +94,15 @@ def run(args: argparse.Namespace) -> int:
         f"{args.slices} × {points} points, {len(y)} {args.split} rows",
         flush=True,
     )
-    start, shown = time.perf_counter(), [0]
+    start, done, total = time.perf_counter(), [0], args.slices * points
+
+    def progress() -> None:  # a line at every tenth of the points
+        done[0] += 1
+        if done[0] * 10 // total > (done[0] - 1) * 10 // total:
+            print(f"  {done[0]}/{total} points, {time.perf_counter() - start:.1f} s", flush=True)
+
     slices = []
-    for index in range(args.slices):
-
-        def progress(done: int, total: int, before: int = index * points) -> None:
-            done, total = before + done, args.slices * total
-            if done * 10 // total > shown[0] or done == total:
-                shown[0] = done * 10 // total
-                print(f"  {done}/{total} points, {time.perf_counter() - start:.1f} s", flush=True)
-
+    for _ in range(args.slices):
         directions = [
             filter_normalized_direction(layout, params, generator) for _ in range(args.dims)
         ]
