@@ -17,6 +17,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import yaml
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
@@ -183,9 +184,16 @@ class MlflowTracker:
             rounds = [{k: v for k, v in r.__dict__.items() if k != "update_norms"} for r in history]
             (out / "history.json").write_text(json.dumps(rounds, indent=1))
             if any(r.update_norms for r in history):
-                _save_update_norms(history, out / "update_norms.npz")
+                offsets, norms = _update_norms(history)
+                np.savez_compressed(
+                    out / "update_norms.npz",
+                    rounds=np.array([r.round for r in history]),
+                    offsets=offsets,
+                    norms=norms,
+                    clip_norm=np.array([r.metrics.get("clip_norm", np.nan) for r in history]),
+                )
                 clip_norm = (config.get("algorithm") or {}).get("clip_norm")
-                _plot_update_norms(history, clip_norm, out / "update_norms.png")
+                _plot_update_norms(history, offsets, norms, clip_norm, out / "update_norms.png")
             (out / "summary.json").write_text(json.dumps(summary, indent=1))
             (out / "privacy_report.json").write_text(json.dumps(privacy_report, indent=1))
             shutil.copyfile(model_file, out / "model.pt")
@@ -198,22 +206,21 @@ class MlflowTracker:
         self.client.set_terminated(self.run_id, status)
 
 
-def _save_update_norms(history: list[RoundRecord], path: Path) -> None:
-    """Every round's per-client pre-clip norms, ragged: round r's are
-    ``norms[offsets[i]:offsets[i + 1]]`` where ``rounds[i] == r``."""
-    import numpy as np
-
+def _update_norms(history: list[RoundRecord]) -> tuple[np.ndarray, np.ndarray]:
+    """Every round's per-client pre-clip norms in one float64 array, ragged: round
+    ``history[i]``'s are ``norms[offsets[i]:offsets[i + 1]]``."""
     sizes = [len(r.update_norms) for r in history]
-    np.savez_compressed(
-        path,
-        rounds=np.array([r.round for r in history]),
-        offsets=np.concatenate([[0], np.cumsum(sizes)]),
-        norms=np.array([n for r in history for n in r.update_norms], dtype=np.float64),
-        clip_norm=np.array([r.metrics.get("clip_norm", np.nan) for r in history]),
-    )
+    norms = np.concatenate([np.frombuffer(r.update_norms, dtype=np.float32) for r in history])
+    return np.concatenate([[0], np.cumsum(sizes)]), norms.astype(np.float64)
 
 
-def _plot_update_norms(history: list[RoundRecord], clip_norm: float | None, path: Path) -> None:
+def _plot_update_norms(
+    history: list[RoundRecord],
+    offsets: np.ndarray,
+    norms: np.ndarray,
+    clip_norm: float | None,
+    path: Path,
+) -> None:
     """``update_norms.png``: histograms of the clients' pre-clip norms at four rounds (first,
     a third, two thirds, last), and their p10/p50/p90 over the rounds, with the clip norm C
     (C_t per round where it adapts)."""
@@ -221,21 +228,22 @@ def _plot_update_norms(history: list[RoundRecord], clip_norm: float | None, path
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
-    rounds = [r for r in history if r.update_norms]
-    picks = sorted({rounds[int(i * (len(rounds) - 1) / 3)].round for i in range(4)})
+    per_round = [
+        (r, norms[offsets[i] : offsets[i + 1]]) for i, r in enumerate(history) if r.update_norms
+    ]
+    picks = sorted({per_round[int(i * (len(per_round) - 1) / 3)][0].round for i in range(4)})
     fig, (hist, band) = plt.subplots(1, 2, figsize=(9.2, 3.6))
-    finite = np.array([n for r in rounds for n in r.update_norms if np.isfinite(n)])
+    finite = norms[np.isfinite(norms)]
     bins = np.linspace(0, finite.max() if finite.size else 1.0, 40)
-    for r in rounds:
+    for r, own in per_round:
         if r.round in picks:
-            hist.hist(r.update_norms, bins=bins, histtype="step", label=f"round {r.round}")
+            hist.hist(own, bins=bins, histtype="step", label=f"round {r.round}")
     hist.set(xlabel="‖Δ_i‖₂ before clipping", ylabel="clients", title="update norms")
-    xs = [r.round for r in rounds]
+    xs = [r.round for r, _ in per_round]
     for q in (10, 50, 90):
-        band.plot(xs, [np.percentile(r.update_norms, q) for r in rounds], label=f"p{q}")
-    adaptive = [(r.round, r.metrics["clip_norm"]) for r in rounds if "clip_norm" in r.metrics]
+        band.plot(xs, [np.percentile(own, q) for _, own in per_round], label=f"p{q}")
+    adaptive = [(r.round, r.metrics["clip_norm"]) for r, _ in per_round if "clip_norm" in r.metrics]
     if adaptive:
         band.plot(*zip(*adaptive, strict=True), "k--", label="C_t")
     elif isinstance(clip_norm, int | float) and np.isfinite(clip_norm):
