@@ -42,6 +42,7 @@ from torch import nn
 
 from cluster.cohort import sample_cohort
 from cluster.config import ExperimentConfig, load_config
+from cluster.executors import torch_threads
 from cluster.experiment import open_store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -378,7 +379,6 @@ def microbench(config: ExperimentConfig, store, repeats: int) -> dict:
         client_round(algorithm, host.objective, params, payload, x, y, {}, seed, 0, 0, 20.0)
 
     result: dict = {"local_steps_per_client": k, "repeats": repeats}
-    threads = torch.get_num_threads()
     paths = {
         "project_LocalTrainer_functional_call": project_train,
         "plain_nn_module_torch_optim_sgd": module_sgd,
@@ -393,13 +393,12 @@ def microbench(config: ExperimentConfig, store, repeats: int) -> dict:
     # Intra-op threads: the driver (LocalExecutor) runs with whatever torch defaults to.
     by_threads = {}
     for n in sorted({1, os.cpu_count() or 1}):
-        torch.set_num_threads(n)
-        medians = _compare({"project": project_train, "plain": module_sgd}, repeats)
+        with torch_threads(n):
+            medians = _compare({"project": project_train, "plain": module_sgd}, repeats)
         by_threads[str(n)] = {
             "project_LocalTrainer": _per_step(medians["project"], k),
             "plain_module_sgd": _per_step(medians["plain"], k),
         }
-    torch.set_num_threads(threads)
     result["by_torch_threads"] = by_threads
 
     # The accountant: Simulation asks for ε after every round (Opacus recomputes the RDP curve).

@@ -46,7 +46,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -56,6 +55,7 @@ from actors.client_host import build_model
 from algorithms.rng import Purpose, stream_seed, torch_generator
 from cluster.cohort import sample_cohort
 from cluster.config import ExperimentConfig, config_from_dict, load_config
+from cluster.executors import torch_threads
 from cluster.experiment import open_store, run_experiment
 from cluster.ray_runtime import disconnect
 from datasets.tasks import TASKS
@@ -106,17 +106,6 @@ WORKLOADS = {
 
 def workload_config(name: str, overrides: list[str]) -> ExperimentConfig:
     return load_config(None, [*COMMON, *WORKLOADS[name], *overrides])
-
-
-@contextmanager
-def torch_threads(count: int):
-    """torch's (process-wide) intra-op thread count set to ``count`` for a block."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def plain_loop(config: ExperimentConfig, store) -> tuple[torch.Tensor, dict]:

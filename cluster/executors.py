@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import numpy as np
@@ -105,6 +106,19 @@ class HostPool(ABC):
         self._call("load_client_states", calls)
 
 
+@contextmanager
+def torch_threads(count: int | None):
+    """torch's intra-op thread count (process-wide) set to ``count`` for a block, and the
+    caller's given back after it (None: left as it is)."""
+    before = torch.get_num_threads()
+    if count is not None:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 class LocalExecutor(HostPool):
     """``num_hosts`` hosts in this process, on as many threads (one host, or a model with
     dropout: the hosts take turns on the calling thread).
@@ -126,10 +140,9 @@ class LocalExecutor(HostPool):
         intra_op_threads: int | None = None,
     ):
         super().__init__(store, algorithm, num_hosts)
-        self._callers_threads = torch.get_num_threads()
-        if intra_op_threads is not None:
-            torch.set_num_threads(intra_op_threads)
-        try:  # a host that fails to start must not leave the process at our thread count
+        self._thread_count = ExitStack()  # closed by ``close``, or here if a host fails
+        self._thread_count.enter_context(torch_threads(intra_op_threads))
+        try:
             self.hosts = [
                 ClientHost(
                     store.location,
@@ -144,7 +157,7 @@ class LocalExecutor(HostPool):
                 for clients in self.assignment
             ]
         except BaseException:
-            torch.set_num_threads(self._callers_threads)
+            self._thread_count.close()
             raise
         self._threads = None
         # Dropout draws from torch's one global generator, seeded per client: such hosts take
@@ -163,7 +176,7 @@ class LocalExecutor(HostPool):
     def close(self) -> None:
         if self._threads is not None:
             self._threads.shutdown()
-        torch.set_num_threads(self._callers_threads)
+        self._thread_count.close()
 
 
 class RayExecutor(HostPool):

@@ -8,9 +8,8 @@ import torch
 from helpers import run_local, small_config
 
 from actors.client_host import ClientHost
-from benchmarks.workloads import torch_threads
 from cluster.config import ConfigError
-from cluster.executors import LocalExecutor
+from cluster.executors import LocalExecutor, torch_threads
 from cluster.experiment import open_store
 from cluster.preflight import preflight
 from cluster.simulation import Simulation

@@ -19,9 +19,9 @@ from benchmarks.workloads import (
     plain_loop,
     project,
     run_workload,
-    torch_threads,
     workload_config,
 )
+from cluster.executors import torch_threads
 from cluster.experiment import open_store
 
 TOLERANCE = 1e-5  # max |Δw| after 3 rounds; seen: 0 (A), 1.5e-8 (B)
