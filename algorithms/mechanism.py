@@ -161,15 +161,9 @@ class GaussianMechanism:
 
     @property
     def unaccounted_reason(self) -> str | None:
-        if self.clip.rule == "median":
-            return (
-                "clip_rule median: each client clips every tensor to C_i, the median of its own "
-                "per-tensor update norms, and scales its noise to C_i (the DP-FedPGN authors' "
-                "code), so the noise depends on the data and no sensitivity holds for all clients"
-            )
-        for transform in self.between:
-            if getattr(transform, "unaccounted_reason", None):
-                return transform.unaccounted_reason
+        for part in (self.clip, *self.between):
+            if getattr(part, "unaccounted_reason", None):
+                return part.unaccounted_reason
         if self.support.public:
             return None
         return (

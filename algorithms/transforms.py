@@ -149,6 +149,16 @@ class Clip:
         ctx.stats["post_clip_norm"] = float(torch.clamp(norms, max=clip_norm).norm())
         return update * torch.repeat_interleave(scale.to(update.dtype), sizes)
 
+    @property
+    def unaccounted_reason(self) -> str | None:
+        if self.rule != "median":
+            return None
+        return (
+            "clip_rule median: each client clips every tensor to C_i, the median of its own "
+            "per-tensor update norms, and scales its noise to C_i (the DP-FedPGN authors' "
+            "code), so the noise depends on the data and no sensitivity holds for all clients"
+        )
+
     def output_bound(self, input_bound):
         if self.rule == "median":
             return math.inf  # C_i is the client's own: no bound holds for every client

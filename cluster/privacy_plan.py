@@ -186,7 +186,7 @@ class PrivacyClaim(ClaimStatus):
             "privacy.clipping": "adaptive" if self.count_noise_on_sum is not None else m.clip.rule,
             "privacy.noise_placement": m.placement,
             "privacy.noise_support": m.support.description,
-            "privacy.sensitivity": f"{m.sensitivity:g}" if m.clip.rule == "fixed" else "none",
+            "privacy.sensitivity": f"{m.sensitivity:g}" if math.isfinite(m.sensitivity) else "none",
             "privacy.noise_multiplier": f"{self.noise_multiplier:g}",
             "privacy.update_noise_multiplier": f"{self.update_noise_multiplier:g}",
             "privacy.sample_rate": f"{self.sample_rate:g}",
