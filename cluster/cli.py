@@ -8,6 +8,8 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from cluster.interrupts import Interrupted, StopSignals
+from cluster.tracking_process import TrackingError
 from cluster.tracking_process import prestart as prestart_tracking
 
 if TYPE_CHECKING:
@@ -84,8 +86,10 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _resume(args: argparse.Namespace) -> int:
-    from cluster.checkpoint import load_checkpoint
-    from cluster.config import ConfigError, config_from_dict
+    """Continue the run of a checkpoint, checked against its config before any work; exit 0
+    at once when its rounds are all done."""
+    from cluster.checkpoint import open_checkpoint
+    from cluster.config import ConfigError
 
     print(f"resume {args.checkpoint}", flush=True)
     _start_tracking_process(args.verbose)
@@ -98,20 +102,39 @@ def _resume(args: argparse.Namespace) -> int:
                 "a resumed run keeps its config; only "
                 "rounds, eval_every, eval_train, executor.* and checkpoint.* may change",
             )
-    checkpoint = load_checkpoint(args.checkpoint)
-    try:
-        config_from_dict(checkpoint["config"])
-    except ConfigError as error:
-        raise ConfigError(
-            f"{args.checkpoint}: {error.field_path}",
-            error.value,
-            f"{error.fix} (this checkpoint's config; written by another version of this code? "
-            "resume it with that version, or start the run afresh)",
-        ) from None
-    config = config_from_dict(checkpoint["config"], overrides)
+    checkpoint, config = open_checkpoint(args.checkpoint, overrides)
     done = checkpoint["simulation"]["rounds_done"]
+    if _rounds_left(config, done) == 0:
+        print(
+            f"nothing to do: {args.checkpoint} has completed all {config.rounds} rounds"
+            f"{_after_warmup(config)}; continue it with --set rounds=N, N > {config.rounds}"
+        )
+        return 0
     print(f"resuming after round {done} from {args.checkpoint}", flush=True)
     return _execute(config, checkpoint, args.verbose)
+
+
+def _rounds_left(config, done: int) -> int:
+    """Rounds a resume after ``done`` completed rounds runs; a ``ConfigError`` when ``rounds``
+    is below the rounds done (``done`` counts warm-up rounds, ``rounds`` may not)."""
+    from cluster.config import ConfigError
+
+    left = config.total_rounds - done
+    if left < 0:
+        trained = config.rounds - left
+        raise ConfigError(
+            "rounds",
+            config.rounds,
+            f"the checkpoint has completed {trained} rounds{_after_warmup(config)}, more than "
+            f"it asks for; continue it with --set rounds=N, N > {trained}",
+        )
+    return left
+
+
+def _after_warmup(config) -> str:
+    """The warm-up rounds the driver runs before ``rounds`` (DP-SCAFFOLD-warm), if any."""
+    warmup = config.total_rounds - config.rounds
+    return f" after {warmup} warm-up rounds" if warmup else ""
 
 
 def _execute(config, checkpoint: dict | None, verbose: bool) -> int:
@@ -120,7 +143,8 @@ def _execute(config, checkpoint: dict | None, verbose: bool) -> int:
     finally:
         from cluster.ray_runtime import disconnect
 
-        disconnect()
+        with StopSignals.active().finishing():  # a signal now waits for Ray's shutdown
+            disconnect()
 
 
 def _execute_in_session(config, checkpoint: dict | None, verbose: bool) -> int:
@@ -153,9 +177,9 @@ def _execute_in_session(config, checkpoint: dict | None, verbose: bool) -> int:
             calibrate=False,
             verbose=verbose,
         )
-    except KeyboardInterrupt as error:  # a second Ctrl-C: abort now, no checkpoint of this round
-        print(f"aborted: {error or 'KeyboardInterrupt'}", file=sys.stderr)
-        return 130
+    except Interrupted as error:  # before the first round, or a second signal mid-round
+        print(f"aborted: {error}; {_what_is_kept(error, checkpoint)}", file=sys.stderr)
+        return error.exit_code
     result, config = outcome.result, outcome.config
     if outcome.interrupted:
         print(
@@ -163,7 +187,7 @@ def _execute_in_session(config, checkpoint: dict | None, verbose: bool) -> int:
             f"-m cluster resume {outcome.checkpoint}",
             flush=True,
         )
-        return 130  # the shell's code for a run ended by Ctrl-C
+        return StopSignals.active().exit_code  # 130 for SIGINT (Ctrl-C), 143 for SIGTERM
     print(f"done: {result.stop_reason}")
     if outcome.final_accuracy is not None:
         print(f"final test accuracy {outcome.final_accuracy:.4f}")
@@ -179,6 +203,18 @@ def _execute_in_session(config, checkpoint: dict | None, verbose: bool) -> int:
             print(f"browse it with: uv run mlflow ui --backend-store-uri {outcome.tracking_uri}")
         print(f"run page: {outcome.run_page}")
     return 0
+
+
+def _what_is_kept(error: Interrupted, resumed: dict | None) -> str:
+    """Where the rounds an aborted run completed are kept."""
+    written = getattr(error, "checkpoint", None)
+    if written is not None:
+        path, rounds = written
+        return f"round {rounds}'s checkpoint: {path} (uv run python -m cluster resume {path})"
+    if resumed is not None:
+        done = resumed["simulation"]["rounds_done"]
+        return f"the checkpoint resumed from is unchanged (round {done})"
+    return "no round completed: nothing to resume"
 
 
 def _add_execution_options(parser: argparse.ArgumentParser, set_help: str) -> None:
@@ -218,11 +254,29 @@ def main(argv: list[str] | None = None) -> int:
         else:  # listed in --help; its options are parsed only when it is the command
             commands.add_parser(name, help=help_text)
     args = parser.parse_args(argv)
-    try:
-        return args.handler(args)
-    except _input_errors() as error:  # bad input: one paragraph, no traceback
-        print(error, file=sys.stderr)
-        return 2
+    # SIGINT/SIGTERM from here on end the command cleanly (cluster.interrupts): 130 or 143.
+    with StopSignals(lambda message: print(message, flush=True)) as stop:
+        try:
+            code = args.handler(args)
+        except _input_errors() as error:  # bad input: one paragraph, no traceback
+            print(error, file=sys.stderr)
+            return 2
+        except Interrupted as error:  # a signal before the command's work began
+            print(f"aborted: {error}", file=sys.stderr)
+            return error.exit_code
+        except TrackingError as error:  # MLflow or its process failed once the run began
+            print(_tracking_failure(error, getattr(args, "verbose", False)), file=sys.stderr)
+            return 1
+        return stop.exit_code or code  # a signal during the last writes still says it came
+
+
+def _tracking_failure(error: TrackingError, verbose: bool) -> str:
+    """One paragraph for the terminal; the tracking process's traceback only when ``verbose``."""
+    if not error.details:
+        return f"tracking error: {error}"
+    if verbose:
+        return f"tracking error: {error}\n{error.details}"
+    return f"tracking error: {error} (MLflow's traceback: run again with --verbose)"
 
 
 def _input_errors() -> tuple[type[Exception], ...]:

@@ -174,8 +174,10 @@ class LocalExecutor(HostPool):
         return [future.result() for future in futures]
 
     def close(self) -> None:
+        """Release the hosts' threads without waiting for a round a stop signal dropped (its
+        result is discarded; the threads end when it does)."""
         if self._threads is not None:
-            self._threads.shutdown()
+            self._threads.shutdown(wait=False, cancel_futures=True)
         self._thread_count.close()
 
 

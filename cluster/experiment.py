@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 from collections.abc import Callable
@@ -13,7 +14,7 @@ from algorithms.layout import ParamLayout
 from cluster.checkpoint import checkpoint_path, save_checkpoint
 from cluster.config import ExperimentConfig
 from cluster.executors import LocalExecutor, RayExecutor
-from cluster.interrupts import GracefulStop
+from cluster.interrupts import Interrupted, StopSignals, stop_signals
 from cluster.preflight import check_store_matches, preflight
 from cluster.privacy_plan import (
     PrivacyClaim,
@@ -67,7 +68,9 @@ def make_executor(
         )
     from cluster.ray_runtime import check_resources, connect
 
-    session = connect(e.address, verbose)
+    stop = StopSignals.active()
+    with stop.around_ray_init() if stop is not None else contextlib.nullcontext():
+        session = connect(e.address, verbose)
     say(session.describe())
     if session.embedded:
         check_resources(e.num_actors, e.cpus_per_actor, e.gpus_per_actor)
@@ -150,12 +153,20 @@ class Outcome:
 def _start_tracking(
     config: ExperimentConfig, store: ShardStore, run_id: str | None, parent_run_id: str | None
 ) -> TrackingRun | None:
-    """The experiment's MLflow run (a new one, or ``run_id`` resumed), opening in the tracking
-    process while Ray, the actors and the first rounds run; None when tracking is off."""
+    """The experiment's MLflow run, None when tracking is off. A new one opens in the tracking
+    process while Ray, the actors and the first rounds run; ``run_id`` resumed is waited for
+    (``tracking_process.OPEN_WAIT_S`` at most), so that a run the store does not hold ends the
+    command (``ConfigError``) before any training."""
     if not config.tracking.enabled:
         return None
     if run_id is not None:
-        return TrackingRun.resume(tracking_uri(), run_id)
+        run = TrackingRun.resume(tracking_uri(), run_id)
+        try:
+            run.wait_open()
+        except BaseException as error:
+            run.abandon(_end_status(error))
+            raise
+        return run
     claim = privacy_claim(config, config.build_algorithm(), store.client_sizes)
     tags = {
         "algorithm": config.algorithm.name,
@@ -191,22 +202,51 @@ def run_experiment(
     its checkpoint was calibrated with; so does a caller that calibrated already
     (``calibrate=False``). Ray's own log lines reach the terminal only when ``verbose``.
     ``parent_run_id``: the MLflow run this one is listed under (``compare``'s parent run).
+
+    SIGINT/SIGTERM end the run as ``cluster.interrupts`` describes: before the first round an
+    ``Interrupted`` is raised (the MLflow run, if open, ends KILLED); during the rounds the run
+    stops, writes the last completed round's checkpoint and returns ``interrupted``.
     """
-    preflight(config)
-    if resume is None and calibrate:
-        config = calibrate_with_message(config, say)
-    store, _ = open_store(config)
-    if config.build_algorithm().privacy_unit != "none":
-        for warning in privacy_warnings(config, store.client_sizes):
-            say(f"warning: {warning}")
-    resumed_run = resume.get("run_id") if resume is not None else None
-    run = _start_tracking(config, store, resumed_run, parent_run_id)
-    try:
-        executor = make_executor(config, store, say, verbose)
-    except BaseException:
-        if run is not None:
-            run.abandon()
-        raise
+    with stop_signals(say) as stop:
+        preflight(config)
+        if resume is None and calibrate:
+            config = calibrate_with_message(config, say)
+        store, _ = open_store(config)
+        if config.build_algorithm().privacy_unit != "none":
+            for warning in privacy_warnings(config, store.client_sizes):
+                say(f"warning: {warning}")
+        resumed_run = resume.get("run_id") if resume is not None else None
+        run = _start_tracking(config, store, resumed_run, parent_run_id)
+        try:
+            executor = make_executor(config, store, say, verbose)
+        except BaseException as error:
+            if run is not None:
+                run.abandon(_end_status(error))
+            raise
+        try:
+            return _run_rounds(config, store, executor, run, resume, on_round, say, stop)
+        finally:
+            with stop.finishing():
+                executor.close()
+
+
+def _end_status(error: BaseException) -> str:
+    """The MLflow status of a run ended by ``error``: a stop signal is the user's, not a
+    failure."""
+    return "KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED"
+
+
+def _run_rounds(
+    config: ExperimentConfig,
+    store: ShardStore,
+    executor,
+    run: TrackingRun | None,
+    resume: dict | None,
+    on_round: Callable[[RoundRecord], None],
+    say: Callable[[str], None],
+    stop: StopSignals,
+) -> Outcome:
+    """The rounds, the checkpoints and the MLflow run's end, on a started executor."""
     every = config.checkpoint.every
     announced = False
 
@@ -219,6 +259,7 @@ def run_experiment(
             say(f"checkpoint: {path} ({f'every {every} rounds and ' if every else ''}at the end)")
 
     announce_once_open()
+    written: tuple[Path, int] | None = None  # the last checkpoint this run wrote, its round
     try:
         sim = Simulation(config, store, executor)
         for notice in sim.claim.notices():
@@ -234,6 +275,8 @@ def run_experiment(
                 announce_once_open()
             path = checkpoint_path(config, run_id)
             save_checkpoint(path, sim.state_dict(), config.to_dict(), run_id)
+            nonlocal written
+            written = (path, len(sim.history))
             return path
 
         def report(record: RoundRecord) -> None:
@@ -241,36 +284,51 @@ def run_experiment(
                 run.log_round(record)
                 announce_once_open()
             if every and record.round % every == 0:
-                checkpoint_here()
+                with stop.deferred():  # a signal now takes effect once the file is whole
+                    checkpoint_here()
             on_round(record)
 
-        with GracefulStop(say) as stop:
-            result = sim.run(report, lambda: stop.reason)
-        interrupted = stop.reason is not None
-        path = checkpoint_here()
-        if run is not None:
-            ParamLayout.of(sim.model).load_into(sim.model, result.params)
-            eps = final_epsilon(result.history)
-            run.set_tags({"stop_reason": result.stop_reason, "checkpoint": str(path)})
-            summary = {
-                "rounds": len(result.history),
-                "stop_reason": result.stop_reason,
-                "epsilon": eps if math.isfinite(eps) else None,
-                "epsilon_vs_server": sim.claim.epsilon_vs_server(len(result.history)),
-                "dp_valid": sim.claim.dp_valid,
-                "delta": sim.claim.delta,
-            }
-            report = privacy_report(config, sim.claim, len(result.history), eps)
-            status = "KILLED" if interrupted else "FINISHED"
-            model_state = sim.model.state_dict()
-            run.finish(config.to_dict(), result.history, model_state, summary, report, status)
+        with stop.rounds():
+            result = sim.run(report, stop)
+        # A signal that came as the last round ended stopped nothing: the run is complete.
+        interrupted = stop.reason is not None and result.stop_reason.startswith(stop.reason)
+        with stop.finishing():  # a signal from here on only sets the exit code
+            path = checkpoint_here()
+            if run is not None:
+                _finish_run(run, config, sim, result, path, interrupted)
     except BaseException as error:
+        if isinstance(error, Interrupted):  # say where the completed rounds are kept
+            error.checkpoint = written
         if run is not None:  # a second Ctrl-C is the user's stop, not a failure
-            run.abandon("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
+            run.abandon(_end_status(error))
         raise
-    finally:
-        executor.close()
     run_id = run.run_id if run is not None else None
     uri = run.uri if run is not None else None
     page = run.run_page() if run is not None else None
     return Outcome(result, config, run_id, uri, path, sim.claim, interrupted, page)
+
+
+def _finish_run(
+    run: TrackingRun,
+    config: ExperimentConfig,
+    sim: Simulation,
+    result: SimulationResult,
+    checkpoint: Path,
+    interrupted: bool,
+) -> None:
+    """The MLflow run's tags, summary, privacy report and model, then its end (KILLED when a
+    signal stopped it)."""
+    ParamLayout.of(sim.model).load_into(sim.model, result.params)
+    eps = final_epsilon(result.history)
+    run.set_tags({"stop_reason": result.stop_reason, "checkpoint": str(checkpoint)})
+    summary = {
+        "rounds": len(result.history),
+        "stop_reason": result.stop_reason,
+        "epsilon": eps if math.isfinite(eps) else None,
+        "epsilon_vs_server": sim.claim.epsilon_vs_server(len(result.history)),
+        "dp_valid": sim.claim.dp_valid,
+        "delta": sim.claim.delta,
+    }
+    report = privacy_report(config, sim.claim, len(result.history), eps)
+    status = "KILLED" if interrupted else "FINISHED"
+    run.finish(config.to_dict(), result.history, sim.model.state_dict(), summary, report, status)

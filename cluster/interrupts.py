@@ -1,42 +1,194 @@
-"""Graceful stops: SIGINT (Ctrl-C) or SIGTERM (a scheduler, ``ray job stop``) ends a run cleanly.
+"""Stop signals: SIGINT (Ctrl-C) or SIGTERM (a scheduler, ``ray job stop``) end a command cleanly
+at whatever phase they arrive, losing no completed round.
 
-The first signal asks the round loop to stop after the round in progress: the run then writes
-its checkpoint, marks its MLflow run KILLED (not FAILED) and says how to resume. A second signal
-aborts at once (``KeyboardInterrupt``). Handlers are installed only in the main thread (signals
-are delivered there) and the previous ones are restored on exit.
+``StopSignals`` is installed once for a whole command (``run``, ``resume``, ``compare``; or by
+``run_experiment`` for a program that calls it) and its handlers act by phase:
+
+- **start-up** (store build, Ray start-up, the MLflow run's opening, loading a checkpoint):
+  the first signal raises ``Interrupted`` at once; no round has completed, so there is nothing
+  to checkpoint (a resumed run's checkpoint stays as it was).
+- **rounds** (``rounds()``): the first signal asks the loop to stop. Inside a round that may be
+  dropped (``droppable()``: an algorithm without client state, whose round changes nothing
+  outside the driver until it ends) it raises ``RoundDropped`` at once and the driver goes back
+  to the last completed round; otherwise the round in progress finishes (SCAFFOLD's c_i change
+  on the hosts as the round runs: a checkpoint of the round before would not match them). A
+  second signal there raises ``Interrupted``: the round is abandoned and the checkpoint on disk
+  (the last periodic one) is what remains.
+- **writes** (``deferred()``: a periodic checkpoint being written): signals wait until the
+  block ends, then the first of them applies as in the rounds.
+- **the end** (``finishing()``: the final checkpoint, the MLflow run's end, the shutdown after
+  "done"): a signal is recorded (the exit code says it came) and changes nothing: what is left
+  is what keeps the completed rounds.
+
+A command ended by a signal exits with ``128 + signum``: 130 for SIGINT, 143 for SIGTERM.
+Handlers are installed only in the main thread (signals are delivered there); the previous
+ones are restored on exit.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-class GracefulStop:
-    """Context manager; ``reason`` is None until a first signal arrives."""
+class Interrupted(KeyboardInterrupt):
+    """A stop signal ended the command before its work was done (a KeyboardInterrupt, so code
+    that already lets Ctrl-C through lets this through too)."""
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(message)
+        self.signum = signum
+        # (path, round) of the last checkpoint the interrupted run wrote, where it wrote one
+        self.checkpoint: tuple[object, int] | None = None
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+class RoundDropped(BaseException):
+    """Raised inside a droppable round by the first stop signal: the round is abandoned."""
+
+
+class StopSignals:
+    """Context manager; ``reason`` is None until a first signal arrives (see the module doc)."""
+
+    _active: StopSignals | None = None
 
     def __init__(self, say: Callable[[str], None] = print):
         self.say = say
         self.reason: str | None = None
+        self.signum: int | None = None
+        self._phase = "start-up"  # | "rounds" | "droppable" | "deferred" | "finishing"
+        self._pending: int | None = None  # a signal received while deferred or finishing
         self._previous: dict[int, object] = {}
+
+    @classmethod
+    def active(cls) -> StopSignals | None:
+        """The signals of the command in progress, if one installed them."""
+        return cls._active
+
+    @property
+    def exit_code(self) -> int | None:
+        """``128 + signum`` once a signal arrived, else None."""
+        return None if self.signum is None else 128 + self.signum
+
+    def _notice(self, text: str) -> None:
+        try:
+            self.say(text)
+        except RuntimeError:  # the signal came while the main thread was printing
+            os.write(2, f"{text}\n".encode())
 
     def _handle(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name
+        if self._phase == "finishing":
+            if self.signum is None:
+                self.reason, self.signum = f"interrupted by {name}", signum
+            if self._pending is None:
+                self._pending = signum
+                self._notice(f"{name}: finishing the checkpoint and the run's end first")
+            return
+        if self._phase == "deferred":
+            if self._pending is None:
+                self._notice(f"{name}: finishing the checkpoint being written first")
+                self._pending = signum
+            return
         if self.reason is not None:
-            raise KeyboardInterrupt(f"second {name}: aborting without a checkpoint")
-        self.reason = f"interrupted by {name}"
-        self.say(f"{name}: stopping after this round and writing a checkpoint (again to abort)")
+            raise Interrupted(signum, f"second {name}: aborting the round in progress")
+        self.reason, self.signum = f"interrupted by {name}", signum
+        if self._phase == "start-up":
+            raise Interrupted(signum, f"interrupted by {name} before the first round completed")
+        if self._phase == "droppable":
+            self._notice(f"{name}: dropping the round in progress and writing a checkpoint")
+            raise RoundDropped
+        self._notice(f"{name}: stopping after this round and writing a checkpoint (again to abort)")
 
-    def __enter__(self) -> GracefulStop:
+    @contextmanager
+    def _in_phase(self, phase: str) -> Iterator[None]:
+        before, self._phase = self._phase, phase
+        try:
+            yield
+        finally:
+            self._phase = before
+
+    def rounds(self):
+        """The round loop: a first signal stops it after the round in progress."""
+        return self._in_phase("rounds")
+
+    def droppable(self):
+        """A round that a first signal may abandon (``RoundDropped``)."""
+        return self._in_phase("droppable") if self._phase == "rounds" else _nothing()
+
+    @contextmanager
+    def deferred(self) -> Iterator[None]:
+        """Signals received in the block take effect when it ends (a write is never cut)."""
+        if self._phase in ("deferred", "finishing"):
+            yield
+            return
+        with self._in_phase("deferred"):
+            yield
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self._handle(pending, None)
+
+    @contextmanager
+    def finishing(self) -> Iterator[None]:
+        """The command's last writes and shutdown: a signal is only recorded."""
+        with self._in_phase("finishing"):
+            yield
+        if self._phase != "finishing":
+            self._pending = None
+
+    @contextmanager
+    def around_ray_init(self) -> Iterator[None]:
+        """A block that calls ``ray.init``, which replaces the SIGTERM handler with one that
+        exits the process (and Ray's C++ core adds a stack dump): a SIGTERM there becomes an
+        ``Interrupted`` like any other, and the handlers are this command's again after it."""
+        try:
+            yield
+        except SystemExit as exit:
+            if exit.code != signal.SIGTERM or not self._previous:
+                raise
+            self.reason, self.signum = "interrupted by SIGTERM", signal.SIGTERM
+            raise Interrupted(
+                signal.SIGTERM, "interrupted by SIGTERM before the first round completed"
+            ) from None
+        finally:
+            if self._previous:
+                for signum in _SIGNALS:
+                    signal.signal(signum, self._handle)
+
+    def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
             for signum in _SIGNALS:
                 self._previous[signum] = signal.signal(signum, self._handle)
+            self._outer, StopSignals._active = StopSignals._active, self
         return self
 
     def __exit__(self, *exc) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
+        if self._previous:
+            StopSignals._active = self._outer
         self._previous.clear()
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+@contextmanager
+def stop_signals(say: Callable[[str], None] = print) -> Iterator[StopSignals]:
+    """The command's ``StopSignals``: the active one, or new ones for this block."""
+    active = StopSignals.active()
+    if active is not None:
+        yield active
+        return
+    with StopSignals(say) as stop:
+        yield stop

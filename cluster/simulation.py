@@ -17,18 +17,21 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from actors.client_host import Broadcast, build_model
+from actors.client_host import Broadcast
 from algorithms.aggregate import PartialAggregate
 from algorithms.client import upload_bytes
 from algorithms.layout import ParamLayout
+from algorithms.presets import Algorithm
 from algorithms.rng import Purpose, stream_seed, torch_generator
 from algorithms.server import ServerContext, ServerState
 from cluster.central_optimum import central_optimum
 from cluster.cohort import sample_cohort
 from cluster.config import ExperimentConfig
+from cluster.interrupts import RoundDropped, StopSignals
 from cluster.privacy_plan import privacy_claim
 from cluster.records import RoundRecord
 from datasets.store import ShardStore
+from datasets.tasks import TASKS
 
 
 @dataclass
@@ -41,11 +44,29 @@ class SimulationResult:
 def initial_params(
     config: ExperimentConfig, store: ShardStore
 ) -> tuple[torch.nn.Module, torch.Tensor]:
-    """The model and its initial flat parameters, seeded by (seed, MODEL_INIT)."""
+    """The model for the store's rows and its initial flat parameters (``initial_model``)."""
+    manifest = store.manifest
+    return initial_model(config, tuple(manifest["x_shape"]), manifest["num_classes"])
+
+
+def initial_model(
+    config: ExperimentConfig, x_shape: tuple[int, ...], num_classes: int
+) -> tuple[torch.nn.Module, torch.Tensor]:
+    """The task's model for rows of ``x_shape`` in ``num_classes`` classes and its initial flat
+    parameters, seeded by (seed, MODEL_INIT)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(stream_seed(config.seed, Purpose.MODEL_INIT))
-        model = build_model(store, config.task)
+        model = TASKS[config.task].model(x_shape, num_classes)
     return model, ParamLayout.flatten(model)
+
+
+def initial_state(
+    config: ExperimentConfig, layout: ParamLayout, params: torch.Tensor
+) -> tuple[Algorithm, ServerState]:
+    """The config's algorithm bound to the model's ``layout``, and the server state at round 0
+    (``params`` and the algorithm's extras: SCAFFOLD's c, momentum, sketches, …)."""
+    algorithm = config.build_algorithm().bind(layout)
+    return algorithm, ServerState(params, algorithm.initial_extras(params))
 
 
 # Per-client stats whose round mean is logged under another name.
@@ -88,8 +109,7 @@ class Simulation:
         self.executor = executor
         self.model, params = initial_params(config, store)
         self.layout = ParamLayout.of(self.model)
-        self.algorithm = config.build_algorithm().bind(self.layout)
-        self.state = ServerState(params, self.algorithm.initial_extras(params))
+        self.algorithm, self.state = initial_state(config, self.layout, params)
         # Every ε of the run comes from this claim, read off the mechanism that runs.
         self.claim = privacy_claim(config, self.algorithm, store.client_sizes)
         self.accountant = self.claim.new_accountant()
@@ -97,6 +117,7 @@ class Simulation:
         self._background = ThreadPoolExecutor(max_workers=2, thread_name_prefix="round-background")
         self.history: list[RoundRecord] = []
         self._optimum: Future | None = None  # F(x*) for eval_train, found in the background
+        self._accounting: Future | None = None  # the round in progress's ε
         if config.eval_train:  # on a thread of its own: the round's noise and ε keep theirs
             decay = self.algorithm.trainer.weight_decay
             finder = ThreadPoolExecutor(1, thread_name_prefix="central-optimum")
@@ -127,7 +148,7 @@ class Simulation:
         server_only = algorithm.server.server_only
         payload = {k: v.numpy() for k, v in self.state.extras.items() if k not in server_only}
         broadcast = Broadcast(self.state.params.numpy(), payload, warmup=warmup)
-        accounting = self._account_while_training(round_index)
+        accounting = self._accounting = self._account_while_training(round_index)
         # The server's noise depends on the round and σ only: drawn while the clients train.
         context = self._background.submit(self._server_context, algorithm, round_index)
         total = self.executor.run_round(round_index, broadcast, cohort, float(c.cohort.size))
@@ -251,24 +272,52 @@ class Simulation:
     def run(
         self,
         on_round: Callable[[RoundRecord], None] = lambda r: None,
-        stop_requested: Callable[[], str | None] = lambda: None,
+        stop: StopSignals | None = None,
     ) -> SimulationResult:
-        """Run the remaining rounds; ``stop_requested`` (checked before each round) ends the
-        run early with its reason (a graceful interrupt)."""
+        """Run the remaining rounds. ``stop`` (a command's stop signals) ends the run early:
+        checked before each round, and able to drop a round in progress where the algorithm
+        keeps no client state (the driver then goes back to the last completed round)."""
         stop_reason = f"completed {self.config.rounds} rounds"
         if self.config.warmup_rounds:
             stop_reason += f" after {self.config.warmup_rounds} warm-up rounds"
+        droppable = stop.droppable if stop is not None and not self.keeps_client_state else None
         for round_index in range(len(self.history), self.config.total_rounds):
-            reason = stop_requested() or self._budget_exhausted()
+            reason = (stop and stop.reason) or self._budget_exhausted()
             if reason is not None:
                 stop_reason = reason
-                if stop_requested():
+                if stop and stop.reason:
                     stop_reason += f" after round {round_index}"
                 break
-            record = self.run_round(round_index)
+            try:
+                record = self._round_or_drop(round_index, droppable)
+            except RoundDropped:
+                stop_reason = f"{stop.reason} during round {round_index + 1} (dropped)"
+                break
             self.history.append(record)
             on_round(record)
         return SimulationResult(self.state.params, self.history, stop_reason)
+
+    @property
+    def keeps_client_state(self) -> bool:
+        """Whether clients keep state on their hosts (SCAFFOLD's c_i), changed as rounds run."""
+        return self.algorithm.control_variates
+
+    def _round_or_drop(self, round_index: int, droppable) -> RoundRecord:
+        """Round ``round_index``; inside ``droppable()`` a ``RoundDropped`` leaves the server
+        state and the accountant as they were before it (the round never happened)."""
+        if droppable is None:
+            return self.run_round(round_index)
+        state, accountant = self.state, self.accountant and self.accountant.state_dict()
+        try:
+            with droppable():
+                return self.run_round(round_index)
+        except RoundDropped:
+            self.state = state  # server rules return new states: the old one is intact
+            if self._accounting is not None:  # ε of the round is computed from the accountant
+                self._accounting.exception()
+            if accountant is not None:
+                self.accountant.load_state_dict(accountant)
+            raise
 
 
 def final_epsilon(history: list[RoundRecord]) -> float:

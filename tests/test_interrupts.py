@@ -17,7 +17,7 @@ from cluster.checkpoint import load_checkpoint
 from cluster.cli import main
 from cluster.config import config_from_dict
 from cluster.experiment import run_experiment
-from cluster.interrupts import GracefulStop
+from cluster.interrupts import Interrupted, RoundDropped, StopSignals
 
 RUN = ("algorithm.name=scaffold", "rounds=5", "tracking.enabled=true")  # with client state
 
@@ -74,13 +74,31 @@ def test_resume_after_a_crash_does_not_log_rounds_twice(store_root, tmp_path, tr
     assert {m.step: m.value for m in history} == accuracy and len(history) == 5
 
 
-def test_sigterm_stops_gracefully_and_a_second_signal_aborts():
-    with GracefulStop(lambda message: None) as stop:
+def test_stop_signals_act_by_phase():
+    notices = []
+    with StopSignals(notices.append) as stop:
+        with pytest.raises(Interrupted) as before:  # start-up: nothing to keep, stop now
+            os.kill(os.getpid(), signal.SIGTERM)
+        assert before.value.exit_code == 143 and stop.exit_code == 143
+    with StopSignals(notices.append) as stop, stop.rounds():
         os.kill(os.getpid(), signal.SIGTERM)
-        assert stop.reason == "interrupted by SIGTERM"
-        with pytest.raises(KeyboardInterrupt, match="second SIGINT"):
+        assert stop.reason == "interrupted by SIGTERM"  # the round in progress goes on
+        written = False
+        with pytest.raises(Interrupted, match="second SIGINT"), stop.deferred():
+            os.kill(os.getpid(), signal.SIGINT)  # a checkpoint being written: it waits
+            written = True
+        assert written
+    with StopSignals(notices.append) as stop, stop.rounds():
+        with stop.droppable(), pytest.raises(RoundDropped):
             os.kill(os.getpid(), signal.SIGINT)
+        with pytest.raises(Interrupted, match="second SIGINT"):
+            os.kill(os.getpid(), signal.SIGINT)
+    with StopSignals(notices.append) as stop, stop.finishing():
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.exit_code == 130  # recorded, nothing raised
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert "SIGINT: finishing the checkpoint being written first" in notices
 
 
 def test_cli_prints_how_to_resume_and_exits_130(store_root, tmp_path, capsys, monkeypatch):

@@ -42,6 +42,7 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 # The venv's own CLI first (the test runs as `uv run pytest`), then whatever is on PATH.
@@ -247,7 +248,7 @@ class _Head:
         left of that attempt and start again, on fresh ports.
         """
         failures = []
-        while True:
+        while self.process.returncode != 0:  # once started, ready for every later caller
             try:
                 output, _ = self.process.communicate(timeout=START_TIMEOUT_S)
             except subprocess.TimeoutExpired:
@@ -255,7 +256,7 @@ class _Head:
                 output, _ = self.process.communicate()
                 output += f"\n(timed out after {START_TIMEOUT_S} s)"
             if self.process.returncode == 0:
-                return self.address
+                break
             failures.append(
                 f"attempt {self.attempt}: `ray start --head` exited "
                 f"{self.process.returncode}:\n{output}"
@@ -265,6 +266,7 @@ class _Head:
             if self.attempt == START_ATTEMPTS:
                 pytest.fail("\n\n".join(failures))
             self._launch()
+        return self.address
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -274,9 +276,10 @@ class _Head:
             _stop_head(sid)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def ray_head():
-    """A Ray head of this test's own, starting; always stopped afterwards."""
+    """A Ray head of this module's own, starting; always stopped afterwards (its tests share
+    it: a head takes 20-40 s to start)."""
     # Short path on purpose: Ray's unix sockets live under --temp-dir and a socket path
     # must stay under 108 bytes, which pytest's tmp_path plus Ray's session dir can exceed.
     tmp = Path(tempfile.mkdtemp(prefix="rayjob-"))
@@ -367,3 +370,104 @@ def test_quickstart_as_ray_job(ray_head):
     checkpoint = tmp / "shards" / "checkpoints" / f"{run.info.run_id}.pt"
     assert checkpoint.is_file() and f"checkpoint: {checkpoint}" in output
     assert run.data.tags["checkpoint"] == str(checkpoint)
+
+
+def _job_api(address: str, env: dict[str, str], path: str, method: str = "GET") -> dict:
+    """One call to the job server's REST API (what `ray job ...` calls, without its seconds
+    of start-up), authenticated with the head's token."""
+    import urllib.request
+
+    token = Path(env["RAY_AUTH_TOKEN_PATH"]).read_text().strip()
+    request = urllib.request.Request(
+        f"{address}/api/jobs/{path}", method=method, headers={"Authorization": f"Bearer {token}"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read() or b"{}")
+
+
+def _wait_for_job(address: str, env: dict[str, str], submission_id: str, until) -> dict:
+    """Poll the job until ``until(info, logs)`` holds; its info and logs then."""
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while time.monotonic() < deadline:
+        info = _job_api(address, env, submission_id)
+        logs = ANSI.sub("", _job_api(address, env, f"{submission_id}/logs").get("logs", ""))
+        if until(info, logs):
+            return {**info, "logs": logs}
+        if info["status"] in ("SUCCEEDED", "FAILED", "STOPPED"):
+            pytest.fail(f"job {submission_id} ended {info['status']} early:\n{logs}")
+        time.sleep(0.2)
+    pytest.fail(f"job {submission_id}: condition not reached in {JOB_TIMEOUT_S} s\n{logs}")
+
+
+def test_ray_job_stop_keeps_the_last_round_and_a_new_job_resumes_bit_for_bit(ray_head):
+    """`ray job stop` SIGTERMs the driver (and its children) and SIGKILLs them 3 s later: the
+    run ends KILLED with the checkpoint of its last completed round, and `resume` submitted as
+    a new job ends bit-identical, ε included, to the same run uninterrupted."""
+    from mlflow.tracking import MlflowClient
+
+    from cluster.checkpoint import load_checkpoint
+    from cluster.config import load_config
+    from cluster.experiment import run_experiment
+
+    tmp, env = ray_head.tmp / "stop", ray_head.env
+    tmp.mkdir()
+    rounds = 40
+    tracking_uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri)
+    client.search_experiments()  # the schema, while the head starts
+    # The same run uninterrupted, in process on as many host threads as the job's actors
+    # (the two executors agree bit for bit), also while the head starts.
+    sets = [f"rounds={rounds}", f"data.store_root={tmp / 'shards'}"]
+    reference = load_config(
+        ROOT / "configs" / "quickstart.yaml",
+        [*sets, "executor.kind=local", "tracking.enabled=false", f"checkpoint.dir={tmp / 'ref'}"],
+    )
+    straight = run_experiment(reference)
+    address = ray_head.ready()
+
+    runtime_env = {
+        "env_vars": {"MLFLOW_TRACKING_URI": tracking_uri, "DPFL_STORE_ROOT": str(tmp / "shards")}
+    }
+
+    def submit(submission_id: str, *command: str) -> None:
+        done = _run(
+            [
+                RAY, "job", "submit", "--no-wait",
+                "--address", address,
+                "--submission-id", submission_id,
+                "--working-dir", ".",
+                "--runtime-env-json", json.dumps(runtime_env),
+                "--", "python", "-m", "cluster", *command,
+            ],
+            env,
+            120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout
+
+    first = f"stopped-{secrets.token_hex(4)}"
+    submit(first, "run", "configs/quickstart.yaml", "--set", f"rounds={rounds}")
+    _wait_for_job(address, env, first, lambda info, logs: re.search(r"round\s+3/", logs))
+    _job_api(address, env, f"{first}/stop", method="POST")
+    stopped = _wait_for_job(address, env, first, lambda info, logs: info["status"] == "STOPPED")
+    logs = stopped["logs"]
+    assert "Traceback" not in logs, logs
+    (line,) = [x for x in logs.splitlines() if x.startswith("interrupted by SIGTERM")]
+    path = line.split(": checkpoint ")[1].split(";")[0]
+    saved = load_checkpoint(path)
+    done = saved["simulation"]["rounds_done"]
+    printed = [int(m) for m in re.findall(r"^round\s+(\d+)/", logs, re.MULTILINE)]
+    assert 3 <= done < rounds and done == max(printed), logs  # the last completed round
+    run_id = saved["run_id"]
+    assert client.get_run(run_id).info.status == "KILLED"
+    steps = sorted(m.step for m in client.get_metric_history(run_id, "seconds_per_round"))
+    assert steps == list(range(1, done + 1))
+
+    second = f"resumed-{secrets.token_hex(4)}"
+    submit(second, "resume", path)
+    _wait_for_job(address, env, second, lambda info, logs: info["status"] == "SUCCEEDED")
+    final = load_checkpoint(path)
+    assert final["simulation"]["rounds_done"] == rounds
+    assert torch.equal(final["simulation"]["params"], straight.result.params)
+    epsilons = sorted(client.get_metric_history(run_id, "epsilon"), key=lambda m: m.step)
+    assert epsilons[-1].value == straight.epsilon
+    assert client.get_run(run_id).info.status == "FINISHED"
