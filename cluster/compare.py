@@ -31,6 +31,7 @@ import csv
 import io
 import json
 import math
+import signal
 import statistics
 import sys
 import time
@@ -370,6 +371,7 @@ def _run_all(
 ) -> dict[str, list]:
     """Every preset × seed, in order; outcomes by label."""
     from cluster.experiment import run_experiment
+    from cluster.interrupts import Interrupted, StopSignals
     from cluster.privacy_plan import calibrate_with_message
 
     results: dict[str, list] = {}
@@ -385,6 +387,13 @@ def _run_all(
             config = calibrate_with_message(config_from_dict(run_base, overrides), print)
             start = time.perf_counter()
             outcome = run_experiment(config, calibrate=False, parent_run_id=parent_run_id)
+            if outcome.interrupted:  # a stop signal ends the comparison, not just this run
+                active = StopSignals.active()  # None where no command installed them
+                raise Interrupted(
+                    active.signum if active is not None else signal.SIGINT,
+                    f"{label} seed {seed}: {outcome.result.stop_reason} (checkpoint "
+                    f"{outcome.checkpoint}); the runs after it were not started",
+                )
             eps = outcome.claim.epsilon_text(outcome.epsilon, outcome.epsilon_vs_server)
             print(
                 f"{label} seed {seed}: final acc {outcome.final_accuracy:.4f}, {eps}, "
