@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,10 +70,41 @@ def connect(address: str | None, verbose: bool = False) -> RaySession:
     # this environment, so the workers find the project on PYTHONPATH; a runtime_env carrying it
     # instead would keep actors off the workers Ray prestarts at init (≈1.3 s more start-up).
     _prepend_pythonpath(PROJECT_ROOT)
-    ray.init(
-        address="local", include_dashboard=False, _system_config=EMBEDDED_SYSTEM_CONFIG, **quiet
-    )
+    with _loopback_node():
+        ray.init(
+            address="local", include_dashboard=False, _system_config=EMBEDDED_SYSTEM_CONFIG, **quiet
+        )
     return RaySession("embedded local Ray", _logs_dir())
+
+
+@contextmanager
+def _loopback_node() -> Iterator[None]:
+    """Within the block, a Ray node started by this process takes the loopback address
+    (``127.0.0.1``, or ``::1`` where Ray finds only IPv6) as its node IP, and so every server it
+    starts listens on loopback only.
+
+    Ray 2.60 has no bind-address option: each of its servers picks its interface from the node
+    IP, loopback only when that IP is a loopback one (the gRPC servers of the GCS, the raylet,
+    the agents and every worker; the autoscaler's, the dashboard's and the agent's metrics
+    endpoints: ``autoscaler/_private/monitor.py``, ``dashboard/head.py``,
+    ``dashboard/agent.py``, ``dashboard/modules/reporter/reporter_agent.py``), all interfaces
+    otherwise. And the node IP cannot be set to loopback through ``ray.init``:
+    ``_node_ip_address="127.0.0.1"`` is replaced by the machine's routable address
+    (``services.resolve_ip_for_localhost``), as is the default (``services.get_node_ip_address``),
+    unless ``ray_constants.ENABLE_RAY_CLUSTER`` is false, which Ray sets only on macOS and
+    Windows (single-node Ray there: ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER``). That constant is
+    read from the environment when Ray is imported, so it is switched here, in this process
+    only, and restored on leaving: the processes Ray starts are told the node IP on their
+    command lines, and a later connection to a real cluster resolves addresses as before.
+    """
+    from ray._private import ray_constants
+
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
 
 
 def _prepend_pythonpath(path: Path) -> None:
