@@ -2,7 +2,10 @@
 
 Nothing here talks to a cluster: manifests are rendered with `kubectl kustomize`, the RayCluster
 and RayJob objects are validated against the KubeRay v1.7.0 CRD schemas (shared/kuberay-crds)
-with unknown fields treated as errors, and the core objects are checked structurally.
+with unknown fields treated as errors, and the core objects are checked structurally. The
+hardening (issue 29) is checked on the rendered manifests: no Secret or password in them, Ray
+token authentication, a securityContext on every container, images pinned by exact tag (and
+k8s/pin-digests.sh), and the NetworkPolicies evaluated on a model of the pods KubeRay creates.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import os
 import re
 import shutil
 import subprocess
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -28,7 +32,6 @@ RAY_ENV = {"MLFLOW_TRACKING_URI": "http://mlflow:5000", **IMAGE_ENV}
 SHARED_MOUNT = os.path.commonpath(list(IMAGE_ENV.values()))  # the dpfl-shared volume
 EXPECTED_KINDS = sorted(
     [
-        ("v1", "Secret"),
         ("v1", "Service"),
         ("v1", "Service"),
         ("v1", "PersistentVolumeClaim"),
@@ -38,8 +41,18 @@ EXPECTED_KINDS = sorted(
         ("ray.io/v1", "RayCluster"),
         ("ray.io/v1", "RayJob"),
     ]
+    + [("networking.k8s.io/v1", "NetworkPolicy")] * 6
 )
-CORE_KINDS = {"Secret", "Service", "PersistentVolumeClaim", "Deployment", "StatefulSet"}
+CORE_KINDS = {"Service", "PersistentVolumeClaim", "Deployment", "StatefulSet"}
+README = (K8S / "README.md").read_text()
+# The Secret the user creates: the README's `kubectl create secret generic NAME
+# --from-literal=KEY=...` is the contract the manifests' secretKeyRefs must meet.
+DOCUMENTED_SECRET = re.search(
+    r"kubectl create secret generic (\S+) +\\?\s*--from-literal=(\w+)=", README
+)
+# Labels that admit a pod through the NetworkPolicies (documented in k8s/README.md).
+SUBMITTER_LABEL = {"dpfl/ray-submitter": "true"}
+MLFLOW_CLIENT_LABEL = {"dpfl/mlflow-client": "true"}
 
 needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl not on PATH: cannot render")
 needs_crds = pytest.mark.skipif(
@@ -196,6 +209,12 @@ def test_crd_validation_rejects_typos_and_wrong_types(rendered, validators):
     assert schema_errors(validator, wrong_type)
 
     (job,) = by_kind(docs, "RayJob")
+    bad_auth = copy.deepcopy(cluster)
+    bad_auth["spec"]["authOptions"] = {"mode": "Token"}  # the enum is disabled | token
+    assert any("authOptions" in e for e in schema_errors(validator, bad_auth))
+    bad_auth["spec"]["authOptions"] = {"mode": "token", "secret": "x"}  # secretName
+    assert any("authOptions" in e for e in schema_errors(validator, bad_auth))
+
     bad_job = copy.deepcopy(job)
     bad_job["spec"]["shutdownAfterJobFinishes"] = "yes"
     bad_job["spec"]["ttlSecondAfterFinished"] = 60
@@ -285,7 +304,6 @@ def pod_templates(docs: list[dict]) -> list[tuple[str, dict]]:
 def test_core_objects_structure(rendered):
     where, docs = rendered
     api = {
-        "Secret": "v1",
         "Service": "v1",
         "PersistentVolumeClaim": "v1",
         "Deployment": "apps/v1",
@@ -298,7 +316,6 @@ def test_core_objects_structure(rendered):
     assert set(pvcs) == {"dpfl-shared", "mlflow-artifacts"}
     shared_mode = pvcs["dpfl-shared"]["spec"]["accessModes"]
     assert shared_mode == (["ReadWriteOnce"] if where == "overlays/local" else ["ReadWriteMany"])
-    secrets = {d["metadata"]["name"]: d for d in by_kind(docs, "Secret")}
 
     for name, template in pod_templates(docs):
         (obj,) = [d for d in docs if f"{d['kind']}/{d['metadata']['name']}" == name]
@@ -319,12 +336,11 @@ def test_core_objects_structure(rendered):
             assert res.get("requests") and res.get("limits"), (name, c["name"])
             for m in c.get("volumeMounts", []):
                 assert m["name"] in volumes or m["name"] in claim_templates, (name, m)
-            refs = [e["valueFrom"]["secretKeyRef"] for e in c.get("env", []) if "valueFrom" in e]
-            refs = [r for r in refs if r]
-            for r in refs:
-                assert r["key"] in secrets[r["name"]]["stringData"], (name, r)
-            for ref in c.get("envFrom", []):
-                assert ref["secretRef"]["name"] in secrets, (name, ref)
+            # Secrets only through secretKeyRef of the documented Secret (envFrom would hide
+            # which variables hold secret values).
+            assert not any("secretRef" in ref for ref in c.get("envFrom", [])), (name, c["name"])
+            for ref in secret_refs(c).values():
+                assert (ref["name"], ref["key"]) == DOCUMENTED_SECRET.groups(), (name, ref)
 
     # Every Service selects the pods of a Deployment/StatefulSet and targets a named port.
     for svc in by_kind(docs, "Service"):
@@ -349,23 +365,47 @@ def test_core_objects_structure(rendered):
     assert pg["spec"]["volumeClaimTemplates"]
 
 
+def secret_refs(container: dict) -> dict[str, dict]:
+    """The container's env variables that hold a Secret's value: name -> secretKeyRef."""
+    return {
+        e["name"]: e["valueFrom"]["secretKeyRef"]
+        for e in container.get("env", [])
+        if e.get("valueFrom", {}).get("secretKeyRef")
+    }
+
+
+def env_values(container: dict) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+
+
+def test_readme_documents_the_secret():
+    assert DOCUMENTED_SECRET, "k8s/README.md: no `kubectl create secret generic ...` command"
+    assert DOCUMENTED_SECRET.groups() == ("dpfl-postgres", "POSTGRES_PASSWORD")
+
+
 @needs_kubectl
-def test_mlflow_server_uses_postgres_and_the_secret(rendered):
+def test_mlflow_reads_the_password_from_the_environment(rendered):
     _, docs = rendered
     (mlflow,) = [d for d in by_kind(docs, "Deployment") if d["metadata"]["name"] == "mlflow"]
     (c,) = mlflow["spec"]["template"]["spec"]["containers"]
     argv = c.get("command", []) + c.get("args", [])
     assert argv[:2] == ["mlflow", "server"]
-    uri = argv[argv.index("--backend-store-uri") + 1]
-    assert uri.startswith("postgresql+psycopg://")  # psycopg 3, as tests/test_mlflow_postgres
-    assert "@postgres:5432/" in uri
-    (secret,) = by_kind(docs, "Secret")
-    env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in c["env"] if "valueFrom" in e}
-    for var in re.findall(r"\$\((\w+)\)", uri):
-        assert env[var]["name"] == secret["metadata"]["name"], var
-    assert {"POSTGRES_USER", "POSTGRES_PASSWORD", "POSTGRES_DB"} <= set(
-        re.findall(r"\$\((\w+)\)", uri)
-    )
+    uri = urllib.parse.urlsplit(argv[argv.index("--backend-store-uri") + 1])
+    assert uri.scheme == "postgresql+psycopg"  # psycopg 3, as tests/test_mlflow_postgres
+    assert uri.password is None and "$(" not in uri.geturl(), "a password in the URI"
+    assert (uri.hostname, uri.port) == ("postgres", 5432)
+    # libpq reads PGPASSWORD; PostgreSQL sets its password from POSTGRES_PASSWORD: one Secret.
+    assert secret_refs(c) == {
+        "PGPASSWORD": {"name": DOCUMENTED_SECRET[1], "key": DOCUMENTED_SECRET[2]}
+    }
+    (pg,) = by_kind(docs, "StatefulSet")
+    (pg_c,) = pg["spec"]["template"]["spec"]["containers"]
+    assert secret_refs(pg_c) == {
+        "POSTGRES_PASSWORD": {"name": DOCUMENTED_SECRET[1], "key": DOCUMENTED_SECRET[2]}
+    }
+    pg_env = env_values(pg_c)
+    assert uri.username == pg_env["POSTGRES_USER"] and uri.path == "/" + pg_env["POSTGRES_DB"]
+
     assert "--serve-artifacts" in argv
     dest = argv[argv.index("--artifacts-destination") + 1]
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
@@ -420,6 +460,7 @@ def test_dockerfile_installs_from_the_lock_on_the_matching_ray_image():
     args = dict(re.findall(r"^ARG (\w+)=(\S+)", text, re.M))
     (base,) = re.findall(r"^FROM (\S+)", text, re.M)
     base = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], base)
+    base = base.split("@")[0]  # k8s/pin-digests.sh pins RAY_TAG as <tag>@sha256:...
     ray = locked_version("ray")
     assert base == f"rayproject/ray:{ray}-py311", base
     requires = re.search(r'requires-python = "([^"]+)"', (REPO / "pyproject.toml").read_text())
@@ -432,3 +473,665 @@ def test_dockerfile_installs_from_the_lock_on_the_matching_ray_image():
 
     mlflow = (K8S / "Dockerfile.mlflow").read_text()
     assert f"mlflow:v{locked_version('mlflow')}" in mlflow
+
+
+# ---------------------------------------------------------------- hardening (issue 29)
+
+
+def containers_of(pod: dict) -> list[dict]:
+    return pod.get("initContainers", []) + pod["containers"]
+
+
+def all_pods(docs: list[dict]) -> list[tuple[str, dict, list[dict]]]:
+    """(where, pod spec, containers) of every pod the manifests create, KubeRay's included.
+
+    KubeRay adds the autoscaler sidecar to an autoscaling head (from autoscalerOptions) and runs
+    the RayJob's submitter from submitterPodTemplate; its other injected container (the workers'
+    wait-gcs-ready init container) copies the Ray container's securityContext.
+    """
+    pods = [(name, t["spec"], containers_of(t["spec"])) for name, t in pod_templates(docs)]
+    for name, spec in ray_cluster_specs(docs):
+        for group, pod in ray_pod_specs(spec):
+            cs = containers_of(pod)
+            if group == "head" and spec.get("enableInTreeAutoscaling"):
+                opts = spec.get("autoscalerOptions", {})
+                cs = cs + [{"name": "autoscaler", "image": pod["containers"][0]["image"], **opts}]
+            pods.append((f"{name}/{group}", pod, cs))
+    for job in by_kind(docs, "RayJob"):
+        tpl = job["spec"].get("submitterPodTemplate")
+        assert tpl, "no submitterPodTemplate: KubeRay's default submitter runs unconstrained"
+        pods.append(
+            (f"RayJob/{job['metadata']['name']}/submitter", tpl["spec"], tpl["spec"]["containers"])
+        )
+    return pods
+
+
+def dockerfile_user(name: str) -> tuple[int, int]:
+    users = re.findall(r"^USER (\S+)", (K8S / name).read_text(), re.M)
+    assert users, f"k8s/{name} sets no USER"
+    uid, _, gid = users[-1].partition(":")
+    assert uid.isdigit() and gid.isdigit(), f"k8s/{name}: USER {users[-1]} is not numeric"
+    return int(uid), int(gid)
+
+
+def image_user(image: str) -> tuple[int, int]:
+    if image.startswith("dpfl-cluster:"):
+        return dockerfile_user("Dockerfile")
+    if image.startswith("dpfl-mlflow:"):
+        return dockerfile_user("Dockerfile.mlflow")
+    if image.startswith("postgres:"):
+        assert "alpine" not in image, image  # postgres is uid 70 there
+        return 999, 999  # the official Debian-based image's postgres user
+    raise AssertionError(f"no known user for image {image}")
+
+
+@needs_kubectl
+def test_every_container_runs_unprivileged(rendered):
+    _, docs = rendered
+    pods = all_pods(docs)
+    assert len(pods) == 9  # postgres, mlflow, 2 x (head, cpu, gpu), the submitter
+    for where, pod, containers in pods:
+        pod_ctx = pod.get("securityContext", {})
+        assert pod_ctx.get("runAsNonRoot") is True, where
+        assert pod_ctx.get("seccompProfile") == {"type": "RuntimeDefault"}, where
+        if "fsGroup" in pod_ctx:  # applied once, not re-applied to every file at each start
+            assert pod_ctx.get("fsGroupChangePolicy") == "OnRootMismatch", where
+        if not where.endswith("/head"):  # only the heads' autoscaler calls the Kubernetes API
+            assert pod.get("automountServiceAccountToken") is False, where
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        for c in containers:
+            name = (where, c["name"])
+            ctx = c.get("securityContext") or {}
+            assert ctx.get("runAsNonRoot") is True, name
+            assert ctx.get("allowPrivilegeEscalation") is False, name
+            assert not ctx.get("privileged"), name
+            assert ctx.get("capabilities") == {"drop": ["ALL"]}, name  # nothing added back
+            assert ctx.get("seccompProfile") == {"type": "RuntimeDefault"}, name
+            assert ctx.get("readOnlyRootFilesystem") is True, name
+            uid, gid = image_user(c["image"])
+            assert (ctx.get("runAsUser"), ctx.get("runAsGroup")) == (uid, gid), name
+            assert (pod_ctx.get("runAsUser"), pod_ctx.get("runAsGroup")) == (uid, gid), name
+            # The root filesystem is read-only: /tmp (Ray's /tmp/ray) is an emptyDir.
+            mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
+            assert "emptyDir" in volumes[mounts["/tmp"]], name
+        if "postgres" in where.lower():
+            assert pod_ctx.get("fsGroup") == 999, where
+            (c,) = containers
+            mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+            assert "emptyDir" in volumes[mounts["/var/run/postgresql"]], where
+
+
+def test_images_run_as_a_fixed_non_root_user():
+    assert dockerfile_user("Dockerfile") == (1000, 100)  # the Ray image's user ray
+    uid, gid = dockerfile_user("Dockerfile.mlflow")
+    assert uid >= 1000 and gid >= 1000
+    mlflow = (K8S / "Dockerfile.mlflow").read_text()
+    assert re.search(rf"useradd .*--uid {uid}\b", mlflow.replace("\\\n", " ")), "no such user"
+
+
+@needs_kubectl
+def test_ray_token_authentication(rendered):
+    _, docs = rendered
+    specs = ray_cluster_specs(docs)
+    assert [name.split("/")[0] for name, _ in specs] == ["RayCluster", "RayJob"]
+    for name, spec in specs:
+        # mode token, no secretName: KubeRay generates the token Secret (named after the
+        # cluster, key auth_token) and injects RAY_AUTH_MODE/RAY_AUTH_TOKEN into every Ray
+        # container and the submitter. enableK8sTokenAuth is unsupported for RayJobs.
+        assert spec.get("authOptions") == {"mode": "token"}, name
+        major, minor, _ = map(int, spec["rayVersion"].split("."))
+        assert (major, minor) >= (2, 52), name  # KubeRay's minimum for token auth
+        for group, pod in ray_pod_specs(spec):
+            for c in containers_of(pod):  # nothing may switch it off or fix a token
+                names = {e["name"] for e in c.get("env", [])}
+                assert not names & {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN"}, (name, group)
+
+
+SECRET_NAME = re.compile(r"PASSWORD|PASSWD|TOKEN|SECRET|CREDENTIAL", re.I)
+URI_WITH_PASSWORD = re.compile(r"://[^/\s:@]+:[^/\s@]+@")
+
+
+def command_strings(container: dict) -> list[str]:
+    """Everything the container's processes get as arguments: command, args, probe commands."""
+    out = list(container.get("command", [])) + list(container.get("args", []))
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        out += container.get(probe, {}).get("exec", {}).get("command", [])
+    for hook in container.get("lifecycle", {}).values():
+        out += hook.get("exec", {}).get("command", [])
+    return out
+
+
+@needs_kubectl
+def test_no_password_in_the_manifests_or_on_a_command_line(rendered):
+    where, docs = rendered
+    assert not by_kind(docs, "Secret"), f"{where}: a Secret with literal values"
+    for pod_name, _, containers in all_pods(docs):
+        for c in containers:
+            name = (where, pod_name, c["name"])
+            for var, value in env_values(c).items():
+                assert not SECRET_NAME.search(var), (name, var, "a literal value")
+                assert not URI_WITH_PASSWORD.search(value), (name, var)
+            secret_vars = set(secret_refs(c))
+            for arg in command_strings(c):
+                assert not URI_WITH_PASSWORD.search(arg), (name, arg)
+                assert "password" not in arg.lower(), (name, arg)
+                # $(VAR) is expanded by Kubernetes into the process's arguments.
+                assert not set(re.findall(r"\$\((\w+)\)", arg)) & secret_vars, (name, arg)
+
+
+EXACT_TAG = re.compile(r"^v?\d+\.\d+(\.\d+)?([-.][A-Za-z0-9.]+)*$")
+DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+def check_image_ref(ref: str) -> tuple[str, str]:
+    """name:tag[@sha256:...] with an exact version tag; returns (name, tag)."""
+    ref, _, digest = ref.partition("@")
+    assert not digest or DIGEST.match(digest), ref
+    name, sep, tag = ref.rpartition(":")
+    assert sep and "/" not in tag, f"{ref}: no tag"
+    assert tag != "latest" and EXACT_TAG.match(tag), f"{ref}: not an exact version tag"
+    return name, tag
+
+
+def dockerfile_image_refs(name: str) -> list[str]:
+    text = (K8S / name).read_text()
+    args = dict(re.findall(r"^ARG (\w+)=(\S+)", text, re.M))
+    refs = re.findall(r"^FROM (\S+)", text, re.M) + re.findall(r"^COPY --from=(\S+)", text, re.M)
+    return [re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], r) for r in refs]
+
+
+@needs_kubectl
+def test_images_are_pinned_by_exact_tags(rendered):
+    _, docs = rendered
+    version = re.search(r'^version = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.M)
+    own = {
+        "dpfl-cluster": {version[1], version[1] + "-gpu"},
+        "dpfl-mlflow": {locked_version("mlflow")},
+    }
+    seen = set()
+    for pod_name, _, containers in all_pods(docs):
+        for c in containers:
+            name, tag = check_image_ref(c["image"])
+            seen.add(name)
+            if name in own:
+                assert tag in own[name], (pod_name, c["image"])
+    assert seen == {"dpfl-cluster", "dpfl-mlflow", "postgres"}
+    bases = dockerfile_image_refs("Dockerfile") + dockerfile_image_refs("Dockerfile.mlflow")
+    assert len(bases) == 3  # rayproject/ray, uv, mlflow
+    for ref in bases:
+        check_image_ref(ref)
+
+
+def test_image_ref_check_rejects_floating_tags():
+    for bad in ["postgres:16", "postgres", "dpfl-cluster:latest", "x:latest-gpu", "r:5000/x"]:
+        with pytest.raises(AssertionError):
+            check_image_ref(bad)
+    for good in ["postgres:16.10-bookworm", "rayproject/ray:2.60.0-py311", "a/b:v3.17.2"]:
+        check_image_ref(good)
+        check_image_ref(good + "@sha256:" + "0" * 64)
+    with pytest.raises(AssertionError):
+        check_image_ref("postgres:16.10@sha256:abc")
+
+
+# ---------------------------------------------------------------- NetworkPolicies
+
+NP_PEER = {
+    "type": "object",
+    "additionalProperties": False,
+    "minProperties": 1,
+    "properties": {
+        "podSelector": {"$ref": "#/definitions/selector"},
+        "namespaceSelector": {"$ref": "#/definitions/selector"},
+        "ipBlock": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["cidr"],
+            "properties": {
+                "cidr": {"type": "string"},
+                "except": {"type": "array", "items": {"type": "string"}},
+            },
+        },
+    },
+}
+NP_PORT = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "protocol": {"enum": ["TCP", "UDP", "SCTP"]},
+        "port": {
+            "anyOf": [{"type": "integer", "minimum": 1, "maximum": 65535}, {"type": "string"}]
+        },
+        "endPort": {"type": "integer"},
+    },
+}
+NP_RULE = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {"ports": {"type": "array", "items": NP_PORT}},
+}
+# networking.k8s.io/v1 NetworkPolicy, the fields the API defines, unknown ones rejected (no core
+# schema is vendored here).
+NETWORK_POLICY_SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "definitions": {
+        "selector": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "matchLabels": {"type": "object", "additionalProperties": {"type": "string"}},
+                "matchExpressions": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["key", "operator"],
+                        "properties": {
+                            "key": {"type": "string"},
+                            "operator": {"enum": ["In", "NotIn", "Exists", "DoesNotExist"]},
+                            "values": {"type": "array", "items": {"type": "string"}},
+                        },
+                    },
+                },
+            },
+        }
+    },
+    "properties": {
+        "apiVersion": {"const": "networking.k8s.io/v1"},
+        "kind": {"const": "NetworkPolicy"},
+        "metadata": {
+            "type": "object",
+            "required": ["name"],
+            "properties": {
+                "name": {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"}
+            },
+        },
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["podSelector"],
+            "properties": {
+                "podSelector": {"$ref": "#/definitions/selector"},
+                "policyTypes": {"type": "array", "items": {"enum": ["Ingress", "Egress"]}},
+                "ingress": {
+                    "type": "array",
+                    "items": {
+                        **NP_RULE,
+                        "properties": {
+                            **NP_RULE["properties"],
+                            "from": {"type": "array", "items": NP_PEER},
+                        },
+                    },
+                },
+                "egress": {
+                    "type": "array",
+                    "items": {
+                        **NP_RULE,
+                        "properties": {
+                            **NP_RULE["properties"],
+                            "to": {"type": "array", "items": NP_PEER},
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+
+@needs_kubectl
+def test_network_policies_are_well_formed(rendered):
+    import jsonschema
+
+    where, docs = rendered
+    jsonschema.Draft7Validator.check_schema(NETWORK_POLICY_SCHEMA)
+    validator = jsonschema.Draft7Validator(NETWORK_POLICY_SCHEMA)
+    policies = by_kind(docs, "NetworkPolicy")
+    for p in policies:
+        assert not schema_errors(validator, p), (where, p["metadata"]["name"])
+        assert p["spec"].get("policyTypes") == ["Ingress"], p["metadata"]["name"]
+        for rule in p["spec"]["ingress"]:
+            assert rule.get("from"), p["metadata"]["name"]  # never "from anywhere"
+            for peer in rule["from"]:
+                assert "ipBlock" not in peer and "podSelector" in peer, p["metadata"]["name"]
+    bad = copy.deepcopy(policies[0])
+    bad["spec"]["ingress"][0]["form"] = bad["spec"]["ingress"][0].pop("from")
+    assert schema_errors(validator, bad)
+    bad = copy.deepcopy(policies[0])
+    bad["spec"]["podSelector"] = {"matchLabel": {"a": "b"}}
+    assert schema_errors(validator, bad)
+
+
+# A model of NetworkPolicy ingress semantics (kubernetes.io/docs/concepts/services-networking/
+# network-policies): a pod selected by no Ingress policy admits everything; a selected pod
+# admits what any rule of any policy selecting it admits. A rule with no ports admits every port.
+ALL_PORTS = "all ports"
+NAMESPACE = "dpfl"  # the namespace the kustomization is applied in
+
+
+class Pod:
+    def __init__(self, name: str, labels: dict, namespace: str = NAMESPACE, ports=None):
+        self.name, self.labels, self.namespace = name, labels, namespace
+        self.ns_labels = {"kubernetes.io/metadata.name": namespace}
+        self.ports = ports or {}  # container port names -> numbers
+
+    def __repr__(self):
+        return self.name
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for e in selector.get("matchExpressions", []):
+        key, op, values = e["key"], e["operator"], e.get("values", [])
+        if (
+            (op == "In" and labels.get(key) not in values)
+            or (op == "NotIn" and key in labels and labels[key] in values)
+            or (op == "Exists" and key not in labels)
+            or (op == "DoesNotExist" and key in labels)
+        ):
+            return False
+    return True
+
+
+def peer_matches(peer: dict, src: Pod, policy_namespace: str) -> bool:
+    if "ipBlock" in peer:
+        return False
+    ns_sel = peer.get("namespaceSelector")
+    in_ns = (
+        selects(ns_sel, src.ns_labels) if ns_sel is not None else src.namespace == policy_namespace
+    )
+    return in_ns and selects(peer.get("podSelector", {}), src.labels)
+
+
+def ports_match(rule_ports, port, dst: Pod) -> bool:
+    if not rule_ports:
+        return True
+    if port == ALL_PORTS:
+        return False
+    for p in rule_ports:
+        if p.get("protocol", "TCP") != "TCP":
+            continue
+        if "port" not in p:
+            return True
+        first = dst.ports.get(p["port"]) if isinstance(p["port"], str) else p["port"]
+        if first is not None and first <= port <= p.get("endPort", first):
+            return True
+    return False
+
+
+def admits(policies: list[dict], dst: Pod, port, src: Pod) -> bool:
+    selecting = [
+        p
+        for p in policies
+        if dst.namespace == NAMESPACE
+        and "Ingress" in p["spec"].get("policyTypes", ["Ingress"])
+        and selects(p["spec"]["podSelector"], dst.labels)
+    ]
+    if not selecting:
+        return True
+    return any(
+        (not rule.get("from") or any(peer_matches(peer, src, NAMESPACE) for peer in rule["from"]))
+        and ports_match(rule.get("ports"), port, dst)
+        for p in selecting
+        for rule in p["spec"].get("ingress") or []
+    )
+
+
+def kuberay_pod_labels(template_labels: dict, cluster: str, node_type: str, group: str) -> dict:
+    """The labels KubeRay v1.7.0 gives a Ray pod (common/pod.go labelPod): its own, then the
+    template's, except that ray.io/cluster, ray.io/node-type and ray.io/group stay its own."""
+    labels = {
+        "ray.io/is-ray-node": "yes",
+        "ray.io/cluster": cluster,
+        "ray.io/node-type": node_type,
+        "ray.io/group": group,
+        "ray.io/identifier": f"{cluster}-{node_type}",
+        "app.kubernetes.io/name": "kuberay",
+        "app.kubernetes.io/created-by": "kuberay-operator",
+    }
+    protected = {"ray.io/cluster", "ray.io/node-type", "ray.io/group"}
+    labels.update({k: v for k, v in template_labels.items() if k not in protected})
+    return labels
+
+
+def model_pods(docs: list[dict]) -> dict:
+    """The pods of a deployment of these manifests, and pods around them."""
+    clusters = {}
+    for name, spec in ray_cluster_specs(docs):
+        kind, cr = name.split("/")
+        # A RayJob's cluster gets a random name (<rayjob>-<5 random characters>).
+        cluster = cr if kind == "RayCluster" else f"{cr}-q7x2k"
+        pods = []
+        for group, pod in ray_pod_specs(spec):
+            tpl = (
+                spec["headGroupSpec"]
+                if group == "head"
+                else next(g for g in spec["workerGroupSpecs"] if g["groupName"] == group)
+            )["template"]
+            labels = kuberay_pod_labels(
+                tpl.get("metadata", {}).get("labels", {}),
+                cluster,
+                "head" if group == "head" else "worker",
+                "headgroup" if group == "head" else group,
+            )
+            ports = {p["name"]: p["containerPort"] for p in pod["containers"][0].get("ports", [])}
+            pods.append(Pod(f"{cr}/{group}", labels, ports=ports))
+        clusters[kind] = pods
+    (job,) = by_kind(docs, "RayJob")
+    submitter_labels = {
+        **job["spec"].get("submitterPodTemplate", {}).get("metadata", {}).get("labels", {}),
+        "ray.io/originated-from-cr-name": job["metadata"]["name"],
+        "ray.io/originated-from-crd": "RayJob",
+        "app.kubernetes.io/created-by": "kuberay-operator",
+        "batch.kubernetes.io/job-name": job["metadata"]["name"],
+    }
+    workloads = {
+        name.split("/")[1]: Pod(name, t["metadata"]["labels"]) for name, t in pod_templates(docs)
+    }
+    return {
+        "cluster": clusters["RayCluster"],
+        "job_cluster": clusters["RayJob"],
+        "job_submitter": Pod("job-submitter", submitter_labels),
+        "mlflow": workloads["mlflow"],
+        "postgres": workloads["postgres"],
+        "submitter": Pod("labelled-submitter", dict(SUBMITTER_LABEL)),
+        "mlflow_client": Pod("labelled-mlflow-client", dict(MLFLOW_CLIENT_LABEL)),
+        "stranger": Pod("stranger", {"app": "notebook"}),
+        "unlabelled": Pod("unlabelled", {}),
+        "foreign_submitter": Pod("foreign-submitter", dict(SUBMITTER_LABEL), "elsewhere"),
+        "foreign_client": Pod("foreign-mlflow-client", dict(MLFLOW_CLIENT_LABEL), "elsewhere"),
+        "operator": Pod(
+            "kuberay-operator",
+            {
+                "app.kubernetes.io/name": "kuberay-operator",
+                "app.kubernetes.io/instance": "kuberay-operator",
+                "app.kubernetes.io/component": "kuberay-operator",
+            },
+            "kuberay-system",
+        ),
+        "operator_impostor": Pod("impostor", {"app.kubernetes.io/name": "kuberay-operator"}),
+    }
+
+
+RAY_PORTS = [6379, 8265, 10001, 8080, 52365, 45678, 65535]  # GCS, dashboard, client, others
+
+
+@pytest.fixture
+def network(rendered):
+    _, docs = rendered
+    return by_kind(docs, "NetworkPolicy"), model_pods(docs)
+
+
+@needs_kubectl
+def test_ray_pods_admit_all_ports_from_their_own_cluster_only(network):
+    policies, pods = network
+    for mine, other in [("cluster", "job_cluster"), ("job_cluster", "cluster")]:
+        assert len(pods[mine]) == 3  # head, cpu, gpu
+        for dst in pods[mine]:
+            for src in pods[mine]:
+                assert admits(policies, dst, ALL_PORTS, src), (src, dst)
+            outsiders = pods[other] + [
+                pods[k] for k in ["stranger", "unlabelled", "mlflow", "postgres", "mlflow_client"]
+            ]
+            for src in outsiders:
+                for port in RAY_PORTS:
+                    assert not admits(policies, dst, port, src), (src, dst, port)
+    for dst in pods["cluster"][1:] + pods["job_cluster"][1:]:  # workers: nobody from outside
+        for key in ["submitter", "job_submitter", "operator", "foreign_submitter"]:
+            for port in RAY_PORTS:
+                assert not admits(policies, dst, port, pods[key]), (key, dst, port)
+
+
+@needs_kubectl
+def test_heads_admit_the_job_and_client_ports_only_from_submitters(network):
+    policies, pods = network
+    head, job_head = pods["cluster"][0], pods["job_cluster"][0]
+    assert head.labels["ray.io/node-type"] == job_head.labels["ray.io/node-type"] == "head"
+    assert head.ports["dashboard"] == 8265 and head.ports["client"] == 10001
+    # The RayCluster's head: labelled submitters on the Jobs API and the Ray client port.
+    for port in [8265, 10001]:
+        assert admits(policies, head, port, pods["submitter"]), port
+    for port in [6379, 8080, 52365, 45678]:
+        assert not admits(policies, head, port, pods["submitter"]), port
+    # The RayJob's head: its own submitter, on the Jobs API only; no other submitter.
+    assert admits(policies, job_head, 8265, pods["job_submitter"])
+    for port in [6379, 10001, 45678]:
+        assert not admits(policies, job_head, port, pods["job_submitter"]), port
+    for port in RAY_PORTS:
+        assert not admits(policies, job_head, port, pods["submitter"]), port
+        assert not admits(policies, head, port, pods["job_submitter"]), port
+    # The KubeRay operator polls both dashboards; a look-alike in our namespace may not.
+    for h in [head, job_head]:
+        assert admits(policies, h, 8265, pods["operator"]), h
+        assert not admits(policies, h, 6379, pods["operator"]), h
+        for port in RAY_PORTS:
+            assert not admits(policies, h, port, pods["operator_impostor"]), (h, port)
+            assert not admits(policies, h, port, pods["foreign_submitter"]), (h, port)
+
+
+@needs_kubectl
+def test_mlflow_admits_ray_pods_and_labelled_clients_and_postgres_only_mlflow(network):
+    policies, pods = network
+    mlflow, postgres = pods["mlflow"], pods["postgres"]
+    ray_pods = pods["cluster"] + pods["job_cluster"]
+    for src in ray_pods + [pods["mlflow_client"]]:
+        assert admits(policies, mlflow, 5000, src), src
+        assert not admits(policies, mlflow, 5001, src), src
+    for key in ["stranger", "unlabelled", "submitter", "foreign_client", "postgres", "operator"]:
+        assert not admits(policies, mlflow, 5000, pods[key]), key
+    assert admits(policies, postgres, 5432, mlflow)
+    assert not admits(policies, postgres, 22, mlflow)
+    for src in ray_pods + [pods[k] for k in ["mlflow_client", "stranger", "unlabelled"]]:
+        assert not admits(policies, postgres, 5432, src), src
+
+
+def test_network_policy_model():
+    """The evaluator itself: default allow, additive policies, namespaces, ports."""
+    a, b = Pod("a", {"app": "a"}), Pod("b", {"app": "b"})
+    far = Pod("far", {"app": "b"}, "elsewhere")
+    assert admits([], a, 1, b)
+    deny_all = {"spec": {"podSelector": {}, "policyTypes": ["Ingress"]}}
+    assert not admits([deny_all], a, 1, b)
+    from_b = {
+        "spec": {
+            "podSelector": {"matchLabels": {"app": "a"}},
+            "ingress": [
+                {"from": [{"podSelector": {"matchLabels": {"app": "b"}}}], "ports": [{"port": 80}]}
+            ],
+        }
+    }
+    assert admits([deny_all, from_b], a, 80, b) and not admits([deny_all, from_b], a, 81, b)
+    assert not admits([from_b], a, ALL_PORTS, b) and not admits([from_b], a, 80, far)
+    assert not admits([from_b], a, 80, a) and admits([from_b], b, 80, a)  # b not selected
+    any_ns = copy.deepcopy(from_b)
+    any_ns["spec"]["ingress"][0]["from"][0]["namespaceSelector"] = {}
+    assert admits([any_ns], a, 80, far)
+    named = copy.deepcopy(from_b)
+    named["spec"]["ingress"][0]["ports"] = [{"port": "http"}]
+    assert admits([named], Pod("a2", {"app": "a"}, ports={"http": 80}), 80, b)
+
+
+# ---------------------------------------------------------------- docs and digest pinning
+
+
+@needs_kubectl
+def test_readme_documents_the_hardening(rendered):
+    _, docs = rendered
+    for label in [SUBMITTER_LABEL, MLFLOW_CLIENT_LABEL]:
+        ((key, value),) = label.items()
+        assert f'{key}: "{value}"' in README or f"{key}={value}" in README, key
+    for p in by_kind(docs, "NetworkPolicy"):
+        assert p["metadata"]["name"] in README, p["metadata"]["name"]
+    for needle in ["RAY_AUTH_MODE=token", "RAY_AUTH_TOKEN", "auth_token", "pin-digests.sh"]:
+        assert needle in README, needle
+
+
+def run_pin_digests(k8s_copy: Path, path_dirs: list[Path], salt: str = ""):
+    env = {"PATH": os.pathsep.join(map(str, path_dirs)), "SALT": salt, "LC_ALL": "C"}
+    return subprocess.run(
+        ["bash", str(k8s_copy / "pin-digests.sh")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_pin_digests_rewrites_tags_to_tag_at_digest(tmp_path):
+    k8s = tmp_path / "k8s"
+    shutil.copytree(K8S, k8s)
+    system_bin = sorted({str(Path(shutil.which(t)).parent) for t in ["sed", "awk", "sha256sum"]})
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "crane").write_text(  # a registry: a digest derived from the reference (and SALT)
+        '#!/bin/sh\n[ "$1" = digest ] || exit 9\n'
+        'printf "sha256:%s\\n" "$(printf "%s%s" "$2" "$SALT" | sha256sum | cut -c1-64)"\n'
+    )
+    (stub / "crane").chmod(0o755)
+    before = {p: p.read_text() for p in k8s.rglob("*") if p.is_file()}
+
+    no_tool = run_pin_digests(k8s, [Path(d) for d in system_bin])
+    assert no_tool.returncode != 0 and "crane" in no_tool.stderr
+    assert {p: p.read_text() for p in before} == before, "files changed without a resolver"
+
+    def digest(ref, salt=""):
+        import hashlib
+
+        return "sha256:" + hashlib.sha256((ref + salt).encode()).hexdigest()
+
+    for salt in ["", "rebuilt"]:  # a second run replaces the digest, never appends one
+        out = run_pin_digests(k8s, [stub, *map(Path, system_bin)], salt)
+        assert out.returncode == 0, out.stderr
+        docker = (k8s / "Dockerfile").read_text()
+        ray = f"2.60.0-py311@{digest('rayproject/ray:2.60.0-py311', salt)}"
+        assert f"ARG RAY_TAG={ray}\n" in docker
+        assert "FROM rayproject/ray:${RAY_TAG}\n" in docker
+        uv = "ghcr.io/astral-sh/uv:0.13.9"
+        assert f"COPY --from={uv}@{digest(uv, salt)} /uv" in docker
+        ml = "ghcr.io/mlflow/mlflow:v3.17.2"
+        assert f"FROM {ml}@{digest(ml, salt)}\n" in (k8s / "Dockerfile.mlflow").read_text()
+        pg = "postgres:16.10-bookworm"
+        assert f"image: {pg}@{digest(pg, salt)}  #" in (k8s / "base/postgres.yaml").read_text()
+        assert (
+            f"RAY_TAG=2.60.0-py311-gpu@{digest('rayproject/ray:2.60.0-py311-gpu', salt)}"
+            in out.stdout
+        )
+    changed = sorted(str(p.relative_to(k8s)) for p in before if p.read_text() != before[p])
+    assert changed == ["Dockerfile", "Dockerfile.mlflow", "base/postgres.yaml"]
+    # Only the references changed; the pinned manifests still render, their refs still check.
+    for p in before:
+        old, new = before[p].splitlines(), p.read_text().splitlines()
+        for o, n in zip(old, new, strict=True):
+            assert o == n or re.sub(r"@sha256:[0-9a-f]{64}", "", n) == o, (p, n)
+    if KUBECTL:
+        rendered = subprocess.run(
+            [KUBECTL, "kustomize", str(k8s / "base")], capture_output=True, text=True, timeout=60
+        )
+        assert rendered.returncode == 0, rendered.stderr
+        images = re.findall(r"image: (\S+)", rendered.stdout)
+        assert f"{pg}@{digest(pg, 'rebuilt')}" in images
+        for image in images:
+            check_image_ref(image)
