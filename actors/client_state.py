@@ -82,12 +82,7 @@ class ClientStateStore:
     def load_state_dict(self, state: dict) -> None:
         self._rows.clear()
         self._files.clear()
-        if state and "client_ids" not in state:  # older checkpoints: {client id: {name: tensor}}
-            for client_id, named in state.items():
-                self.put(client_id, named)
-            return
-        ids = state.get("client_ids", np.zeros(0, dtype=np.int64))
-        for index, client_id in enumerate(ids.tolist()):
+        for index, client_id in enumerate(state["client_ids"].tolist()):
             self.put(client_id, {n: torch.from_numpy(a[index]) for n, a in _named(state)})
 
     @staticmethod
@@ -104,9 +99,7 @@ class ClientStateStore:
     @staticmethod
     def select(state: dict, keep: np.ndarray) -> dict:
         """The rows of ``state`` whose client ids are in the boolean ``keep`` (by client id)."""
-        if state and "client_ids" not in state:  # older checkpoints
-            return {cid: named for cid, named in state.items() if keep[int(cid)]}
-        ids = state.get("client_ids", np.zeros(0, dtype=np.int64))
+        ids = state["client_ids"]
         mask = keep[ids] if len(ids) else np.zeros(0, dtype=bool)
         return {"client_ids": ids[mask], **{n: a[mask] for n, a in _named(state)}}
 

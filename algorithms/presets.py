@@ -141,6 +141,11 @@ class Algorithm:
             extras["clip_norm"] = torch.tensor([self.mechanism.clip.clip_norm], dtype=torch.float64)
         return extras
 
+    def client_state_widths(self, params) -> dict[str, int]:
+        """What each client keeps between rounds (``client_round``'s state): its name → how
+        many values (SCAFFOLD's c_i, one per parameter)."""
+        return {"control": params.numel()} if self.control_variates else {}
+
     def with_state(self, extras: dict) -> Algorithm:
         """The round's algorithm under the server state (or broadcast) ``extras``: the
         adaptive clip norm C_t, when there is one, bounds the clip and sizes the noise."""

@@ -1,5 +1,33 @@
 """Driver checkpoints: the Simulation's state plus the config and the MLflow run to continue.
 
+A checkpoint (format 2) is a ``torch.save`` file holding only plain data: dicts, lists,
+strings, numbers, None and CPU tensors::
+
+    format_version      2
+    sketch_hash_family  the count-sketch hash its sketches were made with (algorithms/sketch.py)
+    config              the run's config as a plain dict (after privacy calibration)
+    run_id              its MLflow run, or None (untracked)
+    simulation
+      rounds_done       rounds completed, warm-up rounds included
+      params            the model's flat float32 parameters
+      extras            {name: tensor}: the server state beyond the model (SCAFFOLD's c,
+                        momentum, sketches, the adaptive clip norm C_t)
+      accountant        {"history": [[σ, q, rounds], …]}, or None for a run without an ε
+      history           one dict per round (RoundRecord's fields; update_norms a float32 tensor)
+      client_states     {"client_ids": int64 (n,), name: (n, width) per client state (c_i)}
+
+It is read with torch's weights-only unpickler (``torch.load(weights_only=True)``, nothing
+added to its allowlist), which builds tensors and plain containers and nothing else, so
+loading a checkpoint never runs code: a file holding any other object (a NumPy array, as
+format 1 did, or a crafted one) is refused before anything in it is built. The NumPy arrays
+and ``array('f')`` the Simulation holds become tensors when written (``_encode``) and again
+arrays when read (``_decode``), byte for byte.
+
+``open_checkpoint`` also checks the content against the config before any work: the params
+against the model the config builds, the server state's names and shapes against a fresh one,
+the client states' ids and widths, the accountant against what the config charges, the history
+against the rounds done. A mismatch is a ``ConfigError`` (field CHECKPOINT) naming what differs.
+
 Written atomically (temporary file, then rename), so a crash mid-write never leaves a corrupt
 checkpoint behind. Resuming restores the server state, the accountant, the round history and
 every client's state (e.g. SCAFFOLD c_i) and reaches bit-identical parameters, because all
@@ -9,19 +37,29 @@ randomness is keyed by (seed, round, client) rather than carried in generator st
 from __future__ import annotations
 
 import os
+import pickle
 import tempfile
+import warnings
+from array import array
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from algorithms.presets import SKETCH_PRESETS
 from algorithms.sketch import HASH_FAMILY
+from cluster.config import ConfigError, config_from_dict
 
 if TYPE_CHECKING:
     from cluster.config import ExperimentConfig
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+
+_RESUME_FIX = (
+    "resume it with the version of the code that wrote it (its MLflow run's git_commit tag), "
+    "or start the run afresh"
+)
 
 
 def checkpoint_path(config: ExperimentConfig, run_id: str | None) -> Path:
@@ -31,13 +69,14 @@ def checkpoint_path(config: ExperimentConfig, run_id: str | None) -> Path:
 
 
 def save_checkpoint(path: Path, simulation_state: dict, config: dict, run_id: str | None) -> None:
+    """Write ``Simulation.state_dict()`` with the run's config and MLflow run id to ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "format_version": FORMAT_VERSION,
         "sketch_hash_family": HASH_FAMILY,
         "config": config,
         "run_id": run_id,
-        "simulation": simulation_state,
+        "simulation": _encode(simulation_state),
     }
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     os.close(fd)
@@ -49,43 +88,430 @@ def save_checkpoint(path: Path, simulation_state: dict, config: dict, run_id: st
         raise
 
 
-def load_checkpoint(path: str | Path) -> dict:
-    """The checkpoint at ``path``; a ``ConfigError`` (field CHECKPOINT) when there is none, it
-    is not a checkpoint, or another version of this code wrote it."""
-    from cluster.config import ConfigError
+def _encode(state: dict) -> dict:
+    """The Simulation's state with its arrays as tensors of the same bytes."""
+    history = [{**r, "update_norms": _norms_tensor(r["update_norms"])} for r in state["history"]]
+    clients = {n: torch.from_numpy(a) for n, a in state["client_states"].items()}
+    return {**state, "history": history, "client_states": clients}
 
+
+def _norms_tensor(norms: array) -> torch.Tensor:
+    return torch.from_numpy(np.frombuffer(norms, dtype=np.float32).copy())
+
+
+def _decode(state: dict) -> dict:
+    """``_encode``'s inverse: the state as ``Simulation.load_state_dict`` takes it."""
+    history = [
+        {**r, "update_norms": array("f", r["update_norms"].numpy().tobytes())}
+        for r in state["history"]
+    ]
+    clients = {n: t.numpy() for n, t in state["client_states"].items()}
+    return {**state, "history": history, "client_states": clients}
+
+
+# --------------------------------------------------------------------------------- reading
+
+
+def open_checkpoint(path: str | Path, overrides: list[str] = ()) -> tuple[dict, ExperimentConfig]:
+    """The checkpoint at ``path`` (``load_checkpoint``) and its config with ``overrides``,
+    its state checked against that config (``check_state``). Reads the file and builds the
+    config's model on the CPU; no data, no Ray, no MLflow."""
+    checkpoint = load_checkpoint(path)
+    try:
+        config_from_dict(checkpoint["config"])
+    except ConfigError as error:
+        raise ConfigError(
+            f"{path}: {error.field_path}",
+            error.value,
+            f"{error.fix} (this checkpoint's config; written by another version of this code? "
+            f"{_RESUME_FIX})",
+        ) from None
+    config = config_from_dict(checkpoint["config"], overrides)
+    check_state(path, checkpoint["simulation"], config)
+    return checkpoint, config
+
+
+def load_checkpoint(path: str | Path) -> dict:
+    """The checkpoint at ``path``, its arrays as the Simulation holds them. A ``ConfigError``
+    (field CHECKPOINT) when there is none, the file holds anything but plain data and tensors
+    (it is then not unpickled), it is of another format or its structure is not a checkpoint's.
+    """
     path = Path(path)
     if not path.is_file():
         raise ConfigError(
             "CHECKPOINT", str(path), "no such file; the run printed its checkpoint path at start"
         )
+    payload = _read(path)
     try:
-        payload = torch.load(path, weights_only=False, map_location="cpu")
-    except Exception as error:  # torch.load raises many types for a file it cannot read
+        _check_version(path, payload)
+        _check_structure(payload)
+    except _Malformed as error:
         raise ConfigError(
             "CHECKPOINT",
             str(path),
-            f"not a checkpoint this code can read ({type(error).__name__}: {error}); pass a "
-            "file written by `run` (checkpoints are written atomically, so a crash leaves the "
-            "previous one intact)",
+            f"not a checkpoint of this project: {error}; pass a file written by `run`",
         ) from None
-    version = payload.get("format_version") if isinstance(payload, dict) else None
+    family = payload["sketch_hash_family"]
+    if family != HASH_FAMILY and _algorithm_name(payload["config"]) in SKETCH_PRESETS:
+        raise ConfigError(
+            "CHECKPOINT",
+            str(path),
+            f"its sketches were hashed with the {family} count-sketch hash, this code hashes "
+            f"with {HASH_FAMILY} (algorithms/sketch.py): its momentum and error sketches "
+            f"cannot be continued; {_RESUME_FIX}",
+        )
+    return {**payload, "simulation": _decode(payload["simulation"])}
+
+
+def _algorithm_name(config: dict) -> str | None:
+    algorithm = config.get("algorithm")
+    return algorithm.get("name") if isinstance(algorithm, dict) else None
+
+
+def _read(path: Path) -> object:
+    """The unpickled content of ``path`` through torch's weights-only unpickler, which refuses
+    every global outside its tensor/container allowlist before building anything."""
+    try:
+        with warnings.catch_warnings():  # a foreign pickle's protocol: the refusal says enough
+            warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        foreign = _foreign_objects(path)
+        if not foreign:
+            raise _unreadable(path, "a pickle torch's weights-only loader does not read") from None
+        raise ConfigError(
+            "CHECKPOINT",
+            str(path),
+            f"it holds objects this code does not load ({', '.join(foreign[:4])}), so it was "
+            "not unpickled: a checkpoint of an older format (format 1 held NumPy arrays; this "
+            f"code reads format {FORMAT_VERSION}) or a file not written by this project; if it "
+            "is an older checkpoint you trust, resume it with the version of the code that "
+            "wrote it (its MLflow run's git_commit tag), else start the run afresh",
+        ) from None
+    except Exception as error:  # torch.load raises many types for a file it cannot read
+        raise _unreadable(path, f"{type(error).__name__}: {error}") from None
+
+
+def _foreign_objects(path: Path) -> list[str]:
+    """The classes and functions the file's pickle names outside the allowlist (read off its
+    opcodes, nothing built); [] if it cannot be read that far."""
+    try:
+        return sorted(torch.serialization.get_unsafe_globals_in_checkpoint(path))
+    except Exception:  # not torch's zip format, or a pickle its scanner does not parse
+        return []
+
+
+def _unreadable(path: Path, reason: str) -> ConfigError:
+    return ConfigError(
+        "CHECKPOINT",
+        str(path),
+        f"not a checkpoint this code can read ({reason.split('. ')[0]}); pass a file written "
+        "by `run` (checkpoints are written atomically, so a crash leaves the previous one "
+        "intact)",
+    )
+
+
+# ------------------------------------------------------------------------------- structure
+
+
+class _Malformed(Exception):
+    """What makes a loaded file no checkpoint of this format (a phrase for the message)."""
+
+
+_NUMBER = (int, float)
+_OPTIONAL_NUMBER = (int, float, type(None))
+_TOP = {
+    "format_version": int,
+    "sketch_hash_family": str,
+    "config": dict,
+    "run_id": (str, type(None)),
+    "simulation": dict,
+}
+_SIMULATION = {
+    "rounds_done": int,
+    "params": torch.Tensor,
+    "extras": dict,
+    "accountant": (dict, type(None)),
+    "history": list,
+    "client_states": dict,
+}
+_RECORD = {
+    "round": int,
+    "seconds": _NUMBER,
+    "cohort_size": int,
+    "epsilon": _OPTIONAL_NUMBER,
+    "test_accuracy": _OPTIONAL_NUMBER,
+    "test_loss": _OPTIONAL_NUMBER,
+    "metrics": dict,
+    "update_norms": torch.Tensor,  # RoundRecord's fields: a field added there must be here
+}
+
+
+def _fields(mapping: dict, types: dict, where: str) -> None:
+    """``mapping`` has exactly the keys of ``types``, each value of its type."""
+    missing = sorted(types.keys() - mapping.keys())
+    extra = sorted(str(k) for k in mapping.keys() - types.keys())
+    if missing or extra:
+        what = f"lacks {', '.join(missing)}" if missing else f"has unknown {', '.join(extra)}"
+        raise _Malformed(f"{where} {what}")
+    for key, kind in types.items():
+        value = mapping[key]
+        fits = _is_plain_tensor(value) if kind is torch.Tensor else isinstance(value, kind)
+        _need(fits, f"{where}'s {key} is a {type(value).__name__}")
+
+
+def _is_plain_tensor(value: object) -> bool:
+    """A dense tensor without autograd, as ``torch.save`` wrote the Simulation's (not a
+    Parameter, a sparse or a quantized tensor, which the weights-only loader also builds)."""
+    return (
+        type(value) is torch.Tensor
+        and value.layout == torch.strided
+        and not value.is_quantized
+        and not value.requires_grad
+    )
+
+
+def _need(condition: bool, problem: str) -> None:
+    if not condition:
+        raise _Malformed(problem)
+
+
+def _check_version(path: Path, payload: object) -> None:
+    """``_Malformed`` for content without a format version, a ``ConfigError`` for another."""
+    _need(isinstance(payload, dict), f"it holds a {type(payload).__name__}, not a mapping")
+    _need("format_version" in payload, "it has no format_version")
+    version = payload["format_version"]
+    _need(isinstance(version, int), f"its format_version is a {type(version).__name__}")
     if version != FORMAT_VERSION:
         raise ConfigError(
             "CHECKPOINT",
             str(path),
-            f"checkpoint format {version}, this code reads format {FORMAT_VERSION}: resume it "
-            "with the version of the code that wrote it (its MLflow run's git_commit tag), or "
-            "start the run afresh",
+            f"checkpoint format {version}, this code reads format {FORMAT_VERSION}: {_RESUME_FIX}",
         )
-    family = payload.get("sketch_hash_family", "linear-buckets")
-    if payload["config"]["algorithm"]["name"] in SKETCH_PRESETS and family != HASH_FAMILY:
+
+
+def _check_structure(payload: dict) -> None:
+    """Raise ``_Malformed`` unless ``payload`` has the layout the module doc lists."""
+    _fields(payload, _TOP, "it")
+    state = payload["simulation"]
+    _fields(state, _SIMULATION, "its simulation")
+    params = state["params"]
+    _need(params.ndim == 1 and params.is_floating_point(), "its params are not a float vector")
+    _need(
+        all(isinstance(k, str) and _is_plain_tensor(v) for k, v in state["extras"].items()),
+        "its server state is not a mapping of names to tensors",
+    )
+    if state["accountant"] is not None:
+        _check_accountant(state["accountant"])
+    for index, record in enumerate(state["history"]):
+        _need(isinstance(record, dict), f"its history[{index}] is not a mapping")
+        _fields(record, _RECORD, f"its history[{index}]")
+        norms = record["update_norms"]
+        _need(norms.ndim == 1 and norms.dtype == torch.float32, "its update norms are not float32")
+        _need(
+            all(
+                isinstance(k, str) and isinstance(v, _NUMBER) for k, v in record["metrics"].items()
+            ),
+            f"its history[{index}] metrics are not named numbers",
+        )
+    rounds = [r["round"] for r in state["history"]]
+    _need(
+        rounds == list(range(1, len(rounds) + 1)) and len(rounds) == state["rounds_done"],
+        f"its history holds rounds {_span(rounds)}, its rounds_done is {state['rounds_done']}",
+    )
+    _check_client_arrays(state["client_states"])
+
+
+def _span(rounds: list[int]) -> str:
+    return f"{rounds[0]}..{rounds[-1]} ({len(rounds)} records)" if rounds else "none"
+
+
+def _check_accountant(accountant: dict) -> None:
+    history = accountant.get("history")
+    _need(
+        set(accountant) == {"history"}
+        and isinstance(history, list)
+        and all(
+            isinstance(run, list | tuple)
+            and len(run) == 3
+            and isinstance(run[0], _NUMBER)
+            and isinstance(run[1], _NUMBER)
+            and isinstance(run[2], int)
+            for run in history
+        ),
+        "its accountant is not a history of [σ, q, rounds] runs",
+    )
+
+
+def _check_client_arrays(states: dict) -> None:
+    ids = states.get("client_ids")
+    _need(
+        _is_plain_tensor(ids) and ids.ndim == 1 and ids.dtype == torch.int64,
+        "its client_states lack an int64 client_ids vector",
+    )
+    for name, rows in states.items():
+        _need(
+            isinstance(name, str) and _is_plain_tensor(rows) and rows.ndim in (1, 2),
+            f"its client state {name!r} is not a matrix",
+        )
+        _need(
+            (rows.ndim == 1) == (name == "client_ids") and len(rows) == len(ids),
+            f"its client state {name!r} is {tuple(rows.shape)} for {len(ids)} clients",
+        )
+
+
+# ------------------------------------------------------------------------ against the config
+
+
+def check_state(path: str | Path, state: dict, config: ExperimentConfig) -> None:
+    """A ``ConfigError`` (field CHECKPOINT) naming the first part of the checkpoint's ``state``
+    that a run of ``config`` would not hold: the params (length, dtype), the server state's
+    names and shapes, the client states' ids and widths, the accountant's history."""
+    problem = _state_problem(state, config)
+    if problem is not None:
         raise ConfigError(
             "CHECKPOINT",
             str(path),
-            f"its sketches were hashed with the {family} count-sketch hash of an earlier version, "
-            f"this code hashes with {HASH_FAMILY} (algorithms/sketch.py): its momentum and error "
-            "sketches cannot be continued; resume it with the version of the code that wrote it "
-            "(its MLflow run's git_commit tag), or start the run afresh",
+            f"{problem}; this checkpoint does not match its own config (edited, or assembled "
+            "from two runs?): pass the file the run wrote",
         )
-    return payload
+
+
+def _state_problem(state: dict, config: ExperimentConfig) -> str | None:
+    # Imported here: reading a checkpoint (preflight's overwrite check) needs none of this.
+    from algorithms.layout import ParamLayout
+    from cluster.privacy_plan import privacy_claim
+    from cluster.simulation import initial_model, initial_state
+
+    model, params = initial_model(config, *_model_input(config))
+    algorithm, fresh = initial_state(config, ParamLayout.of(model), params)
+    claim = privacy_claim(config, algorithm)
+    return (
+        _params_problem(state["params"], params, config)
+        or _extras_problem(state["extras"], fresh.extras, config)
+        or _clients_problem(state["client_states"], algorithm.client_state_widths(params), config)
+        or _accountant_problem(state["accountant"], claim, state["rounds_done"])
+    )
+
+
+def _model_input(config: ExperimentConfig) -> tuple[tuple[int, ...], int]:
+    """(row shape, classes) the run's model is built for: a given store's, else what the
+    config's data options make (``source_shape``; no data read or generated)."""
+    from datasets.sources import source_shape
+    from datasets.store import ShardStore, StoreError
+
+    if config.data.store is None:
+        return source_shape(*config.store_parameters[:2])
+    try:
+        manifest = ShardStore.open(config.data.store).manifest
+    except StoreError as error:
+        raise ConfigError(
+            "data.store",
+            config.data.store,
+            f"{error.problem}; the checkpoint's run reads this store: restore it, or rebuild it "
+            "with `uv run python -m cluster partition ...`",
+        ) from None
+    return tuple(manifest["x_shape"]), manifest["num_classes"]
+
+
+def _params_problem(saved: torch.Tensor, fresh: torch.Tensor, config) -> str | None:
+    if saved.numel() != fresh.numel():
+        return (
+            f"its params hold {saved.numel()} values, the config's model ({config.task}, "
+            f"{_data_text(config)}) has {fresh.numel()}: written for another task or feature size"
+        )
+    if saved.dtype != fresh.dtype:
+        return f"its params are {saved.dtype}, the config's model's are {fresh.dtype}"
+    return None
+
+
+def _data_text(config) -> str:
+    d = config.data
+    return f"data.store {d.store}" if d.store is not None else f"data.source {d.source}"
+
+
+def _extras_problem(saved: dict, fresh: dict, config) -> str | None:
+    name = config.algorithm.name
+    if saved.keys() != fresh.keys():
+        return (
+            f"its server state holds {_names(saved)}, the config's algorithm ({name}) keeps "
+            f"{_names(fresh)}: written by another algorithm or options"
+        )
+    for key, value in saved.items():
+        if value.shape != fresh[key].shape or value.dtype != fresh[key].dtype:
+            return (
+                f"its server state {key!r} is {_shape(value)}, the config's algorithm ({name}) "
+                f"keeps {_shape(fresh[key])}: written for another model or options"
+            )
+    return None
+
+
+def _names(mapping: dict) -> str:
+    return ", ".join(sorted(mapping)) or "nothing"
+
+
+def _shape(tensor: torch.Tensor) -> str:
+    return f"{tuple(tensor.shape)} {tensor.dtype}"
+
+
+def _clients_problem(states: dict, widths: dict[str, int], config) -> str | None:
+    ids = states["client_ids"]
+    clients = config.data.num_clients
+    outside = ids[(ids < 0) | (ids >= clients)]
+    if len(outside):
+        return (
+            f"it holds the state of client {outside[0]}, the config has {clients} clients "
+            "(data.num_clients): written for another number of clients"
+        )
+    if len(np.unique(ids)) != len(ids):
+        return "it holds some client's state twice"
+    names = {n: a for n, a in states.items() if n != "client_ids"}
+    if names.keys() != (widths.keys() if len(ids) else set()):  # no client: no state at all
+        return (
+            f"its clients keep {_names(names)}, under the config's algorithm "
+            f"({config.algorithm.name}) they keep {_names(widths)}: written by another algorithm"
+        )
+    for name, rows in names.items():
+        if rows.shape[1] != widths[name]:
+            return (
+                f"its clients' {name!r} hold {rows.shape[1]} values each, the config's model "
+                f"has {widths[name]} parameters"
+            )
+    return None
+
+
+def _accountant_problem(saved: dict | None, claim, rounds_done: int) -> str | None:
+    if not claim.dp_valid:
+        if saved is not None:
+            return "it holds a privacy accountant, the config's run has no ε to account"
+        return None
+    if saved is None:
+        return f"it holds no privacy accountant, the config's run accounts ε ({claim.preset})"
+    charged = _Charges()
+    for round_index in range(rounds_done):
+        claim.charge(charged, round_index)
+    runs = [tuple(run) for run in saved["history"]]
+    if runs != charged.history:
+        return (
+            f"its accountant charged {_runs(runs)}, the config's {rounds_done} rounds charge "
+            f"{_runs(charged.history)}: another σ, cohort or number of clients"
+        )
+    return None
+
+
+class _Charges:
+    """Records what ``claim.charge`` charges, merged as the accountants merge their history."""
+
+    def __init__(self):
+        self.history: list[tuple[float, float, int]] = []
+
+    def step(self, noise_multiplier: float, sample_rate: float, rounds: int = 1) -> None:
+        key = (float(noise_multiplier), float(sample_rate))
+        if self.history and self.history[-1][:2] == key:
+            self.history[-1] = (*key, self.history[-1][2] + rounds)
+        else:
+            self.history.append((*key, rounds))
+
+
+def _runs(runs: list[tuple]) -> str:
+    return "; ".join(f"{n} rounds at σ {s:g}, q {q:g}" for s, q, n in runs) or "nothing"

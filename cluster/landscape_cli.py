@@ -71,14 +71,12 @@ def run(args: argparse.Namespace) -> int:
 
     from actors.client_host import build_model
     from algorithms.layout import ParamLayout
-    from cluster.checkpoint import load_checkpoint
-    from cluster.config import config_from_dict
+    from cluster.checkpoint import open_checkpoint
     from cluster.experiment import open_store
     from cluster.landscape import filter_normalized_direction, loss_slice
     from datasets.tasks import TASKS
 
-    checkpoint = load_checkpoint(args.checkpoint)
-    config = config_from_dict(checkpoint["config"])
+    checkpoint, config = open_checkpoint(args.checkpoint)  # checked: its params fit the model
     store, _ = open_store(config)
     model = build_model(store, config.task)
     params = checkpoint["simulation"]["params"].to(torch.float32)

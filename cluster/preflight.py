@@ -211,15 +211,28 @@ def _connect_or_fail(field: str, value: str, host: str, port: int, fix: str) -> 
 
 def check_no_checkpoint_overwritten(config: ExperimentConfig) -> None:
     """An untracked run's checkpoint is named by experiment, preset and seed: refuse to overwrite
-    one left by an earlier run (it may hold hundreds of rounds). Tracked runs are named by
-    their MLflow run and never collide."""
+    one left by an earlier run (it may hold hundreds of rounds), or any other file there (read
+    as a checkpoint is read: no code in it runs). Tracked runs are named by their MLflow run
+    and never collide."""
     from cluster.checkpoint import checkpoint_path, load_checkpoint
     from cluster.tracking_process import flatten
 
     path = checkpoint_path(config, None)
     if config.tracking.enabled or not path.exists():
         return
-    stored = flatten(load_checkpoint(path)["config"])
+    keep = (
+        "move it away, or set checkpoint.dir (or tracking.enabled: true, which names "
+        "checkpoints by run)"
+    )
+    try:
+        stored = flatten(load_checkpoint(path)["config"])
+    except ConfigError as error:
+        raise ConfigError(
+            "checkpoint.dir",
+            str(path),
+            f"holds a file this code does not read as a checkpoint ({error.fix}), which this "
+            f"run would overwrite: {keep}",
+        ) from None
     ours = flatten(config.to_dict())
     differs = sorted(k for k in stored.keys() | ours.keys() if stored.get(k) != ours.get(k))
     what = f"of another run (its {differs[0]} differs)" if differs else "of an earlier run"
@@ -227,6 +240,5 @@ def check_no_checkpoint_overwritten(config: ExperimentConfig) -> None:
         "checkpoint.dir",
         str(path),
         f"holds a checkpoint {what}, which this run would overwrite: continue it with `uv run "
-        f"python -m cluster resume {path}`, move it away, or set checkpoint.dir "
-        "(or tracking.enabled: true, which names checkpoints by run)",
+        f"python -m cluster resume {path}`, {keep}",
     )

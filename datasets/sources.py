@@ -16,7 +16,7 @@ from datasets.arrays import LabeledArrays
 from datasets.partition import make_partitioner
 from datasets.store import FORMAT_VERSION, MANIFEST, ShardStore, write_store
 from datasets.synthetic import SyntheticSpec, generate_synthetic
-from datasets.vision import SOURCE_NAMES, load_source, num_classes
+from datasets.vision import SOURCE_NAMES, image_shape, load_source, num_classes
 
 SOURCES = ("synthetic", *SOURCE_NAMES)
 
@@ -37,6 +37,17 @@ def _load(source: str, params: dict, seed: int, data_root: str | Path | None, do
             train, test = pca_features(train, test, components)
         return train, test, num_classes(source, **params)
     raise ValueError(f"unknown data source {source!r}; known: {', '.join(SOURCES)}")
+
+
+def source_shape(source: str, params: dict) -> tuple[tuple[int, ...], int]:
+    """(shape of a row, number of classes) of what ``_load`` returns for ``source`` with these
+    options, known without reading or generating any data (the model is built for it)."""
+    if source == "synthetic":
+        spec = SyntheticSpec(**params)
+        return (spec.num_features,), spec.num_classes
+    params = dict(params)
+    components = params.pop("pca_components", None)
+    return ((components,) if components else image_shape(source)), num_classes(source, **params)
 
 
 def pca_features(train: LabeledArrays, test: LabeledArrays, components: int):

@@ -203,6 +203,13 @@ def num_classes(name: str, **options) -> int:
     return 10
 
 
+def image_shape(name: str) -> tuple[int, int, int]:
+    """(C, H, W) of source ``name``'s images (the ``x`` rows ``load_source`` returns)."""
+    if name not in SOURCE_NAMES:
+        raise ValueError(f"unknown image source {name!r}; known: {', '.join(SOURCE_NAMES)}")
+    return (3, 32, 32) if name in _CIFAR else (1, *_MNIST_IMAGE)
+
+
 def expected_files(name: str, root: str | Path, **options) -> list[Path]:
     """The exact (absolute) paths source ``name`` reads under ``root``; see the module docstring."""
     opts = _resolve(name, options)

@@ -16,19 +16,24 @@ import socket
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 import ray
 import torch
 import yaml
 
-from cluster.checkpoint import FORMAT_VERSION, save_checkpoint
+from algorithms.layout import ParamLayout
+from cluster.checkpoint import FORMAT_VERSION, checkpoint_path, save_checkpoint
 from cluster.cli import main
 from cluster.config import config_from_dict
-from datasets.sources import build_store, store_path
+from cluster.privacy_plan import privacy_claim
+from cluster.records import RoundRecord
+from cluster.simulation import initial_model, initial_state
+from datasets.sources import build_store, source_shape, store_path
 
 BASE = {
     "task": "synthetic_logreg",
@@ -136,35 +141,101 @@ def wrong_schema(store: Path) -> None:
         writer.write_table(table)
 
 
-def resume_with(payload: Callable[[], object] | bytes, *extra: str):
-    """A checkpoint file in the work dir holding ``payload`` (bytes: raw file content)."""
+def resume_with(write: Callable[[Path], None] | bytes, *extra: str, command="resume"):
+    """A checkpoint file in the work dir written by ``write`` (bytes: raw file content), given
+    to ``command``."""
 
     def prepare(workdir: Path, _store: Path) -> list[str]:
         path = workdir / "old.pt"
-        if isinstance(payload, bytes):
-            path.write_bytes(payload)
+        if isinstance(write, bytes):
+            path.write_bytes(write)
         else:
-            torch.save(payload(), path)
-        return ["resume", str(path), *extra]
+            write(path)
+        return [command, str(path), *extra]
 
     return prepare
 
 
-def checkpoint_payload(version=FORMAT_VERSION, config_change: Callable[[dict], None] = None):
-    def payload() -> dict:
-        config = config_from_dict(BASE).to_dict()
-        if config_change is not None:
-            config_change(config)
-        return {"format_version": version, "config": config, "run_id": None, "simulation": {}}
-
-    return payload
+def pickled(content: Callable[[], object]) -> Callable[[Path], None]:
+    """Writes ``content()`` with a bare torch.save (not through save_checkpoint)."""
+    return lambda path: torch.save(content(), path)
 
 
-def untracked_overwrite(workdir: Path, _store: Path) -> list[str]:
+def simulation_state(config, rounds: int = 0) -> dict:
+    """The state a Simulation of ``config`` could checkpoint after ``rounds`` rounds: its
+    initial model and server state, the accountant charged, no client state."""
+    model, params = initial_model(config, *source_shape(*config.store_parameters[:2]))
+    _, server = initial_state(config, ParamLayout.of(model), params)
+    claim = privacy_claim(config, config.build_algorithm())
+    accountant = claim.new_accountant()
+    for round_index in range(rounds):
+        claim.charge(accountant, round_index)
+    return {
+        "rounds_done": rounds,
+        "params": params,
+        "extras": server.extras,
+        "accountant": accountant.state_dict(),
+        "history": [asdict(RoundRecord(r + 1, 0.1, config.cohort.size)) for r in range(rounds)],
+        "client_states": {"client_ids": np.zeros(0, dtype=np.int64)},
+    }
+
+
+def checkpoint_payload(config_change=None, state_change=None, rounds=0, changes=()):
+    """Writes a checkpoint of BASE (with ``changes``) after ``rounds`` rounds through
+    save_checkpoint, its config (a dict) edited by ``config_change`` and its state by
+    ``state_change``."""
+
+    def write(path: Path) -> None:
+        config = config_from_dict(BASE, list(changes))
+        state, raw = simulation_state(config, rounds), config.to_dict()
+        for change, target in ((config_change, raw), (state_change, state)):
+            if change is not None:
+                change(target)
+        save_checkpoint(path, state, raw, None)
+
+    return write
+
+
+class CreatesFile:
+    """Unpickled by a loader that runs code, it creates ``target``."""
+
+    def __init__(self, target: Path):
+        self.target = target
+
+    def __reduce__(self):
+        return Path.touch, (self.target,)
+
+
+def code_payload(target: Path) -> Callable[[], dict]:
+    """A checkpoint-shaped payload whose unpickling would create ``target``."""
+    return lambda: {"format_version": FORMAT_VERSION, "config": CreatesFile(target)}
+
+
+def untracked_overwrite(write: Callable[[Path, Path], None]):
+    """A run of BASE (tracking off) whose checkpoint path holds the file ``write(path,
+    workdir)`` writes."""
+
+    def prepare(workdir: Path, _store: Path) -> list[str]:
+        config = config_file(workdir, {"tracking.enabled": False})
+        write(checkpoint_path(config_from_dict(BASE, ["tracking.enabled=false"]), None), workdir)
+        return ["run", str(config)]
+
+    return prepare
+
+
+def another_runs_checkpoint(path: Path, _workdir: Path) -> None:
     other = config_from_dict(BASE, ["seed=0", "rounds=50"])
-    path = workdir / "checkpoints" / "dpfl-dp_fedavg-seed0.pt"
-    save_checkpoint(path, {"rounds_done": 40}, other.to_dict(), None)
-    return ["run", str(config_file(workdir, {"tracking.enabled": False}))]
+    save_checkpoint(path, simulation_state(other), other.to_dict(), None)
+
+
+def code_in_checkpoint(path: Path, workdir: Path) -> None:
+    path.parent.mkdir(parents=True)
+    torch.save(code_payload(workdir / "created")(), path)
+
+
+def format_1_payload() -> dict:
+    """What format 1 wrote: NumPy arrays for the client states."""
+    return {"format_version": 1, "simulation": {"client_states": {"client_ids": np.zeros(0)}}}
 
 
 def a_file(name: str, changes_for: Callable[[Path], dict]):
@@ -184,6 +255,8 @@ def empty_dataset_root(workdir: Path, _store: Path) -> list[str]:
 UNKNOWN_KEY_IN_CHECKPOINT = checkpoint_payload(
     config_change=lambda c: c["algorithm"].update(retired_option=1)
 )
+FORMAT_0 = pickled(lambda: {"format_version": 0, "config": config_from_dict(BASE).to_dict()})
+IN_WORKDIR = Path("created")  # code_payload's target, relative to the case's work dir (its cwd)
 
 CASES = [
     # --- the config file and --set
@@ -273,7 +346,76 @@ CASES = [
     # --- checkpoints
     Case("resume missing", lambda w, s: ["resume", str(w / "none.pt")], ("CHECKPOINT", "no such")),
     Case("resume garbage", resume_with(b"PK\x03\x04garbage"), ("CHECKPOINT", "can read")),
-    Case("resume old format", resume_with(checkpoint_payload(0)), ("format 0", "git_commit")),
+    Case("resume old format", resume_with(FORMAT_0), ("format 0", "git_commit")),
+    Case(
+        "resume code in pickle",
+        resume_with(pickled(code_payload(IN_WORKDIR))),
+        ("CHECKPOINT", "does not load (builtins.getattr, pathlib.Path", "was not unpickled"),
+    ),
+    Case(
+        "landscape code in pickle",
+        resume_with(pickled(code_payload(IN_WORKDIR)), command="landscape"),
+        ("CHECKPOINT", "does not load (builtins.getattr, pathlib.Path"),
+    ),
+    Case(
+        "resume format 1",
+        resume_with(pickled(format_1_payload)),
+        ("objects this code does not load (", "numpy.dtype", "format 1 held NumPy arrays"),
+    ),
+    Case("resume a tensor", resume_with(pickled(lambda: torch.zeros(3))), ("holds a Tensor",)),
+    Case(
+        "resume keys missing",
+        resume_with(pickled(lambda: {"format_version": FORMAT_VERSION})),
+        ("not a checkpoint of this project", "lacks config, run_id"),
+    ),
+    Case(
+        "resume params a list",
+        resume_with(checkpoint_payload(state_change=lambda s: s.update(params=[0.0]))),
+        ("its simulation's params is a list",),
+    ),
+    Case(
+        "resume history short",
+        resume_with(checkpoint_payload(rounds=2, state_change=lambda s: s["history"].pop())),
+        ("history holds rounds 1..1", "rounds_done is 2"),
+    ),
+    Case(
+        "resume feature size",
+        resume_with(checkpoint_payload(lambda c: c["data"]["synthetic"].update(num_features=60))),
+        ("params hold 410 values", "model (synthetic_logreg, data.source synthetic) has 610"),
+    ),
+    Case(
+        "resume other algorithm",
+        resume_with(
+            checkpoint_payload(
+                state_change=lambda s: s["extras"].update(control=torch.zeros_like(s["params"]))
+            )
+        ),
+        ("server state holds control", "(dp_fedavg) keeps nothing"),
+    ),
+    Case(
+        "resume client outside",
+        resume_with(
+            checkpoint_payload(
+                state_change=lambda s: s.update(client_states={"client_ids": np.array([12])})
+            )
+        ),
+        ("state of client 12", "the config has 10 clients (data.num_clients)"),
+    ),
+    Case(
+        "resume more clients",
+        resume_with(checkpoint_payload(lambda c: c["data"].update(num_clients=20), rounds=2)),
+        ("accountant charged 2 rounds at σ 1, q 0.5", "charge 2 rounds at σ 1, q 0.25"),
+    ),
+    Case(
+        "resume no accountant",
+        resume_with(checkpoint_payload(state_change=lambda s: s.update(accountant=None))),
+        ("holds no privacy accountant", "accounts ε (dp_fedavg)"),
+    ),
+    Case(
+        "resume rounds below done",
+        resume_with(checkpoint_payload(rounds=2), "--set", "rounds=1"),
+        ("rounds = 1", "completed 2 rounds", "N > 2"),
+    ),
     Case(
         "resume old config",
         resume_with(UNKNOWN_KEY_IN_CHECKPOINT),
@@ -289,7 +431,16 @@ CASES = [
         a_file("ckfile", lambda p: {"checkpoint.dir": str(p / "sub")}),
         ("checkpoint.dir", "is a file"),
     ),
-    Case("untracked overwrite", untracked_overwrite, ("of another run", "rounds differs")),
+    Case(
+        "untracked overwrite",
+        untracked_overwrite(another_runs_checkpoint),
+        ("of another run", "rounds differs"),
+    ),
+    Case(
+        "untracked overwrite code",
+        untracked_overwrite(code_in_checkpoint),
+        ("checkpoint.dir", "does not read as a checkpoint", "objects this code does not load"),
+    ),
 ]
 
 

@@ -1,12 +1,20 @@
-"""A run stopped and resumed from its checkpoint reaches bit-identical parameters."""
+"""A run stopped and resumed from its checkpoint reaches bit-identical parameters; a checkpoint
+is checked against its config before any work, and loading one never runs code."""
 
+import pickle
+
+import pytest
+import ray
 import torch
 from helpers import small_config
 from mlflow.tracking import MlflowClient
+from test_bad_input import code_payload
 
-from cluster.checkpoint import load_checkpoint
-from cluster.config import config_from_dict
-from cluster.experiment import run_experiment
+from cluster.checkpoint import check_state, open_checkpoint, save_checkpoint
+from cluster.cli import main
+from cluster.config import ConfigError, config_from_dict
+from cluster.experiment import open_store, run_experiment
+from datasets.sources import source_shape
 
 SCAFFOLD = ("algorithm.name=scaffold", "rounds=6")
 
@@ -18,19 +26,53 @@ def test_resume_continues_bit_for_bit_with_client_state(store_root, tmp_path):
     first = run_experiment(
         small_config(store_root, *SCAFFOLD, ckpt, "rounds=3", "tracking.run_name=first-half")
     )
-    saved = load_checkpoint(first.checkpoint)
+    saved, config = open_checkpoint(first.checkpoint, ["rounds=6"])
     assert saved["simulation"]["rounds_done"] == 3
     states = saved["simulation"]["client_states"]  # SCAFFOLD's c_i travel with the checkpoint
     assert len(states["client_ids"]) > 0 and states["control"].shape[0] == len(states["client_ids"])
-    config = config_from_dict(saved["config"], ["rounds=6"])
+    _refuses_client_states_of_another_config(saved, config)
     resumed = run_experiment(config, resume=saved)
 
     assert len(resumed.result.history) == 6
     assert torch.equal(resumed.result.params, straight.result.params)
     assert resumed.result.history[-1].test_accuracy == straight.result.history[-1].test_accuracy
+    assert [r.update_norms for r in resumed.result.history] == [
+        r.update_norms for r in straight.result.history
+    ]
+    # The model's input is known from the config alone: what the built store holds.
+    manifest = open_store(config)[0].manifest
+    shape = (tuple(manifest["x_shape"]), manifest["num_classes"])
+    assert source_shape(*config.store_parameters[:2]) == shape
 
 
-def test_resumed_run_logs_into_the_same_mlflow_run(store_root, tmp_path, monkeypatch):
+def _refuses_client_states_of_another_config(saved: dict, config) -> None:
+    state = saved["simulation"]
+    narrow = {**state["client_states"], "control": state["client_states"]["control"][:, :-1]}
+    with pytest.raises(ConfigError, match=r"clients' 'control' hold 409 values each.* has 410"):
+        check_state("x.pt", {**state, "client_states": narrow}, config)
+    assert state["client_states"]["client_ids"].max() >= 10
+    fewer = config_from_dict(saved["config"], ["data.num_clients=10"])
+    with pytest.raises(ConfigError, match=r"state of client 1\d, the config has 10 clients"):
+        check_state("x.pt", state, fewer)
+
+
+def test_the_catalogues_code_payload_runs_code_when_unpickled_unsafely(tmp_path):
+    """The bad-input catalogue's checkpoints that would create a file (refused there by
+    `resume`, `landscape` and `run`'s overwrite check, the file never created) are live."""
+    target = tmp_path / "created"
+    pickle.loads(pickle.dumps(code_payload(target)()))
+    assert target.exists()
+
+
+def _wrong(saved: dict, path, change) -> str:
+    """``saved`` with its config dict changed by ``change``, written to ``path``."""
+    config = config_from_dict(saved["config"]).to_dict()
+    change(config)
+    save_checkpoint(path, saved["simulation"], config, saved["run_id"])
+    return str(path)
+
+
+def test_resumed_run_logs_into_the_same_mlflow_run(store_root, tmp_path, monkeypatch, capsys):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     dp = (
@@ -42,11 +84,31 @@ def test_resumed_run_logs_into_the_same_mlflow_run(store_root, tmp_path, monkeyp
         "checkpoint.every=2",
     )
     first = run_experiment(small_config(store_root, *dp, "rounds=2"))
-    saved = load_checkpoint(first.checkpoint)
+    saved, _ = open_checkpoint(first.checkpoint)
+    client = MlflowClient(uri)
+    finished = client.get_run(first.run_id).info
+    assert finished.status == "FINISHED"
+
+    # Refused before any work (exit 2), or nothing to do (exit 0): the run is left as it was.
+    refused = {
+        "params hold 410 values": lambda c: c["data"]["synthetic"].update(num_features=60),
+        "server state holds nothing": lambda c: c["algorithm"].update(name="dp_scaffold"),
+        "accountant charged 2 rounds": lambda c: c["data"].update(num_clients=40),
+    }
+    for index, (expected, change) in enumerate(refused.items()):
+        assert main(["resume", _wrong(saved, tmp_path / f"bad{index}.pt", change)]) == 2
+        assert expected in capsys.readouterr().err
+    assert main(["resume", str(first.checkpoint), "--set", "rounds=1"]) == 2
+    assert "rounds = 1: the checkpoint has completed 2 rounds" in capsys.readouterr().err
+    assert main(["resume", str(first.checkpoint)]) == 0
+    assert "nothing to do" in capsys.readouterr().out
+    assert not ray.is_initialized()
+    after = client.get_run(first.run_id).info
+    assert (after.status, after.end_time) == ("FINISHED", finished.end_time)
+
     config = small_config(store_root, *dp, "rounds=4")
     resumed = run_experiment(config, resume=saved)
     assert resumed.run_id == first.run_id
-    client = MlflowClient(uri)
     steps = [m.step for m in client.get_metric_history(first.run_id, "epsilon")]
     assert steps == [1, 2, 3, 4]
     assert client.get_run(first.run_id).info.status == "FINISHED"

@@ -29,9 +29,9 @@ from algorithms.sketch import (
 )
 from algorithms.transforms import ClientContext
 from cluster.audit_cli import audit_config
-from cluster.checkpoint import load_checkpoint
+from cluster.checkpoint import load_checkpoint, open_checkpoint, save_checkpoint
 from cluster.cli import main
-from cluster.config import ConfigError, config_from_dict
+from cluster.config import ConfigError
 from cluster.experiment import run_experiment
 from models.resnet9 import ResNet9
 
@@ -264,7 +264,7 @@ def test_dpsfl_without_noise_or_clip_is_fetchsgd_bit_for_bit(store_root):
     assert torch.equal(fetch.state.params, nonnoise.state.params)
 
 
-def test_dpsfl_ac_moves_c_logs_bytes_and_resumes_bit_for_bit(store_root, tmp_path):
+def test_dpsfl_ac_moves_c_logs_bytes_and_resumes_bit_for_bit(store_root, tmp_path, monkeypatch):
     options = (
         "algorithm.name=dpsfl_ac",
         *ONE_GRADIENT,
@@ -282,15 +282,16 @@ def test_dpsfl_ac_moves_c_logs_bytes_and_resumes_bit_for_bit(store_root, tmp_pat
     assert history[0].metrics["upload_bytes_total"] == 5 * 5 * 60 * 4  # the cohort of 5
     assert history[0].metrics["download_bytes"] <= 80 * 8 + 8  # sparse Δ + C
     first = run_experiment(small_config(store_root, *options, "rounds=3"))
-    saved = load_checkpoint(first.checkpoint)
+    saved, config = open_checkpoint(first.checkpoint, ["rounds=6"])
     assert "sketch_error" in saved["simulation"]["extras"]
-    resumed = run_experiment(config_from_dict(saved["config"], ["rounds=6"]), resume=saved)
+    resumed = run_experiment(config, resume=saved)
     assert torch.equal(resumed.result.params, straight.result.params)
     assert resumed.result.history[-1].metrics["clip_norm"] == clip_norms[-1]
     # A checkpoint from before the cubic bucket hash holds sketches of other buckets.
-    del saved["sketch_hash_family"]
-    torch.save(saved, tmp_path / "linear.pt")
-    with pytest.raises(ConfigError, match="linear-buckets count-sketch hash of an earlier"):
+    with monkeypatch.context() as patch:
+        patch.setattr("cluster.checkpoint.HASH_FAMILY", "linear-buckets")
+        save_checkpoint(tmp_path / "linear.pt", saved["simulation"], saved["config"], None)
+    with pytest.raises(ConfigError, match="hashed with the linear-buckets count-sketch hash"):
         load_checkpoint(tmp_path / "linear.pt")
 
 
