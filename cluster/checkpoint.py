@@ -18,10 +18,10 @@ strings, numbers, None and CPU tensors::
 
 It is read with torch's weights-only unpickler (``torch.load(weights_only=True)``, nothing
 added to its allowlist), which builds tensors and plain containers and nothing else, so
-loading a checkpoint never runs code: a file holding any other object (a NumPy array, as
-format 1 did, or a crafted one) is refused before anything in it is built. The NumPy arrays
-and ``array('f')`` the Simulation holds become tensors when written (``_encode``) and again
-arrays when read (``_decode``), byte for byte.
+loading a checkpoint never runs code: a file naming any other class or function (a NumPy
+array, as format 1 held, or a crafted object) is refused and none of it is built. The
+Simulation's NumPy client states and ``array('f')`` update norms become tensors when written
+(``_encode``) and again arrays when read (``_decode``), byte for byte.
 
 ``open_checkpoint`` also checks the content against the config before any work: the params
 against the model the config builds, the server state's names and shapes against a fresh one,
