@@ -9,12 +9,16 @@ file, creates a directory or starts Ray; the network checks are one TCP connect 
 
 from __future__ import annotations
 
+import configparser
+import contextlib
 import os
+import re
 import socket
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from cluster.config import ConfigError, DataConfig, ExperimentConfig
+from cluster.config.runtime import ray_endpoint
 from cluster.tracking_process import sqlite_path, tracking_uri
 from datasets.store import ShardStore, StoreError
 
@@ -44,9 +48,9 @@ def preflight(config: ExperimentConfig) -> None:
     if config.tracking.enabled:
         check_tracking_uri()
     if config.executor.kind == "ray":
-        address = config.executor.address or os.environ.get("RAY_ADDRESS")
-        check_ray_address(address)
-        if not address:
+        field, address = ray_address(config)
+        check_ray_address(field, address)
+        if address in (None, "local"):  # an embedded Ray on this machine
             check_machine_fits(config)
     elif config.executor.gpus_per_actor > 0:  # the local hosts share this machine's GPU
         check_machine_fits(config)
@@ -54,23 +58,26 @@ def preflight(config: ExperimentConfig) -> None:
 
 
 def check_data(config: ExperimentConfig) -> None:
-    """``data.store`` opens and is intact; else the store the config keys (if built) is intact,
-    or the raw files it would be built from are there."""
+    """``data.store`` opens and is intact; else the store the config keys is intact if built,
+    or its root can take it and the raw files it would be built from are there (or can be
+    downloaded into a writable ``data.root``)."""
     from datasets.sources import existing_store_path
-    from datasets.vision import SOURCE_NAMES, check_present
+    from datasets.vision import SOURCE_NAMES
 
     d = config.data
     location = d.store
     if location is None:
         root = d.resolved_store_root()
-        if root.exists() and not root.is_dir():
-            raise ConfigError(
-                "data.store_root", str(root), "is a file, not a directory; point it elsewhere"
-            )
-        built = existing_store_path(root, *config.store_parameters)
-        if built is None:
-            if d.source in SOURCE_NAMES and not d.download:
-                check_present(d.source, d.resolved_data_root(), **_source_files_options(config))
+        try:
+            built = existing_store_path(root, *config.store_parameters)
+        except OSError as error:  # e.g. a name longer than the filesystem allows
+            raise _unusable("data.store_root", root, error) from None
+        if built is None:  # built on first use, under the root
+            check_writable_dir("data.store_root", root)
+            if d.source in SOURCE_NAMES:
+                _check_raw_files(config)
+            elif d.source == "synthetic":
+                check_synthetic_fits(config)
             return
         location = str(built)
     try:
@@ -79,6 +86,18 @@ def check_data(config: ExperimentConfig) -> None:
     except StoreError as error:
         raise ConfigError("data.store", location, f"{error.problem}; {_rebuild_fix(d)}") from None
     check_store_matches(store, d)
+
+
+def _check_raw_files(config: ExperimentConfig) -> None:
+    """A vision source's files are in ``data.root``, or it can take them (``data.download``)."""
+    from datasets.vision import check_present
+
+    root = config.data.resolved_data_root()
+    if config.data.download:
+        check_writable_dir("data.root", root)
+    else:
+        refuse_pseudo_filesystem("data.root", root)
+        check_present(config.data.source, root, **_source_files_options(config))
 
 
 def check_store_matches(store: ShardStore, d: DataConfig) -> None:
@@ -90,6 +109,30 @@ def check_store_matches(store: ShardStore, d: DataConfig) -> None:
             store.location,
             f"it holds {store.num_clients} clients of {source!r}; set "
             f"data.num_clients={store.num_clients} and data.source={source}",
+        )
+
+
+def check_synthetic_fits(config: ExperimentConfig) -> None:
+    """The synthetic data fits this machine's memory while it is generated: the float32 rows,
+    one float64 block of users and one user's logits (``datasets.synthetic``)."""
+    from datasets.synthetic import CHUNK_USERS
+
+    d, s = config.data, config.data.synthetic
+    rows = d.num_clients * s.samples_per_user
+    need = (
+        rows * (4 * s.num_features + 8)
+        + min(d.num_clients, CHUNK_USERS) * s.samples_per_user * s.num_features * 8
+        + s.samples_per_user * s.num_classes * 8
+    )
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > have:
+        raise ConfigError(
+            "data.synthetic",
+            f"{d.num_clients} users × {s.samples_per_user} samples × {s.num_features} features, "
+            f"{s.num_classes} classes",
+            f"generating it needs about {need / 2**30:.3g} GiB, this machine has "
+            f"{have / 2**30:.3g} GiB: lower data.num_clients or data.synthetic's "
+            "samples_per_user, num_features or num_classes",
         )
 
 
@@ -107,57 +150,184 @@ def _rebuild_fix(d: DataConfig) -> str:
 
 
 def check_tracking_uri() -> None:
-    """``MLFLOW_TRACKING_URI`` names a store MLflow can use and, for a server, one that answers."""
+    """``MLFLOW_TRACKING_URI`` names a store this project can track runs in: a well-formed URI;
+    an SQLite file that is, or can be created as, an SQLite database in a writable directory
+    (its 16-byte header read, MLflow never imported); a server or database that answers (one
+    TCP connect); Databricks only with a workspace configured; a directory (MLflow's file
+    store) only where ``MLFLOW_ALLOW_FILE_STORE`` opts into it, as MLflow itself requires."""
     uri = tracking_uri()
-    scheme = urlsplit(uri).scheme.split("+")[0]
+    try:
+        where = urlsplit(uri)
+        # MLflow reads a bare "databricks" as the Databricks store of the default profile.
+        scheme = "databricks" if uri == "databricks" else where.scheme.split("+")[0]
+        port = where.port if scheme in _DEFAULT_PORTS else None  # a non-number raises here
+    except ValueError as error:
+        raise ConfigError(
+            "MLFLOW_TRACKING_URI",
+            uri,
+            f"not a valid URI ({error}); e.g. http://127.0.0.1:5000 or sqlite:///mlflow.db "
+            "(unset it for the local default)",
+        ) from None
     if scheme not in _MLFLOW_SCHEMES:
         raise ConfigError(
             "MLFLOW_TRACKING_URI",
             uri,
-            f"MLflow has no {scheme!r} store; use sqlite:///mlflow.db, a directory, or "
-            "http://HOST:PORT of an `mlflow server` (unset it for the local default)",
+            f"MLflow has no {scheme!r} store; use sqlite:///mlflow.db or http://HOST:PORT of an "
+            "`mlflow server` (unset it for the local default)",
         )
-    if scheme == "sqlite":
-        database = sqlite_path(uri)
-        if database is None or not database.parent.is_dir():
-            raise ConfigError(
-                "MLFLOW_TRACKING_URI",
-                uri,
-                "the SQLite file's directory does not exist; sqlite:///relative.db or "
-                "sqlite:////absolute/path.db (four slashes) in an existing directory",
-            )
-    if scheme in _DEFAULT_PORTS:
-        where = urlsplit(uri)
+    if scheme in ("", "file"):
+        _check_file_store(uri, Path(where.path if scheme else uri))
+    elif scheme == "sqlite":
+        _check_sqlite_store(uri)
+    elif scheme == "databricks":
+        _check_databricks(uri, where.netloc)
+    elif scheme in _DEFAULT_PORTS:
         _connect_or_fail(
             "MLFLOW_TRACKING_URI",
             uri,
             where.hostname or "localhost",
-            where.port or _DEFAULT_PORTS[scheme],
+            port or _DEFAULT_PORTS[scheme],
             "start the server (`uv run mlflow server --port 5000 ...`) or unset "
             "MLFLOW_TRACKING_URI for the local SQLite store",
         )
 
 
-def check_ray_address(address: str | None) -> None:
-    """A given Ray address (``executor.address`` or ``RAY_ADDRESS``) answers on its port."""
-    if not address or address in ("auto", "local"):
-        return
-    where = urlsplit(address if "://" in address else f"ray://{address}")
-    if where.port is None:
+_SQLITE_HEADER = b"SQLite format 3\x00"
+_SQLITE_FIX = "point it at an MLflow SQLite file or a new one in a writable directory"
+
+
+def _check_sqlite_store(uri: str) -> None:
+    """The database file exists as an SQLite database we may write, or can be created; its
+    directory is writable (SQLite writes its journal beside it)."""
+    database = sqlite_path(uri)
+    if database is None or not database.parent.is_dir():
         raise ConfigError(
-            "executor.address",
-            address,
-            "give HOST:PORT of the head's GCS (ray start --head prints it, e.g. 10.0.0.1:6379), "
-            "ray://HOST:10001, or remove it for an embedded Ray",
+            "MLFLOW_TRACKING_URI",
+            uri,
+            "the SQLite file's directory does not exist; sqlite:///relative.db or "
+            "sqlite:////absolute/path.db (four slashes) in an existing directory",
         )
+    problem = _sqlite_file_problem(database)
+    if problem is None and not os.access(database.parent, os.W_OK | os.X_OK):
+        problem = f"its directory {database.parent} is not writable"
+    if problem is not None:
+        raise ConfigError("MLFLOW_TRACKING_URI", uri, f"{database} {problem}; {_SQLITE_FIX}")
+
+
+def _sqlite_file_problem(database: Path) -> str | None:
+    """Why an existing ``database`` cannot be the store (None: it can, or it does not exist)."""
+    if not database.exists():
+        return None
+    if database.is_dir():
+        return "is a directory"
+    if not database.is_file():
+        return "is not a regular file"
+    try:
+        with database.open("rb") as f:
+            header = f.read(len(_SQLITE_HEADER))
+    except OSError as error:
+        return f"is not readable ({error.strerror})"
+    if header and header != _SQLITE_HEADER:  # an empty file is a new database to SQLite
+        return "is not an SQLite database (it lacks the 'SQLite format 3' header)"
+    if not os.access(database, os.R_OK | os.W_OK):
+        return "is not writable"
+    return None
+
+
+def _check_file_store(uri: str, directory: Path) -> None:
+    """MLflow 3 refuses its file store (a directory of runs) unless ``MLFLOW_ALLOW_FILE_STORE``
+    is true; where it is, the directory must be creatable and writable."""
+    if os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("true", "1"):
+        raise ConfigError(
+            "MLFLOW_TRACKING_URI",
+            uri,
+            "a directory is MLflow's file store, which MLflow 3 refuses (maintenance mode); use "
+            "sqlite:///mlflow.db (`uv run mlflow migrate-filestore` moves runs kept there), or "
+            "set MLFLOW_ALLOW_FILE_STORE=true to use the directory anyway",
+        )
+    check_writable_dir("MLFLOW_TRACKING_URI", directory)
+
+
+def _check_databricks(uri: str, profile: str) -> None:
+    """A Databricks workspace is configured (``DATABRICKS_HOST``, or the profile's host in the
+    Databricks config file) and answers; without one MLflow fails only when the run opens."""
+    host = _databricks_host(profile)
+    if host is None:
+        raise ConfigError(
+            "MLFLOW_TRACKING_URI",
+            uri,
+            "no Databricks workspace is configured: set DATABRICKS_HOST and DATABRICKS_TOKEN, "
+            "or create the profile with `databricks auth login`; or use http://HOST:PORT of an "
+            "`mlflow server`",
+        )
+    where = urlsplit(host if "://" in host else f"https://{host}")
     _connect_or_fail(
-        "executor.address",
+        "MLFLOW_TRACKING_URI",
+        uri,
+        where.hostname or host,
+        where.port or 443,
+        "check DATABRICKS_HOST (or the profile's host) and the network",
+    )
+
+
+def _databricks_host(profile: str) -> str | None:
+    """The workspace host: ``DATABRICKS_HOST`` for the default profile, else the ``host`` of the
+    profile (``databricks://PROFILE``, ``DATABRICKS_CONFIG_PROFILE`` or DEFAULT) in
+    ``DATABRICKS_CONFIG_FILE`` (default ``~/.databrickscfg``)."""
+    if not profile and os.environ.get("DATABRICKS_HOST"):
+        return os.environ["DATABRICKS_HOST"]
+    profile = profile or os.environ.get("DATABRICKS_CONFIG_PROFILE", "DEFAULT")
+    parser = configparser.ConfigParser()
+    path = os.environ.get("DATABRICKS_CONFIG_FILE", "~/.databrickscfg")
+    with contextlib.suppress(configparser.Error, OSError):
+        parser.read(Path(path).expanduser())
+    return parser.get(profile, "host", fallback=None) or None
+
+
+def ray_address(config: ExperimentConfig) -> tuple[str, str | None]:
+    """The address ``ray.init`` connects to, and where it comes from: ``executor.address``,
+    unless that is unset or ``auto`` and ``RAY_ADDRESS`` is set (Ray's own precedence)."""
+    given = config.executor.address
+    environment = os.environ.get("RAY_ADDRESS")
+    if environment and given in (None, "auto"):
+        return "RAY_ADDRESS", environment
+    return "executor.address", given
+
+
+def check_ray_address(field: str, address: str | None) -> None:
+    """A Ray address (``ray_address``) is well formed and answers on its port; ``auto`` finds
+    a cluster on this machine. Nothing to check for none or ``local`` (an embedded Ray)."""
+    if address in (None, "local"):
+        return
+    endpoint = ray_endpoint(field, address)
+    if endpoint is None:  # auto
+        address = _running_cluster(field)
+        endpoint = ray_endpoint(field, address)
+    _connect_or_fail(
+        field,
         address,
-        where.hostname or "localhost",
-        where.port,
+        *endpoint,
         "start the cluster (`ray start --head`), check RAY_ADDRESS, or remove the address to "
         "run on an embedded Ray",
     )
+
+
+def _running_cluster(field: str) -> str:
+    """What Ray 2.60 resolves ``auto`` to (``ray._private.services``): the address the last
+    ``ray start`` left in ``ray_current_cluster`` under Ray's temporary directory, else that
+    of a raylet running on this machine. Nothing is started or connected to."""
+    from ray._private.services import get_ray_address_from_environment
+
+    try:
+        return get_ray_address_from_environment("auto", None)
+    except ConnectionError:
+        raise ConfigError(
+            field,
+            "auto",
+            "no Ray cluster runs on this machine for auto to find; start one with `ray start "
+            "--head`, give HOST:PORT of a cluster, or leave executor.address and RAY_ADDRESS "
+            "unset for an embedded Ray",
+        ) from None
 
 
 def check_machine_fits(config: ExperimentConfig) -> None:
@@ -190,14 +360,91 @@ def _gpu_count() -> int:
 
 
 def check_writable_dir(field: str, path: Path) -> None:
-    """``path`` is, or can be created as, a directory this process may write (nothing created)."""
-    existing = next(p for p in (path, *path.parents) if p.exists())
+    """``path`` is, or can be created as, a directory this process may write (nothing created),
+    on a filesystem that holds files (``refuse_pseudo_filesystem``)."""
+    refuse_pseudo_filesystem(field, path)
+    try:
+        existing = next(p for p in (path, *path.parents) if p.exists())
+    except OSError as error:  # e.g. a name longer than the filesystem allows
+        raise _unusable(field, path, error) from None
     if not existing.is_dir():
         raise ConfigError(
             field, str(path), f"{existing} is a file, not a directory; choose another directory"
         )
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(field, str(path), f"{existing} is not writable; choose another directory")
+
+
+def _unusable(field: str, path: Path, error: OSError) -> ConfigError:
+    return ConfigError(field, str(path), f"unusable ({error.strerror}); choose another directory")
+
+
+# Kernel pseudo-filesystems: os.access calls /proc writable for root, yet no file can be created
+# there. The roots are refused by name too (where /proc/self/mounts does not exist, and /dev
+# may be a tmpfs in a container).
+PSEUDO_ROOTS = ("/proc", "/sys", "/dev")
+PSEUDO_FILESYSTEMS = frozenset(
+    {
+        "autofs",
+        "binfmt_misc",
+        "bpf",
+        "cgroup",
+        "cgroup2",
+        "configfs",
+        "debugfs",
+        "devpts",
+        "devtmpfs",
+        "efivarfs",
+        "fusectl",
+        "hugetlbfs",
+        "mqueue",
+        "nsfs",
+        "proc",
+        "pstore",
+        "securityfs",
+        "selinuxfs",
+        "sysfs",
+        "tracefs",
+    }
+)
+
+
+def refuse_pseudo_filesystem(field: str, path: Path) -> None:
+    """A ``ConfigError`` when ``path`` (symlinks resolved) lies under ``PSEUDO_ROOTS`` or on a
+    mount of a type in ``PSEUDO_FILESYSTEMS``."""
+    real = os.path.realpath(path)
+    mount, kind = _mount_of(real)
+    root = next((r for r in PSEUDO_ROOTS if _is_within(real, r)), None)
+    if root is not None or kind in PSEUDO_FILESYSTEMS:
+        where = root or f"{mount} ({kind})"
+        raise ConfigError(
+            field,
+            str(path),
+            f"{real} is in {where}, a kernel pseudo-filesystem, not storage; choose a "
+            "directory on a disk",
+        )
+
+
+def _mount_of(path: str) -> tuple[str, str]:
+    """(mount point, filesystem type) of the mount ``path`` lies on, from /proc/self/mounts
+    (the last of stacked mounts wins); ("", "") where that is unreadable."""
+    try:
+        lines = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return "", ""
+    found = ("", "")
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1])
+        if _is_within(path, point) and len(point) >= len(found[0]):
+            found = (point, fields[2])
+    return found
+
+
+def _is_within(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
 
 
 def _connect_or_fail(field: str, value: str, host: str, port: int, fix: str) -> None:

@@ -69,7 +69,8 @@ def _free_port() -> int:
 @dataclass
 class Case:
     """``prepare(workdir, valid_store) -> argv`` sets up the files; ``expect``: substrings of
-    stderr; ``env``: ``M`` is the MLflow URI (``http``: a port where nothing listens)."""
+    stderr; ``env``: variables to set, where ``M`` is the MLflow URI (``http``: a port where
+    nothing listens)."""
 
     name: str
     prepare: Callable[[Path, Path], list[str]]
@@ -252,6 +253,36 @@ def empty_dataset_root(workdir: Path, _store: Path) -> list[str]:
     return ["run", str(config_file(workdir, changes))]
 
 
+def run_file(path: str):
+    """``run`` of a file the harness does not write (a device, say)."""
+    return lambda _workdir, _store: ["run", path]
+
+
+def a_fifo(workdir: Path, _store: Path) -> list[str]:
+    """A FIFO as the config: reading it would block until a writer came."""
+    os.mkfifo(workdir / "config.yaml")
+    return ["run", str(workdir / "config.yaml")]
+
+
+def a_symlink(target: str, field: str):
+    """``field`` names a directory below a symlink in the work dir that points at ``target``."""
+
+    def prepare(workdir: Path, _store: Path) -> list[str]:
+        (workdir / "link").symlink_to(target)
+        return ["run", str(config_file(workdir, {field: str(workdir / "link" / "dpfl")}))]
+
+    return prepare
+
+
+INF, NAN = float("inf"), float("nan")
+SKETCHED = {"algorithm.name": "dpsfl", "algorithm.local.lr": 1.0}
+MNIST = {"task": "mnist_cnn", "data.source": "mnist"}
+FINITE = ("finite number", ".nan is never accepted")
+ONE_FILE_NAME = "it names files, so it must be one file name"
+NOT_RAY = ("not a Ray address", "HOST:PORT", "ray://HOST:PORT", "auto")
+PSEUDO = ("kernel pseudo-filesystem", "choose a directory on a disk")
+
+
 UNKNOWN_KEY_IN_CHECKPOINT = checkpoint_payload(
     config_change=lambda c: c["algorithm"].update(retired_option=1)
 )
@@ -282,6 +313,223 @@ CASES = [
     Case("set no =", run_with(None, "--set", "rounds"), ("--set", "key.path=value")),
     Case("set into scalar", run_with(None, "--set", "rounds.x=1"), ("not a section",)),
     Case("set bad yaml", run_with(None, "--set", "rounds=[1"), ("--set", "not valid YAML")),
+    # --- what the config file holds
+    *(
+        Case(f"top level {name}", run_with(text=text), ("CONFIG", "must hold a YAML mapping", held))
+        for name, text, held in [
+            ("empty", "", "holds nothing"),
+            ("0", "0\n", "holds the int 0"),
+            ("false", "false\n", "holds the bool False"),
+            ("[]", "[]\n", "holds the list []"),
+            ("~", "~\n", "holds nothing"),
+            ("string", "quickstart\n", "holds the str 'quickstart'"),
+            ("comments", "# rounds: 3\n", "holds nothing"),
+        ]
+    ),
+    Case(
+        "duplicate key",
+        run_with(text="rounds: 2\ntask: synthetic_logreg\nrounds: 3\n"),
+        ("CONFIG", "line 3, column 1: duplicate key 'rounds'", "also on line 1", "keep one"),
+    ),
+    Case(
+        "duplicate nested key",
+        run_with(text="algorithm:\n  name: dp_fedavg\n  clip_norm: 1.0\n  clip_norm: 2.0\n"),
+        ("line 4, column 3: duplicate key 'clip_norm'", "also on line 3"),
+    ),
+    Case(
+        "duplicate key in --set",
+        run_with(None, "--set", "algorithm={name: fedavg, name: scaffold}"),
+        ("--set", "duplicate key 'name'", "keep one"),
+    ),
+    Case("config a directory", lambda w, s: ["run", str(w)], ("CONFIG", "is a directory")),
+    Case("config /dev/null", run_file("/dev/null"), ("CONFIG", "not a regular file")),
+    Case("config /dev/zero", run_file("/dev/zero"), ("CONFIG", "not a regular file")),
+    Case("config a FIFO", a_fifo, ("CONFIG", "not a regular file", "pass a YAML config file")),
+    Case("config of 1 MB", run_with(text="#" * (1 << 20) + "\n"), ("CONFIG", "larger than 1 MB")),
+    Case("yaml nesting", run_with(text="x: " + "[" * 1000), ("not valid YAML", "too deeply")),
+    Case("yaml 5000 digits", run_with(text="rounds: " + "9" * 5000), ("CONFIG", "4300 digits")),
+    # --- numbers: non-finite, out of range
+    Case(
+        "σ .inf", run_with({"algorithm.noise_multiplier": INF}), ("noise_multiplier = inf", *FINITE)
+    ),
+    Case(
+        "σ .nan", run_with({"algorithm.noise_multiplier": NAN}), ("noise_multiplier = nan", *FINITE)
+    ),
+    Case("lr .inf", run_with({"algorithm.local.lr": INF}), ("algorithm.local.lr = inf", *FINITE)),
+    Case(
+        "lr 1e39",
+        run_with({"algorithm.local.lr": 1e39}),
+        ("local.lr = 1e+39", "magnitude in [1.2e-38, 3.4e+38]"),
+    ),
+    Case("lr 'inf'", run_with({"algorithm.local.lr": "inf"}), ("local.lr = 'inf'", *FINITE)),
+    Case(
+        "α .nan", run_with({"data.synthetic.alpha": NAN}), ("data.synthetic.alpha = nan", *FINITE)
+    ),
+    Case(
+        "Dirichlet α .inf",
+        run_with({"data.partition.method": "dirichlet", "data.partition.alpha": INF}),
+        ("data.partition.alpha = inf", *FINITE),
+    ),
+    Case("ε .inf", run_with({"privacy.target_epsilon": INF}), ("target_epsilon = inf", *FINITE)),
+    Case("δ .nan", run_with({"privacy.delta": NAN}), ("privacy.delta = nan", *FINITE)),
+    Case(
+        "cpus .inf", run_with({"executor.cpus_per_actor": INF}), ("cpus_per_actor = inf", *FINITE)
+    ),
+    Case(
+        "clip -.inf", run_with({"algorithm.clip_norm": -INF}), ("clip_norm = -inf", ".inf (no clip")
+    ),
+    Case("clip .nan", run_with({"algorithm.clip_norm": NAN}), ("clip_norm = nan", "or .inf (no")),
+    Case(
+        "clip .inf with noise",
+        run_with({"algorithm.clip_norm": INF}),
+        ("algorithm.clip_norm = inf", "noise needs a finite clip norm"),
+    ),
+    Case(
+        "clip 10**400", run_with({"algorithm.clip_norm": 10**400}), ("algorithm.clip_norm", *FINITE)
+    ),
+    Case("seed -1", run_with({"seed": -1}), ("seed = -1", "a seed must be in [0, 2**63)")),
+    Case("seed 2**63", run_with({"seed": 2**63}), ("seed = 9223372036854775808", "below 2**63")),
+    Case(
+        "sketch seed -1",
+        run_with({**SKETCHED, "algorithm.sketch_seed": -1}),
+        ("algorithm.sketch_seed = -1", "[0, 2**63)"),
+    ),
+    Case("rounds 2**64", run_with({"rounds": 2**64}), ("rounds", "magnitude below 2**63")),
+    Case(
+        "cpus too fine",
+        run_with({"executor.cpus_per_actor": 1e-5}),
+        ("executor.cpus_per_actor = 1e-05", "[0.0001, 1024]"),
+    ),
+    Case(
+        "cpus 1e6", run_with({"executor.cpus_per_actor": 1e6}), ("cpus_per_actor", "[0.0001, 1024]")
+    ),
+    Case(
+        "gpus too fine",
+        run_with({"executor.gpus_per_actor": 1e-5}),
+        ("executor.gpus_per_actor", "a fraction in [0.0001, 1]"),
+    ),
+    Case("vectorize 1", run_with({"executor.vectorize": 1}), ("executor.vectorize = 1", "one of")),
+    Case(
+        "train rows 0",
+        run_with({"data.synthetic.train_fraction": 0.01}),
+        ("data.synthetic.train_fraction = 0.01", "at least one training and one test row"),
+    ),
+    Case(
+        "synthetic too big",
+        run_with({"data.synthetic.samples_per_user": 10**9}),
+        ("data.synthetic = ", "GiB, this machine has", "lower data.num_clients"),
+    ),
+    Case(
+        "sketch too big",
+        run_with({**SKETCHED, "algorithm.sketch_rows": 5, "algorithm.sketch_cols": 2**30}),
+        ("algorithm.sketch_cols", "counters is over 2147483647"),
+    ),
+    Case(
+        "paper ε 1e-16",
+        run_with(
+            {
+                **SKETCHED,
+                "algorithm.sketch_noise": "paper",
+                "algorithm.noise_multiplier": None,
+                "algorithm.paper_epsilon": 1e-16,
+            }
+        ),
+        ("algorithm.paper_epsilon = 1e-16", "> 1e-15"),
+    ),
+    Case(
+        "η_C 100",
+        run_with({**SKETCHED, "algorithm.name": "dpsfl_ac", "algorithm.clip_lr": 100}),
+        ("algorithm.clip_lr = 100.0", "must be in (0, 10]"),
+    ),
+    # --- names that become file names
+    *(
+        Case(f"{field} {name}", run_with({field: value}), (f"{field} = ", problem, ONE_FILE_NAME))
+        for field, name, value, problem in [
+            ("tracking.experiment", "../../../x", "../../../x", "contains a path separator"),
+            ("tracking.experiment", "..", "..", "is a relative directory"),
+            ("tracking.experiment", "backslash", "a\\b", "contains a path separator"),
+            ("tracking.experiment", "empty", "", "is empty"),
+            ("tracking.experiment", "newline", "a\nb", "non-printable character"),
+            ("tracking.experiment", "RTL override", "a\u202eb", "non-printable character"),
+            ("tracking.experiment", "101 chars", "x" * 101, "longer than 100 bytes"),
+            ("tracking.experiment", "102 bytes", "é" * 51, "longer than 100 bytes"),
+            ("tracking.run_name", "a/b", "a/b", "contains a path separator"),
+            ("tracking.run_name", ".", ".", "is a relative directory"),
+        ]
+    ),
+    Case(
+        "experiment with NUL",
+        run_with({"tracking.experiment": "a\0b"}),
+        ("tracking.experiment = 'a\\x00b'", "without NUL"),
+    ),
+    Case(
+        "experiment a surrogate",
+        run_with(text='tracking:\n  experiment: "\\ud800"\n'),
+        ("tracking.experiment", "UTF-8 text"),
+    ),
+    # --- Ray addresses
+    *(
+        Case(
+            f"address {value!r}", run_with(None, "--address", value), ("executor.address", *NOT_RAY)
+        )
+        for value in ["ray://h:abc", "127.0.0.1:99999", ":6379", "http://h:8265"]
+    ),
+    Case("address empty", run_with({"executor.address": ""}), ("executor.address = ''", *NOT_RAY)),
+    Case(
+        "address [::zz]", run_with({"executor.address": "[::zz]:1"}), ("executor.address", *NOT_RAY)
+    ),
+    Case(
+        "RAY_ADDRESS bad port",
+        run_with(),
+        ("RAY_ADDRESS = '127.0.0.1:99999'", *NOT_RAY),
+        {"RAY_ADDRESS": "127.0.0.1:99999"},
+    ),
+    Case(
+        "RAY_ADDRESS ray://h:abc",
+        run_with(),
+        ("RAY_ADDRESS", *NOT_RAY),
+        {"RAY_ADDRESS": "ray://h:abc"},
+    ),
+    # --- directories: pseudo-filesystems, unusable paths
+    *(
+        Case(f"{field} {path}", run_with({**extra, field: path}), (f"{field} = '{path}'", *PSEUDO))
+        for field, path, extra in [
+            ("checkpoint.dir", "/proc/dpfl", {}),
+            ("checkpoint.dir", "/sys/kernel/dpfl", {}),
+            ("checkpoint.dir", "/dev/dpfl", {}),
+            ("data.store_root", "/proc/sys/dpfl", {}),
+            ("data.store_root", "/sys/dpfl", {}),
+            ("data.root", "/proc/dpfl", MNIST),
+            ("data.root", "/sys/dpfl", {**MNIST, "data.download": True}),
+        ]
+    ),
+    Case(
+        "DPFL_CHECKPOINT_DIR /proc",
+        run_with(),
+        ("checkpoint.dir = '/proc/dpfl'", *PSEUDO),
+        {"DPFL_CHECKPOINT_DIR": "/proc/dpfl"},
+    ),
+    Case(
+        "checkpoint dir via a symlink",
+        a_symlink("/proc/sys", "checkpoint.dir"),
+        ("checkpoint.dir", "/proc/sys/dpfl is in /proc", *PSEUDO),
+    ),
+    Case(
+        "executor auto, RAY_ADDRESS bad",
+        run_with({"executor.address": "auto"}),
+        ("RAY_ADDRESS = 'h:0'", *NOT_RAY),
+        {"RAY_ADDRESS": "h:0"},
+    ),
+    Case(
+        "checkpoint dir ~nobody",
+        run_with({"checkpoint.dir": "~no-such-user-dpfl/ck"}),
+        ("checkpoint.dir = '~no-such-user-dpfl/ck'", "write the path without ~"),
+    ),
+    Case(
+        "store root name too long",
+        run_with({"data.store_root": "x" * 300}),
+        ("data.store_root", "File name too long", "choose another directory"),
+    ),
     # --- shard stores
     Case(
         "store missing",
@@ -461,7 +709,7 @@ def _environment(case: Case, workdir: Path) -> dict[str, str]:
     uri = case.env.get("M", f"sqlite:///{workdir / 'mlflow.db'}")
     if uri == "http":
         uri = f"http://127.0.0.1:{_free_port()}"
-    return {"MLFLOW_TRACKING_URI": uri}
+    return {**{k: v for k, v in case.env.items() if k != "M"}, "MLFLOW_TRACKING_URI": uri}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -491,8 +739,52 @@ def test_bad_input_is_refused_before_any_work(case, tmp_path, monkeypatch, capsy
 
 
 def test_catalogue_is_large_and_distinct():
-    assert len(CASES) >= 30
+    assert len(CASES) >= 120
     assert len({c.name for c in CASES}) == len(CASES)
+
+
+@pytest.fixture
+def no_local_ray(tmp_path, monkeypatch):
+    """This machine as Ray's ``auto`` sees it with no cluster: an empty Ray temporary directory
+    (no ``ray_current_cluster``) and no raylet process (the scan of the processes behind
+    ``find_gcs_addresses`` finds none: other tests may run one)."""
+    import ray._private.services as services
+
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path / "raytmp"))
+    monkeypatch.setattr(services, "_find_address_from_flag", lambda flag: set())
+    services.find_gcs_addresses.cache_clear()  # it caches what it found before
+    return tmp_path / "raytmp" / "ray" / "ray_current_cluster"
+
+
+@pytest.mark.parametrize(
+    ("cluster_file", "expect"),
+    [
+        (None, ("RAY_ADDRESS = 'auto'", "no Ray cluster runs on this machine", "ray start")),
+        ("127.0.0.1:PORT", ("RAY_ADDRESS = '127.0.0.1:", "nothing answers", "ray start")),
+        ("h:abc", ("RAY_ADDRESS = 'h:abc'", "not a Ray address")),
+    ],
+    ids=["no cluster", "stale cluster file", "malformed cluster file"],
+)
+def test_ray_address_auto_finds_a_cluster_or_is_refused(
+    cluster_file, expect, no_local_ray, tmp_path, monkeypatch, capsys
+):
+    """RAY_ADDRESS=auto resolves as Ray 2.60 does (the ``ray start`` file, else a raylet):
+    nothing found, a stale file or a malformed one is exit 2 before Ray starts."""
+    if cluster_file is not None:
+        no_local_ray.parent.mkdir(parents=True)
+        no_local_ray.write_text(cluster_file.replace("PORT", str(_free_port())))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RAY_ADDRESS", "auto")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    config = config_file(tmp_path, {"data.store_root": str(tmp_path / "shards")})
+    capsys.readouterr()
+
+    assert main(["run", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and not ray.is_initialized()
+    for expected in expect:
+        assert expected in err, (expected, err)
+    assert not (tmp_path / "shards").exists()
 
 
 def test_the_real_command_exits_2_without_a_traceback(tmp_path):

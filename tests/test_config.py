@@ -3,6 +3,8 @@
 import pytest
 
 from cluster.config import ConfigError, load_config
+from cluster.config.runtime import ray_endpoint
+from cluster.preflight import ray_address
 from cluster.privacy_plan import privacy_warnings
 
 DP = ["algorithm.name=dp_fedavg", "algorithm.clip_norm=1.0", "algorithm.noise_multiplier=1.0"]
@@ -67,7 +69,7 @@ BAD_CONFIGS = [
     ([*DP, "privacy.delta=1.5"], "privacy.delta", "δ must be in (0, 1)"),
     (["rounds=ten"], "rounds", "must be an integer"),
     (["executor.kind=slurm"], "executor.kind", "must be one of 'local', 'ray'"),
-    (["executor.gpus_per_actor=1.5"], "executor.gpus_per_actor", "fraction in [0, 1]"),
+    (["executor.gpus_per_actor=1.5"], "executor.gpus_per_actor", "a fraction in [0.0001, 1]"),
     (
         [*DP, "cohort.sampling=poisson", "algorithm.noise_placement=client"],
         "algorithm.noise_placement",
@@ -152,3 +154,73 @@ def test_store_root_is_absolute_for_actors(monkeypatch, tmp_path):
     assert config.data.resolved_store_root() == tmp_path.resolve() / "shards"
     monkeypatch.setenv("DPFL_STORE_ROOT", "elsewhere")
     assert config.data.resolved_store_root() == tmp_path.resolve() / "elsewhere"
+
+
+def test_a_quoted_number_is_read_as_written(tmp_path):
+    """YAML 1.1 leaves '.5' and '.inf' quoted (and 1e-5) as strings: each is the number it
+    spells, .inf only where it has a meaning."""
+    c = load_config(None, ["algorithm.local.lr='.5'", "privacy.delta=1e-5"])
+    assert c.algorithm.local.lr == 0.5 and c.privacy.delta == 1e-5
+    c = load_config(None, [*DP, "algorithm.clip_norm='.inf'", "algorithm.noise_multiplier=0"])
+    assert c.algorithm.clip_norm == float("inf")
+    with pytest.raises(ConfigError, match=r"algorithm.local.lr = '-\.inf': must be 0 or"):
+        load_config(None, ["algorithm.local.lr='-.inf'"])
+
+
+@pytest.mark.parametrize("value", ["1e-300", "-1e-300", "4e38", ".nan"])
+def test_a_float_outside_float32s_normal_range_is_refused(value):
+    with pytest.raises(ConfigError, match=r"magnitude in \[1.2e-38, 3.4e\+38\]") as info:
+        load_config(None, [f"algorithm.server_lr={value}"])
+    assert info.value.field_path == "algorithm.server_lr"
+
+
+def test_a_merge_key_may_be_overridden_but_not_a_key_twice(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("algorithm:\n  local:\n    <<: {lr: 0.2, batch_size: 4}\n    lr: 0.3\n")
+    assert load_config(path).algorithm.local.lr == 0.3
+    path.write_text("algorithm:\n  local:\n    lr: 0.2\n    lr: 0.3\n")
+    with pytest.raises(ConfigError, match="line 4, column 5: duplicate key 'lr'.*line 3"):
+        load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("address", "endpoint"),
+    [
+        ("10.0.0.1:6379", ("10.0.0.1", 6379)),
+        ("head-svc.ray.svc:6379", ("head-svc.ray.svc", 6379)),
+        ("ray://10.0.0.1:10001", ("10.0.0.1", 10001)),
+        ("[::1]:6379", ("::1", 6379)),
+        ("auto", None),
+        ("local", None),
+    ],
+)
+def test_the_accepted_ray_address_forms(address, endpoint):
+    assert ray_endpoint("executor.address", address) == endpoint
+
+
+@pytest.mark.parametrize("name", ["dpfl", "mnist dp-sweep (v2).1", "x" * 100, "é" * 50, "..."])
+def test_names_that_are_one_file_name_are_kept(name):
+    c = load_config(None, [f"tracking.experiment={name!r}", f"tracking.run_name={name!r}"])
+    assert c.tracking.experiment == name == c.tracking.run_name
+
+
+def test_a_symlink_loop_is_a_config_error(tmp_path, monkeypatch):
+    monkeypatch.delenv("DPFL_CHECKPOINT_DIR", raising=False)
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    config = load_config(None, [f"checkpoint.dir={tmp_path / 'loop' / 'x'}"])
+    with pytest.raises(ConfigError, match="Symlink loop") as info:
+        _ = config.checkpoint_dir
+    assert info.value.field_path == "checkpoint.dir"
+
+
+def test_ray_uses_executor_address_unless_unset_or_auto_and_ray_address_is_set(monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.2:6379")
+    for given, expected in [
+        (None, ("RAY_ADDRESS", "10.0.0.2:6379")),
+        ("auto", ("RAY_ADDRESS", "10.0.0.2:6379")),
+        ("10.0.0.1:6379", ("executor.address", "10.0.0.1:6379")),
+    ]:
+        overrides = [] if given is None else [f"executor.address={given}"]
+        assert ray_address(load_config(None, overrides)) == expected
+    monkeypatch.delenv("RAY_ADDRESS")
+    assert ray_address(load_config(None, ["executor.address=auto"])) == ("executor.address", "auto")

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cluster.config.errors import ConfigError, positive
-from cluster.config.paths import configured_path
+from cluster.config.paths import configured_path, resolved_path
 from datasets.vision import EMNIST_SPLITS
 
 if TYPE_CHECKING:
@@ -57,15 +57,15 @@ class DataConfig:
 
     def resolved_store_root(self) -> Path:
         """Absolute: actors do not share the driver's working directory."""
-        return configured_path("DPFL_STORE_ROOT", self.store_root).resolve()
+        return resolved_path("data.store_root", "DPFL_STORE_ROOT", self.store_root)
 
     @property
     def store_is_absolute(self) -> bool:
         """Configured as an absolute path (so not inside a Ray job's temporary directory)."""
-        return configured_path("DPFL_STORE_ROOT", self.store_root).is_absolute()
+        return configured_path("data.store_root", "DPFL_STORE_ROOT", self.store_root).is_absolute()
 
     def resolved_data_root(self) -> Path:
-        return configured_path("DPFL_DATA_ROOT", self.root).resolve()
+        return resolved_path("data.root", "DPFL_DATA_ROOT", self.root)
 
     def source_options(self) -> dict:
         """The source's own options (they key the store)."""
@@ -117,9 +117,13 @@ def validate_data(c: ExperimentConfig) -> None:
             raise ConfigError("data.synthetic.num_classes", s.num_classes, "must be >= 2")
         if not 0 <= s.label_noise <= 1:
             raise ConfigError("data.synthetic.label_noise", s.label_noise, "must be in [0, 1]")
-        if not 0 < s.train_fraction < 1:
+        train_rows = round(s.train_fraction * s.samples_per_user)  # each user's, as generated
+        if not 0 < train_rows < s.samples_per_user:
             raise ConfigError(
-                "data.synthetic.train_fraction", s.train_fraction, "must be in (0, 1), e.g. 0.8"
+                "data.synthetic.train_fraction",
+                s.train_fraction,
+                f"must leave each user at least one training and one test row of its "
+                f"{s.samples_per_user} (samples_per_user); e.g. 0.8",
             )
     validate_partition(p)
 

@@ -3,13 +3,27 @@
 from __future__ import annotations
 
 import difflib
+import reprlib
 from typing import Any
+
+# The value as the message shows it: bounded, since a hostile config can hold a 1 MB string or
+# YAML aliases that nest a list exponentially (a plain repr would not finish).
+VALUE_REPR = reprlib.Repr()
+VALUE_REPR.maxstring = VALUE_REPR.maxother = 200
+VALUE_REPR.maxlong = 60
+VALUE_REPR.maxlevel = 2
+VALUE_REPR.maxlist = VALUE_REPR.maxtuple = VALUE_REPR.maxdict = VALUE_REPR.maxset = 4
+
+
+def short_repr(value: Any) -> str:
+    """``repr(value)``, bounded in length and depth."""
+    return VALUE_REPR.repr(value)
 
 
 class ConfigError(ValueError):
     def __init__(self, field_path: str, value: Any, fix: str):
         self.field_path, self.value, self.fix = field_path, value, fix
-        super().__init__(f"config error: {field_path} = {value!r}: {fix}")
+        super().__init__(f"config error: {field_path} = {short_repr(value)}: {fix}")
 
 
 def choice(path: str, value: str, choices, what: str) -> None:
@@ -22,3 +36,11 @@ def choice(path: str, value: str, choices, what: str) -> None:
 def positive(path: str, value: float | int | None, example: str) -> None:
     if value is None or not value > 0:
         raise ConfigError(path, value, f"must be > 0 (e.g. {example})")
+
+
+SEED_LIMIT = 2**63  # numpy and torch take any seed below it
+
+
+def check_seed(path: str, value: int | None) -> None:
+    if value is not None and not 0 <= value < SEED_LIMIT:
+        raise ConfigError(path, value, "a seed must be in [0, 2**63), e.g. 0")

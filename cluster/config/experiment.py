@@ -22,7 +22,7 @@ from algorithms.presets import (
 from cluster.config.accounting import CohortConfig, PrivacyConfig, validate_cohort, validate_privacy
 from cluster.config.algorithm import AlgorithmConfig, validate_algorithm
 from cluster.config.data import DataConfig, validate_data
-from cluster.config.errors import ConfigError, choice, positive
+from cluster.config.errors import ConfigError, check_seed, choice, positive
 from cluster.config.families import validate_warm_start
 from cluster.config.runtime import (
     CheckpointConfig,
@@ -265,6 +265,8 @@ def validate(c: ExperimentConfig) -> None:
         )
     choice("data.partition.method", c.data.partition.method, PARTITION_METHODS, "partition")
     choice("algorithm.name", c.algorithm.name, PRESETS, "algorithm")
+    check_seed("seed", c.seed)
+    check_seed("algorithm.sketch_seed", c.algorithm.sketch_seed)
     positive("rounds", c.rounds, "100")
     positive("eval_every", c.eval_every, "1")
     positive("data.num_clients", c.data.num_clients, "100")
@@ -274,5 +276,3 @@ def validate(c: ExperimentConfig) -> None:
     validate_warm_start(c)
     validate_privacy(c)
     validate_runtime(c)
-    if c.checkpoint.every < 0:
-        raise ConfigError("checkpoint.every", c.checkpoint.every, "must be >= 0 (0: at the end)")

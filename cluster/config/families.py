@@ -6,12 +6,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from algorithms.presets import COMPRESSION_LEVELS
-from cluster.config.errors import ConfigError, positive
+from algorithms.presets import COMPRESSION_LEVELS, PAPER_DELTA
+from algorithms.sketch import rho_from_epsilon
+from cluster.config.errors import ConfigError
 from privacy.record_level import methods_for
 
 if TYPE_CHECKING:
     from cluster.config.experiment import ExperimentConfig
+
+
+MAX_SKETCH_SIZE = 2**31 - 1  # torch indexes one tensor's counters and top-k with int32
+# η_C and σ_b: at most 10 each keep η_C·|b̄ − γ| below exp's overflow at 709 (b̄'s noise ≤ 6σ_b)
+MAX_CLIP_STEP = 10
 
 
 def validate_sample_level(c: ExperimentConfig) -> None:
@@ -150,17 +156,32 @@ def validate_sketch(c: ExperimentConfig) -> None:
                     "compression_level sets sketch_top_k and sketch_cols; remove one or the other",
                 )
     for name in ("sketch_rows", "sketch_cols", "sketch_top_k"):
-        if getattr(a, name) is not None and getattr(a, name) < 1:
-            raise ConfigError(f"algorithm.{name}", getattr(a, name), "must be >= 1")
+        if getattr(a, name) is not None and not 1 <= getattr(a, name) <= MAX_SKETCH_SIZE:
+            raise ConfigError(
+                f"algorithm.{name}", getattr(a, name), f"must be in [1, {MAX_SKETCH_SIZE}]"
+            )
+    counters = (a.sketch_rows or 0) * (a.sketch_cols or 0)
+    if counters > MAX_SKETCH_SIZE:
+        raise ConfigError(
+            "algorithm.sketch_cols",
+            a.sketch_cols,
+            f"a sketch of sketch_rows × sketch_cols = {counters} counters is over "
+            f"{MAX_SKETCH_SIZE} (one tensor's limit); lower either",
+        )
     if a.sketch_momentum is not None and not 0 <= a.sketch_momentum < 1:
         raise ConfigError(
             "algorithm.sketch_momentum", a.sketch_momentum, "must be in [0, 1), e.g. 0.9"
         )
-    if a.paper_epsilon is not None and (not a.paper_epsilon > 0 or not c.paper_sketch_noise):
+    if a.paper_epsilon is not None and not (
+        c.paper_sketch_noise
+        and a.paper_epsilon > 0
+        and rho_from_epsilon(a.paper_epsilon, PAPER_DELTA) > 0  # 0 below ε ≈ 1e-16
+    ):
         raise ConfigError(
             "algorithm.paper_epsilon",
             a.paper_epsilon,
-            "only with sketch_noise: paper, and > 0 (the paper: 2 to 10, default 4)",
+            "only with sketch_noise: paper, and > 1e-15 (its ρ is 0 below; the paper: 2 to 10, "
+            "default 4)",
         )
     if c.paper_sketch_noise:
         for name in ("noise_multiplier", "noise_placement"):
@@ -185,5 +206,11 @@ def _validate_adaptive_clip(c: ExperimentConfig) -> None:
         if value is not None and not low < value < high:
             raise ConfigError(f"algorithm.{name}", value, f"must be in (0, 1), e.g. {example}")
     for name, example in (("clip_count_noise", "0.1"), ("clip_lr", "0.01")):
-        if getattr(a, name) is not None:
-            positive(f"algorithm.{name}", getattr(a, name), example)
+        value = getattr(a, name)
+        if value is not None and not 0 < value <= MAX_CLIP_STEP:
+            raise ConfigError(
+                f"algorithm.{name}",
+                value,
+                f"must be in (0, {MAX_CLIP_STEP}], e.g. {example} (C·exp(−η_C(b̄ − γ)) "
+                "overflows beyond)",
+            )

@@ -3,13 +3,15 @@ computes: a resumed run may change these)."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from cluster.config.errors import ConfigError, positive
-from cluster.config.paths import configured_path
+from cluster.config.paths import configured_path, resolve
 
 if TYPE_CHECKING:
     from cluster.config.experiment import ExperimentConfig
@@ -48,10 +50,10 @@ class CheckpointConfig:
         path = self.configured_path()
         if not path.is_absolute() and in_ray_job():
             path = store_root / path
-        return path.resolve()
+        return resolve("checkpoint.dir", path)
 
     def configured_path(self) -> Path:
-        return configured_path("DPFL_CHECKPOINT_DIR", self.dir)
+        return configured_path("checkpoint.dir", "DPFL_CHECKPOINT_DIR", self.dir)
 
 
 @dataclass
@@ -67,14 +69,26 @@ class TrackingConfig:
 def validate_runtime(c: ExperimentConfig) -> None:
     e = c.executor
     positive("executor.num_actors", e.num_actors, "2")
-    positive("executor.cpus_per_actor", e.cpus_per_actor, "1")
+    if not RESOURCE_UNIT <= e.cpus_per_actor <= MAX_RESOURCE:
+        raise ConfigError(
+            "executor.cpus_per_actor",
+            e.cpus_per_actor,
+            f"must be in [{RESOURCE_UNIT}, {MAX_RESOURCE}] (Ray's smallest share of a CPU, and "
+            "the most torch threads a host starts), e.g. 1",
+        )
     g = e.gpus_per_actor
-    if g < 0 or (g > 1 and g != int(g)):
+    if not (g == 0 or RESOURCE_UNIT <= g <= 1 or (g == int(g) and g <= MAX_RESOURCE)):
         raise ConfigError(
             "executor.gpus_per_actor",
             g,
-            "must be a fraction in [0, 1] or a whole number of GPUs, e.g. 0.25",
+            f"must be 0, a fraction in [{RESOURCE_UNIT}, 1] or a whole number of GPUs up to "
+            f"{MAX_RESOURCE}, e.g. 0.25",
         )
+    if e.address is not None:
+        ray_endpoint("executor.address", e.address)
+    check_name("tracking.experiment", c.tracking.experiment)
+    if c.tracking.run_name is not None:
+        check_name("tracking.run_name", c.tracking.run_name)
     if e.num_actors > c.data.num_clients:
         raise ConfigError(
             "executor.num_actors",
@@ -93,3 +107,72 @@ def validate_runtime(c: ExperimentConfig) -> None:
         )
     if c.checkpoint.every < 0:
         raise ConfigError("checkpoint.every", c.checkpoint.every, "must be >= 0 (0: at the end)")
+
+
+RESOURCE_UNIT = 0.0001  # Ray refuses a fractional resource finer than this
+MAX_RESOURCE = 1024
+
+NAME_MAX_BYTES = 100
+
+
+def check_name(path: str, name: str) -> None:
+    """A name that becomes a file or directory name (the untracked checkpoint's file, MLflow's
+    artifact directory) must be exactly one, so that it stays in the directory meant for it:
+    refused (never rewritten) when ``_name_problem`` finds one."""
+    problem = _name_problem(name)
+    if problem is not None:
+        raise ConfigError(
+            path,
+            name,
+            f"{problem}; it names files, so it must be one file name: printable characters "
+            f"other than / and \\, not . or .., at most {NAME_MAX_BYTES} bytes (e.g. "
+            "mnist-dp-sweep)",
+        )
+
+
+def _name_problem(name: str) -> str | None:
+    """Empty; a ``/`` or ``\\``; ``.`` or ``..``; a character ``str.isprintable`` refuses (NUL,
+    control and format characters, separators other than the space); over ``NAME_MAX_BYTES``
+    bytes in UTF-8 (file names are limited in bytes)."""
+    if not name:
+        return "is empty"
+    if "/" in name or "\\" in name:
+        return "contains a path separator"
+    if name in (".", ".."):
+        return "is a relative directory"
+    if not name.isprintable():
+        return "contains a control or other non-printable character"
+    if len(name.encode()) > NAME_MAX_BYTES:
+        return f"is longer than {NAME_MAX_BYTES} bytes in UTF-8"
+    return None
+
+
+RAY_ADDRESS_FORMS = (
+    "HOST:PORT of the head's GCS (e.g. 10.0.0.1:6379, [::1]:6379), ray://HOST:PORT of a Ray "
+    "Client server (e.g. ray://10.0.0.1:10001), auto (the cluster `ray start` runs on this "
+    "machine) or local (a new embedded Ray)"
+)
+_HOST_PORT = re.compile(r"(?:ray://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):([0-9]{1,5})")
+
+
+def ray_endpoint(path: str, address: str) -> tuple[str, int] | None:
+    """The (host, port) a Ray address connects to; None for ``auto`` and ``local``, which Ray
+    resolves itself. A malformed address is a ``ConfigError`` listing ``RAY_ADDRESS_FORMS``."""
+    if address in ("auto", "local"):
+        return None
+    match = _HOST_PORT.fullmatch(address)
+    host, port = (match.group(1), int(match.group(2))) if match else ("", 0)
+    if host.startswith("["):
+        host = host[1:-1]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            host = ""
+    if not host or not 1 <= port <= 65535:
+        raise ConfigError(
+            path,
+            address,
+            f"not a Ray address; give {RAY_ADDRESS_FORMS}, or leave executor.address and "
+            "RAY_ADDRESS unset for an embedded Ray",
+        )
+    return host, port
