@@ -8,16 +8,16 @@ from typing import Any
 
 # The value as the message shows it: bounded, since a hostile config can hold a 1 MB string or
 # YAML aliases that nest a list exponentially (a plain repr would not finish).
-VALUE_REPR = reprlib.Repr()
-VALUE_REPR.maxstring = VALUE_REPR.maxother = 200
-VALUE_REPR.maxlong = 60
-VALUE_REPR.maxlevel = 2
-VALUE_REPR.maxlist = VALUE_REPR.maxtuple = VALUE_REPR.maxdict = VALUE_REPR.maxset = 4
+_VALUE_REPR = reprlib.Repr()
+_VALUE_REPR.maxstring = _VALUE_REPR.maxother = 300
+_VALUE_REPR.maxlong = 60
+_VALUE_REPR.maxlevel = 2
+_VALUE_REPR.maxlist = _VALUE_REPR.maxtuple = _VALUE_REPR.maxdict = _VALUE_REPR.maxset = 4
 
 
 def short_repr(value: Any) -> str:
     """``repr(value)``, bounded in length and depth."""
-    return VALUE_REPR.repr(value)
+    return _VALUE_REPR.repr(value)
 
 
 class ConfigError(ValueError):
