@@ -84,18 +84,19 @@ def _loopback_node() -> Iterator[None]:
     starts listens on loopback only.
 
     Ray 2.60 has no bind-address option: each of its servers picks its interface from the node
-    IP, loopback only when that IP is a loopback one (the gRPC servers of the GCS, the raylet,
-    the agents and every worker; the autoscaler's, the dashboard's and the agent's metrics
-    endpoints: ``autoscaler/_private/monitor.py``, ``dashboard/head.py``,
-    ``dashboard/agent.py``, ``dashboard/modules/reporter/reporter_agent.py``), all interfaces
-    otherwise. And the node IP cannot be set to loopback through ``ray.init``:
-    ``_node_ip_address="127.0.0.1"`` is replaced by the machine's routable address
-    (``services.resolve_ip_for_localhost``), as is the default (``services.get_node_ip_address``),
-    unless ``ray_constants.ENABLE_RAY_CLUSTER`` is false, which Ray sets only on macOS and
-    Windows (single-node Ray there: ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER``). That constant is
-    read from the environment when Ray is imported, so it is switched here, in this process
-    only, and restored on leaving: the processes Ray starts are told the node IP on their
-    command lines, and a later connection to a real cluster resolves addresses as before.
+    IP, loopback only when that IP is a loopback one, else all interfaces (the gRPC servers of
+    the GCS, the raylet, the agents and every worker; the autoscaler's, the dashboard's and the
+    agent's metrics endpoints: ``autoscaler/_private/monitor.py``, ``dashboard/head.py``,
+    ``dashboard/agent.py``, ``dashboard/modules/reporter/reporter_agent.py``) or the node IP
+    itself (the agents' HTTP servers). And the node IP cannot be set to loopback through
+    ``ray.init``: ``_node_ip_address="127.0.0.1"`` is replaced by the machine's routable
+    address (``services.resolve_ip_for_localhost``), as is the default
+    (``services.get_node_ip_address``), unless ``ray_constants.ENABLE_RAY_CLUSTER`` is false,
+    as it is by default only on macOS and Windows (single-node Ray there; the variable
+    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` overrides it). That constant is read from the
+    environment when Ray is imported, so it is switched here, in this process only, and
+    restored on leaving: the processes Ray starts are told the node IP on their command lines,
+    and a later connection to a real cluster resolves addresses as before.
     """
     from ray._private import ray_constants
 
