@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import sys
 from typing import TYPE_CHECKING
@@ -64,7 +65,8 @@ def _overrides(args: argparse.Namespace) -> list[str]:
     if args.executor:
         overrides.append(f"executor.kind={args.executor}")
     if args.address:
-        overrides.append(f"executor.address={args.address}")
+        # JSON is YAML: the address stays a string (`[::1]:6379` is no list, `yes` no bool)
+        overrides.append(f"executor.address={json.dumps(args.address)}")
     return overrides
 
 
@@ -181,12 +183,7 @@ def _execute_in_session(config, checkpoint: dict | None, verbose: bool) -> int:
         print(f"aborted: {error}; {_what_is_kept(error, checkpoint)}", file=sys.stderr)
         return error.exit_code
     result, config = outcome.result, outcome.config
-    if outcome.interrupted:
-        print(
-            f"{result.stop_reason}: checkpoint {outcome.checkpoint}; resume with: uv run python "
-            f"-m cluster resume {outcome.checkpoint}",
-            flush=True,
-        )
+    if outcome.interrupted:  # run_experiment said where its checkpoint is
         return StopSignals.active().exit_code  # 130 for SIGINT (Ctrl-C), 143 for SIGTERM
     print(f"done: {result.stop_reason}")
     if outcome.final_accuracy is not None:

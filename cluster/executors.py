@@ -14,7 +14,9 @@ sum the same partials in the same order: they agree bit for bit.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
@@ -37,6 +39,7 @@ from datasets.store import ShardStore
 from models import draws_from_global_rng
 
 MAX_RETRIES = 3
+POLL_S = 0.1  # how often a round waiting for its hosts looks for a stop signal
 
 Call = tuple | None  # one host's arguments for a method, or None: that host has nothing to do
 
@@ -64,15 +67,23 @@ class HostPool(ABC):
         return len(self.eval_slices)
 
     @abstractmethod
-    def _call(self, method: str, calls: list[Call]) -> list:
+    def _call(
+        self, method: str, calls: list[Call], check: Callable[[], None] | None = None
+    ) -> list:
         """``method(*args)`` on every host whose ``calls`` entry is not None, concurrently; the
-        answers in host order."""
+        answers in host order. ``check`` is polled every ``POLL_S`` while they run: what it
+        raises leaves the hosts' work behind (a stop signal dropping the round)."""
 
     def _share(self, value: Any) -> Any:
         return value
 
     def run_round(
-        self, round_index: int, broadcast: Broadcast, cohort: np.ndarray, nominal: float
+        self,
+        round_index: int,
+        broadcast: Broadcast,
+        cohort: np.ndarray,
+        nominal: float,
+        check: Callable[[], None] | None = None,
     ) -> PartialAggregate:
         shared = self._share(broadcast)  # once per round, for every host
         owners = self.owner[cohort]
@@ -80,7 +91,7 @@ class HostPool(ABC):
         if self.steps is not None:
             groups = balance_round(groups, self.steps)
         calls = [(round_index, shared, members, nominal) if members else None for members in groups]
-        return PartialAggregate.combine(self._call("run_round", calls))
+        return PartialAggregate.combine(self._call("run_round", calls, check))
 
     def evaluate(self, params: np.ndarray) -> EvalResult:
         shared = self._share(params)
@@ -165,12 +176,17 @@ class LocalExecutor(HostPool):
         if num_hosts > 1 and not draws_from_global_rng(self.hosts[0].objective.model):
             self._threads = ThreadPoolExecutor(num_hosts, thread_name_prefix="client-host")
 
-    def _call(self, method: str, calls: list[Call]) -> list:
+    def _call(
+        self, method: str, calls: list[Call], check: Callable[[], None] | None = None
+    ) -> list:
         pairs = zip(self.hosts, calls, strict=True)
         work = [(host, args) for host, args in pairs if args is not None]
         if self._threads is None or len(work) == 1:
             return [getattr(host, method)(*args) for host, args in work]
         futures = [self._threads.submit(getattr(host, method), *args) for host, args in work]
+        if check is not None:
+            while futures_wait(futures, timeout=POLL_S).not_done:
+                check()
         return [future.result() for future in futures]
 
     def close(self) -> None:
@@ -232,12 +248,19 @@ class RayExecutor(HostPool):
     def _share(self, value: Any) -> Any:
         return self._ray.put(value)
 
-    def _call(self, method: str, calls: list[Call]) -> list:
+    def _call(
+        self, method: str, calls: list[Call], check: Callable[[], None] | None = None
+    ) -> list:
         futures = [
             getattr(actor, method).remote(*args)
             for actor, args in zip(self.actors, calls, strict=True)
             if args is not None
         ]
+        pending = futures if check is not None else []
+        while pending:
+            _, pending = self._ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
+            if pending:
+                check()
         return self._ray.get(futures)
 
     def close(self) -> None:

@@ -294,6 +294,11 @@ def _run_rounds(
         interrupted = stop.reason is not None and result.stop_reason.startswith(stop.reason)
         with stop.finishing():  # a signal from here on only sets the exit code
             path = checkpoint_here()
+            if interrupted:  # at once: a scheduler's SIGKILL may follow within seconds
+                say(
+                    f"{result.stop_reason}: checkpoint {path}; resume with: uv run python -m "
+                    f"cluster resume {path}"
+                )
             if run is not None:
                 _finish_run(run, config, sim, result, path, interrupted)
     except BaseException as error:

@@ -7,13 +7,15 @@ at whatever phase they arrive, losing no completed round.
 - **start-up** (store build, Ray start-up, the MLflow run's opening, loading a checkpoint):
   the first signal raises ``Interrupted`` at once; no round has completed, so there is nothing
   to checkpoint (a resumed run's checkpoint stays as it was).
-- **rounds** (``rounds()``): the first signal asks the loop to stop. Inside a round that may be
-  dropped (``droppable()``: an algorithm without client state, whose round changes nothing
-  outside the driver until it ends) it raises ``RoundDropped`` at once and the driver goes back
-  to the last completed round; otherwise the round in progress finishes (SCAFFOLD's c_i change
-  on the hosts as the round runs: a checkpoint of the round before would not match them). A
-  second signal there raises ``Interrupted``: the round is abandoned and the checkpoint on disk
-  (the last periodic one) is what remains.
+- **rounds** (``rounds()``): the first signal asks the loop to stop after the round in
+  progress, which polls ``check_round`` while it waits for its clients. Inside a round that may
+  be dropped (``droppable()``: an algorithm without client state, whose round changes nothing
+  outside the driver until its result is applied) the poll raises ``RoundDropped`` and the
+  driver goes back to the last completed round; otherwise the round finishes (SCAFFOLD's c_i
+  change on the hosts as the round runs: a checkpoint of the round before would not match
+  them). After a second signal the poll raises ``Interrupted``: the round is abandoned and the
+  last periodic checkpoint on disk is what remains. Nothing is raised from the handler itself
+  here: an exception raised inside Ray's C++ callbacks becomes a ``SystemError``.
 - **writes** (``deferred()``: a periodic checkpoint being written): signals wait until the
   block ends, then the first of them applies as in the rounds.
 - **the end** (``finishing()``: the final checkpoint, the MLflow run's end, the shutdown after
@@ -52,7 +54,7 @@ class Interrupted(KeyboardInterrupt):
 
 
 class RoundDropped(BaseException):
-    """Raised inside a droppable round by the first stop signal: the round is abandoned."""
+    """Raised by ``check_round`` in a droppable round after a stop signal: it is abandoned."""
 
 
 class StopSignals:
@@ -66,6 +68,7 @@ class StopSignals:
         self.signum: int | None = None
         self._phase = "start-up"  # | "rounds" | "droppable" | "deferred" | "finishing"
         self._pending: int | None = None  # a signal received while deferred or finishing
+        self._abort: int | None = None  # a second signal in the rounds
         self._previous: dict[int, object] = {}
 
     @classmethod
@@ -99,14 +102,28 @@ class StopSignals:
                 self._pending = signum
             return
         if self.reason is not None:
-            raise Interrupted(signum, f"second {name}: aborting the round in progress")
+            if self._abort is None:
+                self._abort = signum
+                self._notice(f"{name}: abandoning the round in progress")
+            return
         self.reason, self.signum = f"interrupted by {name}", signum
         if self._phase == "start-up":
             raise Interrupted(signum, f"interrupted by {name} before the first round completed")
         if self._phase == "droppable":
             self._notice(f"{name}: dropping the round in progress and writing a checkpoint")
+        else:
+            self._notice(
+                f"{name}: stopping after this round and writing a checkpoint (again to abort)"
+            )
+
+    def check_round(self) -> None:
+        """Polled while a round waits for its clients: ``Interrupted`` after a second signal,
+        ``RoundDropped`` after a first one in a droppable round, else nothing."""
+        if self._abort is not None:
+            name = signal.Signals(self._abort).name
+            raise Interrupted(self._abort, f"second {name}: the round in progress abandoned")
+        if self.reason is not None and self._phase == "droppable":
             raise RoundDropped
-        self._notice(f"{name}: stopping after this round and writing a checkpoint (again to abort)")
 
     @contextmanager
     def _in_phase(self, phase: str) -> Iterator[None]:

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from actors.client_host import Broadcast
+from actors.client_state import ClientStateStore
 from algorithms.aggregate import PartialAggregate
 from algorithms.client import upload_bytes
 from algorithms.layout import ParamLayout
@@ -136,7 +137,9 @@ class Simulation:
             )
         return None
 
-    def run_round(self, round_index: int) -> RoundRecord:
+    def run_round(self, round_index: int, check: Callable[[], None] = lambda: None) -> RoundRecord:
+        """One round; ``check`` is polled while the clients train and once after, before their
+        result is applied (it may raise to leave the round)."""
         c = self.config
         start = time.perf_counter()
         cohort = sample_cohort(
@@ -151,7 +154,8 @@ class Simulation:
         accounting = self._accounting = self._account_while_training(round_index)
         # The server's noise depends on the round and σ only: drawn while the clients train.
         context = self._background.submit(self._server_context, algorithm, round_index)
-        total = self.executor.run_round(round_index, broadcast, cohort, float(c.cohort.size))
+        total = self.executor.run_round(round_index, broadcast, cohort, float(c.cohort.size), check)
+        check()  # a host on the calling thread is not polled while it trains
         ctx = context.result()
         before = self.state.params
         if warmup:  # c_i⁰ only: x stays x⁰
@@ -259,7 +263,13 @@ class Simulation:
             "extras": {k: v.clone() for k, v in self.state.extras.items()},
             "accountant": self.accountant.state_dict() if self.accountant else None,
             "history": [asdict(r) for r in self.history],
-            "client_states": self.executor.client_states(),
+            # Asked of the hosts only where there is any: a stopped run's checkpoint needs
+            # no host that a signal to the whole process group may have ended.
+            "client_states": (
+                self.executor.client_states()
+                if self.keeps_client_state
+                else ClientStateStore.merge([])
+            ),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -275,12 +285,12 @@ class Simulation:
         stop: StopSignals | None = None,
     ) -> SimulationResult:
         """Run the remaining rounds. ``stop`` (a command's stop signals) ends the run early:
-        checked before each round, and able to drop a round in progress where the algorithm
-        keeps no client state (the driver then goes back to the last completed round)."""
+        checked before each round, and polled while a round waits for its clients, where it can
+        drop the round if the algorithm keeps no client state (the driver then stays at the
+        last completed round) or abandon it after a second signal."""
         stop_reason = f"completed {self.config.rounds} rounds"
         if self.config.warmup_rounds:
             stop_reason += f" after {self.config.warmup_rounds} warm-up rounds"
-        droppable = stop.droppable if stop is not None and not self.keeps_client_state else None
         for round_index in range(len(self.history), self.config.total_rounds):
             reason = (stop and stop.reason) or self._budget_exhausted()
             if reason is not None:
@@ -289,7 +299,7 @@ class Simulation:
                     stop_reason += f" after round {round_index}"
                 break
             try:
-                record = self._round_or_drop(round_index, droppable)
+                record = self._round_or_drop(round_index, stop)
             except RoundDropped:
                 stop_reason = f"{stop.reason} during round {round_index + 1} (dropped)"
                 break
@@ -302,18 +312,20 @@ class Simulation:
         """Whether clients keep state on their hosts (SCAFFOLD's c_i), changed as rounds run."""
         return self.algorithm.control_variates
 
-    def _round_or_drop(self, round_index: int, droppable) -> RoundRecord:
-        """Round ``round_index``; inside ``droppable()`` a ``RoundDropped`` leaves the server
-        state and the accountant as they were before it (the round never happened)."""
-        if droppable is None:
+    def _round_or_drop(self, round_index: int, stop: StopSignals | None) -> RoundRecord:
+        """Round ``round_index``, ``stop.check_round`` polled while its clients train. A
+        ``RoundDropped`` comes before the round's result is applied: the accountant's charge
+        for it is taken back and nothing else changed."""
+        if stop is None:
             return self.run_round(round_index)
-        state, accountant = self.state, self.accountant and self.accountant.state_dict()
+        if self.keeps_client_state:
+            return self.run_round(round_index, stop.check_round)
+        accountant = self.accountant.state_dict() if self.accountant is not None else None
         try:
-            with droppable():
-                return self.run_round(round_index)
+            with stop.droppable():
+                return self.run_round(round_index, stop.check_round)
         except RoundDropped:
-            self.state = state  # server rules return new states: the old one is intact
-            if self._accounting is not None:  # ε of the round is computed from the accountant
+            if self._accounting is not None:  # its ε is being computed from the accountant
                 self._accounting.exception()
             if accountant is not None:
                 self.accountant.load_state_dict(accountant)

@@ -125,8 +125,10 @@ class MlflowTracker:
         """Rounds' metrics, each stamped with its ``when_ms`` (ms since the epoch: when the
         round ended), in as few ``log_batch`` calls as MLflow's limit of 1,000 metrics allows:
         a call is one SQLite transaction, ≈ 5 ms of CPU, and a round's ≈ 25 metrics add ≈ 1 ms
-        to it. A refused call is retried round by round: the rounds before the bad one are
-        written and its error is raised, as if each round had been written alone."""
+        to it. A call the store refuses as invalid is retried round by round: the rounds before
+        the bad one are written and its error is raised, as if each round had been written
+        alone. Any other failure (the store unreachable) is raised at once: retrying round by
+        round would spend MLflow's HTTP retries again on a server that is gone."""
         pending = [
             (record.round, self._round_metrics(record, when_ms))
             for record, when_ms in rounds
@@ -147,8 +149,8 @@ class MlflowTracker:
         """One ``log_batch`` for the rounds in ``group`` ((round, its metrics), in order)."""
         try:
             self.client.log_batch(self.run_id, metrics=[m for _, ms in group for m in ms])
-        except Exception:
-            if len(group) == 1:
+        except Exception as error:
+            if len(group) == 1 or getattr(error, "error_code", None) != "INVALID_PARAMETER_VALUE":
                 raise
             for one in group:
                 self._write([one])
@@ -177,7 +179,11 @@ class MlflowTracker:
         status: str = "FINISHED",
     ) -> None:
         """Log the run's artifacts (``model_file``: the final model's ``state_dict``, saved by
-        the driver) and end it with ``status``."""
+        the driver) and end it with ``status``. A stopped run (KILLED) is ended first: `ray job
+        stop` SIGKILLs the job 3 s after its SIGTERM, and the status must be in by then; the
+        artifacts follow in what time is left."""
+        if status != "FINISHED":
+            self.end(status)
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp)
             (out / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
@@ -200,7 +206,8 @@ class MlflowTracker:
             _plot_curves(history, out / "curves.png")
             for path in sorted(out.iterdir()):
                 self.client.log_artifact(self.run_id, str(path))
-        self.end(status)
+        if status == "FINISHED":
+            self.end(status)
 
     def end(self, status: str = "FINISHED") -> None:
         self.client.set_terminated(self.run_id, status)

@@ -426,7 +426,13 @@ def test_ray_job_stop_keeps_the_last_round_and_a_new_job_resumes_bit_for_bit(ray
     address = ray_head.ready()
 
     runtime_env = {
-        "env_vars": {"MLFLOW_TRACKING_URI": tracking_uri, "DPFL_STORE_ROOT": str(tmp / "shards")}
+        "env_vars": {
+            "MLFLOW_TRACKING_URI": tracking_uri,
+            "DPFL_STORE_ROOT": str(tmp / "shards"),
+            # The grace before SIGKILL (3 s by default), raised as the README says: on a loaded
+            # machine (load 8) the dropped round, checkpoint and MLflow run's end took 3.6 s.
+            "RAY_JOB_STOP_WAIT_TIME_S": "20",
+        }
     }
 
     def submit(submission_id: str, *command: str) -> None:
@@ -451,8 +457,8 @@ def test_ray_job_stop_keeps_the_last_round_and_a_new_job_resumes_bit_for_bit(ray
     stopped = _wait_for_job(address, env, first, lambda info, logs: info["status"] == "STOPPED")
     logs = stopped["logs"]
     assert "Traceback" not in logs, logs
-    (line,) = [x for x in logs.splitlines() if x.startswith("interrupted by SIGTERM")]
-    path = line.split(": checkpoint ")[1].split(";")[0]
+    (path,) = re.findall(r"^checkpoint: (\S+) ", logs, re.MULTILINE)  # printed at start
+    assert re.search(rf"^interrupted by SIGTERM .*: checkpoint {path}; resume", logs, re.M), logs
     saved = load_checkpoint(path)
     done = saved["simulation"]["rounds_done"]
     printed = [int(m) for m in re.findall(r"^round\s+(\d+)/", logs, re.MULTILINE)]
