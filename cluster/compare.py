@@ -46,6 +46,7 @@ from cluster.config import (
     ConfigError,
     apply_override,
     config_from_dict,
+    read_yaml_mapping,
 )
 from cluster.privacy_plan import format_sigma
 
@@ -54,9 +55,9 @@ def load_spec(
     path: Path, overrides: list[str], only: list[str] = ()
 ) -> tuple[dict, dict[str, dict]]:
     """The base config and the runs (only those labels, if given), each validated."""
-    spec = yaml.safe_load(path.read_text())
-    shared = {key for key in spec if str(key).startswith("x-")} if isinstance(spec, dict) else set()
-    if not isinstance(spec, dict) or set(spec) - shared != {"base", "runs"}:
+    spec = read_yaml_mapping(path)
+    shared = {key for key in spec if str(key).startswith("x-")}
+    if set(spec) - shared != {"base", "runs"}:
         raise ConfigError(
             "SPEC",
             str(path),
@@ -64,7 +65,7 @@ def load_spec(
         )
     base = spec["base"]
     if isinstance(base, str):
-        base = yaml.safe_load((path.parent / base).read_text())
+        base = read_yaml_mapping(path.parent / base)
     runs = spec["runs"]
     if not isinstance(runs, dict) or not runs:
         raise ConfigError("runs", runs, "a mapping label → overrides, e.g. {dp_fedavg: {...}}")
@@ -72,10 +73,16 @@ def load_spec(
     if unknown:
         raise ConfigError("--only", unknown, f"no such run; known: {', '.join(runs)}")
     runs = {label: changes for label, changes in runs.items() if not only or label in only}
-    for changes in runs.values():  # validate every run before any work
+    for label, changes in runs.items():  # validate every run before any work
         run_base, run_overrides = run_setup(base, overrides, changes)
-        config_from_dict(run_base, [*run_overrides, *_assignments(changes)])
+        name = run_name(path.stem, label, 0)  # a label reaches the runs' names: check it too
+        config_from_dict(run_base, [*run_overrides, *_assignments(changes), name])
     return base, runs
+
+
+def run_name(spec_name: str, label: str, seed: int) -> str:
+    """The override naming one run of the comparison (its MLflow run, a file name)."""
+    return f"tracking.run_name={json.dumps(f'{spec_name}-{label}-seed{seed}')}"
 
 
 def run_setup(base: dict, overrides: list[str], changes: dict | None) -> tuple[dict, list[str]]:
@@ -382,7 +389,7 @@ def _run_all(
                 *run_overrides,
                 *_assignments(runs[label]),
                 f"seed={seed}",
-                f"tracking.run_name={name}-{label}-seed{seed}",
+                run_name(name, label, seed),
             ]
             config = calibrate_with_message(config_from_dict(run_base, overrides), print)
             start = time.perf_counter()

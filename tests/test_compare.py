@@ -261,3 +261,16 @@ def test_a_median_clip_runs_at_the_sigma_of_the_bases_fixed_clip(store_root, nam
         + ["algorithm.clip_rule=median", "algorithm.clip_norm=null", *overrides],
     )
     assert run.unaccounted_reason is not None and run.algorithm.noise_multiplier == sigma
+
+
+def test_a_spec_is_refused_whole_before_any_run(tmp_path, capsys):
+    """A label that cannot name a run, or a key given twice, is refused before the first run."""
+    from cluster.cli import main
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("base: {task: synthetic_logreg}\nruns:\n  a/b: {algorithm.name: fedavg}\n")
+    assert main(["compare", str(spec)]) == 2
+    assert "tracking.run_name = 'spec-a/b-seed0'" in capsys.readouterr().err
+    spec.write_text("base: {}\nruns: {a: {}}\nruns: {b: {}}\n")
+    assert main(["compare", str(spec)]) == 2
+    assert "duplicate key 'runs'" in capsys.readouterr().err

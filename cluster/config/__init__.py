@@ -24,7 +24,12 @@ from cluster.config.algorithm import (
 from cluster.config.data import DataConfig, PartitionConfig, SyntheticConfig, validate_data
 from cluster.config.errors import ConfigError
 from cluster.config.experiment import ExperimentConfig, validate
-from cluster.config.loading import apply_override, config_from_dict, load_config
+from cluster.config.loading import (
+    apply_override,
+    config_from_dict,
+    load_config,
+    read_yaml_mapping,
+)
 from cluster.config.runtime import CheckpointConfig, ExecutorConfig, TrackingConfig
 
 __all__ = [
@@ -45,6 +50,7 @@ __all__ = [
     "apply_override",
     "config_from_dict",
     "load_config",
+    "read_yaml_mapping",
     "validate",
     "validate_data",
 ]

@@ -256,8 +256,9 @@ def _unreadable(path: Path, error: Exception) -> ConfigError:
     )
 
 
-def _parse_config_file(path: Path) -> dict:
-    """The file's top-level mapping, or a ``ConfigError`` saying what the file holds instead."""
+def read_yaml_mapping(path: Path) -> dict:
+    """The file's top-level mapping, read strictly (size, type, duplicate keys), or a
+    ``ConfigError`` saying what the file holds instead (configs and ``compare`` specs)."""
     try:
         raw = _load_yaml(_read_config_text(path))
     except yaml.YAMLError as error:
@@ -278,7 +279,7 @@ def _parse_config_file(path: Path) -> dict:
 
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> ExperimentConfig:
     """Read YAML (or start from defaults), apply overrides, then validate everything."""
-    raw = {} if path is None else _parse_config_file(Path(path))
+    raw = {} if path is None else read_yaml_mapping(Path(path))
     return config_from_dict(raw, overrides)
 
 
