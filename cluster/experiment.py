@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import statistics
 from collections.abc import Callable
@@ -12,7 +13,7 @@ from pathlib import Path
 from actors.client_host import Kernels
 from algorithms.layout import ParamLayout
 from cluster.checkpoint import checkpoint_path, save_checkpoint
-from cluster.config import ExperimentConfig
+from cluster.config import ConfigError, ExperimentConfig
 from cluster.executors import LocalExecutor, RayExecutor
 from cluster.interrupts import Interrupted, StopSignals, stop_signals
 from cluster.preflight import check_store_matches, preflight
@@ -26,6 +27,7 @@ from cluster.privacy_plan import (
 from cluster.records import RoundRecord
 from cluster.simulation import Simulation, SimulationResult, final_epsilon
 from cluster.tracking_process import TrackingRun, flatten, tracking_uri
+from datasets.partition import PartitionError
 from datasets.sources import build_or_open_store
 from datasets.store import ShardStore
 
@@ -37,12 +39,17 @@ def open_store(config: ExperimentConfig) -> tuple[ShardStore, bool]:
         store = ShardStore.open(d.store)
         check_store_matches(store, d)
         return store, False
-    return build_or_open_store(
-        d.resolved_store_root(),
-        *config.store_parameters,
-        data_root=d.resolved_data_root(),
-        download=d.download,
-    )
+    try:
+        return build_or_open_store(
+            d.resolved_store_root(),
+            *config.store_parameters,
+            data_root=d.resolved_data_root(),
+            download=d.download,
+        )
+    except PartitionError as error:  # bad input that only the data's rows could reveal
+        field = f"data.{error.field}"
+        value = functools.reduce(getattr, field.split(".")[1:], d)
+        raise ConfigError(field, value, f"{error}; no store was written") from None
 
 
 def make_executor(

@@ -23,6 +23,16 @@ import numpy as np
 from datasets.arrays import LabeledArrays
 
 
+class PartitionError(ValueError):
+    """The data cannot be partitioned as configured (too few rows or users for the clients asked
+    for): bad input, found only once the data is read. ``field`` is the config field to change
+    (under ``data.``)."""
+
+    def __init__(self, field: str, problem: str):
+        super().__init__(problem)
+        self.field = field
+
+
 class Partitioner(ABC):
     method: str
 
@@ -47,7 +57,9 @@ class NaturalPartitioner(Partitioner):
             raise ValueError("the natural partition needs a source with per-row owners (group)")
         found = int(data.group.max()) + 1
         if found != num_clients:
-            raise ValueError(f"the source has {found} natural users but num_clients={num_clients}")
+            raise PartitionError(
+                "num_clients", f"the source has {found} natural users but num_clients={num_clients}"
+            )
         order = np.argsort(data.group, kind="stable")
         bounds = np.searchsorted(data.group[order], np.arange(num_clients + 1))
         return [order[bounds[i] : bounds[i + 1]] for i in range(num_clients)]
@@ -160,10 +172,11 @@ class DirichletPerClass(Partitioner):
         n = len(data)
         _check_clients(num_clients, n)
         if self.min_size * num_clients > n:
-            raise ValueError(
+            raise PartitionError(
+                "partition.min_size",
                 f"dirichlet_class: min_size={self.min_size} × num_clients={num_clients} = "
                 f"{self.min_size * num_clients} rows needed but the dataset has only {n}; "
-                f"lower min_size (at most {n // num_clients}) or use fewer clients"
+                f"lower min_size (at most {n // num_clients}) or use fewer clients",
             )
         classes, labels = np.unique(data.y, return_inverse=True)
         by_class = [np.flatnonzero(labels == c) for c in range(len(classes))]
@@ -188,11 +201,12 @@ class DirichletPerClass(Partitioner):
             if smallest >= self.min_size:
                 by_client = np.concatenate(shuffled)[np.argsort(owner, kind="stable")]
                 return [np.sort(part) for part in np.split(by_client, np.cumsum(sizes)[:-1])]
-        raise ValueError(
+        raise PartitionError(
+            "partition.min_size",
             f"dirichlet_class: after {self.max_retries} draws with α={self.alpha} some client "
             f"still had fewer than min_size={self.min_size} rows (smallest in the last draw: "
             f"{smallest}; num_clients={num_clients}, dataset of {n} rows, mean "
-            f"{n / num_clients:.1f} per client); lower min_size, raise α, or use fewer clients"
+            f"{n / num_clients:.1f} per client); lower min_size, raise α, or use fewer clients",
         )
 
 
@@ -223,10 +237,11 @@ class ShardsPartitioner(Partitioner):
         n, k = len(data), self.classes_per_client
         _check_clients(num_clients, n)
         if num_clients * k > n:
-            raise ValueError(
+            raise PartitionError(
+                "partition.classes_per_client",
                 f"shards: num_clients={num_clients} × classes_per_client={k} = "
                 f"{num_clients * k} shards but the dataset has only {n} rows; "
-                "lower classes_per_client or use fewer clients"
+                "lower classes_per_client or use fewer clients",
             )
         shuffled = rng.permutation(n)
         order = shuffled[np.argsort(data.y[shuffled], kind="stable")]
@@ -268,7 +283,10 @@ class SingleLabelSkew(Partitioner):
         n = self.samples_per_client or len(data) // num_clients
         _check_clients(num_clients, len(data))
         if n * num_clients > len(data):
-            raise ValueError(f"label_skew: {num_clients} users × {n} rows > {len(data)} rows")
+            raise PartitionError(
+                "partition.samples_per_client",
+                f"label_skew: {num_clients} users × {n} rows > {len(data)} rows",
+            )
         classes, labels = np.unique(data.y, return_inverse=True)
         pools = [rng.permutation(np.flatnonzero(labels == c)).tolist() for c in range(len(classes))]
         skewed = int((1.0 - self.iid_fraction) * n)
@@ -277,10 +295,11 @@ class SingleLabelSkew(Partitioner):
         for user in range(num_clients):
             pool = pools[user % len(classes)]
             if len(pool) < skewed:
-                raise ValueError(
+                raise PartitionError(
+                    "partition.samples_per_client",
                     f"label_skew: label {classes[user % len(classes)]} has {len(pool)} rows left "
                     f"for user {user}, which needs {skewed}; lower samples_per_client or raise "
-                    "iid_fraction"
+                    "iid_fraction",
                 )
             rows = [pool.pop() for _ in range(skewed)]
             taken[rows] = True

@@ -684,6 +684,27 @@ CASES = [
         untracked_overwrite(another_runs_checkpoint),
         ("of another run", "rounds differs"),
     ),
+    # --- partitions the data's rows cannot give (found when the store is built; none written)
+    Case(
+        "shards too many",
+        run_with({"data.partition": {"method": "shards", "classes_per_client": 50}}),
+        ("data.partition.classes_per_client = 50", "shards but the dataset", "no store"),
+    ),
+    Case(
+        "dirichlet min_size too large",
+        run_with({"data.partition": {"method": "dirichlet_class", "alpha": 0.5, "min_size": 90}}),
+        ("data.partition.min_size = 90", "lower min_size", "no store was written"),
+    ),
+    Case(
+        "label skew too many rows",
+        run_with(
+            {
+                "data.partition": {"method": "label_skew", "iid_fraction": 0.1},
+                "data.num_clients": 11,
+            }
+        ),
+        ("data.partition.samples_per_client", "raise iid_fraction", "no store was written"),
+    ),
     Case(
         "untracked overwrite code",
         untracked_overwrite(code_in_checkpoint),
