@@ -33,23 +33,29 @@ from datasets.store import ShardStore
 
 
 def open_store(config: ExperimentConfig) -> tuple[ShardStore, bool]:
-    """The run's store: ``data.store`` as given, or built from the config on first use."""
+    """The run's store: ``data.store`` as given, or built from the config on first use. A
+    partition or per-client test set its rows cannot give is a ``ConfigError`` (the store is
+    written only after its partition is drawn)."""
     d = config.data
-    if d.store is not None:
-        store = ShardStore.open(d.store)
-        check_store_matches(store, d)
-        return store, False
     try:
-        return build_or_open_store(
-            d.resolved_store_root(),
-            *config.store_parameters,
-            data_root=d.resolved_data_root(),
-            download=d.download,
-        )
+        if d.store is not None:
+            store, built = ShardStore.open(d.store), False
+            check_store_matches(store, d)
+        else:
+            store, built = build_or_open_store(
+                d.resolved_store_root(),
+                *config.store_parameters,
+                data_root=d.resolved_data_root(),
+                download=d.download,
+            )
+        if d.test_per_client:  # every host draws these: a failure here, not in an actor
+            store.matched_test_sets(d.test_per_client, config.seed)
     except PartitionError as error:  # bad input that only the data's rows could reveal
         field = f"data.{error.field}"
         value = functools.reduce(getattr, field.split(".")[1:], d)
-        raise ConfigError(field, value, f"{error}; no store was written") from None
+        kept = "" if error.field == "test_per_client" else "; no store was written"
+        raise ConfigError(field, value, f"{error}{kept}") from None
+    return store, built
 
 
 def make_executor(

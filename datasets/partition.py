@@ -405,14 +405,17 @@ def matched_test_split(
     sets = []
     for client, row in enumerate(counts):
         if row.sum() == 0:
-            raise ValueError(f"client {client} has no training rows: no label mix to match")
+            raise PartitionError(
+                "test_per_client", f"client {client} has no training rows: no label mix to match"
+            )
         want = largest_remainder(row, per_client)
         short = np.flatnonzero(want > available)
         if len(short):
             c = int(short[0])
-            raise ValueError(
+            raise PartitionError(
+                "test_per_client",
                 f"client {client} needs {want[c]} test rows of class {c} but the test set has "
-                f"{available[c]}; lower per_client (now {per_client})"
+                f"{available[c]}; lower per_client (now {per_client})",
             )
         picks = [rng.choice(pools[c], size=int(want[c]), replace=False) for c in range(num_classes)]
         sets.append(np.sort(np.concatenate(picks)).astype(np.int64))

@@ -706,6 +706,11 @@ CASES = [
         ("data.partition.samples_per_client", "raise iid_fraction", "no store was written"),
     ),
     Case(
+        "test per client too many",
+        with_store(lambda store: None, {"data.test_per_client": 100000}),
+        ("data.test_per_client = 100000", "test rows of class", "lower per_client"),
+    ),
+    Case(
         "untracked overwrite code",
         untracked_overwrite(code_in_checkpoint),
         ("checkpoint.dir", "does not read as a checkpoint", "objects this code does not load"),
