@@ -13,6 +13,15 @@ kept, later writes are skipped, and its error is raised in the driver at the nex
 waits (a run that failed otherwise still ends, with its own status). The process runs in its
 own session, so a Ctrl-C reaches only the driver (which ends the run as KILLED), and exits when
 the driver closes its end or dies.
+
+No wait of the driver's can last for good: each notices the process's death within
+``POLL_S``, the run's opening is awaited at most ``OPEN_WAIT_S``, and a failure that leaves no
+run to write to (the opening refused, the process gone or silent) is kept: every later call
+that waits raises it at once. A SIGTERM or SIGINT to the process itself (``ray job stop``
+signals the job's whole process tree) does not end it: the driver decides how the run ends, so
+the process serves it until it closes its end, or for ``SIGNAL_GRACE_S`` at most. MLflow's
+HTTP retries are bounded (``HTTP_RETRY_BUDGET``): a tracking server that goes away is given up
+within ≈ 25 s, not MLflow's default minutes.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -37,15 +47,30 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
-EXIT_TIMEOUT_S = 60.0
 ROUNDS_EVERY_S = 2.0  # rounds' metrics are written together at most this often
+POLL_S = 0.5  # how often a wait checks that the process is still alive
+OPEN_WAIT_S = 60.0  # the longest wait for the run's opening (a healthy store takes ≈ 1 s)
+EXIT_WAIT_S = 10.0  # the longest wait for the process to exit once the driver closed its end
+SIGNAL_GRACE_S = 20.0  # after a SIGTERM/SIGINT, how long the process waits for the driver
+# MLflow's HTTP retries, unless the user set them: 3 retries 2 s and 4 s apart (+ ≤ 0.5 s of
+# jitter each), each try bounded by 4 s. A server that refuses connections is given up in
+# ≈ 7 s, one that accepts and never answers in ≈ 23 s (MLflow's defaults: 7 retries up to
+# 120 s apart, 120 s a try). Read by MLflow at each request, in the tracking process only.
+HTTP_RETRY_BUDGET = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0.5",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "4",
+}
+_SUMMARY_CHARS = 400  # of MLflow's message, in the driver's one-paragraph error
 
 
 def tracking_uri() -> str:
-    """Where runs are tracked: ``$MLFLOW_TRACKING_URI``, else the local SQLite file. Here, in a
-    module that imports neither MLflow nor torch: the driver checks it before Ray starts, the
-    tracking process before the driver's run is configured."""
-    return os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI)
+    """Where runs are tracked: ``$MLFLOW_TRACKING_URI``, else (unset or empty, as MLflow reads
+    it) the local SQLite file. Here, in a module that imports neither MLflow nor torch: the
+    driver checks it before Ray starts, the tracking process before the driver's run is
+    configured."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
 
 
 def sqlite_path(uri: str) -> Path | None:
@@ -55,7 +80,20 @@ def sqlite_path(uri: str) -> Path | None:
 
 
 class TrackingError(RuntimeError):
-    """A call to MLflow failed in the tracking process (its error and traceback inside)."""
+    """The run's tracking failed: an MLflow call in the tracking process, or the process itself.
+    ``str`` is one paragraph for the terminal; ``details``, the tracking process's traceback
+    (empty when there is none); ``code``, MLflow's error code (e.g. ``RESOURCE_DOES_NOT_EXIST``)
+    when MLflow gave one."""
+
+    def __init__(self, message: str, details: str = "", code: str | None = None):
+        super().__init__(message)
+        self.details, self.code = details, code
+
+    @classmethod
+    def from_reply(cls, uri: str, failure: dict) -> TrackingError:
+        """The tracking process's account of a failed MLflow call (``_describe``)."""
+        message = f"MLflow failed on {uri}: {failure['summary']}"
+        return cls(message, failure["details"], failure["code"])
 
 
 def flatten(tree: dict, prefix: str = "") -> dict[str, str]:
@@ -75,12 +113,19 @@ class TrackingRun:
 
     ``open`` starts a new run (params, tags; with ``class_counts``, the partition report among
     its artifacts); ``resume`` continues one. Both return at once: the run opens while the
-    caller goes on, and ``run_id`` waits for it."""
+    caller goes on, and ``run_id`` waits for it (``OPEN_WAIT_S`` at most). A store that refuses
+    to open the run raises a ``ConfigError`` naming ``MLFLOW_TRACKING_URI`` (the user's input
+    to fix); every other failure, a ``TrackingError``. Calls that return at once (``log_round``,
+    ``set_tags``) never raise: what they meet is raised by the next call that waits."""
 
     def __init__(self, uri: str, first_call: tuple[str, tuple]):
         self._process, self._conn = _take_prestarted() or _spawn(preload=False)
         self.uri = uri
+        self._first_call = first_call
         self._opened: tuple[str, str] | None = None  # (run id, experiment id)
+        self._awaited = 1  # answers due and not yet read (the opening's, first)
+        # A failure that leaves nothing to write to: raised again by every call that waits.
+        self._failure: Exception | None = None
         self._send(*first_call, reply=True)
 
     @classmethod
@@ -103,10 +148,17 @@ class TrackingRun:
 
     def is_open(self) -> bool:
         """Whether the run exists already (never waits; raises if opening it failed)."""
-        return self._opened is not None or (self._conn.poll() and self._open_reply() is not None)
+        if self._opened is None and self._failure is None and not self._conn.poll():
+            return False
+        return self._open_reply() is not None
+
+    def wait_open(self) -> None:
+        """Wait until the run is open (``OPEN_WAIT_S`` at most); raise why it is not."""
+        self._open_reply()
 
     @property
     def run_id(self) -> str:
+        """The run's id: waits for the opening; once the run opened, never raises."""
         return self._open_reply()[0]
 
     @property
@@ -166,49 +218,115 @@ class TrackingRun:
 
     def abandon(self, status: str = "FAILED") -> None:
         """End a run that failed (or was stopped) with ``status``, raising nothing: the run's
-        own error is the one to report."""
-        with contextlib.suppress(TrackingError, OSError):
+        own error is the one to report. Returns at once when there is no run to end (its
+        opening failed, or the process is gone)."""
+        from cluster.config import ConfigError  # the driver has it; the process never needs it
+
+        with contextlib.suppress(TrackingError, ConfigError):
             self.end(status)
 
     # ------------------------------------------------------------------ plumbing
 
     def _send(self, op: str, args: tuple, reply: bool = False) -> None:
+        """Send a call; a process found gone is kept as the failure the next wait raises."""
+        if self._failure is not None:
+            return
         try:
             self._conn.send((op, args, reply))
-        except OSError as error:
-            raise self._exited() from error
+        except OSError:
+            self._failure = self._exited()
 
     def _call(self, op: str, args: tuple) -> Any:
         self._open_reply()  # the first answer is the opening's
         self._send(op, args, reply=True)
-        return self._answer()
+        self._awaited += 1
+        # Answers come in order: any before ours belong to calls whose wait a signal cut short.
+        status, value = self._receive(within=None)
+        while self._awaited:
+            status, value = self._receive(within=None)
+        if status == "error":
+            raise TrackingError.from_reply(self.uri, value)
+        return value
 
     def _open_reply(self) -> tuple[str, str]:
         if self._opened is None:
-            self._opened = self._answer()
+            status, value = self._receive(within=OPEN_WAIT_S)
+            if status == "error":
+                self._failure = self._open_refused(value)
+                raise self._failure
+            self._opened = value
         return self._opened
 
-    def _answer(self) -> Any:
+    def _receive(self, within: float | None) -> tuple[str, Any]:
+        """The process's next answer, waiting ``within`` seconds at most (None: as long as the
+        process lives). A failure kept from before is raised at once; the process's death, or
+        its silence past ``within`` (it is then killed), is kept and raised."""
+        if self._failure is not None:
+            raise self._failure
+        deadline = math.inf if within is None else time.monotonic() + within
         try:
-            status, value = self._conn.recv()
-        except (EOFError, OSError) as error:
-            raise self._exited() from error
-        if status == "error":
-            raise TrackingError(value)
-        return value
+            while not self._conn.poll(POLL_S):
+                if self._process.poll() is not None:
+                    raise self._exited()
+                if time.monotonic() > deadline:
+                    self._process.kill()
+                    raise TrackingError(
+                        f"the MLflow tracking process did not answer within {within:g} s (its "
+                        f"store at {self.uri} may be locked or hanging); it was stopped"
+                    )
+            try:
+                answer = self._conn.recv()
+            except (EOFError, OSError):
+                raise self._exited() from None
+            self._awaited -= 1
+            return answer
+        except TrackingError as failure:
+            self._failure = failure
+            raise
 
     def _exited(self) -> TrackingError:
-        code = self._process.poll()
+        try:
+            code = self._process.wait(POLL_S)  # its end of the socket closes as it exits
+        except subprocess.TimeoutExpired:
+            code = None
+        if code is not None and code < 0:
+            how = f"was killed by {signal.Signals(-code).name}"
+        else:
+            how = "closed its connection" if code is None else f"exited with code {code}"
         return TrackingError(
-            f"the MLflow tracking process exited (code {code}) before the run ended; "
-            "its error is printed above"
+            f"the MLflow tracking process {how} before the run ended: the run on {self.uri} "
+            "stays RUNNING and may lack the rounds after the last checkpoint"
         )
 
+    def _open_refused(self, failure: dict) -> Exception:
+        """The store's refusal to open the run, as the input to fix (``MLFLOW_TRACKING_URI``)."""
+        from cluster.config import ConfigError
+
+        op, args = self._first_call
+        summary = failure["summary"]
+        if op == "resume" and failure["code"] == "RESOURCE_DOES_NOT_EXIST":
+            fix = (
+                f"the checkpoint's MLflow run {args[1]} is not in this store ({summary}); set "
+                "MLFLOW_TRACKING_URI to the store the run was tracked in"
+            )
+        else:
+            what = "open a new run" if op == "open" else f"resume the run {args[1]}"
+            fix = (
+                f"MLflow could not {what} there ({summary}); point MLFLOW_TRACKING_URI at a "
+                "working store (unset, it is sqlite:///mlflow.db in the working directory)"
+            )
+        error = ConfigError("MLFLOW_TRACKING_URI", self.uri, fix)
+        error.__cause__ = TrackingError.from_reply(self.uri, failure)
+        return error
+
     def _close(self) -> None:
-        """Close our end: the process finishes what it was sent and exits."""
+        """Close our end: the process finishes what it was sent and exits (``EXIT_WAIT_S`` at
+        most, then it is killed). Later calls that wait raise."""
+        if self._failure is None:
+            self._failure = TrackingError("the MLflow run has ended: nothing more is written")
         self._conn.close()
         try:
-            self._process.wait(EXIT_TIMEOUT_S)
+            self._process.wait(EXIT_WAIT_S)
         except subprocess.TimeoutExpired:
             self._process.kill()
             self._process.wait()
@@ -242,8 +360,14 @@ def _spawn(preload: bool) -> tuple[subprocess.Popen, Connection]:
         pass_fds=(theirs.fileno(),),
         stdin=subprocess.DEVNULL,
         # MLflow's INFO lines ("Creating initial MLflow database tables...") would interleave
-        # with the run's progress; a level the user (or the CLI's --verbose) set wins.
-        env={"MLFLOW_LOGGING_LEVEL": "WARNING", **os.environ, "PYTHONPATH": path},
+        # with the run's progress; a level the user (or the CLI's --verbose) set wins, and so
+        # do HTTP retry settings the user gave.
+        env={
+            "MLFLOW_LOGGING_LEVEL": "WARNING",
+            **HTTP_RETRY_BUDGET,
+            **os.environ,
+            "PYTHONPATH": path,
+        },
         start_new_session=True,  # a Ctrl-C reaches the driver, which ends the run as KILLED
     )
     theirs.close()
@@ -271,12 +395,24 @@ def _resume(uri, run_id):
     return MlflowTracker.resume(uri, run_id)
 
 
+def _describe(failure: Exception) -> dict:
+    """A failed call, as sent to the driver: MLflow's message on one line, the traceback, and
+    MLflow's error code where it has one."""
+    summary = " ".join(f"{type(failure).__name__}: {failure}".split())
+    if len(summary) > _SUMMARY_CHARS:
+        summary = summary[: _SUMMARY_CHARS - 1] + "…"
+    details = "".join(traceback.format_exception(failure)).rstrip()
+    return {"summary": summary, "details": details, "code": getattr(failure, "error_code", None)}
+
+
 def serve(conn: Connection) -> None:
     """Handle the driver's calls in order until it closes its end (or dies).
 
     Rounds' metrics are written together, at most every ``ROUNDS_EVERY_S`` seconds (one SQLite
     transaction is ≈ 5 ms of CPU, taken from the training on a machine whose cores it fills),
     and before any other call is handled, so every call still sees the rounds sent before it.
+    After a failure only the run's end is still tried, once: the store has failed already, so
+    MLflow's HTTP retries are not spent on it again.
     """
     tracker, error = None, None
     rounds: list[tuple[RoundRecord, int]] = []  # received, not yet written
@@ -284,9 +420,10 @@ def serve(conn: Connection) -> None:
 
     def handle(op: str, args: tuple) -> Any:
         nonlocal tracker, error
-        # After a failure only ``end`` still runs: a failed run is still ended, with its status.
-        if error is not None and not (op == "end" and tracker is not None):
-            return None
+        if error is not None:
+            if not (op == "end" and tracker is not None):
+                return None
+            os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
         try:
             if op in ("open", "resume"):
                 tracker = (_open if op == "open" else _resume)(*args)
@@ -294,7 +431,7 @@ def serve(conn: Connection) -> None:
             if op != "flush":
                 return getattr(tracker, op)(*args)
         except Exception as failure:  # raised in the driver at its next call that waits
-            error = error or "".join(traceback.format_exception(failure)).rstrip()
+            error = error or _describe(failure)
         return None
 
     def write_rounds() -> None:
@@ -319,7 +456,33 @@ def serve(conn: Connection) -> None:
         write_rounds()
         answer = handle(op, args)
         if reply:
-            conn.send(("error", error) if error is not None else ("ok", answer))
+            try:
+                conn.send(("error", error) if error is not None else ("ok", answer))
+            except OSError:  # the driver closed its end without waiting for this answer
+                return
+
+
+def _outlive_stop_signals(grace_s: float) -> None:
+    """SIGTERM and SIGINT do not end this process: ``ray job stop`` signals the job's whole
+    process tree, and the driver, stopping, still writes its checkpoint and ends the run
+    (KILLED) through this process. The first such signal starts a ``grace_s`` alarm: a driver
+    that has not closed its end by then is not coming, and the process exits (code 143)."""
+
+    def on_signal(signum, frame) -> None:
+        if signal.getitimer(signal.ITIMER_REAL)[0] == 0:
+            signal.setitimer(signal.ITIMER_REAL, grace_s)
+
+    def on_alarm(signum, frame) -> None:
+        os.write(
+            2,
+            f"MLflow tracking process: no end from the driver {grace_s:g} s after a "
+            "stop signal; exiting\n".encode(),
+        )
+        os._exit(128 + signal.SIGTERM)
+
+    signal.signal(signal.SIGALRM, on_alarm)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, on_signal)
 
 
 def _preload() -> None:
@@ -341,6 +504,7 @@ def _preload() -> None:
 
 
 def main(argv: list[str]) -> None:
+    _outlive_stop_signals(SIGNAL_GRACE_S)
     if "--preload" in argv[1:]:
         _preload()
     with Connection(int(argv[0])) as conn:
