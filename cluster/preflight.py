@@ -9,8 +9,6 @@ file, creates a directory or starts Ray; the network checks are one TCP connect 
 
 from __future__ import annotations
 
-import configparser
-import contextlib
 import os
 import re
 import socket
@@ -153,8 +151,8 @@ def check_tracking_uri() -> None:
     """``MLFLOW_TRACKING_URI`` names a store this project can track runs in: a well-formed URI;
     an SQLite file that is, or can be created as, an SQLite database in a writable directory
     (its 16-byte header read, MLflow never imported); a server or database that answers (one
-    TCP connect); Databricks only with a workspace configured; a directory (MLflow's file
-    store) only where ``MLFLOW_ALLOW_FILE_STORE`` opts into it, as MLflow itself requires."""
+    TCP connect); a directory (MLflow's file store) only where ``MLFLOW_ALLOW_FILE_STORE``
+    opts into it, as MLflow itself requires; never Databricks (``_check_databricks``)."""
     uri = tracking_uri()
     try:
         where = urlsplit(uri)
@@ -180,7 +178,7 @@ def check_tracking_uri() -> None:
     elif scheme == "sqlite":
         _check_sqlite_store(uri)
     elif scheme == "databricks":
-        _check_databricks(uri, where.netloc)
+        _check_databricks(uri)
     elif scheme in _DEFAULT_PORTS:
         _connect_or_fail(
             "MLFLOW_TRACKING_URI",
@@ -248,40 +246,17 @@ def _check_file_store(uri: str, directory: Path) -> None:
     check_writable_dir("MLFLOW_TRACKING_URI", directory)
 
 
-def _check_databricks(uri: str, profile: str) -> None:
-    """A Databricks workspace is configured (``DATABRICKS_HOST``, or the profile's host in the
-    Databricks config file) and answers; without one MLflow fails only when the run opens."""
-    host = _databricks_host(profile)
-    if host is None:
-        raise ConfigError(
-            "MLFLOW_TRACKING_URI",
-            uri,
-            "no Databricks workspace is configured: set DATABRICKS_HOST and DATABRICKS_TOKEN, "
-            "or create the profile with `databricks auth login`; or use http://HOST:PORT of an "
-            "`mlflow server`",
-        )
-    where = urlsplit(host if "://" in host else f"https://{host}")
-    _connect_or_fail(
+def _check_databricks(uri: str) -> None:
+    """Databricks is refused: it names experiments by workspace path (``/Users/<you>/<name>``;
+    a bare name is INVALID_PARAMETER_VALUE), which ``tracking.experiment``, one file name, can
+    never be, so every run would fail as it opens."""
+    raise ConfigError(
         "MLFLOW_TRACKING_URI",
         uri,
-        where.hostname or host,
-        where.port or 443,
-        "check DATABRICKS_HOST (or the profile's host) and the network",
+        "Databricks is not supported: it needs experiment names that are workspace paths "
+        "(/Users/<you>/<name>) and tracking.experiment is one file name; track to an `mlflow "
+        "server` (http://HOST:PORT) or sqlite:///mlflow.db",
     )
-
-
-def _databricks_host(profile: str) -> str | None:
-    """The workspace host: ``DATABRICKS_HOST`` for the default profile, else the ``host`` of the
-    profile (``databricks://PROFILE``, ``DATABRICKS_CONFIG_PROFILE`` or DEFAULT) in
-    ``DATABRICKS_CONFIG_FILE`` (default ``~/.databrickscfg``)."""
-    if not profile and os.environ.get("DATABRICKS_HOST"):
-        return os.environ["DATABRICKS_HOST"]
-    profile = profile or os.environ.get("DATABRICKS_CONFIG_PROFILE", "DEFAULT")
-    parser = configparser.ConfigParser()
-    path = os.environ.get("DATABRICKS_CONFIG_FILE", "~/.databrickscfg")
-    with contextlib.suppress(configparser.Error, OSError):
-        parser.read(Path(path).expanduser())
-    return parser.get(profile, "host", fallback=None) or None
 
 
 def ray_address(config: ExperimentConfig) -> tuple[str, str | None]:

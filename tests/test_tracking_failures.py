@@ -59,12 +59,6 @@ def _record(step: int) -> RoundRecord:
     return RoundRecord(round=step, cohort_size=5, seconds=0.1, metrics={"m": float(step)})
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _config_file(workdir: Path, **changes) -> Path:
     raw = json.loads(json.dumps(TINY))
     raw.update(changes)
@@ -109,11 +103,11 @@ def _not_sqlite(workdir: Path) -> str:
 PREFLIGHT_CASES = {
     "directory": (_directory, {}, ("file store", "MLFLOW_ALLOW_FILE_STORE=true", "sqlite:///")),
     "file URI": (lambda w: (w / "mlruns").as_uri(), {}, ("file store", "migrate-filestore")),
-    "databricks": (lambda w: "databricks", {}, ("no Databricks workspace", "DATABRICKS_HOST")),
-    "databricks down": (
-        lambda w: "databricks",
-        {"DATABRICKS_HOST": "https://127.0.0.1:PORT"},
-        ("nothing answers at 127.0.0.1:",),
+    "databricks": (lambda w: "databricks", {}, ("Databricks is not supported", "workspace")),
+    "databricks profile": (
+        lambda w: "databricks://team",
+        {"DATABRICKS_HOST": "https://example.invalid", "DATABRICKS_TOKEN": "t"},
+        ("Databricks is not supported", "tracking.experiment is one file name"),
     ),
     "sqlite /dev/null": (lambda w: "sqlite:////dev/null", {}, ("/dev/null is not a regular file",)),
     "sqlite directory": (_sqlite_dir, {}, ("is a directory",)),
@@ -125,11 +119,9 @@ PREFLIGHT_CASES = {
 
 @pytest.fixture
 def cli_env(tmp_path, monkeypatch):
-    """A clean working directory; no Databricks or file-store settings from the machine."""
+    """A clean working directory, without the machine's opt-in to MLflow's file store."""
     monkeypatch.chdir(tmp_path)
-    for name in ("DATABRICKS_HOST", "DATABRICKS_TOKEN", "MLFLOW_ALLOW_FILE_STORE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("DATABRICKS_CONFIG_FILE", str(tmp_path / "no.databrickscfg"))
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
     return tmp_path
 
 
@@ -157,7 +149,7 @@ def test_a_store_tracking_cannot_use_is_refused_before_any_work(case, cli_env, m
     monkeypatch.setattr(cluster.cli, "prestart_tracking", lambda: None)  # no MLflow import
     monkeypatch.setenv("MLFLOW_TRACKING_URI", prepare(cli_env))
     for name, value in environment.items():
-        monkeypatch.setenv(name, value.replace("PORT", str(_free_port())))
+        monkeypatch.setenv(name, value)
     _refused(["run", str(_config_file(cli_env))], cli_env, capsys, expect)
 
 
