@@ -26,7 +26,7 @@ from cluster.privacy_plan import (
 )
 from cluster.records import RoundRecord
 from cluster.simulation import Simulation, SimulationResult, final_epsilon
-from cluster.tracking_process import TrackingRun, flatten, tracking_uri
+from cluster.tracking_process import TrackingError, TrackingRun, flatten, tracking_uri
 from datasets.partition import PartitionError
 from datasets.sources import build_or_open_store
 from datasets.store import ShardStore
@@ -274,6 +274,9 @@ def _run_rounds(
     announce_once_open()
     written: tuple[Path, int] | None = None  # the last checkpoint this run wrote, its round
     try:
+        if run is not None:  # it opened while Ray started; a store that refused it ends the
+            run.wait_open()  # command here (exit 2), before any round
+            announce_once_open()
         sim = Simulation(config, store, executor)
         for notice in sim.claim.notices():
             say(notice)
@@ -282,14 +285,24 @@ def _run_rounds(
 
         def checkpoint_here() -> Path:
             run_id = None
+            failure = None
             if run is not None:  # named by the MLflow run, whose rounds are all in it first
-                run.flush()
-                run_id = run.run_id
+                try:
+                    run.flush()
+                except TrackingError as error:  # MLflow failed: the rounds are kept all the same
+                    failure = error
+                run_id = run.run_id  # opened before the first round: never raises
                 announce_once_open()
             path = checkpoint_path(config, run_id)
             save_checkpoint(path, sim.state_dict(), config.to_dict(), run_id)
             nonlocal written
             written = (path, len(sim.history))
+            if failure is not None:
+                say(
+                    f"checkpoint of round {len(sim.history)} kept: {path} (once MLflow works "
+                    f"again: uv run python -m cluster resume {path})"
+                )
+                raise failure
             return path
 
         def report(record: RoundRecord) -> None:

@@ -30,7 +30,7 @@ from mlflow.tracking import MlflowClient
 
 import cluster.cli
 import cluster.tracking_process as tracking_process
-from cluster.checkpoint import save_checkpoint
+from cluster.checkpoint import load_checkpoint, save_checkpoint
 from cluster.cli import main
 from cluster.config import ConfigError
 from cluster.preflight import check_tracking_uri
@@ -443,3 +443,7 @@ def test_the_command_ends_within_10_s_of_its_tracking_process_being_killed(
         run.flush()
     assert time.monotonic() - start < 0.1
     assert MlflowClient(shared_store).get_run(run.run_id).info.status == "RUNNING"
+    # The rounds are kept all the same: the checkpoint of the round whose flush failed.
+    saved = load_checkpoint(tmp_path / "checkpoints" / f"{run.run_id}.pt")
+    assert saved["run_id"] == run.run_id
+    assert f"checkpoint of round {saved['simulation']['rounds_done']} kept" in out
