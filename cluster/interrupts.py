@@ -33,7 +33,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -139,7 +139,7 @@ class StopSignals:
 
     def droppable(self):
         """A round that a first signal may abandon (``RoundDropped``)."""
-        return self._in_phase("droppable") if self._phase == "rounds" else _nothing()
+        return self._in_phase("droppable") if self._phase == "rounds" else nullcontext()
 
     @contextmanager
     def deferred(self) -> Iterator[None]:
@@ -193,11 +193,6 @@ class StopSignals:
         if self._previous:
             StopSignals._active = self._outer
         self._previous.clear()
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
 
 
 @contextmanager
