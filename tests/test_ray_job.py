@@ -411,7 +411,7 @@ def test_ray_job_stop_keeps_the_last_round_and_a_new_job_resumes_bit_for_bit(ray
 
     tmp, env = ray_head.tmp / "stop", ray_head.env
     tmp.mkdir()
-    rounds = 40
+    rounds = 25
     tracking_uri = f"sqlite:///{tmp / 'mlflow.db'}"
     client = MlflowClient(tracking_uri)
     client.search_experiments()  # the schema, while the head starts
