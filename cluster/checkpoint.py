@@ -79,13 +79,30 @@ def save_checkpoint(path: Path, simulation_state: dict, config: dict, run_id: st
         "simulation": _encode(simulation_state),
     }
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
     try:
-        torch.save(payload, tmp)
-        os.replace(tmp, path)
+        with os.fdopen(fd, "wb") as file:
+            torch.save(payload, file)
+            file.flush()
+            os.fsync(file.fileno())  # on disk before it takes the name: a power loss on a
+        os.replace(tmp, path)  # shared volume leaves the old checkpoint or the new, never empty
+        _fsync_directory(path.parent)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (where the filesystem lets a directory be opened)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _encode(state: dict) -> dict:

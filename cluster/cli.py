@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
             return error.exit_code
         except TrackingError as error:  # MLflow or its process failed once the run began
             print(_tracking_failure(error, getattr(args, "verbose", False)), file=sys.stderr)
-            return 1
+            return stop.exit_code or 1  # a stop signal that came meanwhile still says so
         return stop.exit_code or code  # a signal during the last writes still says it came
 
 

@@ -82,22 +82,22 @@ def make_executor(
     from cluster.ray_runtime import check_resources, connect
 
     stop = StopSignals.active()
-    with stop.around_ray_init() if stop is not None else contextlib.nullcontext():
+    with stop.around_ray() if stop is not None else contextlib.nullcontext():
         session = connect(e.address, verbose)
-    say(session.describe())
-    if session.embedded:
-        check_resources(e.num_actors, e.cpus_per_actor, e.gpus_per_actor)
-    return RayExecutor(
-        store,
-        config.task,
-        algorithm,
-        config.seed,
-        e.num_actors,
-        e.cpus_per_actor,
-        e.gpus_per_actor,
-        test_per_client=config.data.test_per_client,
-        kernels=Kernels(e.vectorize, e.channels_last),
-    )
+        say(session.describe())
+        if session.embedded:
+            check_resources(e.num_actors, e.cpus_per_actor, e.gpus_per_actor)
+        return RayExecutor(
+            store,
+            config.task,
+            algorithm,
+            config.seed,
+            e.num_actors,
+            e.cpus_per_actor,
+            e.gpus_per_actor,
+            test_per_client=config.data.test_per_client,
+            kernels=Kernels(e.vectorize, e.channels_last),
+        )
 
 
 @dataclass
@@ -167,9 +167,9 @@ def _start_tracking(
     config: ExperimentConfig, store: ShardStore, run_id: str | None, parent_run_id: str | None
 ) -> TrackingRun | None:
     """The experiment's MLflow run, None when tracking is off. A new one opens in the tracking
-    process while Ray, the actors and the first rounds run; ``run_id`` resumed is waited for
-    (``tracking_process.OPEN_WAIT_S`` at most), so that a run the store does not hold ends the
-    command (``ConfigError``) before any training."""
+    process while Ray and the actors start (``run_experiment`` waits for it before round 1);
+    ``run_id`` resumed is waited for (``tracking_process.OPEN_WAIT_S`` at most), so that a run
+    the store does not hold ends the command (``ConfigError``) before any training."""
     if not config.tracking.enabled:
         return None
     if run_id is not None:
@@ -221,6 +221,7 @@ def run_experiment(
     stops, writes the last completed round's checkpoint and returns ``interrupted``.
     """
     with stop_signals(say) as stop:
+        stop.begin()
         preflight(config)
         if resume is None and calibrate:
             config = calibrate_with_message(config, say)
@@ -277,11 +278,12 @@ def _run_rounds(
         if run is not None:  # it opened while Ray started; a store that refused it ends the
             run.wait_open()  # command here (exit 2), before any round
             announce_once_open()
-        sim = Simulation(config, store, executor)
+        with stop.around_ray():  # the hosts answer through Ray
+            sim = Simulation(config, store, executor)
+            if resume is not None:
+                sim.load_state_dict(resume["simulation"])
         for notice in sim.claim.notices():
             say(notice)
-        if resume is not None:
-            sim.load_state_dict(resume["simulation"])
 
         def checkpoint_here() -> Path:
             run_id = None
@@ -309,24 +311,23 @@ def _run_rounds(
             if run is not None:
                 run.log_round(record)
                 announce_once_open()
-            if every and record.round % every == 0:
-                with stop.deferred():  # a signal now takes effect once the file is whole
-                    checkpoint_here()
+            if every and record.round % every == 0:  # signals only flag the loop meanwhile
+                checkpoint_here()
             on_round(record)
 
         with stop.rounds():
             result = sim.run(report, stop)
+            stop.settle()  # from here to the command's end a signal only sets the exit code
         # A signal that came as the last round ended stopped nothing: the run is complete.
         interrupted = stop.reason is not None and result.stop_reason.startswith(stop.reason)
-        with stop.finishing():  # a signal from here on only sets the exit code
-            path = checkpoint_here()
-            if interrupted:  # at once: a scheduler's SIGKILL may follow within seconds
-                say(
-                    f"{result.stop_reason}: checkpoint {path}; resume with: uv run python -m "
-                    f"cluster resume {path}"
-                )
-            if run is not None:
-                _finish_run(run, config, sim, result, path, interrupted)
+        path = checkpoint_here()
+        if interrupted:  # at once: a scheduler's SIGKILL may follow within seconds
+            say(
+                f"{result.stop_reason}: checkpoint {path}; resume with: uv run python -m "
+                f"cluster resume {path}"
+            )
+        if run is not None:
+            _finish_run(run, config, sim, result, path, interrupted)
     except BaseException as error:
         if isinstance(error, Interrupted):  # say where the completed rounds are kept
             error.checkpoint = written

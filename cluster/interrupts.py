@@ -16,11 +16,9 @@ at whatever phase they arrive, losing no completed round.
   them). After a second signal the poll raises ``Interrupted``: the round is abandoned and the
   last periodic checkpoint on disk is what remains. Nothing is raised from the handler itself
   here: an exception raised inside Ray's C++ callbacks becomes a ``SystemError``.
-- **writes** (``deferred()``: a periodic checkpoint being written): signals wait until the
-  block ends, then the first of them applies as in the rounds.
-- **the end** (``finishing()``: the final checkpoint, the MLflow run's end, the shutdown after
-  "done"): a signal is recorded (the exit code says it came) and changes nothing: what is left
-  is what keeps the completed rounds.
+- **the end** (``finishing()``: from the end of the rounds to the command's exit — the final
+  checkpoint, the MLflow run's end, the shutdown): a signal is recorded (the exit code says it
+  came) and changes nothing: what is left is what keeps the completed rounds.
 
 A command ended by a signal exits with ``128 + signum``: 130 for SIGINT, 143 for SIGTERM.
 Handlers are installed only in the main thread (signals are delivered there); the previous
@@ -66,9 +64,9 @@ class StopSignals:
         self.say = say
         self.reason: str | None = None
         self.signum: int | None = None
-        self._phase = "start-up"  # | "rounds" | "droppable" | "deferred" | "finishing"
-        self._pending: int | None = None  # a signal received while deferred or finishing
+        self._phase = "start-up"  # | "rounds" | "droppable" | "finishing"
         self._abort: int | None = None  # a second signal in the rounds
+        self._settled = False  # past the rounds: "finishing" until the command ends
         self._previous: dict[int, object] = {}
 
     @classmethod
@@ -92,23 +90,17 @@ class StopSignals:
         if self._phase == "finishing":
             if self.signum is None:
                 self.reason, self.signum = f"interrupted by {name}", signum
-            if self._pending is None:
-                self._pending = signum
                 self._notice(f"{name}: finishing the checkpoint and the run's end first")
             return
-        if self._phase == "deferred":
-            if self._pending is None:
-                self._notice(f"{name}: finishing the checkpoint being written first")
-                self._pending = signum
-            return
+        if self._phase == "start-up":
+            self.reason, self.signum = f"interrupted by {name}", signum
+            raise Interrupted(signum, f"interrupted by {name}")
         if self.reason is not None:
             if self._abort is None:
                 self._abort = signum
                 self._notice(f"{name}: abandoning the round in progress")
             return
         self.reason, self.signum = f"interrupted by {name}", signum
-        if self._phase == "start-up":
-            raise Interrupted(signum, f"interrupted by {name} before the first round completed")
         if self._phase == "droppable":
             self._notice(f"{name}: dropping the round in progress and writing a checkpoint")
         else:
@@ -131,7 +123,20 @@ class StopSignals:
         try:
             yield
         finally:
-            self._phase = before
+            self._phase = "finishing" if self._settled else before
+
+    def begin(self) -> None:
+        """A run starts (``compare`` runs several under one command): in the start-up phase,
+        unless a signal came already, which ends the command here (``Interrupted``)."""
+        if self.signum is not None:
+            name = signal.Signals(self.signum).name
+            raise Interrupted(self.signum, f"interrupted by {name}; the next run was not started")
+        self._settled, self._phase = False, "start-up"
+
+    def settle(self) -> None:
+        """The rounds are over: from here to the end of the command a signal is only recorded
+        (one way: leaving an inner phase comes back here, not to the start-up)."""
+        self._settled, self._phase = True, "finishing"
 
     def rounds(self):
         """The round loop: a first signal stops it after the round in progress."""
@@ -141,40 +146,28 @@ class StopSignals:
         """A round that a first signal may abandon (``RoundDropped``)."""
         return self._in_phase("droppable") if self._phase == "rounds" else nullcontext()
 
-    @contextmanager
-    def deferred(self) -> Iterator[None]:
-        """Signals received in the block take effect when it ends (a write is never cut)."""
-        if self._phase in ("deferred", "finishing"):
-            yield
-            return
-        with self._in_phase("deferred"):
-            yield
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            self._handle(pending, None)
+    def finishing(self):
+        """From the end of the rounds to the end of the command: a signal is only recorded."""
+        return self._in_phase("finishing")
 
     @contextmanager
-    def finishing(self) -> Iterator[None]:
-        """The command's last writes and shutdown: a signal is only recorded."""
-        with self._in_phase("finishing"):
-            yield
-        if self._phase != "finishing":
-            self._pending = None
-
-    @contextmanager
-    def around_ray_init(self) -> Iterator[None]:
-        """A block that calls ``ray.init``, which replaces the SIGTERM handler with one that
-        exits the process (and Ray's C++ core adds a stack dump): a SIGTERM there becomes an
-        ``Interrupted`` like any other, and the handlers are this command's again after it."""
+    def around_ray(self) -> Iterator[None]:
+        """Ray calls before the rounds (``ray.init``, the actors' start, loading their state).
+        ``ray.init`` replaces the SIGTERM handler with one that exits the process (Ray's C++
+        core adds a stack dump), and an exception the handler raises inside Ray's C++ frames
+        comes out as another (``SystemError``): after a signal, any of them is an
+        ``Interrupted``; the handlers are this command's again after the block."""
         try:
             yield
-        except SystemExit as exit:
-            if exit.code != signal.SIGTERM or not self._previous:
+        except Interrupted:
+            raise
+        except BaseException as error:
+            if isinstance(error, SystemExit) and error.code == signal.SIGTERM:
+                self.reason, self.signum = "interrupted by SIGTERM", signal.SIGTERM
+            if self.signum is None or not self._previous:
                 raise
-            self.reason, self.signum = "interrupted by SIGTERM", signal.SIGTERM
-            raise Interrupted(
-                signal.SIGTERM, "interrupted by SIGTERM before the first round completed"
-            ) from None
+            name = signal.Signals(self.signum).name
+            raise Interrupted(self.signum, f"interrupted by {name}") from None
         finally:
             if self._previous:
                 for signum in _SIGNALS:

@@ -155,7 +155,8 @@ class Simulation:
         # The server's noise depends on the round and σ only: drawn while the clients train.
         context = self._background.submit(self._server_context, algorithm, round_index)
         total = self.executor.run_round(round_index, broadcast, cohort, float(c.cohort.size), check)
-        check()  # a host on the calling thread is not polled while it trains
+        if not self.keeps_client_state:  # a round polled on no thread can still be dropped;
+            check()  # a SCAFFOLD round whose c_i are updated is kept, even on a second signal
         ctx = context.result()
         before = self.state.params
         if warmup:  # c_i⁰ only: x stays x⁰

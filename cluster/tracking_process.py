@@ -51,7 +51,10 @@ ROUNDS_EVERY_S = 2.0  # rounds' metrics are written together at most this often
 POLL_S = 0.5  # how often a wait checks that the process is still alive
 OPEN_WAIT_S = 60.0  # the longest wait for the run's opening (a healthy store takes ≈ 1 s)
 EXIT_WAIT_S = 10.0  # the longest wait for the process to exit once the driver closed its end
-SIGNAL_GRACE_S = 20.0  # after a SIGTERM/SIGINT, how long the process waits for the driver
+# After a SIGTERM/SIGINT, how long the process waits for the driver to end the run: longer than
+# any stop grace a scheduler gives the driver (``ray job stop``'s RAY_JOB_STOP_WAIT_TIME_S may be
+# raised for long rounds); a driver that dies closes its end, which ends the process at once.
+SIGNAL_GRACE_S = 600.0
 # MLflow's HTTP retries, unless the user set them: 3 retries 2 s and 4 s apart (+ ≤ 0.5 s of
 # jitter each), each try bounded by 4 s. A server that refuses connections is given up in
 # ≈ 7 s, one that accepts and never answers in ≈ 23 s (MLflow's defaults: 7 retries up to

@@ -83,9 +83,7 @@ def test_stop_signals_act_by_phase():
     with StopSignals(notices.append) as stop, stop.rounds():
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop.reason == "interrupted by SIGTERM"  # the round in progress goes on
-        with stop.deferred():  # a checkpoint being written: the second signal waits for it
-            os.kill(os.getpid(), signal.SIGINT)
-            stop.check_round()
+        os.kill(os.getpid(), signal.SIGINT)  # a second signal: the round's next poll aborts
         with pytest.raises(Interrupted, match="second SIGINT"):
             stop.check_round()
     with StopSignals(notices.append) as stop, stop.rounds():
@@ -99,12 +97,16 @@ def test_stop_signals_act_by_phase():
         with pytest.raises(Interrupted, match="second SIGINT") as second:
             stop.check_round()
         assert second.value.exit_code == 130
-    with StopSignals(notices.append) as stop, stop.finishing():
+    with StopSignals(notices.append) as stop:
+        with stop.rounds():
+            stop.settle()  # the rounds are over: one way, to the command's end
         os.kill(os.getpid(), signal.SIGINT)
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop.exit_code == 130  # recorded, nothing raised
+        with pytest.raises(Interrupted, match="the next run was not started"):
+            stop.begin()  # compare's next run
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    assert "SIGINT: finishing the checkpoint being written first" in notices
+    assert "SIGINT: finishing the checkpoint and the run's end first" in notices
 
 
 def test_cli_prints_how_to_resume_and_exits_130(store_root, tmp_path, capsys, monkeypatch):
