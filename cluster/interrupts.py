@@ -67,6 +67,7 @@ class StopSignals:
         self._phase = "start-up"  # | "rounds" | "droppable" | "finishing"
         self._abort: int | None = None  # a second signal in the rounds
         self._settled = False  # past the rounds: "finishing" until the command ends
+        self._told_finishing = False
         self._previous: dict[int, object] = {}
 
     @classmethod
@@ -90,6 +91,8 @@ class StopSignals:
         if self._phase == "finishing":
             if self.signum is None:
                 self.reason, self.signum = f"interrupted by {name}", signum
+            if not self._told_finishing:  # once: what happens to this and any later signal
+                self._told_finishing = True
                 self._notice(f"{name}: finishing the checkpoint and the run's end first")
             return
         if self._phase == "start-up":
