@@ -50,6 +50,7 @@ import torch
 from algorithms.presets import SKETCH_PRESETS
 from algorithms.sketch import HASH_FAMILY
 from cluster.config import ConfigError, config_from_dict
+from privacy.accountant import append_rounds
 
 if TYPE_CHECKING:
     from cluster.config import ExperimentConfig
@@ -523,11 +524,7 @@ class _Charges:
         self.history: list[tuple[float, float, int]] = []
 
     def step(self, noise_multiplier: float, sample_rate: float, rounds: int = 1) -> None:
-        key = (float(noise_multiplier), float(sample_rate))
-        if self.history and self.history[-1][:2] == key:
-            self.history[-1] = (*key, self.history[-1][2] + rounds)
-        else:
-            self.history.append((*key, rounds))
+        append_rounds(self.history, noise_multiplier, sample_rate, rounds)
 
 
 def _runs(runs: list[tuple]) -> str:

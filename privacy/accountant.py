@@ -84,11 +84,7 @@ class RdpAccountant:
 
     def step(self, noise_multiplier: float, sample_rate: float, rounds: int = 1) -> None:
         """Compose ``rounds`` releases of the q-subsampled Gaussian with multiplier σ."""
-        key = (float(noise_multiplier), float(sample_rate))
-        if self.history and self.history[-1][:2] == key:
-            self.history[-1] = (*key, self.history[-1][2] + rounds)
-        else:
-            self.history.append((*key, rounds))
+        key = append_rounds(self.history, noise_multiplier, sample_rate, rounds)
         self._rdp = self._rdp + rounds * self._curve(*key)
 
     @property
@@ -192,3 +188,19 @@ def accountant_class(name: str, sampling: str = "poisson") -> type:
     if name == "rdp_classic":
         return ClassicRdpAccountant
     return RdpAccountant
+
+
+def append_rounds(
+    history: list[tuple[float, float, int]],
+    noise_multiplier: float,
+    sample_rate: float,
+    rounds: int,
+) -> tuple[float, float]:
+    """Add ``rounds`` at (σ, q) to a (σ, q, rounds) history, merged into its last run when
+    equal; returns the (σ, q) key."""
+    key = (float(noise_multiplier), float(sample_rate))
+    if history and history[-1][:2] == key:
+        history[-1] = (*key, history[-1][2] + rounds)
+    else:
+        history.append((*key, rounds))
+    return key
