@@ -18,7 +18,8 @@ of a paper's unaccounted variant (``noise_support: kept``, ``mask_source: noisy`
 Each run × seed is a normal tracked run named
 ``<spec>-<label>-seed<k>``. The summary — final and best test accuracy, and the mean over the
 last 10% of rounds' evaluations (DP-SCAFFOLD's metric), mean ± std over seeds,
-ε, and the seed-by-seed difference to ``--baseline`` (default ``dp_fedavg``) — is printed as
+ε, and the seed-by-seed difference of final accuracy to ``--baseline`` (default ``dp_fedavg``)
+with its 95% t-interval over seeds — is printed as
 markdown and written as ``compare.md``, ``compare.csv`` and
 ``compare_accuracy.png`` (mean test accuracy per round) to ``--out`` and to a parent MLflow run.
 """
@@ -171,8 +172,25 @@ def _baseline(requested: str | None, labels: list[str]) -> str | None:
     return requested
 
 
+MIN_LAST_TENTH_EVALUATIONS = 3  # fewer, and "last 10% of rounds" is one or two noisy points
+
+
 def _stats(values: list[float]) -> tuple[float, float]:
     return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def paired_t_interval(differences: list[float], level: float = 0.95) -> tuple[float, float] | None:
+    """Student's t interval for the mean of paired differences d_1..d_n (one per seed):
+    d̄ ± t_{(1+level)/2, n−1} · s_d/√n, s_d the sample std (n − 1). It assumes the differences
+    are i.i.d. normal across seeds; None for n < 2 (no spread to estimate)."""
+    from scipy.stats import t
+
+    n = len(differences)
+    if n < 2:
+        return None
+    mean, sd = _stats(differences)
+    half = float(t.ppf((1 + level) / 2, n - 1)) * sd / math.sqrt(n)
+    return mean - half, mean + half
 
 
 def summarize(
@@ -194,6 +212,7 @@ def summarize(
         final, final_sd = _stats(finals)
         best, best_sd = _stats(bests)
         last_tenth, last_tenth_sd = _stats([o.last_tenth_accuracy for o in outcomes])
+        last_tenth_evals = min(len(o.last_tenth_evaluations) for o in outcomes)
         # DP-FedSAM's "Train" (its code: the clients' running accuracy during local training,
         # last round) and Train − Val, paired per seed against the final test accuracy.
         trains = [o.result.history[-1].metrics.get("train_accuracy", math.nan) for o in outcomes]
@@ -209,6 +228,7 @@ def summarize(
                 "best_acc_std": best_sd,
                 "last10pct_acc_mean": last_tenth,
                 "last10pct_acc_std": last_tenth_sd,
+                "last10pct_evals": last_tenth_evals,  # the fewest any seed averaged
                 "train_acc_mean": train,
                 "train_acc_std": train_sd,
                 "train_test_gap_mean": gap,
@@ -230,7 +250,15 @@ def summarize(
         if reference is not None:
             paired = [a - b for a, b in zip(finals, reference, strict=False)]
             diff, diff_sd = _stats(paired)
-            rows[-1].update({"diff_vs_baseline_mean": diff, "diff_vs_baseline_std": diff_sd})
+            low, high = paired_t_interval(paired) if label != baseline else (None, None)
+            rows[-1].update(
+                {
+                    "diff_vs_baseline_mean": diff,
+                    "diff_vs_baseline_std": diff_sd,
+                    "diff_vs_baseline_ci95_low": low,
+                    "diff_vs_baseline_ci95_high": high,
+                }
+            )
     if baseline:  # DP-FedPGN's speed-up: the baseline's rounds to a target over the run's
         base = next(r for r in rows if r["run"] == baseline)
         for row in rows:
@@ -259,6 +287,30 @@ def _rounds_cell(row: dict, key: str) -> str:
     return f"{row[f'{key}_mean']:.0f} ± {row[f'{key}_std']:.0f} {reached}{faster}"
 
 
+def _difference_cell(row: dict, baseline: str) -> str:
+    """Paired Δ in points: mean ± std over seeds and its 95% t-interval (n ≥ 2)."""
+    if row["run"] == baseline:
+        return "0 (baseline)"
+    diff, sd = 100 * row["diff_vs_baseline_mean"], 100 * row["diff_vs_baseline_std"]
+    cell = f"{diff:+.2f} ± {sd:.2f}"
+    if row["diff_vs_baseline_ci95_low"] is None:
+        return cell + ", no CI (1 seed)"
+    low, high = 100 * row["diff_vs_baseline_ci95_low"], 100 * row["diff_vs_baseline_ci95_high"]
+    resolved = "excludes 0" if low > 0 or high < 0 else "includes 0"
+    return cell + f", 95% CI [{low:+.2f}, {high:+.2f}] ({resolved})"
+
+
+def last_tenth_warnings(rows: list[dict]) -> list[str]:
+    """One line per run whose 'last 10% of rounds' mean rests on too few evaluations."""
+    return [
+        f"compare: warning: {r['run']}: the 'last 10% of rounds' accuracy averages only "
+        f"{r['last10pct_evals']} evaluation(s); set eval_every to at most rounds/"
+        f"{10 * MIN_LAST_TENTH_EVALUATIONS} for {MIN_LAST_TENTH_EVALUATIONS} or more"
+        for r in rows
+        if r["last10pct_evals"] < MIN_LAST_TENTH_EVALUATIONS
+    ]
+
+
 def epsilon_cell(row: dict) -> str:
     """ε as the run's claim allows: ∞ without noise, n/a for an unaccounted mechanism."""
     if not row["private"]:
@@ -273,14 +325,14 @@ def epsilon_cell(row: dict) -> str:
 
 def markdown(rows: list[dict], baseline: str | None = None) -> str:
     header = (
-        "| run | final acc (%) | best acc (%) | last 10% of rounds, mean acc (%) "
+        "| run | final acc (%) | best acc (%) | last 10% of rounds, mean acc (%) (evals) "
         "| local train acc (%) | train − test (pts) | ε | σ |"
     )
     targets = _targets(rows[0]) if rows else []
     for key in targets:
         header += f" rounds to {key.removeprefix('rounds_to_').removesuffix('pct')}% (reached) |"
     if baseline:
-        header += f" Δ vs {baseline}, paired (pts) |"
+        header += f" Δ final acc vs {baseline}, paired over seeds (pts) |"
     lines = [header, "|---" * header.count(" |") + "|"]
     for r in rows:
         sigma = "—" if r["sigma"] is None else format_sigma(r["sigma"])
@@ -289,14 +341,14 @@ def markdown(rows: list[dict], baseline: str | None = None) -> str:
             f"| {r['run']} | {100 * r['final_acc_mean']:.2f} ± {100 * r['final_acc_std']:.2f} "
             f"| {100 * r['best_acc_mean']:.2f} ± {100 * r['best_acc_std']:.2f} "
             f"| {100 * r['last10pct_acc_mean']:.2f} ± {100 * r['last10pct_acc_std']:.2f} "
+            f"({r['last10pct_evals']}) "
             f"| {100 * r['train_acc_mean']:.2f} ± {100 * r['train_acc_std']:.2f} "
             f"| {100 * r['train_test_gap_mean']:+.2f} ± {100 * r['train_test_gap_std']:.2f} "
             f"| {eps} | {sigma} |"
         )
         line += "".join(f" {_rounds_cell(r, key)} |" for key in targets)
         if baseline:
-            diff, sd = 100 * r["diff_vs_baseline_mean"], 100 * r["diff_vs_baseline_std"]
-            line += f" {diff:+.2f} ± {sd:.2f} |"
+            line += f" {_difference_cell(r, baseline)} |"
         lines.append(line)
     return "\n".join(lines)
 
@@ -358,6 +410,8 @@ def run(args: argparse.Namespace) -> int:
         raise
     rows = summarize(results, baseline, tuple(args.target_accuracy))
     print(markdown(rows, baseline))
+    for warning in last_tenth_warnings(rows):
+        print(warning, file=sys.stderr)
     paths = write_outputs(rows, results, Path(args.out), baseline)
     print(f"wrote {', '.join(str(p) for p in paths)}")
     if parent is not None:

@@ -117,16 +117,22 @@ class Outcome:
         return evals[-1] if evals else None
 
     @property
-    def last_tenth_accuracy(self) -> float | None:
-        """Mean test accuracy of the evaluations in the last 10% of the training rounds (the
-        DP-SCAFFOLD paper's table metric); the last evaluation alone where none falls there
-        (eval_every above T/10, or an interrupted run)."""
+    def last_tenth_evaluations(self) -> list[float]:
+        """The test accuracies of the evaluations in the last 10% of the training rounds (the
+        DP-SCAFFOLD paper's table metric averages them); the last evaluation alone where none
+        falls there (eval_every above T/10, or an interrupted run); empty without any."""
         history = self.result.history
         evals = [(r.round, r.test_accuracy) for r in history if r.test_accuracy is not None]
         if not evals:
-            return None
+            return []
         start = history[-1].round - math.ceil(self.config.rounds / 10)
-        return statistics.mean([a for t, a in evals if t > start] or [evals[-1][1]])
+        return [a for t, a in evals if t > start] or [evals[-1][1]]
+
+    @property
+    def last_tenth_accuracy(self) -> float | None:
+        """The mean of ``last_tenth_evaluations`` (None without any evaluation)."""
+        evals = self.last_tenth_evaluations
+        return statistics.mean(evals) if evals else None
 
     def rounds_to(self, accuracy: float) -> int | None:
         """The first round whose test accuracy is at least ``accuracy`` (None: never reached;

@@ -83,7 +83,8 @@ def test_compare_runs_presets_at_the_same_epsilon(tmp_path, store_root, monkeypa
         assert r["rounds_to_100pct_mean"] == "" and r["rounds_to_100pct_reached"] == "0"
     assert "rounds to 1% (reached) | rounds to 100% (reached) |" in printed
     assert "| 1 ± 0 (2/2), 1.00× the baseline's speed | — (0/2) |" in printed
-    assert "Δ vs dp_fedavg, paired" in printed
+    assert "Δ final acc vs dp_fedavg, paired over seeds" in printed
+    assert "| 0 (baseline) |" in printed and "95% CI [" in printed
     assert "| fedavg |" in printed and "| ∞ | — |" in printed
     assert (out / "compare_accuracy.png").stat().st_size > 0
     client = MlflowClient(uri)
@@ -180,22 +181,33 @@ def test_sketch_spec_runs_the_papers_noise_at_the_budgets_epsilon():
     assert overrides == ["algorithm.paper_epsilon=4.0"]
 
 
-def test_last_tenth_accuracy_averages_the_evaluations_of_the_last_10_percent_of_rounds():
-    """DP-SCAFFOLD's tables: per run, the mean test accuracy over the last 10% of the rounds."""
+def _outcome(rounds, evaluated, accuracy=lambda t: t / 100):
+    """An Outcome whose history evaluates the given rounds at ``accuracy(round)``."""
     from types import SimpleNamespace
 
     from cluster.experiment import Outcome
     from cluster.records import RoundRecord
     from cluster.simulation import SimulationResult
 
-    def outcome(rounds, evaluated):
-        history = [
-            RoundRecord(t, 0.0, 5, test_accuracy=t / 100 if t in evaluated else None)
-            for t in range(1, rounds + 1)
-        ]
-        result = SimulationResult(None, history, "done")
-        return Outcome(result, SimpleNamespace(rounds=rounds), None, None, None, None)
+    history = [
+        RoundRecord(
+            t,
+            0.0,
+            5,
+            test_accuracy=accuracy(t) if t in evaluated else None,
+            metrics={"train_accuracy": 0.9},
+        )
+        for t in range(1, rounds + 1)
+    ]
+    result = SimulationResult(None, history, "done")
+    claim = SimpleNamespace(dp_valid=False, private=False, noise_multiplier=None)
+    return Outcome(result, SimpleNamespace(rounds=rounds), None, None, None, claim)
 
+
+def test_last_tenth_accuracy_averages_the_evaluations_of_the_last_10_percent_of_rounds():
+    """DP-SCAFFOLD's tables: per run, the mean test accuracy over the last 10% of the rounds."""
+    outcome = _outcome
+    assert len(outcome(20, range(1, 21)).last_tenth_evaluations) == 2
     assert outcome(20, range(1, 21)).last_tenth_accuracy == pytest.approx(0.195)  # 19, 20
     assert outcome(20, (10, 20)).last_tenth_accuracy == pytest.approx(0.20)  # 20 only
     assert outcome(25, range(5, 26, 5)).last_tenth_accuracy == pytest.approx(0.25)  # 23–25
@@ -274,3 +286,41 @@ def test_a_spec_is_refused_whole_before_any_run(tmp_path, capsys):
     spec.write_text("base: {}\nruns: {a: {}}\nruns: {b: {}}\n")
     assert main(["compare", str(spec)]) == 2
     assert "duplicate key 'runs'" in capsys.readouterr().err
+
+
+def test_paired_interval_matches_a_hand_computed_t_interval():
+    """d = (1, 3, 2, 4, 0) points: mean 2, s = √2.5 = 1.5811, t(0.975, 4) = 2.776445 (tables),
+    half-width 2.776445 · 1.5811 / √5 = 1.9632."""
+    from cluster.compare import paired_t_interval
+
+    low, high = paired_t_interval([0.01, 0.03, 0.02, 0.04, 0.00])
+    assert low == pytest.approx(0.02 - 0.019632, abs=1e-6)
+    assert high == pytest.approx(0.02 + 0.019632, abs=1e-6)
+    assert paired_t_interval([0.5]) is None
+
+
+def test_compare_table_gives_each_runs_paired_interval_and_warns_on_few_last_tenth_evaluations():
+    from cluster.compare import last_tenth_warnings, markdown, summarize
+
+    def runs(offset):  # 5 seeds, final accuracy 0.5 + seed/100 + offset(seed)
+        return [_outcome(20, (10, 20), lambda t, k=k: 0.5 + k / 100 + offset(k)) for k in range(5)]
+
+    results = {
+        "base": runs(lambda k: 0.0),
+        "better": runs(lambda k: (1, 3, 2, 4, 0)[k] / 100),  # the hand-computed differences
+        "same": runs(lambda k: (1, -1, 1, -1, 0)[k] / 100),
+    }
+    rows = summarize(results, "base")
+    better = rows[1]
+    assert better["diff_vs_baseline_mean"] == pytest.approx(0.02)
+    assert better["diff_vs_baseline_ci95_low"] == pytest.approx(0.000368, abs=1e-6)
+    assert better["last10pct_evals"] == 1  # round 20 only: 19 and 18 were not evaluated
+    table = markdown(rows, "base")
+    assert "| 0 (baseline) |" in table
+    assert "+2.00 ± 1.58, 95% CI [+0.04, +3.96] (excludes 0) |" in table
+    assert "(includes 0) |" in table.splitlines()[-1]
+    warnings = last_tenth_warnings(rows)
+    assert len(warnings) == 3 and "averages only 1 evaluation(s)" in warnings[0]
+    assert "eval_every to at most rounds/30" in warnings[0]
+    dense = {"r": [_outcome(30, range(1, 31)) for _ in range(2)]}
+    assert last_tenth_warnings(summarize(dense)) == []  # rounds 28, 29, 30
