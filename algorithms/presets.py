@@ -58,7 +58,7 @@ import torch
 
 from algorithms.adaptive_clip import AdaptiveClip
 from algorithms.dpsgd import Adjacency, DpSgdGradient
-from algorithms.fetchsgd import FetchSgdServerRule
+from algorithms.fetchsgd import FetchSgdServerRule, SketchFeedback
 from algorithms.layout import ParamLayout
 from algorithms.local import LocalTrainer, PgnGradient, SamGradient
 from algorithms.lus import LocalUpdateSparsification, LusScope, LusScore
@@ -509,7 +509,7 @@ def fetchsgd(
     sketch_momentum: float = 0.9,
     sketch_seed: int = 42,
     compression_level: int | None = None,
-    sketch_feedback: Literal["zero", "subtract"] = "zero",
+    sketch_feedback: SketchFeedback = "zero_error",
 ) -> Algorithm:
     """FetchSGD (non-private): sketch of −g, sketch momentum and error feedback, top-k."""
     server = _called_with(_sketch_server, locals())
@@ -530,7 +530,7 @@ def dpsfl(
     sketch_momentum: float = 0.9,
     sketch_seed: int = 42,
     compression_level: int | None = None,
-    sketch_feedback: Literal["zero", "subtract"] = "zero",
+    sketch_feedback: SketchFeedback = "zero_error",
     sketch_noise: SketchNoise = "dense",
     paper_epsilon: float = 4.0,
 ) -> Algorithm:
@@ -565,7 +565,7 @@ def dpsfl_ac(
     sketch_momentum: float = 0.9,
     sketch_seed: int = 42,
     compression_level: int | None = None,
-    sketch_feedback: Literal["zero", "subtract"] = "zero",
+    sketch_feedback: SketchFeedback = "zero_error",
     sketch_noise: SketchNoise = "dense",
     paper_epsilon: float = 4.0,
     clip_target_quantile: float = 0.9,

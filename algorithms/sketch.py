@@ -158,6 +158,15 @@ class CountSketch:
             table[j].index_add_(0, buckets[j], values * signs[j])
         return table
 
+    def counters_of(
+        self, indices: torch.Tensor, device: torch.device | str = "cpu"
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The counters coordinates ``indices`` hash to, {(j, h_j(i)) : i ∈ indices, j < l}, as
+        (row, column) index tensors into an l × m table."""
+        buckets = self.hashes(device)[0][:, indices].long()
+        rows = torch.arange(self.rows, device=buckets.device)[:, None].expand_as(buckets)
+        return rows, buckets
+
     def estimates(self, table: torch.Tensor) -> torch.Tensor:
         """x̂: the median over rows of ξ_j(i)·S[j, h_j(i)], for every coordinate i."""
         buckets, signs = self.hashes(table.device)

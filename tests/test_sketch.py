@@ -309,6 +309,7 @@ BAD_SKETCH_CONFIGS = {
     "algorithm.sketch_momentum": ("algorithm.sketch_momentum=1.0",),
     "algorithm.clip_lr": ("algorithm.clip_lr=0.1",),  # a dpsfl_ac option
     "algorithm.weighting": ("algorithm.weighting=samples",),
+    "algorithm.sketch_feedback": ("algorithm.sketch_feedback=zero",),  # now zero_error
 }
 
 
@@ -362,7 +363,7 @@ def test_median_over_rows_matches_torch_median(rows):
     assert torch.equal(median_over_rows(values), values.median(dim=0).values)
 
 
-@pytest.mark.parametrize("feedback", ["zero", "subtract"])
+@pytest.mark.parametrize("feedback", ["zero_error", "zero_error_and_momentum", "subtract"])
 def test_error_feedback_zeroes_the_counters_of_delta_or_subtracts_its_sketch(feedback):
     dim = 2_000
     rule = FetchSgdServerRule(SketchUpload(5, 50, 42, dim=dim), 30, 0.9, 0.5, feedback)
@@ -383,7 +384,12 @@ def test_error_feedback_zeroes_the_counters_of_delta_or_subtracts_its_sketch(fee
     touched = torch.zeros(5, 50, dtype=torch.bool)
     for j in range(5):
         touched[j, sketch.hashes()[0][j, indices].long()] = True
-    if feedback == "zero":
+    if feedback == "zero_error":  # FetchSGD's code: S_u as it was
+        assert bool((new.extras["sketch_error"][touched] == 0).all())
+        assert torch.equal(new.extras["sketch_error"][~touched], error[~touched])
+        assert bool((momentum[touched] != 0).all())
+        assert torch.equal(new.extras["sketch_momentum"], momentum)
+    elif feedback == "zero_error_and_momentum":
         assert bool((new.extras["sketch_error"][touched] == 0).all())
         assert bool((new.extras["sketch_momentum"][touched] == 0).all())
         assert torch.equal(new.extras["sketch_error"][~touched], error[~touched])
@@ -392,6 +398,38 @@ def test_error_feedback_zeroes_the_counters_of_delta_or_subtracts_its_sketch(fee
         delta = new.params.double()
         assert torch.allclose(new.extras["sketch_error"], error - sketch.sketch(delta), atol=1e-5)
         assert torch.equal(new.extras["sketch_momentum"], momentum)
+
+
+# One row, 4 columns, seed 0: h = (3, 3, 2), ξ = (−1, +1, −1); coordinates 0 and 1 collide.
+# β = 0.5, η = 1, k = 2, S_u = [2, 0, 0, 6], S_e = [1, 1, 1, 3], one upload x = (3, 1, 2):
+#   S(x) = [0, 0, −2, −3 + 1] = [0, 0, −2, −2]
+#   S_u  = 0.5·[2, 0, 0, 6] + S(x) = [1, 0, −2, 1]
+#   S_e  = [1, 1, 1, 3] + S_u      = [2, 1, −1, 4]
+#   x̂    = (−4, 4, 1): Δ = (−4, 4, 0), counter 3 touched; S(Δ) = [0, 0, 0, 4 + 4]
+HAND_CHECKED_FEEDBACK = {  # feedback → (S_e, S_u) after the round
+    "zero_error": ([2, 1, -1, 0], [1, 0, -2, 1]),
+    "zero_error_and_momentum": ([2, 1, -1, 0], [1, 0, -2, 0]),
+    "subtract": ([2, 1, -1, -4], [1, 0, -2, 1]),
+}
+
+
+@pytest.mark.parametrize("feedback", sorted(HAND_CHECKED_FEEDBACK))
+def test_error_feedback_on_a_hand_checked_sketch(feedback):
+    rule = FetchSgdServerRule(SketchUpload(1, 4, 0, dim=3), 2, 0.5, 1.0, feedback)
+    sketch = rule.count_sketch(3)
+    buckets, signs = sketch.hashes()
+    assert (buckets.tolist(), signs.tolist()) == ([[3, 3, 2]], [[-1, 1, -1]])
+    extras = {
+        "sketch_momentum": torch.tensor([[2.0, 0, 0, 6]], dtype=torch.float64),
+        "sketch_error": torch.tensor([[1.0, 1, 1, 3]], dtype=torch.float64),
+    }
+    total = PartialAggregate()
+    total.add({"sketch": sketch.sketch(torch.tensor([3.0, 1, 2])).flatten()}, 1.0)
+    new = rule.step(ServerState(torch.zeros(3), extras), total, ServerContext(1.0, 1), False)
+    error, momentum = HAND_CHECKED_FEEDBACK[feedback]
+    assert new.params.tolist() == [-4, 4, 0]
+    assert new.extras["sketch_error"].tolist() == [error]
+    assert new.extras["sketch_momentum"].tolist() == [momentum]
 
 
 def test_privacy_calculator_prints_the_papers_rho_and_counter_noise(capsys):

@@ -94,8 +94,9 @@ class AlgorithmConfig:
     sketch_momentum: float | None = None  # β (0.9; the paper does not say)
     sketch_seed: int | None = None  # the hashes' seed, shared by clients and server (42)
     compression_level: int | None = None  # DPSFL's CL1–5: sets sketch_top_k and sketch_cols
-    # zero: FetchSGD's code (zero S_e, S_u where Δ hashes); subtract: S_e −= S(Δ) (the papers)
-    sketch_feedback: Literal["zero", "subtract"] | None = None
+    # zero_error: FetchSGD's code (zero S_e where Δ hashes); zero_error_and_momentum: S_u too;
+    # subtract: S_e −= S(Δ) (the papers)
+    sketch_feedback: Literal["zero_error", "zero_error_and_momentum", "subtract"] | None = None
     # dense: noise on the clipped vector, then sketch (DP); paper: C√l per counter (no ε)
     sketch_noise: Literal["dense", "paper"] | None = None
     paper_epsilon: float | None = None  # sketch_noise paper: the ε its ρ is read from (4)
