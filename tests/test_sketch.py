@@ -28,6 +28,7 @@ from algorithms.sketch import (
     rho_from_epsilon,
 )
 from algorithms.transforms import ClientContext
+from benchmarks.sketch import sensitivity_report
 from cluster.audit_cli import audit_config
 from cluster.checkpoint import load_checkpoint, open_checkpoint, save_checkpoint
 from cluster.cli import main
@@ -52,17 +53,46 @@ def _gen(seed):
     return torch.Generator().manual_seed(seed)
 
 
+def _exact_hash(row, i: int, cols: int) -> tuple[int, int]:
+    """(h_j(i), ξ_j(i)) in Python's exact integers from row j's eight coefficients."""
+    c = [int(value) for value in row]
+    cubic = lambda c, i: (c[3] * i**3 + c[2] * i**2 + c[1] * i + c[0]) % MERSENNE_61  # noqa: E731
+    return cubic(c[:4], i) % cols, 2 * (cubic(c[4:], i) % 2) - 1
+
+
 def test_hashes_match_big_integer_arithmetic():
     """The vectorised 61-bit modular arithmetic agrees with Python's exact integers."""
     sketch = CountSketch(3_000_000, 3, 1_000, seed=7)
     buckets, signs = sketch.hashes()
     coefficients = hash_coefficients(3, 7)
-    cubic = lambda c, i: (c[3] * i**3 + c[2] * i**2 + c[1] * i + c[0]) % MERSENNE_61  # noqa: E731
     for i in [0, 1, 2, 12_345, 2**21 + 17, 2_999_999]:
         for j, row in enumerate(coefficients):
-            row = [int(c) for c in row]
-            assert int(buckets[j, i]) == cubic(row[:4], i) % 1_000
-            assert int(signs[j, i]) == 2 * (cubic(row[4:], i) % 2) - 1
+            assert (int(buckets[j, i]), int(signs[j, i])) == _exact_hash(row, i, 1_000)
+
+
+def test_sensitivity_report_matches_a_brute_force_sketch_matrix():
+    """Loads counted from the exact hashes, and the dense l·m × d matrix A of the sketch built
+    from them: the bound is ≥ ‖A‖₂ = max ‖S(x)‖_F/‖x‖, and the adversarial vector on row 0's
+    fullest bucket (the lowest-numbered one on a tie) attains ‖Av‖ ≥ √maxload₀."""
+    dim, rows, cols, seed = 300, 3, 40, 5
+    report = sensitivity_report(dim, rows, cols, seed)
+    matrix = torch.zeros(rows, cols, dim, dtype=torch.float64)
+    for j, row in enumerate(hash_coefficients(rows, seed)):
+        for i in range(dim):
+            bucket, sign = _exact_hash(row, i, cols)
+            matrix[j, bucket, i] = sign
+    loads = (matrix != 0).sum(dim=2)
+    assert report["max_loads"] == loads.max(dim=1).values.tolist()
+    assert report["bound"] == pytest.approx(math.sqrt(float(loads.max(dim=1).values.sum())))
+    assert report["mean_load"] == dim / cols
+    a = matrix.reshape(rows * cols, dim)
+    assert float(torch.linalg.matrix_norm(a, ord=2)) <= report["bound"] + 1e-9
+    fullest = int(loads[0].argmax())
+    v = matrix[0, fullest] / math.sqrt(float(loads[0, fullest]))
+    assert report["adversarial_norm"] == pytest.approx(float(torch.linalg.vector_norm(a @ v)))
+    assert report["adversarial_norm"] ** 2 >= float(loads[0].max()) - 1e-9
+    assert report["paper_shortfall"] == pytest.approx(2 * report["bound"] / math.sqrt(rows))
+    assert report["noise_ratio"] == pytest.approx(report["bound"] / math.sqrt(dim / cols))
 
 
 def test_every_row_loads_its_buckets_like_a_random_hash():
