@@ -91,6 +91,8 @@ class Algorithm:
     warm_start: Literal["paper", "authors_code"] | None = None
     # DPSFL-AC: C_t moves with the clients' noisy bits; the server keeps it in "clip_norm"
     adaptive_clip: AdaptiveClip | None = None
+    # Driver rounds before the first training round (DP-SCAFFOLD-warm's c_i⁰ rounds)
+    warmup_rounds: int = 0
 
     @property
     def sample_dp(self) -> DpSgdGradient | None:
@@ -114,12 +116,19 @@ class Algorithm:
     def mechanism(self) -> GaussianMechanism | None:
         return self.pipeline.mechanism
 
+    def training_round(self, round_index: int) -> int:
+        """t = max(r − W, 0): the training round of driver round r (from 0) after W warm-up
+        rounds (0 during the warm-up). The one index the lr decay reads, on the driver and in
+        every client (both call ``at_round`` with the driver's round r)."""
+        return max(round_index - self.warmup_rounds, 0)
+
     def at_round(self, round_index: int) -> Algorithm:
-        """This round's algorithm under the trainer's per-round lr decay (``at_round``).
+        """Driver round ``round_index``'s algorithm: the trainer's lr decayed for training round
+        t = ``training_round(round_index)``, η_t = η·lr_decay^t (``LocalTrainer.at_round``).
 
         A server scale tied to the local lr (PGN's γ = η·K) follows the decayed η_t.
         """
-        trainer = self.trainer.at_round(round_index)
+        trainer = self.trainer.at_round(self.training_round(round_index))
         if trainer is self.trainer:
             return self
         server = self.server.with_local_lr_factor(trainer.lr / self.trainer.lr)

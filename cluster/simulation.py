@@ -146,7 +146,7 @@ class Simulation:
             c.cohort.sampling, c.data.num_clients, c.cohort.size, c.seed, round_index
         )
         warmup = round_index < c.warmup_rounds
-        algorithm = self.algorithm.at_round(max(round_index - c.warmup_rounds, 0))
+        algorithm = self.algorithm.at_round(round_index)
         algorithm = algorithm.with_state(self.state.extras)
         server_only = algorithm.server.server_only
         payload = {k: v.numpy() for k, v in self.state.extras.items() if k not in server_only}

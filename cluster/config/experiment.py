@@ -239,6 +239,8 @@ class ExperimentConfig:
                 a.clip_rule or "fixed",
             )
         algorithm = preset(trainer, **kwargs)
+        if self.warmup_rounds:  # the lr decay counts training rounds (Algorithm.at_round)
+            algorithm = replace(algorithm, warmup_rounds=self.warmup_rounds)
         if a.server_momentum:
             algorithm = replace(
                 algorithm, server=replace(algorithm.server, momentum=a.server_momentum)
