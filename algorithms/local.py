@@ -223,17 +223,21 @@ class PgnGradient:
 
         G = β·∇f(w + δ; ξ) + (1 − β)·g̃
 
-    β = 1 and ρ = 0 is SGD exactly.
+    β = 1 and ρ = 0 is SGD exactly. ``perturbation="descent"`` takes δ = −ρ·g̃/‖g̃‖ instead:
+    the authors' LESAM optimizer (``update_FedPGN2``, spec 003 §1c), the opposite sign to
+    the paper's Eq. 11 ("ascent").
     """
 
     beta: float = 0.3
     rho: float = 0.2
+    perturbation: Literal["ascent", "descent"] = "ascent"
 
     def for_round(self, payload=None, noise_stream=None, batch_size=None) -> _PgnRound:
         """The rule with this round's δ and drift (1 − β)·g̃ computed once, not every step."""
         direction = (payload or {}).get("direction")
         norm = 0.0 if direction is None else float(torch.linalg.vector_norm(direction))
-        shift = None if self.rho == 0 or norm == 0 else direction * (self.rho / norm)
+        signed_rho = self.rho if self.perturbation == "ascent" else -self.rho
+        shift = None if self.rho == 0 or norm == 0 else direction * (signed_rho / norm)
         drift = None if self.beta == 1 or norm == 0 else (1 - self.beta) * direction
         return _PgnRound(self.beta, shift, drift)
 

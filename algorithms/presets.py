@@ -17,6 +17,7 @@
 | dp_fedpgn       | PGN (β, ρ, g̃) | StripDrift → Clip → Noise; server: +drift | Liu et al. 25      |
 |                 |               | server: g̃ ← −Δ̄/(ηK) broadcast           |                    |
 | dp_fedpgn_ls    | PGN           | as dp_fedpgn; server: A⁻¹ on Δ̄ and g̃      | Liu et al. 25      |
+|                 |               | (or the code's stencil on Δ̄ only)        |                    |
 | dp_fedavg_ls    | SGD           | Clip → Noise; server: A⁻¹ on Δ̄            | Liang et al. 24    |
 | dp_fedavg_sample| DP-SGD        | (none)                                   | Noble et al. 22    |
 | dp_scaffold     | DP-SGD + c−c_i| (none); warm start optional              | Noble et al. 22    |
@@ -75,9 +76,14 @@ from algorithms.pipeline import UpdatePipeline
 from algorithms.regularizers import BoundedLocalUpdate
 from algorithms.server import MeanServerRule, ServerContext, ServerState
 from algorithms.sketch import SketchUpload, noise_multiplier_for_rho, rho_from_epsilon
-from algorithms.smoothing import LaplacianSmoothing
+from algorithms.smoothing import LaplacianSmoothing, LaplacianStencil
 from algorithms.sparsify import RandK, TopK
 from algorithms.transforms import Clip
+
+# DP-FedPGN's perturbation δ = ±ρ·g̃/‖g̃‖: the paper's ascent, or the authors' LESAM descent.
+PgnPerturbation = Literal["ascent", "descent"]
+# Laplacian smoothing: the papers' A_σ⁻¹, or the DP-FedPGN authors' one-step stencil.
+LsOperator = Literal["inverse", "stencil"]
 
 
 @dataclass(frozen=True)
@@ -414,14 +420,24 @@ def dp_fedavg_blurs(
     return _private("dp_fedavg_blurs", blur, dp.pipeline(before=lus), server_lr)
 
 
-def _pgn(name, trainer, dp, server_lr, smoothing, beta, rho):
+def _pgn(name, trainer, dp, server_lr, smoothing, beta, rho, perturbation):
     if trainer.local_steps is None:
         raise ValueError(f"{name} needs local_steps (its server scale is γ = η·K)")
-    trainer = replace(trainer, gradient=PgnGradient(beta, rho))
+    trainer = replace(trainer, gradient=PgnGradient(beta, rho, perturbation))
     pipeline = dp.pipeline(before=(StripDrift(beta),))
     scale = trainer.lr * trainer.local_steps
     server = MeanServerRule(server_lr, "uniform", smoothing, direction_scale=scale, drift_beta=beta)
     return Algorithm(name, trainer, pipeline, server)
+
+
+def _laplacian(ls_operator: LsOperator, ls_sigma: float, ls_scope: str | None):
+    """The paper's A⁻¹ (``inverse``; ``ls_scope`` flat by default) or the DP-FedPGN authors'
+    one-step stencil per tensor (``stencil``, which has no scope)."""
+    if ls_operator == "stencil":
+        if ls_scope is not None:
+            raise ValueError("ls_operator 'stencil' acts on each tensor by its shape: no ls_scope")
+        return LaplacianStencil(ls_sigma)
+    return LaplacianSmoothing(ls_sigma, ls_scope or "flat")
 
 
 def dp_fedpgn(
@@ -430,10 +446,12 @@ def dp_fedpgn(
     server_lr: float = 1.0,
     pgn_beta: float = 0.3,
     pgn_rho: float = 0.2,
+    pgn_perturbation: PgnPerturbation = "ascent",
 ) -> Algorithm:
     """DP-FedPGN: ``PgnGradient`` local steps; the drift stripped before clipping, added back
-    by the server."""
-    return _pgn("dp_fedpgn", trainer, dp, server_lr, None, pgn_beta, pgn_rho)
+    by the server. ``pgn_perturbation``: ascent δ = +ρ·g̃/‖g̃‖ (the paper), descent −ρ·g̃/‖g̃‖
+    (the authors' LESAM optimizer)."""
+    return _pgn("dp_fedpgn", trainer, dp, server_lr, None, pgn_beta, pgn_rho, pgn_perturbation)
 
 
 def dp_fedpgn_ls(
@@ -442,12 +460,17 @@ def dp_fedpgn_ls(
     server_lr: float = 1.0,
     pgn_beta: float = 0.3,
     pgn_rho: float = 0.2,
+    pgn_perturbation: PgnPerturbation = "ascent",
     ls_sigma: float = 0.01,
-    ls_scope: str = "flat",
+    ls_scope: str | None = None,
+    ls_operator: LsOperator = "inverse",
 ) -> Algorithm:
-    """DP-FedPGN with Laplacian smoothing of the aggregated update and direction."""
-    smoothing = LaplacianSmoothing(ls_sigma, ls_scope)
-    return _pgn("dp_fedpgn_ls", trainer, dp, server_lr, smoothing, pgn_beta, pgn_rho)
+    """DP-FedPGN with Laplacian smoothing of the aggregated update: the paper's A⁻¹ on Δ̄ and
+    g̃ (``inverse``), or the authors' one-step stencil on Δ̄ only (``stencil``)."""
+    smoothing = _laplacian(ls_operator, ls_sigma, ls_scope)
+    return _pgn(
+        "dp_fedpgn_ls", trainer, dp, server_lr, smoothing, pgn_beta, pgn_rho, pgn_perturbation
+    )
 
 
 def dp_fedavg_ls(
@@ -455,11 +478,13 @@ def dp_fedavg_ls(
     dp: ClientDP,
     server_lr: float = 1.0,
     ls_sigma: float = 0.01,
-    ls_scope: str = "flat",
+    ls_scope: str | None = None,
+    ls_operator: LsOperator = "inverse",
 ) -> Algorithm:
-    """DP-FedAvg with Laplacian smoothing A⁻¹ of the noisy mean (Liang et al.); ``ls_scope``:
-    the flat vector as one signal, or each tensor on its own (``tensor``)."""
-    server = MeanServerRule(server_lr, "uniform", LaplacianSmoothing(ls_sigma, ls_scope))
+    """DP-FedAvg with Laplacian smoothing of the noisy mean (Liang et al.): A⁻¹ (``inverse``;
+    ``ls_scope``: the flat vector as one signal, or each tensor on its own) or the DP-FedPGN
+    authors' one-step stencil per tensor (``stencil``, their code's DP-FedAvg-LS)."""
+    server = MeanServerRule(server_lr, "uniform", _laplacian(ls_operator, ls_sigma, ls_scope))
     return Algorithm("dp_fedavg_ls", trainer, dp.pipeline(), server)
 
 

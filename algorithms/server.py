@@ -15,7 +15,8 @@ is dropped — and the noise in Δ̄, σS/|P_t|, reveals it.
 
 Options, all post-processing of the noisy mean Δ̄ (no privacy cost):
 
-- ``smoothing``: Laplacian smoothing Δ̄ ← A_σ⁻¹Δ̄ (DP-FedAvg-LS, DP-FedPGN-LS);
+- ``smoothing``: Laplacian smoothing Δ̄ ← A_σ⁻¹Δ̄ (DP-FedAvg-LS, DP-FedPGN-LS), or the
+  DP-FedPGN authors' one-step stencil (``LaplacianStencil``, which leaves g̃ unsmoothed);
 - ``momentum`` μ: server momentum v ← μ·v + Δ̄, x ← x + η_g·v (v kept in the state);
 - ``direction_scale`` ηK: DP-FedPGN's pseudo-gradient g̃ = −Δ̄/(ηK), kept in the state and
   broadcast to the next round's clients (with γ = ηK, x − γ·g̃ = x + Δ̄);
@@ -33,7 +34,7 @@ import torch
 from algorithms.aggregate import PartialAggregate
 from algorithms.control_variates import updated_server_control
 from algorithms.pgn import public_drift
-from algorithms.smoothing import LaplacianSmoothing
+from algorithms.smoothing import LaplacianSmoothing, LaplacianStencil
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ class ServerState:
 class MeanServerRule:
     server_lr: float = 1.0
     weighting: Literal["uniform", "samples"] = "uniform"
-    smoothing: LaplacianSmoothing | None = None
+    smoothing: LaplacianSmoothing | LaplacianStencil | None = None
     momentum: float = 0.0
     direction_scale: float | None = None
     drift_beta: float | None = None
@@ -117,6 +118,7 @@ class MeanServerRule:
         if self.drift_beta is not None:
             drift = public_drift(self.drift_beta, self.direction_scale, state.extras["direction"])
             mean = mean if drift is None else mean - drift.double()
+        unsmoothed = mean  # g̃'s source where the smoothing leaves g̃ alone (the stencil)
         if self.smoothing is not None:
             mean = self.smoothing(mean)
         extras = dict(state.extras)
@@ -125,7 +127,8 @@ class MeanServerRule:
             step = self.momentum * state.extras["momentum"].double() + mean
             extras["momentum"] = step.to(state.params.dtype)
         if self.direction_scale is not None:
-            extras["direction"] = (-mean / self.direction_scale).to(state.params.dtype)
+            source = mean if getattr(self.smoothing, "smooths_direction", True) else unsmoothed
+            extras["direction"] = (-source / self.direction_scale).to(state.params.dtype)
         params = state.params.to(torch.float64, copy=True).add_(step, alpha=self.server_lr)
         params = params.to(state.params.dtype)
         new = ServerState(params, extras)

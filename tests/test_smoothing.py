@@ -3,7 +3,14 @@ import math
 import pytest
 import torch
 
-from algorithms.smoothing import LaplacianSmoothing, segments_from_offsets, smoothing_eigenvalues
+from algorithms.layout import ParamLayout
+from algorithms.smoothing import (
+    LaplacianSmoothing,
+    LaplacianStencil,
+    segments_from_offsets,
+    smoothing_eigenvalues,
+    stencil_step,
+)
 
 SIGMAS = (0.1, 0.5, 1.0, 3.0, 25.0)
 
@@ -150,3 +157,85 @@ def test_bad_scope_and_input_raise():
         LaplacianSmoothing(1.0)(torch.arange(5))
     with pytest.raises(ValueError, match="floating"):
         LaplacianSmoothing(1.0)(torch.tensor(1.0))
+
+
+# The DP-FedPGN authors' one-step stencil (spec 003 §1c): ``DP_new.py``'s three functions,
+# transcribed as the reference the stencil must reproduce.
+def _code_1d(update, lam):
+    smoothed = update.clone()
+    smoothed[1:-1] = update[1:-1] - lam * (2 * update[1:-1] - update[:-2] - update[2:])
+    return smoothed
+
+
+def _code_kernel(update):
+    kernel = torch.tensor([[0, 1, 0], [1, -4, 1], [0, 1, 0]], dtype=update.dtype)
+    return kernel.unsqueeze(0).unsqueeze(0)
+
+
+def _code_2d(update, lam):
+    laplace = torch.nn.functional.conv2d(update.unsqueeze(0), _code_kernel(update), padding=1)
+    return update - lam * laplace.squeeze(0)
+
+
+def _code_4d(update, lam):
+    kernel = _code_kernel(update).expand(update.size(1), 1, 3, 3)
+    laplace = torch.nn.functional.conv2d(update, kernel, padding=1, groups=update.size(1))
+    return update - lam * laplace
+
+
+def test_stencil_on_a_vector_by_hand_keeps_both_ends():
+    u = torch.tensor([1.0, 4.0, 2.0, 8.0, 3.0], dtype=torch.float64)
+    # v_i = u_i + λ(u_{i−1} − 2u_i + u_{i+1}) inside; v_0, v_4 as they were
+    expected = torch.tensor([1.0, 2.75, 4.0, 5.25, 3.0], dtype=torch.float64)
+    assert torch.equal(stencil_step(u, 0.25), expected)
+    for short in (torch.tensor([5.0]), torch.tensor([5.0, -1.0])):  # no interior entry
+        assert torch.equal(stencil_step(short, 0.25), short)
+
+
+def test_stencil_on_a_matrix_by_hand_sharpens_with_zero_padding():
+    u = torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=torch.float64)
+    # Δ₅u with zeros outside: [[3+2−4, 1+4−8], [1+4−12, 2+3−16]] = [[1, −3], [−7, −11]]
+    expected = u - 0.5 * torch.tensor([[1.0, -3.0], [-7.0, -11.0]], dtype=torch.float64)
+    assert torch.equal(stencil_step(u, 0.5), expected)
+    assert torch.equal(expected, torch.tensor([[0.5, 3.5], [6.5, 9.5]], dtype=torch.float64))
+    conv = u.view(1, 1, 2, 2)  # a conv weight: the same step on its kernel slice
+    assert torch.equal(stencil_step(conv, 0.5), expected.view(1, 1, 2, 2))
+    pointwise = torch.tensor([2.0, -1.0], dtype=torch.float64).view(2, 1, 1, 1)  # 1 × 1 kernels
+    assert torch.equal(stencil_step(pointwise, 0.5), 3.0 * pointwise)  # (1 + 4λ)·u
+    for other in (torch.tensor(7.0), torch.ones(2, 3, 4)):  # 0-D, 3-D: as they were
+        assert torch.equal(stencil_step(other, 0.5), other)
+
+
+@pytest.mark.parametrize(
+    ("shape", "reference"),
+    [((7,), _code_1d), ((5, 6), _code_2d), ((4, 3, 3, 3), _code_4d), ((3, 2, 1, 1), _code_4d)],
+)
+def test_stencil_matches_the_authors_code(shape, reference):
+    u = torch.randn(shape, generator=torch.Generator().manual_seed(len(shape)))
+    torch.testing.assert_close(stencil_step(u, 0.3), reference(u, 0.3), rtol=0, atol=1e-6)
+
+
+def test_stencil_operator_steps_each_tensor_of_the_bound_model():
+    layout = ParamLayout(
+        ("conv", "fc", "bias", "other"),
+        ((2, 1, 3, 3), (3, 4), (4,), (1, 2, 2)),
+        (0, 18, 30, 34, 38),
+    )
+    g = torch.randn(38, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    stencil = LaplacianStencil(0.2).bind(layout)
+    expected = torch.cat(
+        [
+            _code_4d(g[:18].view(2, 1, 3, 3), 0.2).reshape(-1),
+            _code_2d(g[18:30].view(3, 4), 0.2).reshape(-1),
+            _code_1d(g[30:34], 0.2),
+            g[34:],
+        ]
+    )
+    torch.testing.assert_close(stencil(g), expected, rtol=0, atol=1e-12)
+    assert LaplacianStencil(0.0).bind(layout)(g) is g
+    with pytest.raises(ValueError, match="bind"):
+        LaplacianStencil(0.2)(g)
+    with pytest.raises(ValueError, match="38 entries"):
+        stencil(g[:-1])
+    with pytest.raises(ValueError, match="sigma"):
+        LaplacianStencil(-0.1)

@@ -75,8 +75,13 @@ class AlgorithmConfig:
     lus_score: Literal["taylor", "magnitude", "random"] | None = None  # LUS ablation (taylor)
     pgn_beta: float | None = None  # DP-FedPGN mixing β (0.3)
     pgn_rho: float | None = None  # DP-FedPGN perturbation radius ρ (0.2)
-    ls_sigma: float | None = None  # Laplacian smoothing σ_ls (0.01)
+    # ascent: δ = +ρ·g̃/‖g̃‖ (the paper, default); descent: −ρ·g̃/‖g̃‖ (the authors' LESAM)
+    pgn_perturbation: Literal["ascent", "descent"] | None = None
+    ls_sigma: float | None = None  # Laplacian smoothing σ_ls (0.01); the stencil's λ
     ls_scope: Literal["flat", "tensor"] | None = None  # one flat signal (default) or per tensor
+    # inverse: A_σ⁻¹ (the papers, default); stencil: the DP-FedPGN authors' one explicit
+    # stencil step per tensor on the update (not on g̃)
+    ls_operator: Literal["inverse", "stencil"] | None = None
     server_momentum: float | None = None  # server momentum μ (any preset; off by default)
     # The mean's denominator: the nominal cohort size (m, or qN under Poisson) or the realised
     # number of uploads |P_t| (BLUR+LUS's Alg. 1; unaccounted: the count carries no noise)
@@ -310,6 +315,19 @@ def _validate_preset_options(a: AlgorithmConfig) -> None:
     for name in ("pgn_rho", "ls_sigma"):
         if getattr(a, name) is not None and getattr(a, name) < 0:
             raise ConfigError(f"algorithm.{name}", getattr(a, name), "must be >= 0")
+    if a.pgn_perturbation == "descent" and a.pgn_rho == 0:
+        raise ConfigError(
+            "algorithm.pgn_perturbation",
+            a.pgn_perturbation,
+            "pgn_rho 0 perturbs nothing, in either direction: remove it or set pgn_rho > 0",
+        )
+    if a.ls_operator == "stencil" and a.ls_scope is not None:
+        raise ConfigError(
+            "algorithm.ls_scope",
+            a.ls_scope,
+            "ls_operator stencil acts on each tensor by its shape (1-D, 2-D, 4-D), as the "
+            "authors' code does: remove ls_scope (it chooses A⁻¹'s signal)",
+        )
     if a.server_momentum is not None and not 0 <= a.server_momentum < 1:
         raise ConfigError(
             "algorithm.server_momentum", a.server_momentum, "must be in [0, 1), e.g. 0.9"
