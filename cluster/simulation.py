@@ -54,10 +54,12 @@ def initial_model(
     config: ExperimentConfig, x_shape: tuple[int, ...], num_classes: int
 ) -> tuple[torch.nn.Module, torch.Tensor]:
     """The task's model for rows of ``x_shape`` in ``num_classes`` classes and its initial flat
-    parameters, seeded by (seed, MODEL_INIT)."""
+    parameters, seeded by (seed, MODEL_INIT), then those of ``data.pretrained`` loaded (all
+    but the classifier head)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(stream_seed(config.seed, Purpose.MODEL_INIT))
         model = TASKS[config.task].model(x_shape, num_classes)
+    TASKS[config.task].load_pretrained(model, config.data.pretrained_folder())
     return model, ParamLayout.flatten(model)
 
 

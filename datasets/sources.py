@@ -13,23 +13,27 @@ from pathlib import Path
 import numpy as np
 
 from datasets.arrays import LabeledArrays
+from datasets.glue import GLUE_NUM_CLASSES, GLUE_SOURCES, load_glue
 from datasets.partition import make_partitioner
 from datasets.store import FORMAT_VERSION, MANIFEST, ShardStore, write_store
 from datasets.synthetic import SyntheticSpec, generate_synthetic
 from datasets.vision import SOURCE_NAMES, image_shape, load_source, num_classes
 
-SOURCES = ("synthetic", *SOURCE_NAMES)
+SOURCES = ("synthetic", *SOURCE_NAMES, *GLUE_SOURCES)
 
 
 def _load(source: str, params: dict, seed: int, data_root: str | Path | None, download: bool):
-    """(train, test, number of classes) of a source; vision sources read ``data_root``."""
+    """(train, test, number of classes) of a source; vision and GLUE sources read
+    ``data_root`` (GLUE's options: ``tokenizer``, a folder inside it, and ``max_length``)."""
     if source == "synthetic":
         spec = SyntheticSpec(**params)
         train, test = generate_synthetic(spec, seed)
         return train, test, spec.num_classes
+    if data_root is None and source in SOURCES:
+        raise ValueError(f"source {source!r} reads files: give a data root")
+    if source in GLUE_SOURCES:
+        return (*load_glue(source, Path(data_root), **params), GLUE_NUM_CLASSES)
     if source in SOURCE_NAMES:
-        if data_root is None:
-            raise ValueError(f"source {source!r} reads files: give a data root")
         params = dict(params)
         components = params.pop("pca_components", None)
         train, test = load_source(source, data_root, download=download, **params)
@@ -46,6 +50,8 @@ def source_shape(source: str, params: dict) -> tuple[tuple[int, ...], int]:
         spec = SyntheticSpec(**params)
         return (spec.num_features,), spec.num_classes
     params = dict(params)
+    if source in GLUE_SOURCES:
+        return (params["max_length"],), GLUE_NUM_CLASSES
     components = params.pop("pca_components", None)
     return ((components,) if components else image_shape(source)), num_classes(source, **params)
 

@@ -17,6 +17,8 @@ accuracy. ``sources`` lists the data sources a task accepts (the first is its us
 | cifar100_resnet10  | cifar100                   | resnet10_gn  | crop 32 pad 4, flip |
 | cifar10_resnet18_gn2, cifar100_resnet18_gn2 | cifar10, cifar100 | resnet18_gn2 | crop, flip |
 | femnist_resnet18   | femnist                    | resnet18_gn  | —                   |
+| cifar10_vit_b16, cifar100_vit_b16 | cifar10, cifar100 | vit_b16 | crop 32 pad 4, flip; → 224 |
+| sst2/qqp/mrpc/qnli_roberta_base | sst2, qqp, mrpc, qnli | roberta_base | — (token ids) |
 | cifar10_cnn2       | cifar10                    | reddi_cnn    | crop 32 pad 4, flip |
 | cifar10_resnet9    | cifar10                    | resnet9      | crop 32 pad 4, flip |
 | cifar100_resnet9   | cifar100                   | resnet9      | crop 32 pad 4, flip |
@@ -34,12 +36,14 @@ on CIFAR-10 (``cifar10_cnn2``; the paper states no augmentation, this task uses 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from datasets.augment import Augment, Preprocess
-from models import MODELS
+from datasets.glue import GLUE_SOURCES
+from models import MODELS, PRETRAINED_LOADERS
 
 MNIST_STATS = Preprocess(mean=(0.1307,), std=(0.3081,))
 CIFAR10_STATS = Preprocess(mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616))
@@ -57,6 +61,12 @@ class Task:
 
     def model(self, x_shape: tuple[int, ...], num_classes: int) -> nn.Module:
         return MODELS[self.model_name](tuple(x_shape), int(num_classes))
+
+    def load_pretrained(self, model: nn.Module, folder: Path | None) -> None:
+        """Initialise ``model`` from the pretrained ``folder`` (None: keep the seeded random
+        initialisation) where the task's model reads one (``models.PRETRAINED_LOADERS``)."""
+        if folder is not None and self.model_name in PRETRAINED_LOADERS:
+            PRETRAINED_LOADERS[self.model_name](model, folder)
 
     @staticmethod
     def loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -77,6 +87,11 @@ _TASKS = [
     Task("cifar10_resnet18_gn2", ("cifar10",), "resnet18_gn2", CIFAR10_STATS, CIFAR_AUGMENT),
     Task("cifar100_resnet18_gn2", ("cifar100",), "resnet18_gn2", CIFAR100_STATS, CIFAR_AUGMENT),
     Task("femnist_resnet18", ("femnist",), "resnet18_gn"),
+    # DP-FedPGN's transformers (Table V), fine-tuned from data.pretrained: ViT-B/16 resizes the
+    # augmented 32×32 batch to 224×224 in its forward; GLUE rows are RoBERTa token ids.
+    Task("cifar10_vit_b16", ("cifar10",), "vit_b16", CIFAR10_STATS, CIFAR_AUGMENT),
+    Task("cifar100_vit_b16", ("cifar100",), "vit_b16", CIFAR100_STATS, CIFAR_AUGMENT),
+    *(Task(f"{glue}_roberta_base", (glue,), "roberta_base") for glue in GLUE_SOURCES),
     Task("cifar10_cnn2", ("cifar10",), "reddi_cnn", CIFAR10_STATS, CIFAR_AUGMENT),
     Task("cifar10_resnet9", ("cifar10",), "resnet9", CIFAR10_STATS, CIFAR_AUGMENT),
     Task("cifar100_resnet9", ("cifar100",), "resnet9", CIFAR100_STATS, CIFAR_AUGMENT),

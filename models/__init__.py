@@ -16,7 +16,13 @@ resnet10_gn    CIFAR ResNet-10, GroupNorm(2) (DP-FedPGN)           (C, H, W)
 resnet18_gn    CIFAR ResNet-18, GroupNorm(32) (DP-FedSAM)          (C, H, W)
 resnet9        FetchSGD's ResNet9, GroupNorm(32) (DPSFL)           (C, H, W)
 mlp_pca60      60 → 200 ReLU → classes (DP-SCAFFOLD, PCA-60 MNIST)  (60,)
+vit_b16        ViT-B/16 at 224×224, timm's keys (DP-FedPGN)         (3, H, W); resized to 224
+roberta_base   RoBERTa-base classifier, HF's keys (DP-FedPGN)      (L,) token ids, L <= 512
 =============  ==================================================  =====================
+
+``PRETRAINED_LOADERS`` maps the models that start from pretrained weights to a loader
+``(model, folder)`` reading a local timm / Hugging Face folder (``models.vit``,
+``models.roberta``); the classifier head is always the model's own, sized for the task.
 
 The CNNs size their dense layers from (H, W): ``emnist_cnn`` on (1, 32, 32) is DP-FedSAM's
 model, on (1, 28, 28) it is ``mnist_cnn``. A 2-D shape (H, W) means one channel.
@@ -27,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 from math import prod
+from pathlib import Path
 
 from torch import nn
 
@@ -35,6 +42,8 @@ from models.logreg import LogisticRegression
 from models.mlp import Mlp
 from models.resnet import resnet10_gn, resnet18_gn
 from models.resnet9 import ResNet9
+from models.roberta import ROBERTA_BASE, build_roberta, load_hf_folder
+from models.vit import VIT_B16, build_vit, load_timm_folder
 
 ModelFactory = Callable[[tuple[int, ...], int], nn.Module]
 
@@ -95,6 +104,12 @@ MODELS: dict[str, ModelFactory] = {
     "logreg": lambda shape, k: LogisticRegression(prod(shape), k),
     **{name: partial(_image_model, name) for name in _IMAGE_MODELS},
     "mlp_pca60": _mlp_pca60,
+    "vit_b16": partial(build_vit, VIT_B16),
+    "roberta_base": partial(build_roberta, ROBERTA_BASE),
+}
+PRETRAINED_LOADERS: dict[str, Callable[[nn.Module, Path], None]] = {
+    "vit_b16": load_timm_folder,
+    "roberta_base": load_hf_folder,
 }
 
 
@@ -111,6 +126,7 @@ __all__ = [
     "LogisticRegression",
     "Mlp",
     "ModelFactory",
+    "PRETRAINED_LOADERS",
     "ReddiCnn",
     "ResNet9",
     "build_model",

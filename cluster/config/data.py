@@ -8,7 +8,10 @@ from typing import TYPE_CHECKING
 
 from cluster.config.errors import ConfigError, positive
 from cluster.config.paths import configured_path, resolved_path
+from datasets.glue import DEFAULT_MAX_LENGTH, GLUE_SOURCES, folder_problem
+from datasets.tasks import TASKS
 from datasets.vision import EMNIST_SPLITS
+from models import PRETRAINED_LOADERS
 
 if TYPE_CHECKING:
     from cluster.config.experiment import ExperimentConfig
@@ -52,6 +55,11 @@ class DataConfig:
     pca_components: int | None = None  # mnist sources: features = top-k PCA of the pixels
     # Also evaluate on per-client test sets of this size in each client's label mix (DP-FedSAM)
     test_per_client: int | None = None
+    # A pretrained model folder inside `root` (timm / Hugging Face layout: config.json,
+    # model.safetensors or pytorch_model.bin; vocab.json + merges.txt for RoBERTa): the initial
+    # weights of vit_b16 / roberta_base tasks, and the tokenizer of the GLUE sources
+    pretrained: str | None = None
+    max_length: int | None = None  # GLUE sources: token ids per row (default 128)
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     partition: PartitionConfig = field(default_factory=PartitionConfig)
 
@@ -67,6 +75,10 @@ class DataConfig:
     def resolved_data_root(self) -> Path:
         return resolved_path("data.root", "DPFL_DATA_ROOT", self.root)
 
+    def pretrained_folder(self) -> Path | None:
+        """The pretrained folder, inside the data root (``validate_pretrained`` checked it)."""
+        return None if self.pretrained is None else self.resolved_data_root() / self.pretrained
+
     def source_options(self) -> dict:
         """The source's own options (they key the store)."""
         if self.source == "synthetic":
@@ -75,6 +87,9 @@ class DataConfig:
             return {"split": self.split or "byclass"}
         if self.source == "femnist":
             return {"only_digits": self.only_digits}
+        if self.source in GLUE_SOURCES:
+            length = self.max_length or DEFAULT_MAX_LENGTH
+            return {"tokenizer": self.pretrained, "max_length": length}
         if self.pca_components is not None:
             return {"pca_components": self.pca_components}
         return {}
@@ -105,6 +120,7 @@ def validate_data(c: ExperimentConfig) -> None:
             c.data.pca_components,
             "only for sources mnist and mnist_test_split, >= 1 (DP-SCAFFOLD: 60)",
         )
+    validate_pretrained(c)
     if c.data.only_digits and c.data.source != "femnist":
         raise ConfigError("data.only_digits", True, "only for source femnist; remove it")
     if c.data.source == "synthetic":
@@ -126,6 +142,38 @@ def validate_data(c: ExperimentConfig) -> None:
                 f"{s.samples_per_user} (samples_per_user); e.g. 0.8",
             )
     validate_partition(p)
+
+
+def validate_pretrained(c: ExperimentConfig) -> None:
+    """``data.pretrained``: a folder inside data.root, for a model that loads one (or a GLUE
+    source, whose tokenizer it holds); ``data.max_length``: GLUE sources only."""
+    d = c.data
+    if d.pretrained is not None:
+        problem = folder_problem(d.pretrained)
+        if problem is not None:
+            raise ConfigError("data.pretrained", d.pretrained, problem)
+        model = TASKS[c.task].model_name
+        if model not in PRETRAINED_LOADERS and d.source not in GLUE_SOURCES:
+            raise ConfigError(
+                "data.pretrained",
+                d.pretrained,
+                f"task {c.task}'s model {model} loads no pretrained weights (those that do: "
+                f"{', '.join(sorted(PRETRAINED_LOADERS))}); remove it",
+            )
+    if d.source in GLUE_SOURCES and d.pretrained is None:
+        raise ConfigError(
+            "data.pretrained",
+            None,
+            f"source {d.source} is tokenised by the pretrained folder's vocab.json + merges.txt: "
+            "name that folder inside data.root (e.g. roberta-base)",
+        )
+    if d.max_length is not None and (d.source not in GLUE_SOURCES or not 3 <= d.max_length <= 512):
+        raise ConfigError(
+            "data.max_length",
+            d.max_length,
+            f"only for sources {', '.join(GLUE_SOURCES)}, in [3, 512] (e.g. 128); "
+            "remove it otherwise",
+        )
 
 
 # Which partition options each method reads.
