@@ -57,7 +57,14 @@ def _progress_line(record: RoundRecord, total: int, claim) -> str:
 
 
 # What a resumed run may change: how and how long it runs, never what it computes.
-RESUMABLE_PREFIXES = ("rounds", "eval_every", "eval_train", "executor.", "checkpoint.")
+RESUMABLE_PREFIXES = (
+    "rounds",
+    "eval_every",
+    "eval_train",
+    "stop_at_bytes",
+    "executor.",
+    "checkpoint.",
+)
 
 
 def _overrides(args: argparse.Namespace) -> list[str]:
@@ -102,7 +109,8 @@ def _resume(args: argparse.Namespace) -> int:
                 "--set",
                 assignment,
                 "a resumed run keeps its config; only "
-                "rounds, eval_every, eval_train, executor.* and checkpoint.* may change",
+                "rounds, eval_every, eval_train, stop_at_bytes, executor.* and checkpoint.* "
+                "may change",
             )
     checkpoint, config = open_checkpoint(args.checkpoint, overrides)
     done = checkpoint["simulation"]["rounds_done"]
@@ -112,8 +120,27 @@ def _resume(args: argparse.Namespace) -> int:
             f"{_after_warmup(config)}; continue it with --set rounds=N, N > {config.rounds}"
         )
         return 0
+    spent = _bytes_spent(config, checkpoint["simulation"])
+    if spent is not None:
+        print(
+            f"nothing to do: {args.checkpoint}: {spent}; continue it with --set "
+            "stop_at_bytes=B, B above the bytes spent"
+        )
+        return 0
     print(f"resuming after round {done} from {args.checkpoint}", flush=True)
     return _execute(config, checkpoint, args.verbose)
+
+
+def _bytes_spent(config, simulation: dict) -> str | None:
+    """Why a checkpoint's run may run no further round under ``stop_at_bytes``: the bytes of
+    its rounds reached the budget (None: bytes left, or no budget)."""
+    from cluster.simulation import byte_budget_spent
+
+    history = simulation["history"]
+    if not history:
+        return None
+    spent = history[-1]["metrics"].get("communication_bytes", 0.0)
+    return byte_budget_spent(config, spent, len(history))
 
 
 def _rounds_left(config, done: int) -> int:
@@ -240,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     resume = commands.add_parser("resume", help="continue a run from its checkpoint")
     resume.add_argument("checkpoint", help="checkpoint file written by a run")
     _add_execution_options(
-        resume, "change rounds, eval_every, eval_train, executor.* or checkpoint.* only"
+        resume,
+        "change rounds, eval_every, eval_train, stop_at_bytes, executor.* or checkpoint.* only",
     )
     resume.set_defaults(handler=_resume)
     argv = sys.argv[1:] if argv is None else argv

@@ -139,6 +139,14 @@ class Simulation:
             )
         return None
 
+    def _bytes_spent(self) -> str | None:
+        """Why no further round runs under ``stop_at_bytes`` (None: bytes left, or no budget):
+        checked before each round, so a resumed run that spent its budget runs none."""
+        if not self.history:
+            return None
+        spent = self.history[-1].metrics.get("communication_bytes", 0.0)
+        return byte_budget_spent(self.config, spent, len(self.history))
+
     def run_round(self, round_index: int, check: Callable[[], None] = lambda: None) -> RoundRecord:
         """One round; ``check`` is polled while the clients train and once after, before their
         result is applied (it may raise to leave the round)."""
@@ -183,7 +191,8 @@ class Simulation:
         record.metrics["communication_bytes"] = before + sent
         if "clip_norm" in self.state.extras:
             record.metrics["clip_norm"] = float(self.state.extras["clip_norm"][0])
-        last = round_index + 1 == c.total_rounds
+        spent = byte_budget_spent(c, record.metrics["communication_bytes"], round_index + 1)
+        last = round_index + 1 == c.total_rounds or spent is not None  # evaluated, as the last
         if not warmup and ((round_index + 1) % c.eval_every == 0 or last):
             result = self.executor.evaluate(self.state.params.numpy())
             record.test_accuracy = result.correct / max(result.count, 1)
@@ -295,7 +304,7 @@ class Simulation:
         if self.config.warmup_rounds:
             stop_reason += f" after {self.config.warmup_rounds} warm-up rounds"
         for round_index in range(len(self.history), self.config.total_rounds):
-            reason = (stop and stop.reason) or self._budget_exhausted()
+            reason = (stop and stop.reason) or self._budget_exhausted() or self._bytes_spent()
             if reason is not None:
                 stop_reason = reason
                 if stop and stop.reason:
@@ -333,6 +342,20 @@ class Simulation:
             if accountant is not None:
                 self.accountant.load_state_dict(accountant)
             raise
+
+
+def byte_budget_spent(config: ExperimentConfig, spent: float, rounds_done: int) -> str | None:
+    """The stop reason once ``spent``, the cumulative ``communication_bytes`` after
+    ``rounds_done`` rounds, has reached ``config.stop_at_bytes`` (None: below it, or no
+    budget). The round that reaches it is the run's last: it is evaluated, and no round
+    follows."""
+    budget = config.stop_at_bytes
+    if budget is None or spent < budget:
+        return None
+    return (
+        f"communication budget spent: {spent:,.0f} bytes up and down after round {rounds_done} "
+        f"(stop_at_bytes = {budget:,.0f})"
+    )
 
 
 def final_epsilon(history: list[RoundRecord]) -> float:

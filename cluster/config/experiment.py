@@ -46,6 +46,10 @@ class ExperimentConfig:
     # At each evaluation also DP-SCAFFOLD's diagnostics over every client's training data: the
     # objective F(x) and the gradient dissimilarity (a full pass over all clients' data)
     eval_train: bool = False
+    # Communication budget (DPSFL, spec 002 §4): the run ends after the round whose cumulative
+    # communication_bytes, every byte the sampled clients uploaded and downloaded summed over
+    # all clients and rounds, reaches it (null: no budget; the run ends after `rounds`)
+    stop_at_bytes: float | None = None
     data: DataConfig = field(default_factory=DataConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     cohort: CohortConfig = field(default_factory=CohortConfig)
@@ -271,6 +275,8 @@ def validate(c: ExperimentConfig) -> None:
     check_seed("algorithm.sketch_seed", c.algorithm.sketch_seed)
     positive("rounds", c.rounds, "100")
     positive("eval_every", c.eval_every, "1")
+    if c.stop_at_bytes is not None:
+        positive("stop_at_bytes", c.stop_at_bytes, "2e9: bytes up and down, all clients, or null")
     positive("data.num_clients", c.data.num_clients, "100")
     validate_data(c)
     validate_algorithm(c)
