@@ -10,6 +10,11 @@ Per step, on a mini-batch of B records (spec 004, Alg. 1 line 9; Abadi et al. 20
 κ = 2 for replace-one adjacency (the paper's noise std 2Cσ_g/(sR) on the mean, sR = B: one
 record swapped for another moves the clipped sum by up to 2S) and κ = 1 for add/remove. The
 noise is drawn from the client's own seeded stream, bound once per round by ``for_round``.
+
+``simulation_noise_factor`` f (default 1) multiplies that noise for a simulation of a larger
+deployment (``privacy.noise_cohort_size`` C_n): f = √(m/C_n) makes the mean of the m simulated
+clients' noise have the variance of the C_n deployment clients' mean, (κSσ_g/B)²/C_n per
+coordinate and step. σ_g, the deployment client's multiplier, stays the accounted one.
 Models with BatchNorm are refused: it mixes the records of a batch, so a per-example gradient
 (and its clipping bound) does not exist.
 
@@ -204,7 +209,7 @@ def median_clipped_sum(
         norms = torch.linalg.vector_norm(part, dim=1, keepdim=True)
         clip = norms.median()
         sums.append((part * (clip / norms).nan_to_num(1.0).clamp(max=1.0)).sum(0))
-        stds.append(torch.full((stop - start,), float(rule.kappa * clip * rule.noise_multiplier)))
+        stds.append(torch.full((stop - start,), float(rule.kappa * clip * rule.step_multiplier)))
     return torch.cat(sums), torch.cat(stds).to(per_example.device, per_example.dtype)
 
 
@@ -217,10 +222,14 @@ class DpSgdGradient:
     scope: Literal["flat", "layer"] = "flat"
     adjacency: Adjacency = "replace_one"
     clip_rule: Literal["fixed", "median"] = "fixed"
+    simulation_noise_factor: float = 1.0  # f: √(m/C_n) under a noise cohort (module docstring)
 
     def __post_init__(self) -> None:
         if self.clip_rule not in ("fixed", "median"):
             raise ValueError(f"clip_rule must be fixed or median, got {self.clip_rule!r}")
+        factor = self.simulation_noise_factor
+        if not 0 < factor < math.inf:
+            raise ValueError(f"simulation_noise_factor must be finite and > 0, got {factor}")
         if self.noise_multiplier < 0:
             raise ValueError(f"noise_multiplier must be >= 0, got {self.noise_multiplier}")
         if self.clip_rule == "median":
@@ -248,9 +257,14 @@ class DpSgdGradient:
         """S: the L2 bound of one record's clipped gradient."""
         return self.clip_norm * (math.sqrt(num_tensors) if self.scope == "layer" else 1.0)
 
+    @property
+    def step_multiplier(self) -> float:
+        """f·σ_g: the multiplier of the noise this client adds (σ_g without a noise cohort)."""
+        return self.simulation_noise_factor * self.noise_multiplier
+
     def noise_std_on_sum(self, num_tensors: int) -> float:
-        """κ·S·σ_g: per-coordinate std of the noise on the clipped sum (κ = 2 replace-one)."""
-        return self.kappa * self.sensitivity(num_tensors) * self.noise_multiplier
+        """κ·S·f·σ_g: per-coordinate std of the noise on the clipped sum (κ = 2 replace-one)."""
+        return self.kappa * self.sensitivity(num_tensors) * self.step_multiplier
 
     def for_round(
         self,

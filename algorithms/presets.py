@@ -242,7 +242,9 @@ class SampleDP:
 
     Each step's batch sum of per-example gradients clipped to C (flat, or per tensor with
     S = C·√L) gets Gaussian noise of std κ·S·σ_g (κ = 2 replace-one, 1 add/remove), then is
-    divided by the expected batch size B = sR.
+    divided by the expected batch size B = sR. ``noise_scale`` m/C_n (a noise cohort): each of
+    the m simulated clients adds √(m/C_n) times that noise, so that their mean carries the
+    noise of C_n deployment clients' mean (``DpSgdGradient.simulation_noise_factor``).
     """
 
     clip_norm: float
@@ -250,13 +252,19 @@ class SampleDP:
     clip_scope: Literal["flat", "layer"] = "flat"
     adjacency: Adjacency = "replace_one"
     clip_rule: Literal["fixed", "median"] = "fixed"
+    noise_scale: float = 1.0  # m / noise_cohort_size
 
     def trainer(self, trainer: LocalTrainer) -> LocalTrainer:
         """``trainer`` with the DP-SGD gradient rule; σ_g = 0 and C = ∞ leave it plain SGD."""
         if self.noise_multiplier == 0 and math.isinf(self.clip_norm) and self.clip_rule == "fixed":
             return trainer
         rule = DpSgdGradient(
-            self.clip_norm, self.noise_multiplier, self.clip_scope, self.adjacency, self.clip_rule
+            self.clip_norm,
+            self.noise_multiplier,
+            self.clip_scope,
+            self.adjacency,
+            self.clip_rule,
+            math.sqrt(self.noise_scale),
         )
         return replace(trainer, gradient=rule)
 

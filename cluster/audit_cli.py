@@ -118,7 +118,8 @@ def run(args: argparse.Namespace) -> int:
         start = time.perf_counter()
         options = (args.trials, args.confidence, args.dim, args.seed, args.noise_scale_for_testing)
         if config.sample_level:
-            result = audit_sample_round(calibrated(config).build_algorithm(), *options)
+            mechanism = accounted_mechanism(calibrated(config))  # a deployment's clients
+            result = audit_sample_round(mechanism.build_algorithm(), *options)
         else:
             result = audit_config(config, *options)
     except (ConfigError, ValueError) as error:

@@ -225,16 +225,8 @@ def privacy_claim(
         delta=config.delta,
         cohort_sampler=config.cohort.sampling,
         count_noise_on_sum=count_noise_on_sum(algorithm, config),
-        deployment=_deployment(config),
+        deployment=config.deployment,
     )
-
-
-def _deployment(config: ExperimentConfig) -> str | None:
-    """The deployment a noise cohort (or a population) claims ε for, unless it is this run."""
-    simulated = (config.cohort.size, config.data.num_clients)
-    if (config.noise_cohort_size, config.population) == simulated:
-        return None
-    return f"{config.noise_cohort_size:,} of {config.population:,} clients per round"
 
 
 def count_noise_on_sum(algorithm: Algorithm, config: ExperimentConfig) -> float | None:

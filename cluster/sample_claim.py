@@ -9,6 +9,18 @@ the store's client sizes (s = B/n of the smallest client: the most exposed recor
 The default ε (``privacy.record_level``) holds against a server that sees every upload; the
 paper's accountant (``privacy.accountant: paper``) and the aggregation PLD rest on the
 aggregation assumption and are labelled with it wherever they appear.
+
+A deployment (``privacy.noise_cohort_size`` C_n, ``privacy.population`` N; DP-FedAvg at sample
+level only, ``cluster.config.families``): the ε is that of the deployment's mechanism, C_n of N
+clients per round (l = C_n/N), each running K DP-SGD steps at σ_g on records sampled at rate
+s = B/n (n: the smallest simulated client, the deployment's clients assumed no smaller). That
+is exactly what the default accountants compute, since against the server a record has its own
+client's noise only: C_n enters through l alone. It is *not* the ε of this simulation, whose m
+of M clients each add √(m/C_n)·σ_g so that their mean update carries the noise of a C_n-client
+mean (exactly where the local update is affine in the noise, e.g. K = 1; to first order
+otherwise); that ε (far larger when C_n > m) is not reported. The side numbers (``paper``,
+``aggregate``) read the deployment too (M = N, so lM = C_n); the default δ counts its records,
+R·N/M for R simulated records.
 """
 
 from __future__ import annotations
@@ -39,9 +51,10 @@ def record_rate(batch_size: int, client_sizes) -> float:
     return min(1.0, batch_size / max(smallest, 1))
 
 
-def record_delta(client_sizes) -> float:
-    """Default δ for record-level DP: R^-1.1 for R training records in all."""
-    return float(np.sum(np.asarray(client_sizes))) ** -1.1
+def record_delta(client_sizes, population_scale: float = 1.0) -> float:
+    """Default δ for record-level DP: R^-1.1 for R training records in all, R the simulated
+    clients' records times ``population_scale`` N/M (a deployment of N clients like them)."""
+    return (float(np.sum(np.asarray(client_sizes))) * population_scale) ** -1.1
 
 
 @dataclass(frozen=True)
@@ -59,6 +72,8 @@ class SampleLevelClaim(ClaimStatus):
     warmup_rounds: int = 0
     cohort_sampler: str = "fixed"
     warm_start: str | None = None  # None, paper, authors_code
+    # "C_n of N clients per round": the deployment the ε is claimed for (None: this run)
+    deployment: str | None = None
 
     @property
     def noise_multiplier(self) -> float:
@@ -156,12 +171,15 @@ class SampleLevelClaim(ClaimStatus):
 
     @property
     def accounting_text(self) -> str:
-        return f"record-level, {self.accountant_name}: {self.assumption}"
+        text = f"record-level, {self.accountant_name}: {self.assumption}"
+        if self.deployment is not None:
+            text += f"; for a deployment of {self.deployment}, not this simulation's cohort"
+        return text
 
     def notices(self) -> list[str]:
         if not self.dp_valid:
             return self.unaccounted_notices()
-        lines = [
+        lines = self._deployment_notices() + [
             f"privacy: record-level DP-SGD in every local step (σ_g {self.noise_multiplier:g}, "
             f"C {self.rule.clip_norm:g}, {self.adjacency}, s {self.data_rate:.4g}, "
             f"K {self.local_steps}, l {self.client_rate:.4g}); ε by {self.accountant_name}: "
@@ -178,6 +196,18 @@ class SampleLevelClaim(ClaimStatus):
                 "K-step release of every record (rate 1), charged; the authors do not count it"
             )
         return lines
+
+    def _deployment_notices(self) -> list[str]:
+        if self.deployment is None:
+            return []
+        factor = self.rule.simulation_noise_factor
+        return [
+            f"privacy: ε is that of a deployment of {self.deployment} "
+            "(privacy.noise_cohort_size, privacy.population), each client adding DP-SGD noise "
+            f"σ_g in every local step; this simulation's clients add σ_g·√(m/C_n) = "
+            f"{factor:.4g}·σ_g, so that their mean update carries the deployment's noise; "
+            "their own ε is not reported"
+        ]
 
     def tags(self) -> dict[str, str]:
         if not self.private:
@@ -197,6 +227,7 @@ class SampleLevelClaim(ClaimStatus):
         if self.dp_valid:
             tags["privacy.accountant"] = self.accountant_name
             tags["privacy.assumption"] = self.assumption
+            tags["privacy.epsilon_for"] = self.deployment or "this run"
         return tags
 
     def report(self, rounds: int, epsilon: float | None) -> dict:
@@ -223,6 +254,8 @@ class SampleLevelClaim(ClaimStatus):
             batch_sampling=self.batch_sampling,
             warmup_rounds=self.warmup_rounds,
             num_clients=self.num_clients,
+            epsilon_for=self.deployment or "this run",
+            simulation_noise_factor=self.rule.simulation_noise_factor,
         )
         if not self.dp_valid:
             report.update(epsilon=None, epsilon_not_available=self.unaccounted_reason)
@@ -248,9 +281,11 @@ class SampleLevelClaim(ClaimStatus):
 
 
 def sample_level_claim(config, algorithm, client_sizes=None) -> SampleLevelClaim:
-    """The claim of a sample-level ``config`` run with ``algorithm`` on clients of these sizes."""
+    """The claim of a sample-level ``config`` run with ``algorithm`` on clients of these sizes
+    (for the deployment that ``privacy.noise_cohort_size`` / ``population`` describe, if set)."""
     batch = config.algorithm.local.batch_size
     known = client_sizes is not None
+    scale = config.population / config.data.num_clients
     return SampleLevelClaim(
         preset=config.algorithm.name,
         rule=algorithm.sample_dp,
@@ -258,11 +293,13 @@ def sample_level_claim(config, algorithm, client_sizes=None) -> SampleLevelClaim
         client_rate=config.accounting_sample_rate,
         data_rate=record_rate(batch, client_sizes) if known else math.nan,
         local_steps=config.algorithm.local.local_steps,
-        num_clients=config.data.num_clients,
+        num_clients=config.population,
         batch_sampling=config.batch_sampling,
         accountant_name=config.accountant_name,
-        delta=config.privacy.delta or (record_delta(client_sizes) if known else config.delta),
+        delta=config.privacy.delta
+        or (record_delta(client_sizes, scale) if known else config.delta),
         warmup_rounds=config.warmup_rounds,
         cohort_sampler=config.cohort.sampling,
         warm_start=algorithm.warm_start,
+        deployment=config.deployment,
     )

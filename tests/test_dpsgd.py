@@ -71,20 +71,23 @@ def test_clipping_bound_holds_per_example_flat_and_per_tensor():
             assert float(per_tensor.norm()) <= c * math.sqrt(3) * (1 + 1e-5)
 
 
-@pytest.mark.parametrize(("adjacency", "kappa"), [("replace_one", 2.0), ("add_remove", 1.0)])
-def test_per_step_noise_std_is_kappa_c_sigma_over_b(adjacency, kappa):
-    """Zero data gradient contribution (x = 0, balanced): G's spread is the noise, κCσ_g/B."""
+@pytest.mark.parametrize(
+    ("adjacency", "kappa", "factor"),
+    [("replace_one", 2.0, 1.0), ("add_remove", 1.0, 1.0), ("replace_one", 2.0, math.sqrt(5 / 40))],
+)
+def test_per_step_noise_std_is_kappa_c_sigma_over_b(adjacency, kappa, factor):
+    """Zero data gradient contribution (x = 0, balanced): G's spread is the noise, κCσ_g/B,
+    times f = √(m/C_n) in a simulation of a noise cohort (here 5 clients standing for 40)."""
     model = build_model("logreg", (40,), 10)
     objective = ModelObjective(model, ParamLayout.of(model))
     w = torch.zeros(ParamLayout.of(model).offsets[-1])
     x, y = torch.zeros(10, 40), torch.arange(10)  # every class once: the mean gradient is 0
-    rule = DpSgdGradient(0.5, 3.0, adjacency=adjacency).for_round(
-        None, lambda: torch.Generator().manual_seed(2)
-    )
+    rule = DpSgdGradient(0.5, 3.0, adjacency=adjacency, simulation_noise_factor=factor)
+    rule = rule.for_round(None, lambda: torch.Generator().manual_seed(2))
     draws = torch.stack([rule(objective, w, x, y)[2] for _ in range(200)])
     clean = DpSgdGradient(0.5, 0.0).for_round()(objective, w, x, y)[2]
     noise = (draws - clean).flatten()
-    expected = kappa * 0.5 * 3.0 / 10
+    expected = kappa * 0.5 * 3.0 * factor / 10
     assert float(noise.std()) == pytest.approx(expected, rel=0.02)
     assert abs(float(noise.mean())) < 4 * expected / math.sqrt(noise.numel())
 

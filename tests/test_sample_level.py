@@ -217,8 +217,25 @@ def test_resume_is_bit_identical_with_client_controls(store_root):
         (("algorithm.noise_placement=client",), "algorithm.noise_placement"),
         (("algorithm.clip_rule=median",), "algorithm.clip_norm"),
         (("privacy.accountant=pld",), "privacy.accountant"),
+        # DP-SCAFFOLD's c_i and c live on the simulated clients: no deployment claim
         (("privacy.noise_cohort_size=10",), "privacy.noise_cohort_size"),
-        (("privacy.population=1000",), "privacy.population"),  # l is the simulated cohort's
+        (("privacy.population=1000",), "privacy.population"),
+        (
+            (
+                "algorithm.name=dp_fedavg_sample",
+                "privacy.population=1000",
+                "privacy.sampling=poisson",
+            ),
+            "privacy.sampling",
+        ),
+        (  # the paper's accountant reads the simulated M
+            (
+                "algorithm.name=dp_fedavg_sample",
+                "privacy.population=1000",
+                "privacy.accountant=paper",
+            ),
+            "privacy.population",
+        ),
         (("privacy.accountant=paper", "cohort.sampling=poisson"), "poisson cohorts"),
         (
             ("privacy.accountant=paper", "algorithm.local.batch_sampling=poisson"),
@@ -416,3 +433,39 @@ def test_dp_scaffold_and_dp_fedavg_cost_the_same_epsilon_at_the_same_noise():
     for rounds in (1, 50, 400):
         assert scaffold.epsilon(rounds) == plain.epsilon(rounds)
         assert scaffold.epsilon(rounds, "paper") == plain.epsilon(rounds, "paper")
+
+
+DEPLOYMENT = ("privacy.noise_cohort_size=40", "privacy.population=400", "privacy.delta=1e-5")
+
+
+def test_dp_fedavg_sample_claims_the_deployment_of_its_noise_cohort():
+    """5 of 20 simulated clients standing for 40 of 400: l = 40/400, each simulated client's
+    noise × √(5/40), and ε that of a run of the deployment itself (its clients no smaller)."""
+    fedavg = ("algorithm.name=dp_fedavg_sample", *SCAFFOLD_DP[1:])
+    sizes = [100] * 20
+    config = small_config("unused", *fedavg, *DEPLOYMENT)
+    algorithm = config.build_algorithm()
+    assert algorithm.sample_dp.simulation_noise_factor == pytest.approx(math.sqrt(5 / 40))
+    assert algorithm.sample_dp.noise_multiplier == 2.0  # the deployment client's σ_g
+    claim = privacy_claim(config, algorithm, sizes)
+    assert (claim.client_rate, claim.num_clients) == (0.1, 400)
+    assert claim.deployment == "40 of 400 clients per round"
+    assert "deployment of 40 of 400" in claim.notices()[0]
+    assert "0.3536·σ_g" in claim.notices()[0]
+    assert claim.tags()["privacy.epsilon_for"] == "40 of 400 clients per round"
+    deployed = small_config(
+        "unused", *fedavg, "data.num_clients=400", "cohort.size=40", "privacy.delta=1e-5"
+    )
+    direct = privacy_claim(deployed, deployed.build_algorithm(), sizes)
+    assert direct.deployment is None and direct.notices()[0].startswith("privacy: record-level")
+    assert claim.epsilon(30) == direct.epsilon(30)
+    alone = small_config("unused", *fedavg, "privacy.delta=1e-5")
+    simulated = privacy_claim(alone, alone.build_algorithm(), sizes)
+    assert claim.epsilon(30) < simulated.epsilon(30)  # l = 0.1, not the simulated 0.25
+
+
+def test_deployment_default_delta_counts_the_deployments_records():
+    fedavg = ("algorithm.name=dp_fedavg_sample", *SCAFFOLD_DP[1:])
+    config = small_config("unused", *fedavg, *DEPLOYMENT[:2])
+    claim = privacy_claim(config, config.build_algorithm(), [100] * 20)
+    assert claim.delta == pytest.approx((100 * 20 * 400 / 20) ** -1.1, rel=1e-12)

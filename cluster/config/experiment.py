@@ -83,6 +83,14 @@ class ExperimentConfig:
         return self.cohort.size / self.noise_cohort_size
 
     @property
+    def deployment(self) -> str | None:
+        """"C_n of N clients per round": the deployment a noise cohort (or a population) claims
+        ε for, or None when that is this simulation's own cohort and clients."""
+        if (self.noise_cohort_size, self.population) == (self.cohort.size, self.data.num_clients):
+            return None
+        return f"{self.noise_cohort_size:,} of {self.population:,} clients per round"
+
+    @property
     def sampling_assumption(self) -> str:
         if self.privacy.sampling == "match":
             return assumption_for_sampler(self.cohort.sampling)
@@ -241,6 +249,7 @@ class ExperimentConfig:
                 a.clip_scope or "flat",
                 a.adjacency or "replace_one",
                 a.clip_rule or "fixed",
+                self.noise_scale,
             )
         algorithm = preset(trainer, **kwargs)
         if self.warmup_rounds:  # the lr decay counts training rounds (Algorithm.at_round)

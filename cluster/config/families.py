@@ -43,21 +43,14 @@ def validate_sample_level(c: ExperimentConfig) -> None:
             a.noise_placement,
             f"{a.name} adds its noise in every local DP-SGD step of the clients; remove it",
         )
-    client_level_options = {
-        "privacy.noise_cohort_size": c.privacy.noise_cohort_size is not None,
-        # the record-level ε's client rate l is the simulated cohort over the simulated clients
-        "privacy.population": c.privacy.population is not None,
-        "privacy.sampling": c.privacy.sampling != "match",
-    }
-    set_options = [name for name, is_set in client_level_options.items() if is_set]
-    if set_options:
-        field_name = set_options[0]
+    if c.privacy.sampling != "match":
         raise ConfigError(
-            field_name,
-            getattr(c.privacy, field_name.split(".")[1]),
+            "privacy.sampling",
+            c.privacy.sampling,
             "client-level accounting option; the record-level ε holds for either cohort "
             "sampler (only the participation rate l enters): remove it",
         )
+    validate_sample_level_deployment(c)
     adjacency = a.adjacency or "replace_one"
     methods = methods_for(c.batch_sampling, adjacency)
     if not methods:
@@ -73,6 +66,33 @@ def validate_sample_level(c: ExperimentConfig) -> None:
             c.privacy.accountant,
             f"no analysis of {c.batch_sampling} batches under {adjacency} adjacency; use "
             f"{' or '.join(m for m in methods if m != 'aggregate')} (or auto)",
+        )
+
+
+def validate_sample_level_deployment(c: ExperimentConfig) -> None:
+    """``privacy.noise_cohort_size`` / ``privacy.population`` (a deployment of C_n of N clients
+    per round) only where the simulation carries that deployment's noise: DP-FedAvg at sample
+    level (its clients' noise is scaled by √(m/C_n), ``SampleDP``) with the record-level
+    accountants. DP-SCAFFOLD's c_i stay with the m-of-M simulated clients and c averages the
+    simulated M, and the paper's accountant reads the simulated M: neither is the deployment's."""
+    p = c.privacy
+    if p.noise_cohort_size is None and p.population is None:
+        return
+    name = "noise_cohort_size" if p.noise_cohort_size is not None else "population"
+    option, value = f"privacy.{name}", getattr(p, name)
+    if c.algorithm.name != "dp_fedavg_sample":
+        raise ConfigError(
+            option,
+            value,
+            f"{c.algorithm.name}'s control variates c_i and c live on the simulated clients, so "
+            "its noise cannot be the deployment's; use dp_fedavg_sample or remove it",
+        )
+    if c.accountant_name == "paper":
+        raise ConfigError(
+            option,
+            value,
+            "privacy.accountant: paper is DP-SCAFFOLD's accountant of the simulated M clients, "
+            "not of a deployment; use privacy.accountant: auto or remove it",
         )
 
 
