@@ -400,3 +400,51 @@ def test_tiny_roberta_federated_rounds_from_pretrained(tmp_path, store_root, tin
         model.roberta.encoder.layer[1].output.dense.weight,
         pretrained.roberta.encoder.layer[1].output.dense.weight,
     )
+
+
+# ----------------------------------------------------------------------------- paper configs
+
+TRANSFORMER_CONFIGS = sorted(
+    str(p)
+    for p in Path("configs/papers").glob("dpfedpgn_*.yaml")
+    if "_vit_" in p.name or "_roberta_" in p.name
+)
+
+
+@pytest.mark.parametrize("path", TRANSFORMER_CONFIGS, ids=lambda p: Path(p).stem)
+def test_transformer_paper_configs_hold_table_v(path):
+    config = load_config(path)
+    local = config.algorithm.local
+    assert len(TRANSFORMER_CONFIGS) == 6
+    assert (config.rounds, config.data.partition.alpha, local.batch_size) == (100, 0.1, 16)
+    assert (local.lr, local.lr_decay) == (pytest.approx(0.098), 0.98)
+    assert config.algorithm.name == "dp_fedpgn" and config.data.pretrained is not None
+    assert config.task.endswith("_vit_b16" if "_vit_" in path else "_roberta_base")
+
+
+def test_sst2_paper_config_runs_shrunk(tmp_path, store_root, monkeypatch):
+    """The SST-2 config as written, shrunk in scale, TINY_ROBERTA standing in for roberta-base."""
+    monkeypatch.setitem(MODELS, "roberta_base", lambda shape, k: RobertaClassifier(TINY_ROBERTA, k))
+    raw = tmp_path / "raw"
+    write_glue(raw, "sst2", rows=12)
+    roberta_folder(raw / "roberta-base", pretraining_state(RobertaClassifier(TINY_ROBERTA, 2)))
+    overrides = [
+        f"data.root={raw}",
+        f"data.store_root={store_root}",
+        f"checkpoint.dir={tmp_path / 'ck'}",
+        "data.max_length=8",
+        "data.num_clients=4",
+        "cohort.size=2",
+        "rounds=2",
+        "eval_every=1",
+        "algorithm.local.batch_size=2",
+        "algorithm.local.local_steps=1",
+        "executor.kind=local",
+        "executor.num_actors=1",
+        "executor.gpus_per_actor=0",
+        "tracking.enabled=false",
+    ]
+    config = calibrated(load_config("configs/papers/dpfedpgn_roberta_sst2.yaml", overrides))
+    sim = run_local(config)
+    assert len(sim.history) == 2 and torch.isfinite(sim.state.params).all()
+    assert sim.history[-1].epsilon is not None and sim.history[-1].epsilon > 0
