@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 from cluster.config import ConfigError, DataConfig, ExperimentConfig
 from cluster.config.runtime import ray_endpoint
 from cluster.tracking_process import sqlite_path, tracking_uri
+from datasets.preparation import split_preparation
 from datasets.store import ShardStore, StoreError
 
 CONNECT_TIMEOUT_S = 3.0
@@ -136,7 +137,7 @@ def check_synthetic_fits(config: ExperimentConfig) -> None:
 
 def _source_files_options(config: ExperimentConfig) -> dict:
     """The options that decide which raw files a vision source reads."""
-    options = config.data.source_options()
+    options, _ = split_preparation(config.data.source_options())
     options.pop("pca_components", None)
     return options
 

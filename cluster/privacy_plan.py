@@ -27,6 +27,7 @@ from algorithms.presets import Algorithm
 from cluster.claim_status import ClaimStatus
 from cluster.config import ConfigError, ExperimentConfig
 from cluster.sample_claim import SampleLevelClaim, sample_level_claim
+from datasets.preparation import outside_dp_notes
 from privacy.accountant import (
     ADJACENCY,
     accountant_class,
@@ -344,17 +345,19 @@ def calibrate_with_message(config: ExperimentConfig, say=print) -> ExperimentCon
 
 
 def privacy_warnings(config: ExperimentConfig, client_sizes) -> list[str]:
-    """Config-level warnings for a private run: a configured δ ≥ 1/n permits publishing one
-    unit's data in the clear, n the clients (client level) or the training records of all
-    clients (sample level, ``client_sizes`` summed)."""
+    """Config-level warnings for a private run: data preparation outside the DP mechanism
+    (``datasets.preparation.outside_dp_notes``), and a configured δ ≥ 1/n, which permits
+    publishing one unit's data in the clear, n the clients (client level) or the training
+    records of all clients (sample level, ``client_sizes`` summed)."""
     delta = config.privacy.delta
     if config.sample_level:
         count, symbol, unit = int(sum(client_sizes)), "R", "training record"
     else:
         count, symbol, unit = config.population, "N", "client"
+    notes = outside_dp_notes(config.data.source_options())
     if delta is None or delta < 1 / count:
-        return []
-    return [
+        return notes
+    return notes + [
         f"privacy: δ = {delta:g} ≥ 1/{symbol} = {1 / count:g} ({symbol} = {count} {unit}s): a "
         f"mechanism that publishes one random {unit}'s data in the clear meets such a δ; "
         f"prefer δ ≤ {symbol}^-1.1 = {count**-1.1:.3g} (the default when privacy.delta is unset)"

@@ -15,6 +15,7 @@ import numpy as np
 from datasets.arrays import LabeledArrays
 from datasets.glue import GLUE_NUM_CLASSES, GLUE_SOURCES, load_glue
 from datasets.partition import make_partitioner
+from datasets.preparation import split_preparation
 from datasets.store import FORMAT_VERSION, MANIFEST, ShardStore, write_store
 from datasets.synthetic import SyntheticSpec, generate_synthetic
 from datasets.vision import SOURCE_NAMES, image_shape, load_source, num_classes
@@ -49,7 +50,7 @@ def source_shape(source: str, params: dict) -> tuple[tuple[int, ...], int]:
     if source == "synthetic":
         spec = SyntheticSpec(**params)
         return (spec.num_features,), spec.num_classes
-    params = dict(params)
+    params, _ = split_preparation(params)
     if source in GLUE_SOURCES:
         return (params["max_length"],), GLUE_NUM_CLASSES
     components = params.pop("pca_components", None)
@@ -93,12 +94,17 @@ def build_store(
 
     The partition is drawn from ``SeedSequence([seed, 0xDA7A])``; the manifest records the
     source and its options, the partitioner's ``describe()``, the seed and the store format.
+    The source options in ``datasets.preparation.PREPARATION_OPTIONS`` run around the
+    partition (subsample, standardise, hold out each client's test rows).
     """
     description = _description(source, source_params, partition, num_clients, seed)
-    train, test, classes = _load(source, source_params, seed, data_root, download)
+    params, preparation = split_preparation(source_params)
+    train, test, classes = _load(source, params, seed, data_root, download)
+    train, test = preparation.before_partition(train, test, seed)
     partitioner = make_partitioner(**{k: v for k, v in partition.items() if v is not None})
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0xDA7A]))
     clients = partitioner.split(train, num_clients, rng)
+    test, clients = preparation.after_partition(train, test, clients, seed)
     description["partition"] = partitioner.describe()
     return write_store(Path(path), train, test, clients, classes, description)
 

@@ -22,6 +22,9 @@ accuracy. ``sources`` lists the data sources a task accepts (the first is its us
 | cifar10_cnn2       | cifar10                    | reddi_cnn    | crop 32 pad 4, flip |
 | cifar10_resnet9    | cifar10                    | resnet9      | crop 32 pad 4, flip |
 | cifar100_resnet9   | cifar100                   | resnet9      | crop 32 pad 4, flip |
+| cifar10_resnet18_flips_gray, cifar100_resnet18_flips_gray | cifar10, cifar100 | resnet18_gn |
+|                    |  crop 32 pad 4, flip, vertical flip, grayscale p 0.1    |              |
+| emnist_cnn_crop_flips | emnist                  | emnist_cnn   | crop 28 pad 2, flip, v. flip |
 
 ``emnist_cnn`` runs DP-FedSAM's CNN on the 28×28 images (its dense layer follows the input
 size); the authors' code pads to 36 and crops 32×32, which changes only that layer's width.
@@ -31,6 +34,11 @@ GroupNorm(2) (``*_resnet18_gn2``; DP-FedSAM's has 32 groups); BLUR+LUS's ResNet-
 by writer (``femnist_resnet18``: the TFF federated EMNIST of 3,400 writers is our ``femnist``;
 the paper leaves its normalisation layer unstated, GroupNorm(32) here) and its "CNN-2-Layers"
 on CIFAR-10 (``cifar10_cnn2``; the paper states no augmentation, this task uses the CIFAR one).
+DP-FedSAM's code augments with RandomCrop(32, padding=4), horizontal and vertical flips (p ½)
+and RandomGrayscale (p 0.1): ``*_resnet18_flips_gray`` on CIFAR, ``emnist_cnn_crop_flips`` on
+EMNIST, where a 28×28 crop of the image padded by 2 gives the same ±2-pixel shifts of the
+character as the code's 32×32 crop of the 28×28 image padded by 4, and grayscale is the
+identity on one channel.
 """
 
 from __future__ import annotations
@@ -49,6 +57,14 @@ MNIST_STATS = Preprocess(mean=(0.1307,), std=(0.3081,))
 CIFAR10_STATS = Preprocess(mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616))
 CIFAR100_STATS = Preprocess(mean=(0.5071, 0.4865, 0.4409), std=(0.2673, 0.2564, 0.2762))
 CIFAR_AUGMENT = Augment(padding=4, flip=True)
+
+
+def dpfedsam_cifar_augment(stats: Preprocess) -> Augment:
+    """DP-FedSAM's CIFAR augmentation, on inputs normalised with ``stats``."""
+    return Augment(padding=4, flip=True, vertical_flip=True, grayscale=0.1, pixel_stats=stats)
+
+
+DPFEDSAM_EMNIST_AUGMENT = Augment(padding=2, flip=True, vertical_flip=True)
 
 
 @dataclass(frozen=True)
@@ -95,5 +111,20 @@ _TASKS = [
     Task("cifar10_cnn2", ("cifar10",), "reddi_cnn", CIFAR10_STATS, CIFAR_AUGMENT),
     Task("cifar10_resnet9", ("cifar10",), "resnet9", CIFAR10_STATS, CIFAR_AUGMENT),
     Task("cifar100_resnet9", ("cifar100",), "resnet9", CIFAR100_STATS, CIFAR_AUGMENT),
+    Task(
+        "cifar10_resnet18_flips_gray",
+        ("cifar10",),
+        "resnet18_gn",
+        CIFAR10_STATS,
+        dpfedsam_cifar_augment(CIFAR10_STATS),
+    ),
+    Task(
+        "cifar100_resnet18_flips_gray",
+        ("cifar100",),
+        "resnet18_gn",
+        CIFAR100_STATS,
+        dpfedsam_cifar_augment(CIFAR100_STATS),
+    ),
+    Task("emnist_cnn_crop_flips", ("emnist",), "emnist_cnn", MNIST_STATS, DPFEDSAM_EMNIST_AUGMENT),
 ]
 TASKS: dict[str, Task] = {task.name: task for task in _TASKS}

@@ -6,6 +6,7 @@ from cluster.config import ConfigError, load_config
 from cluster.config.runtime import ray_endpoint
 from cluster.preflight import ray_address
 from cluster.privacy_plan import privacy_warnings
+from datasets.preparation import outside_dp_notes
 
 DP = ["algorithm.name=dp_fedavg", "algorithm.clip_norm=1.0", "algorithm.noise_multiplier=1.0"]
 
@@ -141,10 +142,13 @@ def test_a_sample_level_delta_is_weak_against_the_records_not_the_clients():
     paper = "configs/papers/dpscaffold_mnist_mlp.yaml"
     config = load_config(paper, ["privacy.delta=1e-3"])
     assert config.sample_level and config.data.num_clients == 60
-    (warning,) = privacy_warnings(config, sizes)
+    data_notes = outside_dp_notes(config.data.source_options())  # PCA, standardisation
+    assert len(data_notes) == 2
+    *notes, warning = privacy_warnings(config, sizes)
+    assert notes == data_notes
     assert "≥ 1/R = 0.000166667 (R = 6000 training records)" in warning
     strict = load_config(paper, ["privacy.delta=1e-4"])
-    assert privacy_warnings(strict, sizes) == []
+    assert privacy_warnings(strict, sizes) == data_notes
 
 
 def test_store_root_is_absolute_for_actors(monkeypatch, tmp_path):

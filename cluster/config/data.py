@@ -60,6 +60,13 @@ class DataConfig:
     # weights of vit_b16 / roberta_base tasks, and the tokenizer of the GLUE sources
     pretrained: str | None = None
     max_length: int | None = None  # GLUE sources: token ids per row (default 128)
+    # datasets.preparation (vision sources): a seeded fraction of the training split (DP-FedSAM
+    # EMNIST: 0.2); per-feature standardisation (all clients' statistics, outside DP) then unit
+    # L2 norm per row (DP-SCAFFOLD); this fraction of each client's rows held out as its test
+    # rows, the store's test set (DP-SCAFFOLD: 0.2)
+    train_subsample_fraction: float | None = None
+    standardize_unit_norm: bool = False
+    client_test_fraction: float | None = None
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     partition: PartitionConfig = field(default_factory=PartitionConfig)
 
@@ -80,19 +87,28 @@ class DataConfig:
         return None if self.pretrained is None else self.resolved_data_root() / self.pretrained
 
     def source_options(self) -> dict:
-        """The source's own options (they key the store)."""
+        """The source's own options and the data preparation's (they key the store)."""
         if self.source == "synthetic":
             return {**asdict(self.synthetic), "num_users": self.num_clients}
         if self.source == "emnist":
-            return {"split": self.split or "byclass"}
+            return {"split": self.split or "byclass", **self.preparation_options()}
         if self.source == "femnist":
-            return {"only_digits": self.only_digits}
+            return {"only_digits": self.only_digits, **self.preparation_options()}
         if self.source in GLUE_SOURCES:
             length = self.max_length or DEFAULT_MAX_LENGTH
-            return {"tokenizer": self.pretrained, "max_length": length}
-        if self.pca_components is not None:
-            return {"pca_components": self.pca_components}
-        return {}
+            text = {"tokenizer": self.pretrained, "max_length": length}
+            return {**text, **self.preparation_options()}
+        options = {} if self.pca_components is None else {"pca_components": self.pca_components}
+        return {**options, **self.preparation_options()}
+
+    def preparation_options(self) -> dict:
+        """The ``datasets.preparation`` options that are set (unset ones key no store)."""
+        chosen = {
+            "train_subsample_fraction": self.train_subsample_fraction,
+            "standardize_unit_norm": self.standardize_unit_norm or None,
+            "client_test_fraction": self.client_test_fraction,
+        }
+        return {name: value for name, value in chosen.items() if value is not None}
 
 
 # ----------------------------------------------------------------------------- checks
@@ -120,6 +136,7 @@ def validate_data(c: ExperimentConfig) -> None:
             c.data.pca_components,
             "only for sources mnist and mnist_test_split, >= 1 (DP-SCAFFOLD: 60)",
         )
+    validate_preparation(c.data)
     validate_pretrained(c)
     if c.data.only_digits and c.data.source != "femnist":
         raise ConfigError("data.only_digits", True, "only for source femnist; remove it")
@@ -142,6 +159,41 @@ def validate_data(c: ExperimentConfig) -> None:
                 f"{s.samples_per_user} (samples_per_user); e.g. 0.8",
             )
     validate_partition(p)
+
+
+def validate_preparation(d: DataConfig) -> None:
+    """``datasets.preparation``'s options: vision sources only, fractions in range, and no
+    matched per-client test sets drawn from held-out rows."""
+    if d.source == "synthetic":
+        for name, value in d.preparation_options().items():
+            raise ConfigError(
+                f"data.{name}",
+                value,
+                "not for source synthetic: its generator already standardises, unit-normalises "
+                "and splits each user's rows (data.synthetic.train_fraction); remove it",
+            )
+    if d.train_subsample_fraction is not None and not 0 < d.train_subsample_fraction <= 1:
+        raise ConfigError(
+            "data.train_subsample_fraction",
+            d.train_subsample_fraction,
+            "must be in (0, 1] (DP-FedSAM's EMNIST: 0.2), or null for the whole training split",
+        )
+    if not isinstance(d.standardize_unit_norm, bool):
+        raise ConfigError("data.standardize_unit_norm", d.standardize_unit_norm, "true or false")
+    fraction = d.client_test_fraction
+    if fraction is not None and not 0 < fraction < 1:
+        raise ConfigError(
+            "data.client_test_fraction",
+            fraction,
+            "must be in (0, 1) (DP-SCAFFOLD: 0.2), or null to evaluate on the source's test split",
+        )
+    if fraction is not None and d.test_per_client is not None:
+        raise ConfigError(
+            "data.test_per_client",
+            d.test_per_client,
+            "data.client_test_fraction already gives every client its own held-out test rows; "
+            "remove one of the two",
+        )
 
 
 def validate_pretrained(c: ExperimentConfig) -> None:
