@@ -1,8 +1,10 @@
 """Preprocessing and batched augmentation match their per-image definitions."""
 
+import pytest
 import torch
 
 from datasets.augment import Augment, Preprocess
+from datasets.tasks import TASKS
 
 
 def test_random_crop_equals_torchvision_style_crop_of_the_padded_image():
@@ -37,3 +39,68 @@ def test_preprocess_scales_inverts_and_normalises():
     assert torch.allclose(out, torch.tensor([[[[-2.0, 2.0]]]]))
     features = torch.randn(3, 4)
     assert torch.equal(Preprocess()(features), features)
+
+
+def test_preprocess_leaves_float_rows_as_they_are_even_with_image_stats():
+    """Standardised or PCA features are stored as float32: the task's pixel stats must not
+    shift them again."""
+    rows = torch.randn(3, 1, 2, 2)
+    assert torch.equal(Preprocess(mean=(0.5,), std=(0.25,))(rows), rows)
+
+
+def test_vertical_flip_is_per_sample_seeded_and_draws_after_the_horizontal_one():
+    x = torch.randn(64, 1, 4, 4)
+    out = Augment(vertical_flip=True)(x, torch.Generator().manual_seed(2))
+    flipped = [torch.equal(out[i], x[i].flip(1)) for i in range(64)]
+    assert all(f or torch.equal(out[i], x[i]) for i, f in enumerate(flipped))
+    assert 16 < sum(flipped) < 48
+    assert torch.equal(out, Augment(vertical_flip=True)(x, torch.Generator().manual_seed(2)))
+    both = Augment(flip=True, vertical_flip=True)(x, torch.Generator().manual_seed(3))
+    g = torch.Generator().manual_seed(3)
+    horizontal, vertical = torch.rand(64, generator=g) < 0.5, torch.rand(64, generator=g) < 0.5
+    for i in range(64):
+        expected = x[i].flip(2) if horizontal[i] else x[i]
+        assert torch.equal(both[i], expected.flip(1) if vertical[i] else expected)
+
+
+def test_grayscale_is_the_luminance_of_the_pixels_in_the_normalised_space():
+    raw = torch.tensor([0.2, 0.6, 1.0]).view(1, 3, 1, 1).repeat(2, 1, 2, 2)
+    stats = Preprocess(mean=(0.5, 0.4, 0.3), std=(0.2, 0.25, 0.5))
+    normalised = (raw - torch.tensor(stats.mean).view(1, 3, 1, 1)) / torch.tensor(stats.std).view(
+        1, 3, 1, 1
+    )
+    out = Augment(grayscale=1.0, pixel_stats=stats)(normalised, torch.Generator().manual_seed(0))
+    gray = 0.299 * 0.2 + 0.587 * 0.6 + 0.114 * 1.0
+    expected = (gray - torch.tensor(stats.mean)) / torch.tensor(stats.std)
+    assert torch.allclose(out, expected.view(1, 3, 1, 1).expand_as(out), atol=1e-6)
+    assert torch.equal(Augment(grayscale=0.0)(normalised, torch.Generator()), normalised)
+
+
+def test_grayscale_hits_about_its_probability_of_samples_reproducibly():
+    x = torch.rand(400, 3, 2, 2)
+    aug = Augment(grayscale=0.1)
+    out = aug(x, torch.Generator().manual_seed(5))
+    gray = (out[:, 0] == out[:, 1]).all(dim=(1, 2)) & (out[:, 1] == out[:, 2]).all(dim=(1, 2))
+    assert 20 <= int(gray.sum()) <= 60  # 40 expected
+    assert torch.equal(out, aug(x, torch.Generator().manual_seed(5)))
+    assert torch.equal(out[~gray], x[~gray])
+
+
+def test_grayscale_needs_rgb_and_a_probability():
+    with pytest.raises(ValueError, match="RGB"):
+        Augment(grayscale=1.0)(torch.rand(2, 1, 2, 2), torch.Generator())
+    with pytest.raises(ValueError, match="probability"):
+        Augment(grayscale=1.5)
+
+
+def test_dpfedsam_tasks_carry_the_authors_augmentation():
+    cifar = TASKS["cifar10_resnet18_flips_gray"].augment
+    assert (cifar.padding, cifar.flip, cifar.vertical_flip, cifar.grayscale) == (4, True, True, 0.1)
+    assert cifar.pixel_stats == TASKS["cifar10_resnet18"].preprocess
+    emnist = TASKS["emnist_cnn_crop_flips"].augment
+    assert (emnist.padding, emnist.flip, emnist.vertical_flip, emnist.grayscale) == (
+        2,
+        True,
+        True,
+        0,
+    )
