@@ -99,6 +99,7 @@ def _resume(args: argparse.Namespace) -> int:
     at once when its rounds are all done."""
     from cluster.checkpoint import open_checkpoint
     from cluster.config import ConfigError
+    from cluster.simulation import byte_budget_spent
 
     print(f"resume {args.checkpoint}", flush=True)
     _start_tracking_process(args.verbose)
@@ -120,7 +121,8 @@ def _resume(args: argparse.Namespace) -> int:
             f"{_after_warmup(config)}; continue it with --set rounds=N, N > {config.rounds}"
         )
         return 0
-    spent = _bytes_spent(config, checkpoint["simulation"])
+    history = checkpoint["simulation"]["history"]
+    spent = byte_budget_spent(config, history[-1]["metrics"] if history else None, len(history))
     if spent is not None:
         print(
             f"nothing to do: {args.checkpoint}: {spent}; continue it with --set "
@@ -129,18 +131,6 @@ def _resume(args: argparse.Namespace) -> int:
         return 0
     print(f"resuming after round {done} from {args.checkpoint}", flush=True)
     return _execute(config, checkpoint, args.verbose)
-
-
-def _bytes_spent(config, simulation: dict) -> str | None:
-    """Why a checkpoint's run may run no further round under ``stop_at_bytes``: the bytes of
-    its rounds reached the budget (None: bytes left, or no budget)."""
-    from cluster.simulation import byte_budget_spent
-
-    history = simulation["history"]
-    if not history:
-        return None
-    spent = history[-1]["metrics"].get("communication_bytes", 0.0)
-    return byte_budget_spent(config, spent, len(history))
 
 
 def _rounds_left(config, done: int) -> int:
@@ -217,9 +207,10 @@ def _execute_in_session(config, checkpoint: dict | None, verbose: bool) -> int:
         print(f"final test accuracy {outcome.final_accuracy:.4f}")
     if outcome.claim.private:
         print(outcome.privacy_line())
+    more = "rounds=N" if config.stop_at_bytes is None else "rounds=N or stop_at_bytes=B"
     print(
         f"checkpoint: {outcome.checkpoint} (continue with: uv run python -m cluster resume "
-        f"{outcome.checkpoint} --set rounds=N)"
+        f"{outcome.checkpoint} --set {more})"
     )
     if outcome.run_id:
         print(f"MLflow run {outcome.run_id} in {outcome.tracking_uri}")

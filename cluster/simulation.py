@@ -142,10 +142,8 @@ class Simulation:
     def _bytes_spent(self) -> str | None:
         """Why no further round runs under ``stop_at_bytes`` (None: bytes left, or no budget):
         checked before each round, so a resumed run that spent its budget runs none."""
-        if not self.history:
-            return None
-        spent = self.history[-1].metrics.get("communication_bytes", 0.0)
-        return byte_budget_spent(self.config, spent, len(self.history))
+        last = self.history[-1].metrics if self.history else None
+        return byte_budget_spent(self.config, last, len(self.history))
 
     def run_round(self, round_index: int, check: Callable[[], None] = lambda: None) -> RoundRecord:
         """One round; ``check`` is polled while the clients train and once after, before their
@@ -191,7 +189,7 @@ class Simulation:
         record.metrics["communication_bytes"] = before + sent
         if "clip_norm" in self.state.extras:
             record.metrics["clip_norm"] = float(self.state.extras["clip_norm"][0])
-        spent = byte_budget_spent(c, record.metrics["communication_bytes"], round_index + 1)
+        spent = byte_budget_spent(c, record.metrics, round_index + 1)
         last = round_index + 1 == c.total_rounds or spent is not None  # evaluated, as the last
         if not warmup and ((round_index + 1) % c.eval_every == 0 or last):
             result = self.executor.evaluate(self.state.params.numpy())
@@ -344,12 +342,15 @@ class Simulation:
             raise
 
 
-def byte_budget_spent(config: ExperimentConfig, spent: float, rounds_done: int) -> str | None:
-    """The stop reason once ``spent``, the cumulative ``communication_bytes`` after
-    ``rounds_done`` rounds, has reached ``config.stop_at_bytes`` (None: below it, or no
-    budget). The round that reaches it is the run's last: it is evaluated, and no round
-    follows."""
+def byte_budget_spent(
+    config: ExperimentConfig, metrics: dict[str, float] | None, rounds_done: int
+) -> str | None:
+    """The stop reason once the cumulative ``communication_bytes`` in ``metrics``, the metrics
+    of round ``rounds_done`` (None: no round yet), has reached ``config.stop_at_bytes`` (None:
+    below it, or no budget). The round that reaches it is the run's last: it is evaluated,
+    and no round follows."""
     budget = config.stop_at_bytes
+    spent = (metrics or {}).get("communication_bytes", 0.0)
     if budget is None or spent < budget:
         return None
     return (
