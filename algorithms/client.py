@@ -157,6 +157,7 @@ def client_round(
             if mechanism.placement == "server"
             else algorithm.adaptive_clip.client_noise_std(mechanism.noise_scale),
         )
+        report.stats["upload_bytes"] += upload_bytes(uploads["clip_bit"])  # its noisy bit b̃_i
     if algorithm.control_variates:
         new_control = updated_client_control(
             client_control,

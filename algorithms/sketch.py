@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from dataclasses import dataclass, replace
 from typing import ClassVar, Literal
 
@@ -265,7 +266,12 @@ class SketchUpload:
             raise ValueError(f"sketch sensitivity must be true or paper, got {self.sensitivity!r}")
 
     def bind(self, layout) -> SketchUpload:
-        return replace(self, dim=layout.offsets[-1])
+        """This upload for the model of ``layout`` (d = its size); warns when l·m > d."""
+        bound = replace(self, dim=layout.offsets[-1])
+        if bound.rows * bound.cols > bound.dim:
+            message = oversized_sketch_message(bound.rows, bound.cols, bound.dim)
+            warnings.warn(message, stacklevel=1)  # one location for every caller: shown once
+        return bound
 
     def count_sketch(self, dim: int | None = None) -> CountSketch:
         dim = self.dim if dim is None else dim
@@ -290,6 +296,18 @@ class SketchUpload:
             "coordinate only; a clipped update that changes as a whole moves the sketch by up "
             "to 2C·√(Σ_j maxload_j) in L2"
         )
+
+
+def oversized_sketch_message(rows: int, cols: int, dim: int) -> str:
+    """Why an l × m sketch with l·m > d is a mistake (``SketchUpload.bind`` warns with it once
+    per process: Python shows a warning's first occurrence per message and line)."""
+    return (
+        f"a count sketch of sketch_rows × sketch_cols = {rows} × {cols} = {rows * cols} counters "
+        f"has more counters than the model's d = {dim} parameters: it uploads more than the dense "
+        f"update, and upload_bytes counts the smaller of its 4·l·m dense bytes and 8 bytes per "
+        f"nonzero counter (algorithms.client.upload_bytes); set algorithm.sketch_cols below "
+        f"d / sketch_rows = {dim // rows}"
+    )
 
 
 def noise_multiplier_for_rho(rho: float) -> float:

@@ -384,7 +384,11 @@ def write_outputs(
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out / "compare_accuracy.png", dpi=100)
-    return [out / "compare.md", out / "compare.csv", out / "compare_accuracy.png"]
+    from cluster.compare_plots import accuracy_against_communication
+
+    communication = accuracy_against_communication(results, out)  # None: no bytes logged
+    paths = [out / "compare.md", out / "compare.csv", out / "compare_accuracy.png"]
+    return paths + ([communication] if communication is not None else [])
 
 
 def run(args: argparse.Namespace) -> int:

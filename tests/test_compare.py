@@ -174,7 +174,7 @@ def test_sketch_spec_runs_the_papers_noise_at_the_budgets_epsilon():
     from cluster.compare import load_spec, run_setup
 
     base, runs = load_spec(Path("configs/cpu/sketch.yaml"), [])
-    assert len(runs) == 8 and runs["dpsfl"]["algorithm.sketch_cols"] == 44000  # x- anchor
+    assert len(runs) == 9 and runs["dpsfl"]["algorithm.sketch_cols"] == 44000  # x- anchor
     paper_base, overrides = run_setup(base, [], runs["dpsfl_paper"])
     assert paper_base["privacy"]["calibrate"] == "none"
     assert "target_epsilon" not in paper_base["privacy"]

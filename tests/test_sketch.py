@@ -4,6 +4,7 @@ Expected values are spec 002 §7's (a NumPy run at d = 20k, m = 2k, l = 5, seed 
 """
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -25,6 +26,7 @@ from algorithms.sketch import (
     hash_coefficients,
     median_over_rows,
     noise_multiplier_for_rho,
+    oversized_sketch_message,
     rho_from_epsilon,
 )
 from algorithms.transforms import ClientContext
@@ -261,6 +263,7 @@ def test_paper_variant_adds_c_sqrt_l_over_2rho_per_counter_and_is_unaccounted(st
     assert float(releases.std()) == pytest.approx(expected, rel=0.02)
 
 
+@pytest.mark.filterwarnings("ignore:a count sketch of")  # m ≫ d on purpose: no collisions
 def test_fetchsgd_with_an_exact_sketch_is_fedsgd_with_server_momentum(store_root):
     """No collisions (m ≫ d), k = d and the papers' error feedback (S_e −= S(Δ), momentum kept):
     FetchSGD's step is η·(β-momentum of the mean)."""
@@ -308,8 +311,9 @@ def test_dpsfl_ac_moves_c_logs_bytes_and_resumes_bit_for_bit(store_root, tmp_pat
     history = straight.result.history
     clip_norms = [r.metrics["clip_norm"] for r in history]
     assert len(set(clip_norms)) == 6 and all(c > 0 for c in clip_norms)
-    assert history[0].metrics["upload_bytes"] == 5 * 60 * 4  # a float32 sketch
-    assert history[0].metrics["upload_bytes_total"] == 5 * 5 * 60 * 4  # the cohort of 5
+    upload = 5 * 60 * 4 + 8  # a float32 sketch and the float64 noisy clip bit b̃_i
+    assert history[0].metrics["upload_bytes"] == upload
+    assert history[0].metrics["upload_bytes_total"] == 5 * upload  # the cohort of 5
     assert history[0].metrics["download_bytes"] <= 80 * 8 + 8  # sparse Δ + C
     first = run_experiment(small_config(store_root, *options, "rounds=3"))
     saved, config = open_checkpoint(first.checkpoint, ["rounds=6"])
@@ -323,6 +327,51 @@ def test_dpsfl_ac_moves_c_logs_bytes_and_resumes_bit_for_bit(store_root, tmp_pat
         save_checkpoint(tmp_path / "linear.pt", saved["simulation"], saved["config"], None)
     with pytest.raises(ConfigError, match="hashed with the linear-buckets count-sketch hash"):
         load_checkpoint(tmp_path / "linear.pt")
+
+
+def test_a_sketch_with_more_counters_than_parameters_warns_once(store_root):
+    """410 parameters: 5 × 60 = 300 counters binds quietly, 5 × 100 = 500 warns, once."""
+    layout = ParamLayout(("w",), ((410,),), (0, 410))
+    small = small_config(store_root, "algorithm.name=fetchsgd", *ONE_GRADIENT)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        small.build_algorithm().bind(layout)
+    big = small_config(
+        store_root, "algorithm.name=fetchsgd", *ONE_GRADIENT, "algorithm.sketch_cols=100"
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        for _ in range(3):
+            big.build_algorithm().bind(layout)
+    assert [str(w.message) for w in caught] == [oversized_sketch_message(5, 100, 410)]
+    assert "500 counters" in str(caught[0].message) and "below d / sketch_rows = 82" in str(
+        caught[0].message
+    )
+
+
+def test_compression_spec_scales_the_papers_levels_to_the_models_size():
+    """configs/cpu/sketch_compression.yaml: CL1–CL5 at the paper's d/(l·m) (to 1%) and k/d (to
+    5%: k rounded to hundreds) for the MNIST CNN's d, fetchsgd at the same sizes as dpsfl."""
+    from pathlib import Path
+
+    from cluster.compare import load_spec
+    from datasets.tasks import TASKS
+
+    base, runs = load_spec(Path("configs/cpu/sketch_compression.yaml"), [])
+    cnn = TASKS[base["task"]].model((1, 28, 28), 10)
+    dim = sum(p.numel() for p in cnn.parameters())
+    paper_dim = 6_573_120
+    for level, (paper_k, paper_m) in COMPRESSION_LEVELS.items():
+        run = runs[f"dpsfl_cl{level}"]
+        rows, cols, k = (run[f"algorithm.sketch_{n}"] for n in ("rows", "cols", "top_k"))
+        assert dim / (rows * cols) == pytest.approx(paper_dim / (5 * paper_m), rel=0.01)
+        assert k / dim == pytest.approx(paper_k / paper_dim, rel=0.05)
+        fetch = runs[f"fetchsgd_cl{level}"]
+        assert {n: v for n, v in fetch.items() if n != "algorithm.name"} == run
+    assert (
+        runs["dpsfl_cl1"]["algorithm.sketch_cols"]
+        == load_spec(Path("configs/cpu/sketch.yaml"), [])[1]["dpsfl"]["algorithm.sketch_cols"]
+    )
 
 
 BAD_SKETCH_CONFIGS = {
