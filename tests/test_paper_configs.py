@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import torch
 from helpers import run_local
-from test_vision_sources import patch_cifar_md5, write_cifar
+from test_vision_sources import emnist_arrays, idx_bytes, patch_cifar_md5, write_cifar
 
 from cluster.config import load_config
+from cluster.experiment import open_store
 from cluster.privacy_plan import calibrated
 
 # The ViT-B/16 configs run in test_transformers.py (a tiny ViT in place of ViT-B/16).
@@ -61,3 +62,45 @@ def test_cifar_paper_config_runs(path, tmp_path, monkeypatch, store_root):
     local = config.algorithm.local
     lrs = [r.metrics["local_lr"] for r in sim.history]
     assert lrs == pytest.approx([local.lr, local.lr * local.lr_decay])
+
+
+def test_dpfedsam_emnist_config_runs_on_a_seeded_fifth_of_the_training_split(tmp_path, store_root):
+    """Tiny EMNIST byclass IDX files in torchvision's raw layout; the config's 20% subsample
+    and the authors' crop and flips (emnist_cnn_crop_flips), shrunk only in scale."""
+    path = "configs/papers/dpfedsam_emnist_dir0.6.yaml"
+    raw = tmp_path / "raw"
+    (raw / "EMNIST" / "raw").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for part, n in (("train", 200), ("test", 10)):
+        images, labels = emnist_arrays(rng, "byclass", n)
+        for kind, array in (("images-idx3", images), ("labels-idx1", labels)):
+            name = f"emnist-byclass-{part}-{kind}-ubyte"
+            (raw / "EMNIST" / "raw" / name).write_bytes(idx_bytes(array))
+    shrunk = [*_shrunk(path, raw, tmp_path, store_root), "data.partition.min_size=1"]
+    shrunk.append("algorithm.local.batch_size=10")  # one or two steps per client
+    config = calibrated(load_config(path, shrunk))
+    assert config.task == "emnist_cnn_crop_flips" and config.data.train_subsample_fraction == 0.2
+    store, _ = open_store(config)
+    assert store.manifest["num_train"] == 40 and store.manifest["num_test"] == 10
+    sim = run_local(config)
+    assert len(sim.history) == 2 and torch.isfinite(sim.state.params).all()
+
+
+@pytest.mark.parametrize(
+    ("path", "train_rows"),
+    [
+        ("configs/papers/dpscaffold_femnist_logreg.yaml", 2000),
+        ("configs/papers/dpscaffold_mnist_mlp.yaml", 800),
+    ],
+)
+def test_dpscaffold_configs_hold_out_a_fifth_of_each_user_and_set_delta_on_the_rest(
+    path, train_rows
+):
+    """Spec 004 §4: each user's R rows split 80/20, standardised then unit-normed; δ is
+    1/(M·R_train) with the training rows that remain after the held-out ones."""
+    config = load_config(path)
+    d = config.data
+    assert d.standardize_unit_norm and d.client_test_fraction == 0.2
+    samples = d.partition.samples_per_client
+    assert samples - round(d.client_test_fraction * samples) == train_rows
+    assert config.privacy.delta == pytest.approx(1 / (d.num_clients * train_rows), rel=1e-4)
