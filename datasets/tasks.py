@@ -38,7 +38,8 @@ DP-FedSAM's code augments with RandomCrop(32, padding=4), horizontal and vertica
 and RandomGrayscale (p 0.1): ``*_resnet18_flips_gray`` on CIFAR, ``emnist_cnn_crop_flips`` on
 EMNIST, where a 28×28 crop of the image padded by 2 gives the same ±2-pixel shifts of the
 character as the code's 32×32 crop of the 28×28 image padded by 4, and grayscale is the
-identity on one channel.
+identity on one channel. Rows stored as floats (PCA features, ``data.standardize_unit_norm``)
+skip a task's pixel statistics (``Preprocess`` scales uint8 images only).
 """
 
 from __future__ import annotations
