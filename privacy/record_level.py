@@ -32,7 +32,18 @@ Methods:
   by client sampling with Thm 9 at the client level; neither holds against the server, and its
   ε is a floor from l as σ_g → ∞ (spec 004 §3). Labelled with that assumption wherever shown.
 - ``aggregate``: the tight PLD under the same aggregation assumption (σ_e, a third party who
-  sees only x^T with K = 1); reported beside, never a run's ε.
+  sees only x^T with K = 1); reported beside, never a run's ε. Each step is subsampled as the
+  run's batches are (``aggregate_adjacency``): Poisson batches, the s-Poisson-subsampled
+  Gaussian under the run's adjacency (add/remove: sensitivity C, noise Cσ_e; replace-one:
+  dp-accounting's ``REPLACE_ONE`` pair, contributions ±C against noise 2Cσ_e); fixed-size
+  batches without replacement, replace-one: the add/remove pair at σ_e (noise 2Cσ_e against
+  the replace sensitivity 2C), both directions. Subsampling without replacement under
+  replace-one is dominated by (s·P + (1 − s)·Q, Q), (P, Q) the base Gaussian's replace-one pair
+  N(2C, ·), N(0, ·) (Zhu, Dong & Wang 2022, Thm 11), i.e. the remove direction of that PLD; a
+  batch whose other records all sit where the replaced one does reaches its add direction too
+  (``tests/test_sample_level_pld.py`` checks both against direct integration). Poisson's
+  tighter ``REPLACE_ONE`` pair (the record absent contributes 0, between ±C) does not hold for
+  fixed-size batches, where another record takes the replaced one's place.
 """
 
 from __future__ import annotations
@@ -57,8 +68,9 @@ ASSUMPTIONS = {
     "rdp": "server sees every upload; own client's noise only; participation ~ Binomial(T, l)",
     "paper": "DP-SCAFFOLD's accountant: the lM clients' noise summed on the record "
     "(σ_e = σ_g·√(lM)), client-level WOR amplification; a third party seeing x^T only",
-    "aggregate": "the lM clients' noise summed on the record (σ_e = σ_g·√(lM)); holds for "
-    "K = 1 against a third party seeing x^T only",
+    "aggregate": "the lM clients' noise summed on the record (σ_e = σ_g·√(lM)), each step "
+    "subsampled as this run's batches are, under its adjacency; holds for K = 1 against a "
+    "third party seeing x^T only",
 }
 
 
@@ -69,6 +81,13 @@ def methods_for(batch_sampling: str, adjacency: str) -> tuple[str, ...]:
     else:  # fixed-size batches without replacement: replace-one only
         own = ("rdp",) if adjacency == "replace_one" else ()
     return (*own, "paper", "aggregate") if own else ()
+
+
+def aggregate_adjacency(batch_sampling: str, adjacency: str) -> str:
+    """The adjacency of the s-Poisson-subsampled Gaussian PLD (``SampleLevelPldAccountant``) at
+    σ_e that dominates one aggregate step: the run's own for Poisson batches; add/remove for
+    fixed-size batches without replacement under replace-one (module docstring)."""
+    return adjacency if batch_sampling == "poisson" else "add_remove"
 
 
 @lru_cache(maxsize=32)
@@ -179,12 +198,7 @@ class RecordLevelAccountant:
         if self.method in ("pld", "aggregate"):
             plds = []
             for sigma, rate, n in history:
-                if self.method == "aggregate":  # σ_e = σ_g·√(lM), add/remove
-                    acc = SampleLevelPldAccountant(
-                        rate, s, k, sigma * math.sqrt(rate * self.num_clients)
-                    )
-                else:
-                    acc = SampleLevelPldAccountant(rate, s, k, sigma, adjacency=self.adjacency)
+                acc = self._pld_accountant(sigma, rate)
                 if len(history) == 1:
                     return acc.epsilon(n, delta)  # with its RDP range guard
                 plds.append(acc.round_pld.self_compose(n))
@@ -203,6 +217,16 @@ class RecordLevelAccountant:
         curve_of = _round_rdp if self.batch_sampling == "poisson" else _fresh_round_rdp
         total = sum(n * curve_of(rate, s, k, sigma) for sigma, rate, n in history)
         return epsilon_from_rdp(RDP_ORDERS, total, delta)
+
+    def _pld_accountant(self, sigma: float, rate: float) -> SampleLevelPldAccountant:
+        """Rounds at (σ_g, l): ``pld`` at σ_g under the run's adjacency (Poisson batches);
+        ``aggregate`` at σ_e = σ_g·√(lM) under ``aggregate_adjacency``."""
+        s, k = self.data_rate, self.local_steps
+        if self.method == "pld":
+            return SampleLevelPldAccountant(rate, s, k, sigma, adjacency=self.adjacency)
+        sigma_e = sigma * math.sqrt(rate * self.num_clients)
+        adjacency = aggregate_adjacency(self.batch_sampling, self.adjacency)
+        return SampleLevelPldAccountant(rate, s, k, sigma_e, adjacency=adjacency)
 
     def state_dict(self) -> dict:
         return {"history": [list(run) for run in self.history]}
