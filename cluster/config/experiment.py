@@ -84,7 +84,7 @@ class ExperimentConfig:
 
     @property
     def deployment(self) -> str | None:
-        """"C_n of N clients per round": the deployment a noise cohort (or a population) claims
+        """ "C_n of N clients per round": the deployment a noise cohort (or a population) claims
         ε for, or None when that is this simulation's own cohort and clients."""
         if (self.noise_cohort_size, self.population) == (self.cohort.size, self.data.num_clients):
             return None
