@@ -92,14 +92,20 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+MAX_SAFETENSORS_HEADER = 100_000_000  # bytes, the safetensors library's own limit
+MAX_DIMENSION = 2**40  # no real tensor comes near; keeps prod(shape) and torch.empty sane
+
+
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    """Parse a safetensors file (every byte range checked against its dtype and shape)."""
+    """Parse a safetensors file. As the format requires, the tensors' byte ranges must tile the
+    body exactly (sorted, no overlap, no gap): a header cannot make several tensors share bytes,
+    so what is copied is never more than the file."""
     data = path.read_bytes()
     if len(data) < 8:
         raise PretrainedError(path, "shorter than the 8-byte header length")
     (header_length,) = struct.unpack("<Q", data[:8])
-    if 8 + header_length > len(data):
-        raise PretrainedError(path, f"header length {header_length} runs past the file's end")
+    if header_length > MAX_SAFETENSORS_HEADER or 8 + header_length > len(data):
+        raise PretrainedError(path, f"header length {header_length} is too large for the file")
     try:
         header = json.loads(data[8 : 8 + header_length])
     except ValueError as error:
@@ -108,24 +114,49 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
         raise PretrainedError(path, "header is not a JSON object")
     header.pop("__metadata__", None)
     body = memoryview(data)[8 + header_length :]
-    return {name: _safetensor(path, body, name, entry) for name, entry in header.items()}
+    entries = {name: _safetensor_entry(path, name, entry) for name, entry in header.items()}
+    _check_tiling(path, entries, len(body))
+    return {
+        name: torch.frombuffer(bytearray(body[begin:end]), dtype=dtype).reshape(shape)
+        if end > begin
+        else torch.empty(shape, dtype=dtype)
+        for name, (dtype, shape, begin, end) in entries.items()
+    }
 
 
-def _safetensor(path: Path, body: memoryview, name: str, entry) -> torch.Tensor:
+def _safetensor_entry(path: Path, name: str, entry) -> tuple[torch.dtype, list[int], int, int]:
+    """(dtype, shape, begin, end) of one header entry, its byte count matching dtype × shape."""
+
+    def whole(n) -> int:
+        if type(n) is not int or not 0 <= n < MAX_DIMENSION:
+            raise ValueError(n)
+        return n
+
     try:
         dtype = _SAFETENSORS_DTYPES[entry["dtype"]]
-        shape = [int(n) for n in entry["shape"]]
-        begin, end = (int(n) for n in entry["data_offsets"])
+        shape = [whole(n) for n in entry["shape"]]
+        begin, end = (whole(n) for n in entry["data_offsets"])
     except (KeyError, TypeError, ValueError):
         raise PretrainedError(path, f"tensor {name!r}: malformed header entry {entry!r}") from None
-    size = prod(shape) * dtype.itemsize
-    if min(shape, default=0) < 0 or not 0 <= begin <= end <= len(body) or end - begin != size:
+    if end - begin != prod(shape) * dtype.itemsize:
         raise PretrainedError(
             path, f"tensor {name!r}: bytes {begin}:{end} do not hold {entry['dtype']} {shape}"
         )
-    if size == 0:
-        return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(bytearray(body[begin:end]), dtype=dtype).reshape(shape)
+    return dtype, shape, begin, end
+
+
+def _check_tiling(path: Path, entries: dict, body_length: int) -> None:
+    position = 0
+    for name, (_, _, begin, end) in sorted(entries.items(), key=lambda item: item[1][2:]):
+        if begin != position:
+            raise PretrainedError(
+                path, f"tensor {name!r} starts at byte {begin}, expected {position} (gap/overlap)"
+            )
+        position = end
+    if position != body_length:
+        raise PretrainedError(
+            path, f"the tensors end at byte {position}, the body at {body_length}"
+        )
 
 
 def load_checked(

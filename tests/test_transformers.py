@@ -252,11 +252,38 @@ def test_safetensors_reader_checks_byte_ranges(tmp_path):
     torch.testing.assert_close(read_safetensors(path)["a"], torch.arange(6.0).reshape(2, 3))
     data = path.read_bytes()
     path.write_bytes(data[:-4])  # truncated: the last float is gone
-    with pytest.raises(PretrainedError, match="do not hold F32"):
+    with pytest.raises(PretrainedError, match="end at byte 24, the body at 20"):
         read_safetensors(path)
     path.write_bytes(struct.pack("<Q", 10**6) + data[8:])
-    with pytest.raises(PretrainedError, match="past the file's end"):
+    with pytest.raises(PretrainedError, match="too large for the file"):
         read_safetensors(path)
+
+
+def _raw_safetensors(path: Path, header: dict, body: bytes) -> None:
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + body)
+
+
+def test_safetensors_reader_refuses_shared_gapped_or_malformed_ranges(tmp_path):
+    """Many entries on one byte range would copy the file many times over: refused before any
+    tensor is built, as are gaps, a byte count that does not fit the shape, and bad shapes."""
+    path = tmp_path / "w.safetensors"
+    shared = {f"t{i}": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]} for i in range(50)}
+    _raw_safetensors(path, shared, bytes(16))
+    with pytest.raises(PretrainedError, match="starts at byte 0, expected 16"):
+        read_safetensors(path)
+    gap = {"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}
+    _raw_safetensors(path, gap, bytes(8))
+    with pytest.raises(PretrainedError, match="starts at byte 4, expected 0"):
+        read_safetensors(path)
+    for shape in ([True, 4], [2.0, 2], [-1, -4], [2**62, 0]):
+        bad = {"a": {"dtype": "F32", "shape": shape, "data_offsets": [0, 16]}}
+        _raw_safetensors(path, bad, bytes(16))
+        with pytest.raises(PretrainedError, match="malformed header entry|do not hold"):
+            read_safetensors(path)
+    empty = {"a": {"dtype": "F32", "shape": [0, 3], "data_offsets": [0, 0]}}
+    _raw_safetensors(path, empty, b"")
+    assert read_safetensors(path)["a"].shape == (0, 3)
 
 
 # ----------------------------------------------------------------------------- text data
