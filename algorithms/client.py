@@ -26,6 +26,13 @@ def upload_bytes(update: torch.Tensor) -> int:
     return min(update.numel() * update.element_size(), nonzero * (update.element_size() + 4))
 
 
+def counted(uploads: dict[str, torch.Tensor], report: ClientReport) -> dict[str, torch.Tensor]:
+    """``uploads``, with everything in them counted in ``report.stats["upload_bytes"]``: the
+    update, DPSFL-AC's noisy bit, SCAFFOLD's Δc_i, a warm-up's c_i⁰, a dropped client's noise."""
+    report.stats["upload_bytes"] = float(sum(upload_bytes(t) for t in uploads.values()))
+    return uploads
+
+
 def client_round(
     algorithm: Algorithm,
     objective: ModelObjective,
@@ -77,9 +84,11 @@ def client_round(
         if algorithm.warm_start == "authors_code":
             if "control" in state:  # collected already: nothing new
                 return {}, 0.0, state, report
-            return {"control": client_control}, 1.0, {**state, "control": client_control}, report
+            uploads = counted({"control": client_control}, report)
+            return uploads, 1.0, {**state, "control": client_control}, report
         control = warm_control(params)
-        return {"control": control - client_control}, 1.0, {**state, "control": control}, report
+        uploads = counted({"control": control - client_control}, report)
+        return uploads, 1.0, {**state, "control": control}, report
 
     augment_rng = None
     if objective.augment is not None:
@@ -137,13 +146,12 @@ def client_round(
         lr=result.lr,
     )
     if report.dropped:
-        return _noise_share(algorithm, delta, ctx, keys), 0.0, state, report
+        return counted(_noise_share(algorithm, delta, ctx, keys), report), 0.0, state, report
     update = algorithm.pipeline(delta, ctx, norm=delta_norm)
     report.pre_clip_norm = ctx.stats.get("pre_clip_norm", delta_norm)
     report.clipped = ctx.stats.get("clipped", math.nan)
     report.stats = {k: v for k, v in ctx.stats.items() if k not in ("pre_clip_norm", "clipped")}
     report.stats["grad_evals_per_step"] = result.grad_evals / max(result.steps, 1)
-    report.stats["upload_bytes"] = float(upload_bytes(update))
 
     weight = float(len(y)) if algorithm.server.weighting == "samples" else 1.0
     uploads = {algorithm.pipeline.upload_name: update * weight if weight != 1.0 else update}
@@ -157,7 +165,6 @@ def client_round(
             if mechanism.placement == "server"
             else algorithm.adaptive_clip.client_noise_std(mechanism.noise_scale),
         )
-        report.stats["upload_bytes"] += upload_bytes(uploads["clip_bit"])  # its noisy bit b̃_i
     if algorithm.control_variates:
         new_control = updated_client_control(
             client_control,
@@ -169,7 +176,7 @@ def client_round(
         )
         uploads["control"] = new_control - client_control
         state = {**state, "control": new_control}
-    return uploads, weight, state, report
+    return counted(uploads, report), weight, state, report
 
 
 def _noise_share(algorithm: Algorithm, like: torch.Tensor, ctx: ClientContext, keys) -> dict:

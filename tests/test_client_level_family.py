@@ -438,3 +438,12 @@ def test_the_noise_on_the_mean_has_std_sigma_c_over_m(m):
         total += mechanism.privatize(torch.zeros(d), ctx).double()
     std = float((total / m).std())
     assert std == pytest.approx(sigma * c / m, rel=0.02)
+
+
+def test_upload_bytes_count_every_upload_scaffolds_control_too(store_root):
+    """SCAFFOLD sends Δy_i and Δc_i (410 float32 each for the logistic regression): both count,
+    so a communication budget (stop_at_bytes) or the accuracy-against-bytes plot sees them."""
+    fedavg = run_local(small_config(store_root, "algorithm.name=fedavg", "rounds=1"))
+    scaffold = run_local(small_config(store_root, "algorithm.name=scaffold", "rounds=1"))
+    assert fedavg.history[-1].metrics["upload_bytes"] == 410 * 4
+    assert scaffold.history[-1].metrics["upload_bytes"] == 2 * 410 * 4
