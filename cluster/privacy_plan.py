@@ -348,10 +348,12 @@ def privacy_warnings(config: ExperimentConfig, client_sizes) -> list[str]:
     """Config-level warnings for a private run: data preparation outside the DP mechanism
     (``datasets.preparation.outside_dp_notes``), and a configured δ ≥ 1/n, which permits
     publishing one unit's data in the clear, n the clients (client level) or the training
-    records of all clients (sample level, ``client_sizes`` summed)."""
+    records of all clients (sample level, ``client_sizes`` summed; for a deployment
+    ``privacy.population`` N of them, N/M times as many: ``sample_claim.record_delta``'s count)."""
     delta = config.privacy.delta
     if config.sample_level:
-        count, symbol, unit = int(sum(client_sizes)), "R", "training record"
+        scale = config.population / config.data.num_clients
+        count, symbol, unit = round(sum(client_sizes) * scale), "R", "training record"
     else:
         count, symbol, unit = config.population, "N", "client"
     notes = outside_dp_notes(config.data.source_options())

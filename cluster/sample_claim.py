@@ -205,8 +205,8 @@ class SampleLevelClaim(ClaimStatus):
             f"privacy: ε is that of a deployment of {self.deployment} "
             "(privacy.noise_cohort_size, privacy.population), each client adding DP-SGD noise "
             f"σ_g in every local step; this simulation's clients add σ_g·√(m/C_n) = "
-            f"{factor:.4g}·σ_g, so that their mean update carries the deployment's noise; "
-            "their own ε is not reported"
+            f"{factor:.4g}·σ_g, so that their mean update carries the deployment's noise "
+            "(exactly for one local step, to first order for more); their own ε is not reported"
         ]
 
     def tags(self) -> dict[str, str]:

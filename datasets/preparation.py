@@ -22,7 +22,9 @@ Three options, each off unless set, applied by ``datasets.sources.build_store`` 
    ``SeedSequence([seed, HOLDOUT_STREAM])``, become that client's test rows. They leave the
    client's training shard (never trained on, not in R_train) and make up the store's whole
    test set, each row owned by its client; the source's own test split is not stored, so the
-   run's test accuracy is that over the pooled users' test rows, the paper's metric.
+   run's test accuracy is that over the pooled users' test rows, the paper's metric. Steps 1
+   and 2 (and a PCA) are fitted before it, as in the paper, so the held-out rows take part in
+   the standardisation statistics: a mild leak from test to training features.
 """
 
 from __future__ import annotations

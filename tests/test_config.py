@@ -149,6 +149,14 @@ def test_a_sample_level_delta_is_weak_against_the_records_not_the_clients():
     assert "≥ 1/R = 0.000166667 (R = 6000 training records)" in warning
     strict = load_config(paper, ["privacy.delta=1e-4"])
     assert privacy_warnings(strict, sizes) == data_notes
+    # Standing for a deployment of 6,000 such clients, R is 600,000 records: 1e-4 is weak.
+    deployment = [
+        "algorithm.name=dp_fedavg_sample",
+        "algorithm.warm_start=null",
+        "privacy.population=6000",
+    ]
+    *_, warning = privacy_warnings(load_config(paper, ["privacy.delta=1e-4", *deployment]), sizes)
+    assert "≥ 1/R = 1.66667e-06 (R = 600000 training records)" in warning
 
 
 def test_store_root_is_absolute_for_actors(monkeypatch, tmp_path):

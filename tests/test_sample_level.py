@@ -255,14 +255,6 @@ def test_resume_is_bit_identical_with_client_controls(store_root):
             ),
             "privacy.sampling",
         ),
-        (  # the paper's accountant reads the simulated M
-            (
-                "algorithm.name=dp_fedavg_sample",
-                "privacy.population=1000",
-                "privacy.accountant=paper",
-            ),
-            "privacy.population",
-        ),
         (("privacy.accountant=paper", "cohort.sampling=poisson"), "poisson cohorts"),
         (
             ("privacy.accountant=paper", "algorithm.local.batch_sampling=poisson"),
@@ -489,6 +481,12 @@ def test_dp_fedavg_sample_claims_the_deployment_of_its_noise_cohort():
     alone = small_config("unused", *fedavg, "privacy.delta=1e-5")
     simulated = privacy_claim(alone, alone.build_algorithm(), sizes)
     assert claim.epsilon(30) < simulated.epsilon(30)  # l = 0.1, not the simulated 0.25
+    # The paper's accountant reads the deployment too (lM = C_n = 40), as the run's accountant
+    # and as the side number, and equals that of the deployment run directly.
+    paper = small_config("unused", *fedavg, *DEPLOYMENT, "privacy.accountant=paper")
+    paper_claim = privacy_claim(paper, paper.build_algorithm(), sizes)
+    assert paper_claim.epsilon(30) == claim.epsilon(30, "paper") == direct.epsilon(30, "paper")
+    assert paper_claim.epsilon(30) != claim.epsilon(30)
 
 
 def test_deployment_default_delta_counts_the_deployments_records():

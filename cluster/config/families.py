@@ -87,13 +87,6 @@ def validate_sample_level_deployment(c: ExperimentConfig) -> None:
             f"{c.algorithm.name}'s control variates c_i and c live on the simulated clients, so "
             "its noise cannot be the deployment's; use dp_fedavg_sample or remove it",
         )
-    if c.accountant_name == "paper":
-        raise ConfigError(
-            option,
-            value,
-            "privacy.accountant: paper is DP-SCAFFOLD's accountant of the simulated M clients, "
-            "not of a deployment; use privacy.accountant: auto or remove it",
-        )
 
 
 def validate_warm_start(c: ExperimentConfig) -> None:
