@@ -17,10 +17,10 @@ cohort size, β the momentum and η the server lr, round t::
     w   ← w + Δ                          (u = −g: the paper's w − Δ on gradients)
 
 ``zero_error`` (default) is what FetchSGD's reference code runs (kiddyboots216/CommEfficient,
-``_server_helper_sketched``): it zeroes S_e on the nonzero counters of S(Δ); here on all of T
-(the same unless Δ's values cancel exactly in a counter) instead of subtracting S(Δ), because with subtraction the model
-diverges (the authors' comment; measured here too: MNIST CNN at 96% by round 110, 9% at round
-150, ``configs/cpu/sketch.yaml``). Its momentum line,
+``_server_helper_sketched``): it zeroes S_e on the nonzero counters of S(Δ) (here on all of
+T: the same unless Δ's values cancel exactly in a counter) instead of subtracting S(Δ), because
+with subtraction the model diverges (the authors' comment; measured here too: MNIST CNN at 96%
+by round 110, 9% at round 150, ``configs/cpu/sketch.yaml``). Its momentum line,
 ``Vvelocity[nz[:, 0], nz[:, 1]].zero_()``, zeroes the copy that advanced indexing returns and
 leaves S_u as it was; DPSFL's Alg. 2 zeroes no momentum either (spec 002).
 ``zero_error_and_momentum`` zeroes S_u on T as well, what that line was meant to do (this
