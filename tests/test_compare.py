@@ -96,6 +96,7 @@ def test_compare_runs_presets_at_the_same_epsilon(tmp_path, store_root, monkeypa
     parent_id = parent[0].info.run_id
     names = {a.path for a in client.list_artifacts(parent_id, "compare")}
     expected = ("compare.md", "compare.csv", "compare_accuracy.png", "children.json")
+    expected += ("compare_communication.png",)  # the runs logged their bytes
     assert names == {f"compare/{name}" for name in expected}
     children = {r.info.run_id for r in found if r.data.tags.get("mlflow.parentRunId") == parent_id}
     listed = json.loads((out / "children.json").read_text())

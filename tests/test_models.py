@@ -123,8 +123,11 @@ def test_registry_names() -> None:
         "resnet18_gn2",
         "resnet9",
         "mlp_pca60",
+        "vit_b16",
+        "roberta_base",
     }
-    assert {name for name, *_ in CASES} == set(MODELS)
+    # The transformers' sizes and pretrained loading are checked in test_transformers.py.
+    assert {name for name, *_ in CASES} == set(MODELS) - {"vit_b16", "roberta_base"}
 
 
 @pytest.mark.parametrize(("name", "shape", "num_classes", "expected"), CASES, ids=CASE_IDS)
