@@ -69,6 +69,8 @@ def measure(clients: int, samples: int, workdir: Path) -> dict:
     zero_copy = not rows.x.flags.writeable and not rows.x.flags.owndata
 
     per_client = [opened.client(c) for c in range(clients)]
+    # The baseline is the pickled list a plain loop would keep. This file is written just above,
+    # in the benchmark's own temporary directory, and never comes from a user.
     baseline = workdir / "clients.pkl"
     with open(baseline, "wb") as f:
         pickle.dump([(np.array(c.x), np.array(c.y)) for c in per_client], f, protocol=5)
