@@ -64,10 +64,7 @@ class ClientDataCache:
         per_record = _nbytes(first) / max(len(first[1]), 1)
         if per_record * sizes.sum() > self.max_bytes:
             return
-        rows = [self.store.client(cid) for cid in client_ids]
-        x, y = self.to_tensors(
-            ClientArrays(np.concatenate([r.x for r in rows]), np.concatenate([r.y for r in rows]))
-        )
+        x, y = self.to_tensors(self.store.clients(client_ids))  # few requests from S3
         bounds = np.concatenate([[0], np.cumsum(sizes)]).tolist()
         for cid, start, stop in zip(client_ids, bounds[:-1], bounds[1:], strict=True):
             self._resident[cid] = (x[start:stop], y[start:stop])

@@ -28,21 +28,23 @@ against the model the config builds, the server state's names and shapes against
 the client states' ids and widths, the accountant against what the config charges, the history
 against the rounds done. A mismatch is a ``ConfigError`` (field CHECKPOINT) naming what differs.
 
-Written atomically (temporary file, then rename), so a crash mid-write never leaves a corrupt
-checkpoint behind. Resuming restores the server state, the accountant, the round history and
-every client's state (e.g. SCAFFOLD c_i) and reaches bit-identical parameters, because all
-randomness is keyed by (seed, round, client) rather than carried in generator state.
+A checkpoint is a local file or an object in an object store (``checkpoint.dir`` an
+``s3://`` URI; ``datasets.locations``). Written atomically (a temporary file renamed, or a
+temporary object copied, over it), so a crash mid-write never leaves a corrupt checkpoint
+behind; an object is read whole into memory and unpickled from there, by the same loader.
+Resuming restores the server state, the accountant, the round history and every client's
+state (e.g. SCAFFOLD c_i) and reaches bit-identical parameters, because all randomness is
+keyed by (seed, round, client) rather than carried in generator state.
 """
 
 from __future__ import annotations
 
-import os
+import io
 import pickle
-import tempfile
 import warnings
 from array import array
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 import torch
@@ -50,6 +52,9 @@ import torch
 from algorithms.presets import SKETCH_PRESETS
 from algorithms.sketch import HASH_FAMILY
 from cluster.config import ConfigError, config_from_dict
+from cluster.config.paths import location_error
+from datasets import locations
+from datasets.locations import Location, LocationError, ObjectLocation
 from privacy.accountant import append_rounds
 
 if TYPE_CHECKING:
@@ -63,15 +68,17 @@ _RESUME_FIX = (
 )
 
 
-def checkpoint_path(config: ExperimentConfig, run_id: str | None) -> Path:
+def checkpoint_path(config: ExperimentConfig, run_id: str | None) -> Location:
     """A tracked run's checkpoint is named by its MLflow run; an untracked one by what it runs."""
     name = run_id or f"{config.tracking.experiment}-{config.algorithm.name}-seed{config.seed}"
     return config.checkpoint_dir / f"{name}.pt"
 
 
-def save_checkpoint(path: Path, simulation_state: dict, config: dict, run_id: str | None) -> None:
-    """Write ``Simulation.state_dict()`` with the run's config and MLflow run id to ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def save_checkpoint(
+    path: Location, simulation_state: dict, config: dict, run_id: str | None
+) -> None:
+    """Write ``Simulation.state_dict()`` with the run's config and MLflow run id to ``path``
+    (atomically: ``locations.write_atomic``)."""
     payload = {
         "format_version": FORMAT_VERSION,
         "sketch_hash_family": HASH_FAMILY,
@@ -79,31 +86,7 @@ def save_checkpoint(path: Path, simulation_state: dict, config: dict, run_id: st
         "run_id": run_id,
         "simulation": _encode(simulation_state),
     }
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as file:
-            torch.save(payload, file)
-            file.flush()
-            os.fsync(file.fileno())  # on disk before it takes the name: a power loss on a
-        os.replace(tmp, path)  # shared volume leaves the old checkpoint or the new, never empty
-        _fsync_directory(path.parent)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make a rename in ``directory`` durable (where the filesystem lets a directory be opened)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    locations.write_atomic(path, lambda file: torch.save(payload, file))
 
 
 def _encode(state: dict) -> dict:
@@ -130,7 +113,9 @@ def _decode(state: dict) -> dict:
 # --------------------------------------------------------------------------------- reading
 
 
-def open_checkpoint(path: str | Path, overrides: list[str] = ()) -> tuple[dict, ExperimentConfig]:
+def open_checkpoint(
+    path: str | Location, overrides: list[str] = ()
+) -> tuple[dict, ExperimentConfig]:
     """The checkpoint at ``path`` (``load_checkpoint``) and its config with ``overrides``,
     its state checked against that config (``check_state``). Reads the file and builds the
     config's model on the CPU; no data, no Ray, no MLflow."""
@@ -149,16 +134,13 @@ def open_checkpoint(path: str | Path, overrides: list[str] = ()) -> tuple[dict, 
     return checkpoint, config
 
 
-def load_checkpoint(path: str | Path) -> dict:
-    """The checkpoint at ``path``, its arrays as the Simulation holds them. A ``ConfigError``
-    (field CHECKPOINT) when there is none, the file holds anything but plain data and tensors
-    (it is then not unpickled), it is of another format or its structure is not a checkpoint's.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(
-            "CHECKPOINT", str(path), "no such file; the run printed its checkpoint path at start"
-        )
+def load_checkpoint(path: str | Location) -> dict:
+    """The checkpoint at ``path`` (a local path or an object-store URI), its arrays as the
+    Simulation holds them. A ``ConfigError`` (field CHECKPOINT, or the AWS variable at fault)
+    when there is none or its object store cannot be reached, the file holds anything but plain
+    data and tensors (it is then not unpickled), it is of another format or its structure is
+    not a checkpoint's."""
+    path = _existing(path)
     payload = _read(path)
     try:
         _check_version(path, payload)
@@ -186,15 +168,44 @@ def _algorithm_name(config: dict) -> str | None:
     return algorithm.get("name") if isinstance(algorithm, dict) else None
 
 
-def _read(path: Path) -> object:
+def _existing(path: str | Location) -> Location:
+    """``path`` parsed, its object store reachable (``locations.check_access``), a file there:
+    else a ``ConfigError``."""
+    try:
+        location = locations.parse_location(path)
+        if isinstance(location, ObjectLocation):
+            locations.check_access(location)
+        found = locations.exists(location)
+    except LocationError as error:
+        raise location_error("CHECKPOINT", str(path), error) from None
+    except OSError as error:
+        raise _unreadable(path, str(error).splitlines()[0]) from None
+    if not found:
+        raise ConfigError(
+            "CHECKPOINT", str(path), "no such file; the run printed its checkpoint path at start"
+        )
+    return location
+
+
+def _source(path: Location) -> Path | BinaryIO:
+    """What ``torch.load`` reads: a local file by its path, an object read whole (one request)
+    into memory."""
+    return path if isinstance(path, Path) else io.BytesIO(locations.read_bytes(path))
+
+
+def _read(path: Location) -> object:
     """The unpickled content of ``path`` through torch's weights-only unpickler, which refuses
     every global outside its tensor/container allowlist before building anything."""
     try:
+        source = _source(path)
+    except OSError as error:
+        raise _unreadable(path, str(error).splitlines()[0]) from None
+    try:
         with warnings.catch_warnings():  # a foreign pickle's protocol: the refusal says enough
             warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)
-            return torch.load(path, map_location="cpu", weights_only=True)
+            return torch.load(source, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
-        foreign = _foreign_objects(path)
+        foreign = _foreign_objects(source)
         if not foreign:
             raise _unreadable(path, "a pickle torch's weights-only loader does not read") from None
         raise ConfigError(
@@ -210,16 +221,18 @@ def _read(path: Path) -> object:
         raise _unreadable(path, f"{type(error).__name__}: {error}") from None
 
 
-def _foreign_objects(path: Path) -> list[str]:
+def _foreign_objects(source: Path | BinaryIO) -> list[str]:
     """The classes and functions the file's pickle names outside the allowlist (read off its
     opcodes, nothing built); [] if it cannot be read that far."""
+    if not isinstance(source, Path):
+        source.seek(0)  # torch.load left it where it failed
     try:
-        return sorted(torch.serialization.get_unsafe_globals_in_checkpoint(path))
+        return sorted(torch.serialization.get_unsafe_globals_in_checkpoint(source))
     except Exception:  # not torch's zip format, or a pickle its scanner does not parse
         return []
 
 
-def _unreadable(path: Path, reason: str) -> ConfigError:
+def _unreadable(path: str | Location, reason: str) -> ConfigError:
     return ConfigError(
         "CHECKPOINT",
         str(path),
@@ -294,7 +307,7 @@ def _need(condition: bool, problem: str) -> None:
         raise _Malformed(problem)
 
 
-def _check_version(path: Path, payload: object) -> None:
+def _check_version(path: Location, payload: object) -> None:
     """``_Malformed`` for content without a format version, a ``ConfigError`` for another."""
     _need(isinstance(payload, dict), f"it holds a {type(payload).__name__}, not a mapping")
     _need("format_version" in payload, "it has no format_version")
@@ -381,7 +394,7 @@ def _check_client_arrays(states: dict) -> None:
 # ------------------------------------------------------------------------ against the config
 
 
-def check_state(path: str | Path, state: dict, config: ExperimentConfig) -> None:
+def check_state(path: str | Location, state: dict, config: ExperimentConfig) -> None:
     """A ``ConfigError`` (field CHECKPOINT) naming the first part of the checkpoint's ``state``
     that a run of ``config`` would not hold: the params (length, dtype), the server state's
     names and shapes, the client states' ids and widths, the accountant's history."""

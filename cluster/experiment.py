@@ -8,7 +8,6 @@ import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from actors.client_host import Kernels
 from algorithms.layout import ParamLayout
@@ -27,6 +26,7 @@ from cluster.privacy_plan import (
 from cluster.records import RoundRecord
 from cluster.simulation import Simulation, SimulationResult, final_epsilon
 from cluster.tracking_process import TrackingError, TrackingRun, flatten, tracking_uri
+from datasets.locations import Location
 from datasets.partition import PartitionError
 from datasets.sources import build_or_open_store
 from datasets.store import ShardStore
@@ -106,7 +106,7 @@ class Outcome:
     config: ExperimentConfig  # as run: after privacy calibration
     run_id: str | None
     tracking_uri: str | None
-    checkpoint: Path
+    checkpoint: Location  # a local path or an object-store URI (str() prints either)
     claim: PrivacyClaim  # what the run may say about privacy; every ε comes from it
     interrupted: bool = False  # stopped by SIGINT/SIGTERM after a round, checkpoint written
     run_page: str | None = None  # the MLflow run's page under `mlflow ui` (default port)
@@ -279,7 +279,7 @@ def _run_rounds(
             say(f"checkpoint: {path} ({f'every {every} rounds and ' if every else ''}at the end)")
 
     announce_once_open()
-    written: tuple[Path, int] | None = None  # the last checkpoint this run wrote, its round
+    written: tuple[Location, int] | None = None  # the last checkpoint this run wrote, its round
     try:
         if run is not None:  # it opened while Ray started; a store that refused it ends the
             run.wait_open()  # command here (exit 2), before any round
@@ -291,7 +291,7 @@ def _run_rounds(
         for notice in sim.claim.notices():
             say(notice)
 
-        def checkpoint_here() -> Path:
+        def checkpoint_here() -> Location:
             run_id = None
             failure = None
             if run is not None:  # named by the MLflow run, whose rounds are all in it first
@@ -351,7 +351,7 @@ def _finish_run(
     config: ExperimentConfig,
     sim: Simulation,
     result: SimulationResult,
-    checkpoint: Path,
+    checkpoint: Location,
     interrupted: bool,
 ) -> None:
     """The MLflow run's tags, summary, privacy report and model, then its end (KILLED when a

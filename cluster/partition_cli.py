@@ -3,9 +3,11 @@
     python -m cluster partition --dataset cifar10 --root DATA --clients 500 \\
         --method dirichlet --alpha 0.3 --seed 0 --out shards/cifar10-dir0.3
 
-writes the store at ``--out`` and its partition report (class-histogram heatmap, client-size
-histogram, summary JSON) under ``--out/report/``, prints the summary, and says how a run uses the
-store (``data.store``). Options are validated before any file is read.
+writes the store at ``--out`` (a directory, or an object-store prefix ``s3://bucket/prefix``:
+built in a local temporary directory and uploaded, its manifest last) and its partition report
+(class-histogram heatmap, client-size histogram, summary JSON) under ``--out/report/``, prints
+the summary, and says how a run uses the store (``data.store``). Options, and an object store's
+credentials, endpoint and bucket, are checked before any file is read.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from datasets import locations
+from datasets.locations import Location, LocationError
 from datasets.partition import PARTITION_METHODS
 from datasets.sources import SOURCES, build_store
 from datasets.vision import EMNIST_SPLITS, SourceMissingError
@@ -48,7 +52,7 @@ def add_parser(commands, help_text: str) -> None:
         help="dirichlet: draws per client, class pools refilled (rows may repeat across clients)",
     )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", required=True, help="store directory to write")
+    p.add_argument("--out", required=True, help="store directory to write, or s3://BUCKET/PREFIX")
     p.set_defaults(handler=run)
 
 
@@ -69,22 +73,45 @@ def _data_config(args: argparse.Namespace) -> DataConfig:
     )
 
 
+def _out_location(out: str) -> Location:
+    """``--out`` parsed, its object store (if any) reachable; else a ``ConfigError``."""
+    from cluster.config import ConfigError
+    from cluster.preflight import check_object_store
+
+    try:
+        location = locations.parse_location(out)
+    except LocationError as error:
+        raise ConfigError("--out", out, error.problem) from None
+    check_object_store("--out", location)
+    return location
+
+
+def _write_report(counts, out: Location) -> list[str]:
+    """The partition report under ``out/report`` (``write_partition_report``); its files'
+    locations."""
+    from datasets.partition_report import write_partition_report
+
+    report = out / "report"
+    names: list[str] = []
+    locations.write_folder(
+        report, lambda folder: names.extend(p.name for p in write_partition_report(counts, folder))
+    )
+    return [str(report / name) for name in names]
+
+
 def run(args: argparse.Namespace) -> int:
     from cluster.config import ConfigError, ExperimentConfig, validate_data
-    from datasets.partition_report import (
-        format_summary,
-        partition_summary,
-        write_partition_report,
-    )
+    from datasets.partition_report import format_summary, partition_summary
 
     data = _data_config(args)
     try:
         if args.clients < 1:
             raise ConfigError("--clients", args.clients, "must be >= 1")
         validate_data(ExperimentConfig(data=data))
+        out = _out_location(args.out)
         start = time.perf_counter()
         store = build_store(
-            args.out,
+            out,
             args.dataset,
             data.source_options(),
             dataclasses.asdict(data.partition),
@@ -97,10 +124,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"partition: {error}", file=sys.stderr)
         return 2
     counts = store.class_counts()
-    paths = write_partition_report(counts, Path(args.out) / "report")
+    paths = _write_report(counts, out)
     print(f"wrote {store.num_clients} clients to {args.out} in {time.perf_counter() - start:.1f} s")
     print(format_summary(partition_summary(counts, counts.shape[1])))
-    print(f"report: {', '.join(str(p) for p in paths)}")
+    print(f"report: {', '.join(paths)}")
     print(
         f"use it with: --set data.store={args.out} --set data.source={args.dataset} "
         f"--set data.num_clients={store.num_clients}"

@@ -4,7 +4,8 @@ it talks to and the place its checkpoints go.
 ``validate`` (cluster.config) checks the config against itself; ``preflight`` checks it against
 the world. Each failure is a ``ConfigError`` (or a ``SourceMissingError`` with the command that
 fetches the files) naming the field or variable, the value and the fix. Nothing here writes a
-file, creates a directory or starts Ray; the network checks are one TCP connect each.
+file, creates a directory or starts Ray; the network checks are one TCP connect each, and for
+an object-store location (``s3://``) one request more (``datasets.locations.check_access``).
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from cluster.config import ConfigError, DataConfig, ExperimentConfig
+from cluster.config.paths import location_error
 from cluster.config.runtime import ray_endpoint
 from cluster.tracking_process import sqlite_path, tracking_uri
+from datasets import locations
+from datasets.locations import Location, LocationError, ObjectLocation
 from datasets.preparation import split_preparation
 from datasets.store import ShardStore, StoreError
 
@@ -53,7 +57,7 @@ def preflight(config: ExperimentConfig) -> None:
             check_machine_fits(config)
     elif config.executor.gpus_per_actor > 0:  # the local hosts share this machine's GPU
         check_machine_fits(config)
-    check_writable_dir("checkpoint.dir", config.checkpoint_dir)
+    check_writable_location("checkpoint.dir", config.checkpoint_dir)
 
 
 def check_data(config: ExperimentConfig) -> None:
@@ -67,18 +71,22 @@ def check_data(config: ExperimentConfig) -> None:
     location = d.store
     if location is None:
         root = d.resolved_store_root()
+        check_object_store("data.store_root", root)
         try:
             built = existing_store_path(root, *config.store_parameters)
         except OSError as error:  # e.g. a name longer than the filesystem allows
             raise _unusable("data.store_root", root, error) from None
-        if built is None:  # built on first use, under the root
-            check_writable_dir("data.store_root", root)
+        if built is None:  # built on first use, under the root (an object store's: checked)
+            if not isinstance(root, ObjectLocation):
+                check_writable_dir("data.store_root", root)
             if d.source in SOURCE_NAMES:
                 _check_raw_files(config)
             elif d.source == "synthetic":
                 check_synthetic_fits(config)
             return
         location = str(built)
+    else:
+        check_object_store("data.store", d.store_location())
     try:
         store = ShardStore.open(location)
         store.check()
@@ -335,6 +343,26 @@ def _gpu_count() -> int:
     return torch.cuda.device_count()
 
 
+def check_object_store(field: str, location: Location) -> None:
+    """For an object-store ``location``: credentials, its endpoint and its bucket are there
+    (``locations.check_access``); nothing to check for a local path."""
+    if isinstance(location, ObjectLocation):
+        try:
+            locations.check_access(location)
+        except LocationError as error:
+            raise location_error(field, str(location), error) from None
+
+
+def check_writable_location(field: str, location: Location) -> None:
+    """A local directory that can be written (``check_writable_dir``), or an object-store
+    prefix whose bucket can be reached (``check_object_store``: whether this process may write
+    there shows only at the first write)."""
+    if isinstance(location, ObjectLocation):
+        check_object_store(field, location)
+    else:
+        check_writable_dir(field, location)
+
+
 def check_writable_dir(field: str, path: Path) -> None:
     """``path`` is, or can be created as, a directory this process may write (nothing created),
     on a filesystem that holds files (``refuse_pseudo_filesystem``)."""
@@ -441,7 +469,7 @@ def check_no_checkpoint_overwritten(config: ExperimentConfig) -> None:
     from cluster.tracking_process import flatten
 
     path = checkpoint_path(config, None)
-    if config.tracking.enabled or not path.exists():
+    if config.tracking.enabled or not locations.exists(path):
         return
     keep = (
         "move it away, or set checkpoint.dir (or tracking.enabled: true, which names "

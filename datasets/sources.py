@@ -12,8 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
+from datasets import locations
 from datasets.arrays import LabeledArrays
 from datasets.glue import GLUE_NUM_CLASSES, GLUE_SOURCES, load_glue
+from datasets.locations import Location
 from datasets.partition import make_partitioner
 from datasets.preparation import split_preparation
 from datasets.store import FORMAT_VERSION, MANIFEST, ShardStore, write_store
@@ -81,7 +83,7 @@ def store_key(description: dict) -> str:
 
 
 def build_store(
-    path: str | Path,
+    path: str | Location,
     source: str,
     source_params: dict,
     partition: dict,
@@ -106,7 +108,8 @@ def build_store(
     clients = partitioner.split(train, num_clients, rng)
     test, clients = preparation.after_partition(train, test, clients, seed)
     description["partition"] = partitioner.describe()
-    return write_store(Path(path), train, test, clients, classes, description)
+    location = locations.parse_location(path)
+    return write_store(location, train, test, clients, classes, description)
 
 
 def _description(
@@ -123,7 +126,7 @@ def _description(
 
 
 def build_or_open_store(
-    root: str | Path,
+    root: str | Location,
     source: str,
     source_params: dict,
     partition: dict,
@@ -148,14 +151,21 @@ def build_or_open_store(
 
 
 def store_path(
-    root: str | Path, source: str, source_params: dict, partition: dict, num_clients: int, seed: int
-) -> Path:
-    """Where the store of these parameters lives under ``root`` (built or not)."""
+    root: str | Location,
+    source: str,
+    source_params: dict,
+    partition: dict,
+    num_clients: int,
+    seed: int,
+) -> Location:
+    """Where the store of these parameters lives under ``root`` (a directory or an object-store
+    prefix), built or not."""
     key = store_key(_description(source, source_params, partition, num_clients, seed))
-    return Path(root) / f"{source}-{key}"
+    return locations.parse_location(root) / f"{source}-{key}"
 
 
-def existing_store_path(root: str | Path, *args) -> Path | None:
-    """``store_path(root, *args)`` if a store was written there, else None."""
+def existing_store_path(root: str | Location, *args) -> Location | None:
+    """``store_path(root, *args)`` if a store was committed there (its manifest, written last,
+    is there), else None."""
     path = store_path(root, *args)
-    return path if (path / MANIFEST).exists() else None
+    return path if locations.exists(path / MANIFEST) else None

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from cluster.config.errors import ConfigError, positive
 from cluster.config.paths import configured_path, resolved_path
 from datasets.glue import DEFAULT_MAX_LENGTH, GLUE_SOURCES, folder_problem
+from datasets.locations import Location, LocationError, parse_location
 from datasets.tasks import TASKS
 from datasets.vision import EMNIST_SPLITS
 from models import PRETRAINED_LOADERS
@@ -46,8 +47,9 @@ class PartitionConfig:
 class DataConfig:
     source: str = "synthetic"
     num_clients: int = 100
-    store_root: str = "shards"  # relative to the working directory, or $DPFL_STORE_ROOT
-    store: str | None = None  # an existing store (path or URI, e.g. from `partition`)
+    # relative to the working directory, or $DPFL_STORE_ROOT; or s3://bucket/prefix
+    store_root: str = "shards"
+    store: str | None = None  # an existing store (path or s3:// URI, e.g. from `partition`)
     root: str = "data"  # raw dataset files (torchvision layout), or $DPFL_DATA_ROOT
     download: bool = False  # fetch missing raw files (needs internet)
     split: str | None = None  # emnist: byclass (default) | balanced | letters
@@ -70,14 +72,29 @@ class DataConfig:
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     partition: PartitionConfig = field(default_factory=PartitionConfig)
 
-    def resolved_store_root(self) -> Path:
-        """Absolute: actors do not share the driver's working directory."""
-        return resolved_path("data.store_root", "DPFL_STORE_ROOT", self.store_root)
+    def resolved_store_root(self) -> Location:
+        """An absolute path (actors do not share the driver's working directory) or an
+        object-store prefix."""
+        return resolved_path("data.store_root", "DPFL_STORE_ROOT", self.store_root, True)
+
+    def configured_store_root(self) -> Location:
+        """``data.store_root`` or ``$DPFL_STORE_ROOT`` as configured (``configured_path``)."""
+        return configured_path("data.store_root", "DPFL_STORE_ROOT", self.store_root, True)
 
     @property
     def store_is_absolute(self) -> bool:
-        """Configured as an absolute path (so not inside a Ray job's temporary directory)."""
-        return configured_path("data.store_root", "DPFL_STORE_ROOT", self.store_root).is_absolute()
+        """Configured as an absolute path or an object-store URI (so not inside a Ray job's
+        temporary directory)."""
+        return self.configured_store_root().is_absolute()
+
+    def store_location(self) -> Location | None:
+        """``data.store`` parsed (None when unset); a malformed URI is a ``ConfigError``."""
+        if self.store is None:
+            return None
+        try:
+            return parse_location(self.store)
+        except LocationError as error:
+            raise ConfigError("data.store", self.store, error.problem) from None
 
     def resolved_data_root(self) -> Path:
         return resolved_path("data.root", "DPFL_DATA_ROOT", self.root)
@@ -116,6 +133,8 @@ class DataConfig:
 
 def validate_data(c: ExperimentConfig) -> None:
     s, p = c.data.synthetic, c.data.partition
+    c.data.configured_store_root()  # a malformed URI is refused with the config
+    c.data.store_location()
     if c.data.split is not None and (
         c.data.source != "emnist" or c.data.split not in EMNIST_SPLITS
     ):

@@ -7,11 +7,11 @@ import ipaddress
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from cluster.config.errors import ConfigError, positive
 from cluster.config.paths import configured_path, resolve
+from datasets.locations import Location
 
 if TYPE_CHECKING:
     from cluster.config.experiment import ExperimentConfig
@@ -46,14 +46,14 @@ class CheckpointConfig:
     # the store root (a job's working directory is a temporary copy, deleted with the job)
     dir: str = "checkpoints"
 
-    def resolved_dir(self, store_root: Path) -> Path:
+    def resolved_dir(self, store_root: Location) -> Location:
         path = self.configured_path()
         if not path.is_absolute() and in_ray_job():
             path = store_root / path
         return resolve("checkpoint.dir", path)
 
-    def configured_path(self) -> Path:
-        return configured_path("checkpoint.dir", "DPFL_CHECKPOINT_DIR", self.dir)
+    def configured_path(self) -> Location:
+        return configured_path("checkpoint.dir", "DPFL_CHECKPOINT_DIR", self.dir, True)
 
 
 @dataclass

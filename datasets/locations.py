@@ -1,0 +1,334 @@
+"""Where the project keeps its files: a local path, or an object-store URI ``s3://bucket/prefix``.
+
+Shard stores, their partition reports and checkpoints are written and read through this module
+only, so that a location is told apart once (``parse_location``) and every operation on it
+(``join`` is ``/``, ``read_bytes``, ``exists``, ``write_atomic``, ``upload_folder``,
+``open_input_file``, ``open_input_stream``) does the right thing on either kind.
+
+S3 (or any S3-compatible server) is reached through pyarrow's ``S3FileSystem``, configured from
+the standard AWS variables: ``AWS_ENDPOINT_URL`` (an endpoint other than AWS's, e.g. MinIO;
+pyarrow's constructor does not read it itself), ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``
+or the AWS SDK's other credential sources, ``AWS_DEFAULT_REGION``. Its connect and request
+timeouts are short and its retries few, so an unreachable endpoint fails in seconds.
+
+A URI never reaches a key outside its prefix: its bucket and every segment of its key are
+checked (no empty segment, no ``.`` or ``..``) when it is parsed, when it is joined and again
+before any request (``ObjectLocation.path``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import tempfile
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import BinaryIO
+from urllib.parse import urlsplit
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+SCHEMES = ("s3",)
+CONNECT_TIMEOUT_S = 3.0
+REQUEST_TIMEOUT_S = 20.0  # between bytes of a response, not for a whole download
+ATTEMPTS = 3  # per request: the first and two retries
+
+
+class LocationError(ValueError):
+    """A location that is malformed or cannot be reached. ``variable`` is the environment
+    variable at fault (a credential or the endpoint), None when the location itself is;
+    ``value`` is what it holds, ``problem`` the reason and the fix."""
+
+    def __init__(self, problem: str, variable: str | None = None, value: str | None = None):
+        self.problem, self.variable, self.value = problem, variable, value
+        super().__init__(problem)
+
+
+@dataclass(frozen=True)
+class ObjectLocation:
+    """An object key (or key prefix) in a bucket: ``s3://bucket/key``. ``/`` joins like
+    ``Path``'s; ``str`` gives the URI back."""
+
+    bucket: str
+    key: str = ""  # "" is the bucket itself; never a leading or trailing "/"
+    scheme: str = "s3"
+
+    def __str__(self) -> str:
+        return f"{self.scheme}://{self.bucket}/{self.key}".rstrip("/")
+
+    def __truediv__(self, name: str | os.PathLike) -> ObjectLocation:
+        """The key ``name`` (a name or a relative path) under this one, unchecked: ``path``
+        and ``check`` refuse what would leave the prefix."""
+        tail = PurePosixPath(os.fspath(name)).as_posix()
+        return ObjectLocation(self.bucket, f"{self.key}/{tail}" if self.key else tail, self.scheme)
+
+    @property
+    def name(self) -> str:
+        return self.key.rsplit("/", 1)[-1]
+
+    @property
+    def parent(self) -> ObjectLocation:
+        return ObjectLocation(self.bucket, self.key.rpartition("/")[0], self.scheme)
+
+    def is_absolute(self) -> bool:
+        """A URI names the same place wherever it is read (as an absolute path does)."""
+        return True
+
+    def check(self) -> None:
+        """A ``LocationError`` when the bucket is empty or a key segment is empty, ``.`` or
+        ``..`` (which S3 keeps literally, but a reader of the key would not)."""
+        if not self.bucket or "/" in self.bucket:
+            raise LocationError(f"no bucket in {self}; write {self.scheme}://BUCKET/PREFIX")
+        segments = self.key.split("/") if self.key else []
+        bad = next((s for s in segments if s in ("", ".", "..")), None)
+        if bad is not None:
+            raise LocationError(
+                f"the key {self.key!r} has {'an empty' if not bad else f'a {bad!r}'} segment; "
+                "give a prefix of plain names separated by single slashes (e.g. "
+                f"{self.scheme}://{self.bucket}/dpfl/shards)"
+            )
+
+    @property
+    def path(self) -> str:
+        """``bucket/key`` as pyarrow's S3 filesystem names it, after ``check``."""
+        self.check()
+        return f"{self.bucket}/{self.key}".rstrip("/")
+
+
+Location = Path | ObjectLocation
+
+
+def parse_location(text: str | os.PathLike | ObjectLocation) -> Location:
+    """A local path (a plain path or ``file://``) or a checked ``ObjectLocation``; a
+    ``LocationError`` for another scheme or a malformed URI. A trailing ``/`` is dropped."""
+    if isinstance(text, ObjectLocation | Path):
+        return text
+    text = os.fspath(text)
+    scheme, separator, rest = text.partition("://")
+    if not separator:
+        return Path(text)
+    if scheme == "file":
+        return Path(rest)
+    if scheme not in SCHEMES:
+        raise LocationError(
+            f"the scheme {scheme!r} is not supported: give a local path or s3://BUCKET/PREFIX "
+            "(Amazon S3 or any S3-compatible server, named by AWS_ENDPOINT_URL)"
+        )
+    bucket, _, key = rest.partition("/")
+    location = ObjectLocation(bucket, key[:-1] if key.endswith("/") else key, scheme)
+    location.check()
+    return location
+
+
+# ---------------------------------------------------------------------------- the S3 client
+
+
+def s3_filesystem(
+    attempts: int = ATTEMPTS, request_timeout: float = REQUEST_TIMEOUT_S
+) -> pafs.S3FileSystem:
+    """pyarrow's S3 filesystem from the AWS variables, with short timeouts and ``attempts``
+    tries per request. Made per use: credentials and the endpoint are read when it is made."""
+    return pafs.S3FileSystem(
+        endpoint_override=os.environ.get("AWS_ENDPOINT_URL") or None,
+        connect_timeout=CONNECT_TIMEOUT_S,
+        request_timeout=request_timeout,
+        retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=attempts),
+    )
+
+
+def has_credentials() -> bool:
+    """Whether the AWS credential chain (variables, shared files, a container or instance
+    role) yields credentials, as botocore resolves it (it probes the instance-metadata address
+    only where ``AWS_EC2_METADATA_DISABLED`` allows)."""
+    import botocore.session
+
+    return botocore.session.Session().get_credentials() is not None
+
+
+def endpoint() -> str:
+    """The S3 endpoint requests go to, for messages."""
+    return os.environ.get("AWS_ENDPOINT_URL") or "AWS S3 (no AWS_ENDPOINT_URL)"
+
+
+def check_access(location: ObjectLocation) -> None:
+    """What a run needs of ``location``'s object store, checked in seconds before any work:
+    credentials, an endpoint that answers (one TCP connect), the bucket (one request, no
+    retry). A ``LocationError`` naming the variable at fault, or the location's bucket."""
+    if not has_credentials():
+        raise LocationError(
+            "no AWS credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or "
+            "AWS_PROFILE with a shared credentials file, or run where an instance or pod role "
+            "provides them)",
+            "AWS_ACCESS_KEY_ID",
+            "(unset)",
+        )
+    _check_endpoint_answers()
+    try:
+        probe = s3_filesystem(attempts=1, request_timeout=CONNECT_TIMEOUT_S)
+        found = probe.get_file_info(location.bucket).type != pafs.FileType.NotFound
+    except OSError as error:
+        reason = str(error).splitlines()[0]
+        raise LocationError(
+            f"{endpoint()} refused or did not answer ({reason}); check AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL and AWS_DEFAULT_REGION"
+        ) from None
+    if not found:
+        raise LocationError(
+            f"the bucket {location.bucket!r} does not exist at {endpoint()}; create it (e.g. "
+            f"`aws s3 mb s3://{location.bucket}`) or name an existing one"
+        )
+
+
+def _check_endpoint_answers() -> None:
+    """``AWS_ENDPOINT_URL``, where set, is a URL whose host accepts a TCP connection."""
+    url = os.environ.get("AWS_ENDPOINT_URL")
+    if not url:
+        return
+    fix = "start the S3 server or correct AWS_ENDPOINT_URL (unset it for AWS S3)"
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as error:
+        raise LocationError(f"not a URL ({error}); {fix}", "AWS_ENDPOINT_URL", url) from None
+    if parts.scheme not in ("http", "https") or not host:
+        raise LocationError(f"not an http(s)://HOST:PORT URL; {fix}", "AWS_ENDPOINT_URL", url)
+    try:
+        with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S):
+            return
+    except OSError as error:
+        reason = f"nothing answers at {host}:{port} ({error.strerror or error})"
+        raise LocationError(f"{reason}; {fix}", "AWS_ENDPOINT_URL", url) from None
+
+
+# ------------------------------------------------------------------------------ operations
+
+
+def exists(location: Location) -> bool:
+    """Whether a file (an object) is at ``location``."""
+    if isinstance(location, Path):
+        return location.is_file()
+    return s3_filesystem().get_file_info(location.path).type == pafs.FileType.File
+
+
+def read_bytes(location: Location) -> bytes:
+    """The whole file at ``location`` (one request on S3)."""
+    if isinstance(location, Path):
+        return location.read_bytes()
+    with s3_filesystem().open_input_stream(location.path) as stream:
+        return stream.read()
+
+
+def open_input_stream(location: Location) -> BinaryIO:
+    """A sequential binary reader of the file at ``location``."""
+    if isinstance(location, Path):
+        return location.open("rb")
+    return s3_filesystem().open_input_stream(location.path)
+
+
+def open_input_file(location: Location) -> pa.NativeFile:
+    """A random-access reader of the file at ``location``: ``read_at`` is one ranged request on
+    S3, and safe from several threads at once."""
+    if isinstance(location, Path):
+        return pa.OSFile(str(location), "rb")
+    return s3_filesystem().open_input_file(location.path)
+
+
+def write_atomic(location: Location, write: Callable[[BinaryIO], None]) -> None:
+    """Have ``write`` fill the file at ``location``, which appears whole or not at all: a
+    failure (an exception in ``write``, a crash) leaves what was there before.
+
+    Locally a temporary sibling is written, flushed to disk and renamed over it. On S3 an
+    object's upload completes whenever its stream closes, an exception included, so the
+    content goes to a temporary key first and is then copied (one server-side request, which
+    replaces the object whole) to ``location``; the temporary key is deleted either way."""
+    if isinstance(location, Path):
+        _write_local_atomic(location, write)
+        return
+    fs = s3_filesystem()
+    partial = location.parent / f".{location.name}.{uuid.uuid4().hex}.partial"
+    try:
+        with fs.open_output_stream(partial.path) as stream:
+            write(stream)
+        fs.copy_file(partial.path, location.path)
+    finally:
+        _delete_quietly(fs, partial.path)
+
+
+def _write_local_atomic(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as file:
+            write(file)
+            file.flush()
+            os.fsync(file.fileno())  # on disk before it takes the name: a power loss on a
+        os.replace(tmp, path)  # shared volume leaves the old file or the new, never empty
+        _fsync_directory(path.parent)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (where the filesystem lets a directory be opened)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _delete_quietly(fs: pafs.FileSystem, path: str) -> None:
+    """Delete ``path`` if it is there; a failure leaves only a stray temporary object."""
+    with contextlib.suppress(OSError):
+        fs.delete_file(path)
+
+
+def upload_folder(folder: Path, location: ObjectLocation, last: str | None = None) -> None:
+    """Copy every file under the local ``folder`` to the same relative keys under
+    ``location``; the file named ``last`` goes last, after any object of that name already
+    there was deleted first, so that a reader who waits for it (a store's manifest commits the
+    store) never sees it beside a half-written folder."""
+    fs = s3_filesystem()
+    if last is not None:
+        _delete_quietly(fs, (location / last).path)
+    files = sorted(p.relative_to(folder) for p in folder.rglob("*") if p.is_file())
+    for relative in sorted(files, key=lambda p: p.as_posix() == last):
+        pafs.copy_files(
+            str(folder / relative),
+            (location / relative).path,
+            source_filesystem=pafs.LocalFileSystem(),
+            destination_filesystem=fs,
+        )
+
+
+def write_folder(location: Location, fill: Callable[[Path], None], last: str | None = None):
+    """Have ``fill`` write files into a directory that becomes ``location``: a local one is
+    filled in a temporary sibling and renamed into place (replacing what was there); an
+    object-store one is filled in a local temporary directory and uploaded (``upload_folder``,
+    ``last`` last)."""
+    if isinstance(location, ObjectLocation):
+        with tempfile.TemporaryDirectory(prefix="dpfl-upload-") as staging:
+            fill(Path(staging))
+            upload_folder(Path(staging), location, last)
+        return
+    location.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{location.name}.", dir=location.parent))
+    try:
+        fill(staging)
+        if location.exists():
+            shutil.rmtree(location)
+        os.replace(staging, location)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise

@@ -1,0 +1,306 @@
+"""Shard stores and checkpoints in object storage (issue 31, item 3), against a real
+S3-compatible server on 127.0.0.1 (moto's, the ``s3`` fixture of tests/fixtures_s3.py).
+
+A store on S3 reads back as the same store on disk, row for row; a host reads its share of the
+rows by byte ranges, never the tables; a run on an S3 store (embedded Ray, 2 actors) ends with
+the parameters of the same run on a local store and leaves no local ``s3:`` folder; checkpoints
+on S3 are atomic and resume bit for bit; the command line builds, runs and resumes on S3; an
+unusable bucket, credentials or endpoint is refused before any work.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import ray
+import torch
+from helpers import small_config
+
+from actors.scheduling import pin_clients
+from cluster.checkpoint import load_checkpoint, open_checkpoint, save_checkpoint
+from cluster.cli import main
+from cluster.config import ConfigError
+from cluster.experiment import run_experiment
+from datasets import locations
+from datasets.locations import ObjectLocation, parse_location
+from datasets.sources import build_store, existing_store_path, store_path
+from datasets.store import MANIFEST, ShardStore
+
+REPO = Path(__file__).resolve().parents[1]
+# Clients of 320 KB of rows each, larger than the hole a ranged read fills in (64 KiB): a host
+# reading its share is then seen to read only that.
+BIG_CLIENTS = ("data.synthetic.samples_per_user=1000", "data.synthetic.num_features=100")
+
+
+def _store_args(config) -> tuple:
+    return config.store_parameters
+
+
+def _build_both(tmp_path: Path, s3, *overrides: str) -> tuple[ShardStore, ShardStore]:
+    """The store of ``small_config`` built on disk and on S3 (under the bucket's ``shards``)."""
+    config = small_config(tmp_path / "shards", *overrides)
+    local = build_store(store_path(tmp_path / "shards", *config.store_parameters),
+                        *config.store_parameters)  # fmt: skip
+    remote = build_store(store_path(s3.uri("shards"), *config.store_parameters),
+                         *config.store_parameters)  # fmt: skip
+    return local, remote
+
+
+def _assert_same_rows(a, b) -> None:
+    np.testing.assert_array_equal(a.x, b.x)
+    np.testing.assert_array_equal(a.y, b.y)
+    assert a.x.dtype == b.x.dtype and a.x.shape == b.x.shape
+
+
+def test_a_store_on_s3_reads_as_the_same_store_on_disk(s3, tmp_path):
+    local, remote = _build_both(tmp_path, s3)
+    key = remote.path.key
+    assert isinstance(remote.path, ObjectLocation) and str(remote.path).startswith(s3.uri())
+    assert s3.keys(key) == sorted(
+        f"{key}/{name}"
+        for name in (MANIFEST, "train.arrow", "test.arrow", "train_offsets.npy",
+                     "train_class_counts.npy")
+    )  # fmt: skip
+    remote.check()
+    remote.verify()
+    assert remote.manifest == local.manifest
+    np.testing.assert_array_equal(remote.class_counts(), local.class_counts())
+    for cid in (0, 7, local.num_clients - 1):
+        _assert_same_rows(remote.client(cid), local.client(cid))
+    _assert_same_rows(remote.clients([3, 4, 9, 1]), local.clients([3, 4, 9, 1]))
+    _assert_same_rows(remote.train_rows(), local.train_rows())
+    _assert_same_rows(remote.test_rows(5, 50), local.test_rows(5, 50))
+    index = np.array([40, 3, 3, 17, 0])
+    _assert_same_rows(remote.test_take(index), local.test_take(index))
+    for a, b in zip(remote.matched_test_sets(5, 0), local.matched_test_sets(5, 0), strict=True):
+        np.testing.assert_array_equal(a, b)
+    # The manifest commits the store: without it, none is found (nor built over by a reader).
+    root, args = s3.uri("shards"), _store_args(small_config(tmp_path))
+    assert existing_store_path(root, *args) == remote.path
+    s3.client().delete_object(Bucket=s3.bucket, Key=f"{key}/{MANIFEST}")
+    assert existing_store_path(root, *args) is None
+
+
+class _Counting:
+    """A pyarrow file whose ``read_at`` calls (one ranged GET each) and bytes are counted."""
+
+    def __init__(self, file, log: list[int]):
+        self._file, self._log = file, log
+
+    def read_at(self, nbytes: int, offset: int) -> bytes:
+        data = self._file.read_at(nbytes, offset)
+        self._log.append(len(data))
+        return data
+
+    def __getattr__(self, name):
+        return getattr(self._file, name)
+
+
+def test_a_host_reads_its_share_by_ranges_not_the_tables(s3, tmp_path, monkeypatch):
+    from actors.client_host import ClientHost
+
+    config = small_config(tmp_path, *BIG_CLIENTS)
+    remote = build_store(store_path(s3.uri("shards"), *config.store_parameters),
+                         *config.store_parameters)  # fmt: skip
+    fetched: dict[str, list[int]] = {"train.arrow": [], "test.arrow": []}
+    opened = locations.open_input_file
+
+    def counting(location):
+        return _Counting(opened(location), fetched[location.name])
+
+    monkeypatch.setattr(locations, "open_input_file", counting)
+    table_bytes = s3.client().head_object(Bucket=s3.bucket, Key=f"{remote.path.key}/train.arrow")
+    row_bytes = 100 * 4 + 8
+    hosted = pin_clients(remote.client_sizes, 4)[1]  # a host of 4: every 4th client or so
+    share = int(remote.client_sizes[hosted].sum()) * row_bytes
+
+    host = ClientHost(remote.location, config.task, config.build_algorithm(), 0, hosted)
+
+    reads = fetched["train.arrow"]
+    # Its clients' rows, the first client's once more (the preload's size estimate) and at most
+    # the gaps between its clients' labels (8 bytes a row: gaps below 64 KiB are read through).
+    estimate = int(remote.client_sizes[hosted[0]]) * row_bytes
+    labels = int(remote.offsets[-1]) * 8
+    assert share + estimate <= sum(reads) <= share + estimate + labels, (sum(reads), share)
+    assert sum(reads) < table_bytes["ContentLength"] / 3
+    assert len(reads) <= 2 * len(hosted) + 2  # at most x and y of each client, and the estimate
+    rows = host.data[hosted[2]]
+    np.testing.assert_array_equal(rows[1].numpy(), remote.client(hosted[2]).y)
+    # Neighbouring clients are one request per column, not one per client.
+    reads.clear()
+    remote.clients(list(range(4, 12)))
+    assert len(reads) == 2
+    assert sum(reads) == int(remote.client_sizes[4:12].sum()) * row_bytes
+
+
+def _final_params(config) -> torch.Tensor:
+    return run_experiment(config).result.params
+
+
+def _objects(s3, prefix: str) -> list[str]:
+    """The objects under ``prefix``, without the empty ``dir/`` markers pyarrow keeps."""
+    return [k for k in s3.keys(prefix) if not k.endswith("/")]
+
+
+@pytest.mark.timeout(300)
+def test_a_ray_run_on_an_s3_store_equals_the_run_on_a_local_store(s3, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    # A local run with as many host threads as actors is the Ray run, bit for bit
+    # (test_equivalence.py): the reference costs no second Ray start.
+    on_disk = _final_params(small_config(tmp_path / "shards", "executor.num_actors=2"))
+    ray_run = ("executor.kind=ray", "executor.num_actors=2", "executor.cpus_per_actor=0.5")
+    config = small_config(s3.uri("shards"), *ray_run, f"checkpoint.dir={s3.uri('checkpoints')}")
+    try:
+        outcome = run_experiment(config)
+    finally:
+        ray.shutdown()
+
+    assert torch.equal(outcome.result.params, on_disk)
+    store_keys = _objects(s3, "shards/")
+    assert any(k.endswith(f"/{MANIFEST}") for k in store_keys) and len(store_keys) == 5
+    assert str(outcome.checkpoint) == s3.uri("checkpoints", outcome.checkpoint.name)
+    assert _objects(s3, "checkpoints/") == [f"checkpoints/{outcome.checkpoint.name}"]
+    saved = load_checkpoint(str(outcome.checkpoint))
+    assert torch.equal(saved["simulation"]["params"], on_disk)
+    # Nothing went to a local folder named after the URI, here or in the repository.
+    assert not any(p.name.startswith("s3:") for p in tmp_path.rglob("*"))
+    assert not (REPO / "s3:").exists()
+
+
+def test_a_run_checkpointed_on_s3_resumes_bit_for_bit(s3, tmp_path):
+    scaffold = ("algorithm.name=scaffold", f"checkpoint.dir={s3.uri('runs', 'ck')}")
+    straight = _final_params(small_config(tmp_path, *scaffold, "rounds=4", "checkpoint.every=0"))
+    first = run_experiment(small_config(tmp_path, *scaffold, "rounds=2", "tracking.run_name=a"))
+    assert isinstance(first.checkpoint, ObjectLocation)
+
+    saved, config = open_checkpoint(str(first.checkpoint), ["rounds=4"])
+    resumed = run_experiment(config, resume=saved)
+
+    assert torch.equal(resumed.result.params, straight)
+    assert _objects(s3, "runs/") == [f"runs/ck/{first.checkpoint.name}"]  # no temporary key
+
+
+def test_a_checkpoint_write_that_fails_leaves_the_previous_one(s3):
+    path = parse_location(s3.uri("ck", "run.pt"))
+    locations.write_atomic(path, lambda f: f.write(b"previous"))
+
+    def fails_midway(file) -> None:
+        file.write(b"partial")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        locations.write_atomic(path, fails_midway)
+    assert locations.read_bytes(path) == b"previous"
+    with pytest.raises(AttributeError):  # torch.save of something it cannot pickle
+        save_checkpoint(path, {"history": [], "client_states": {}, "x": lambda: 0}, {}, None)
+    assert locations.read_bytes(path) == b"previous"
+    assert _objects(s3, "ck/") == ["ck/run.pt"]
+
+
+@pytest.mark.slow  # a subprocess's imports and a run: ≈ 40 s on 2 loaded cores
+@pytest.mark.timeout(300)
+def test_the_command_line_partitions_runs_and_resumes_on_s3(s3, tmp_path, monkeypatch, capsys):
+    store = s3.uri("prepared", "synthetic-20")
+    built = subprocess.run(
+        [sys.executable, "-m", "cluster", "partition", "--dataset", "synthetic",
+         "--clients", "20", "--method", "natural", "--out", store],
+        capture_output=True, text=True, cwd=tmp_path, timeout=240,
+        env={**os.environ, **s3.env, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    assert f"report: {store}/report/class_histogram.png" in built.stdout
+    assert f"prepared/synthetic-20/{MANIFEST}" in s3.keys("prepared/")
+    # `run` and `resume` in process, as `python -m cluster` runs them (test_bad_input.py).
+    monkeypatch.chdir(tmp_path)
+    settings = ["--executor", "local", "--set", "rounds=2", "--set", "cohort.size=5",
+                "--set", f"data.store={store}", "--set", "data.num_clients=20",
+                "--set", f"checkpoint.dir={s3.uri('ck')}",
+                "--set", "tracking.enabled=false"]  # fmt: skip
+    assert main(["run", str(REPO / "configs/quickstart.yaml"), *settings]) == 0
+    (checkpoint,) = _objects(s3, "ck/")
+    assert main(["resume", s3.uri(checkpoint), "--set", "rounds=3"]) == 0
+    assert "resuming after round 2" in capsys.readouterr().out
+    assert load_checkpoint(s3.uri(checkpoint))["simulation"]["rounds_done"] == 3
+    assert list(tmp_path.iterdir()) == []  # nothing local, no `s3:` folder
+
+
+# ------------------------------------------------------------------------------ bad input
+
+
+def _refused(argv: list[str], capsys) -> str:
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and not ray.is_initialized()
+    return err
+
+
+def _config_file(tmp_path: Path, **sections) -> str:
+    path = tmp_path / "c.yaml"
+    data = {"num_clients": 20, "synthetic": {"samples_per_user": 20}}
+    path.write_text(json.dumps({"data": data, **sections}))
+    return str(path)
+
+
+def test_a_missing_bucket_is_refused_before_any_work(s3, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DPFL_STORE_ROOT", "s3://no-such-bucket/shards")
+    err = _refused(["run", _config_file(tmp_path), "--executor", "local"], capsys)
+    assert "data.store_root = 's3://no-such-bucket/shards'" in err
+    assert "bucket 'no-such-bucket' does not exist" in err and "aws s3 mb" in err
+    out = s3.uri("missing", "x")
+    err = _refused(["resume", out.replace(s3.bucket, "no-such-bucket")], capsys)
+    assert "CHECKPOINT" in err and "does not exist" in err
+    assert list(tmp_path.iterdir()) == [tmp_path / "c.yaml"]
+
+
+def test_partition_refuses_an_unusable_out_before_reading_data(s3, tmp_path, capsys):
+    argv = ["partition", "--dataset", "synthetic", "--clients", "4", "--method", "natural"]
+    err = _refused([*argv, "--out", "s3://no-such-bucket/x"], capsys)
+    assert "--out = 's3://no-such-bucket/x'" in err and "does not exist" in err
+    err = _refused([*argv, "--out", s3.uri("a", "..", "b")], capsys)
+    assert "'..' segment" in err
+    assert s3.keys() == []
+
+
+def _silent_server() -> socket.socket:
+    """A socket on 127.0.0.1 that accepts connections and never answers."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    return server
+
+
+@pytest.mark.timeout(30)
+def test_an_endpoint_that_never_answers_fails_within_seconds(s3, tmp_path, monkeypatch, capsys):
+    with _silent_server() as server:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{server.getsockname()[1]}")
+        monkeypatch.setenv("DPFL_STORE_ROOT", s3.uri("shards"))
+        start = time.monotonic()
+        err = _refused(["run", _config_file(tmp_path), "--executor", "local"], capsys)
+    assert time.monotonic() - start < 15
+    assert "data.store_root" in err and "refused or did not answer" in err
+
+
+def test_location_checks_keep_keys_inside_their_prefix(monkeypatch):
+    for bad in ("s3://b/a/../c", "s3://b//c", "s3://b/./c", "s3:///c", "gs://b/c", "ftp://h/x"):
+        with pytest.raises(ValueError):
+            parse_location(bad)
+    assert parse_location("s3://b/a/c/") == ObjectLocation("b", "a/c")
+    assert parse_location("file:///tmp/x") == Path("/tmp/x")
+    joined = parse_location("s3://b/root") / Path("../escape")
+    with pytest.raises(ValueError, match=r"'\.\.' segment"):
+        _ = joined.path  # never requested
+    # In a Ray job a relative checkpoint.dir goes under the store root: never above it.
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")
+    config = small_config("s3://b/root", "checkpoint.dir=../up")
+    with pytest.raises(ConfigError, match=r"checkpoint\.dir = 's3://b/root/\.\./up'"):
+        _ = config.checkpoint_dir
