@@ -55,6 +55,19 @@ BASE = {
 }
 
 
+# No AWS credentials from any source, and an endpoint where nothing listens: no test contacts
+# any host but 127.0.0.1.
+S3_NO_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "",
+    "AWS_SECRET_ACCESS_KEY": "",
+    "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/credentials",
+    "AWS_CONFIG_FILE": "/nonexistent/config",
+    "AWS_EC2_METADATA_DISABLED": "true",
+    "AWS_ENDPOINT_URL": "http://127.0.0.1:1",
+}
+S3_DOWN = {**S3_NO_CREDENTIALS, "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}
+
+
 def _store_args() -> tuple:
     """``build_store``/``store_path`` arguments of BASE's store, after the root."""
     return config_from_dict(BASE).store_parameters
@@ -575,6 +588,47 @@ CASES = [
         ("data.store_root", "is a file"),
     ),
     Case("dataset root empty", empty_dataset_root, ("files missing or corrupt", "MNIST")),
+    # --- object storage (a missing bucket: tests/test_object_store.py, against a real server)
+    Case(
+        "store root scheme",
+        run_with({"data.store_root": "ftp://host/shards"}),
+        ("data.store_root = 'ftp://host/shards'", "scheme 'ftp' is not supported", "s3://"),
+    ),
+    Case(
+        "store root key escapes",
+        run_with({"data.store_root": "s3://dpfl/a/../b"}),
+        ("data.store_root", "a '..' segment", "single slashes"),
+    ),
+    Case(
+        "store root variable key escapes",
+        run_with(),
+        ("DPFL_STORE_ROOT = 's3://dpfl/../x'", "a '..' segment"),
+        {"DPFL_STORE_ROOT": "s3://dpfl/../x"},
+    ),
+    Case(
+        "checkpoint dir empty segment",
+        run_with({"checkpoint.dir": "s3://dpfl//ck"}),
+        ("checkpoint.dir", "an empty segment"),
+    ),
+    Case("data store no bucket", run_with({"data.store": "s3:///x"}), ("data.store", "no bucket")),
+    Case(
+        "s3 without credentials",
+        run_with({"data.store_root": "s3://dpfl/shards"}),
+        ("AWS_ACCESS_KEY_ID", "no AWS credentials", "data.store_root s3://dpfl/shards"),
+        S3_NO_CREDENTIALS,
+    ),
+    Case(
+        "s3 endpoint down",
+        run_with({"checkpoint.dir": "s3://dpfl/ck"}),
+        ("AWS_ENDPOINT_URL", "nothing answers at 127.0.0.1", "checkpoint.dir s3://dpfl/ck"),
+        S3_DOWN,
+    ),
+    Case(
+        "resume s3 without credentials",
+        lambda w, s: ["resume", "s3://dpfl/ck/run.pt"],
+        ("AWS_ACCESS_KEY_ID", "CHECKPOINT s3://dpfl/ck/run.pt"),
+        S3_NO_CREDENTIALS,
+    ),
     # --- MLflow and Ray
     Case("mlflow scheme", run_with(), ("MLFLOW_TRACKING_URI", "no 'foo' store"), {"M": "foo://x"}),
     Case("mlflow down", run_with(), ("MLFLOW_TRACKING_URI", "nothing answers"), {"M": "http"}),
