@@ -14,7 +14,14 @@ per-client NumPy arrays (``baseline_pickle_*``), which must be loaded whole, cre
 Python objects per client. JSON to ``benchmarks/results/store_scale.json``; ``checks`` holds the
 issue's targets (open < 1 s, O(1) objects, zero-copy) as booleans.
 
+With ``--s3 s3://BUCKET/PREFIX`` (the AWS variables as for a run, e.g. ``AWS_ENDPOINT_URL`` of
+a local S3-compatible server) the store is also uploaded there and read as a host of
+``--hosts`` reads it (``object_store``): its pinned clients' rows by byte ranges
+(``ShardStore.clients``), against fetching the whole training table, and a run of neighbouring
+clients of the same size.
+
     uv run python -m benchmarks.store_scale [--clients 100000] [--samples 10] [--out PATH]
+        [--s3 s3://BUCKET/PREFIX --hosts 8]
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import pickle
 import statistics
 import tempfile
@@ -31,9 +39,11 @@ from pathlib import Path
 
 import numpy as np
 
+from actors.scheduling import pin_clients
 from cluster.config import SyntheticConfig
+from datasets import locations
 from datasets.sources import build_store
-from datasets.store import ShardStore
+from datasets.store import MANIFEST, ShardStore
 
 
 def _median_seconds(fn, repeat: int) -> float:
@@ -43,6 +53,40 @@ def _median_seconds(fn, repeat: int) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def measure_object_store(store: ShardStore, uri: str, hosts: int) -> dict:
+    """``store`` uploaded to ``uri`` and read as one host of ``hosts`` reads it (seconds, one
+    try each: the first read of each is the one a host makes)."""
+    remote_location = locations.parse_location(uri)
+    locations.check_access(remote_location)
+    start = time.perf_counter()
+    locations.upload_folder(store.path, remote_location, last=MANIFEST)
+    upload_seconds = time.perf_counter() - start
+    remote = ShardStore.open(remote_location)
+    hosted = pin_clients(remote.client_sizes, hosts)[0]
+
+    def seconds(read) -> float:
+        start = time.perf_counter()
+        read()
+        return time.perf_counter() - start
+
+    x_row = np.dtype(store.manifest["x_dtype"]).itemsize * math.prod(store.manifest["x_shape"])
+    share = remote.client_sizes[hosted].sum() * (x_row + 8)  # x and the int64 label
+    neighbours = list(range(len(hosted)))
+    return {
+        "uri": uri,
+        "hosts": hosts,
+        "upload_seconds": round(upload_seconds, 2),
+        "host_clients": len(hosted),
+        "host_share_bytes": int(share),
+        "train_table_bytes": (store.path / "train.arrow").stat().st_size,
+        "host_ranged_read_seconds": seconds(lambda: remote.clients(hosted)),
+        "neighbouring_clients_ranged_read_seconds": seconds(lambda: remote.clients(neighbours)),
+        "whole_table_read_seconds": seconds(
+            lambda: locations.read_bytes(remote_location / "train.arrow")
+        ),
+    }
 
 
 def measure(clients: int, samples: int, workdir: Path) -> dict:
@@ -112,9 +156,14 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=100_000)
     parser.add_argument("--samples", type=int, default=10)
     parser.add_argument("--out", default="benchmarks/results/store_scale.json")
+    parser.add_argument("--s3", help="also upload the store to this s3:// prefix and read it")
+    parser.add_argument("--hosts", type=int, default=8, help="with --s3: hosts sharing it")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         result = measure(args.clients, args.samples, Path(tmp))
+        if args.s3:
+            store = ShardStore.open(Path(tmp) / "store")
+            result["object_store"] = measure_object_store(store, args.s3, args.hosts)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))

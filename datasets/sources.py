@@ -144,6 +144,7 @@ def build_or_open_store(
     Returns ``(store, built)``; ``built`` is False when an existing store was reused.
     """
     args = (source, source_params, partition, num_clients, seed)
+    root = locations.parse_location(root)
     existing = existing_store_path(root, *args)
     if existing is not None:
         return ShardStore.open(existing), False
@@ -151,20 +152,15 @@ def build_or_open_store(
 
 
 def store_path(
-    root: str | Location,
-    source: str,
-    source_params: dict,
-    partition: dict,
-    num_clients: int,
-    seed: int,
+    root: Location, source: str, source_params: dict, partition: dict, num_clients: int, seed: int
 ) -> Location:
     """Where the store of these parameters lives under ``root`` (a directory or an object-store
     prefix), built or not."""
     key = store_key(_description(source, source_params, partition, num_clients, seed))
-    return locations.parse_location(root) / f"{source}-{key}"
+    return root / f"{source}-{key}"
 
 
-def existing_store_path(root: str | Location, *args) -> Location | None:
+def existing_store_path(root: Location, *args) -> Location | None:
     """``store_path(root, *args)`` if a store was committed there (its manifest, written last,
     is there), else None."""
     path = store_path(root, *args)

@@ -40,18 +40,16 @@ REPO = Path(__file__).resolve().parents[1]
 BIG_CLIENTS = ("data.synthetic.samples_per_user=1000", "data.synthetic.num_features=100")
 
 
-def _store_args(config) -> tuple:
-    return config.store_parameters
-
-
 def _build_both(tmp_path: Path, s3, *overrides: str) -> tuple[ShardStore, ShardStore]:
     """The store of ``small_config`` built on disk and on S3 (under the bucket's ``shards``)."""
     config = small_config(tmp_path / "shards", *overrides)
-    local = build_store(store_path(tmp_path / "shards", *config.store_parameters),
-                        *config.store_parameters)  # fmt: skip
-    remote = build_store(store_path(s3.uri("shards"), *config.store_parameters),
-                         *config.store_parameters)  # fmt: skip
-    return local, remote
+    return _build(tmp_path / "shards", config), _build(s3.uri("shards"), config)
+
+
+def _build(root: str | Path, config) -> ShardStore:
+    """``config``'s store, built under ``root`` (a directory or an s3:// prefix)."""
+    where = store_path(parse_location(root), *config.store_parameters)
+    return build_store(where, *config.store_parameters)
 
 
 def _assert_same_rows(a, b) -> None:
@@ -83,7 +81,7 @@ def test_a_store_on_s3_reads_as_the_same_store_on_disk(s3, tmp_path):
     for a, b in zip(remote.matched_test_sets(5, 0), local.matched_test_sets(5, 0), strict=True):
         np.testing.assert_array_equal(a, b)
     # The manifest commits the store: without it, none is found (nor built over by a reader).
-    root, args = s3.uri("shards"), _store_args(small_config(tmp_path))
+    root, args = parse_location(s3.uri("shards")), small_config(tmp_path).store_parameters
     assert existing_store_path(root, *args) == remote.path
     s3.client().delete_object(Bucket=s3.bucket, Key=f"{key}/{MANIFEST}")
     assert existing_store_path(root, *args) is None
@@ -108,8 +106,7 @@ def test_a_host_reads_its_share_by_ranges_not_the_tables(s3, tmp_path, monkeypat
     from actors.client_host import ClientHost
 
     config = small_config(tmp_path, *BIG_CLIENTS)
-    remote = build_store(store_path(s3.uri("shards"), *config.store_parameters),
-                         *config.store_parameters)  # fmt: skip
+    remote = _build(s3.uri("shards"), config)
     fetched: dict[str, list[int]] = {"train.arrow": [], "test.arrow": []}
     opened = locations.open_input_file
 
