@@ -9,6 +9,7 @@ final model. Nothing here imports torch: the process that runs this module only 
 from __future__ import annotations
 
 import json
+import os
 import platform
 import shutil
 import subprocess
@@ -22,7 +23,7 @@ import yaml
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-from cluster.tracking_process import sqlite_path
+from cluster.tracking_process import ARTIFACT_TIMEOUT_VARIABLE, sqlite_path
 
 if TYPE_CHECKING:
     from cluster.records import RoundRecord
@@ -112,9 +113,21 @@ class MlflowTracker:
         tracker.logged_through = max((m.step for m in history), default=0)
         return tracker
 
-    def log_files(self, paths: list[Path], artifact_path: str) -> None:
-        for path in paths:
-            self.client.log_artifact(self.run_id, str(path), artifact_path)
+    def log_files(self, paths: list[Path], artifact_path: str | None) -> None:
+        """Upload ``paths``, each try under the tracking process's artifact timeout (see
+        ``ARTIFACT_TIMEOUT_VARIABLE``: MLflow reads its own at each request)."""
+        timeout = os.environ.get(ARTIFACT_TIMEOUT_VARIABLE)
+        saved = os.environ.get("MLFLOW_HTTP_REQUEST_TIMEOUT")
+        if timeout:
+            os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = timeout
+        try:
+            for path in paths:
+                self.client.log_artifact(self.run_id, str(path), artifact_path)
+        finally:
+            if timeout and saved is not None:
+                os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = saved
+            elif timeout:
+                del os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"]
 
     def set_tags(self, tags: dict[str, str]) -> None:
         self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
@@ -204,8 +217,7 @@ class MlflowTracker:
             (out / "privacy_report.json").write_text(json.dumps(privacy_report, indent=1))
             shutil.copyfile(model_file, out / "model.pt")
             _plot_curves(history, out / "curves.png")
-            for path in sorted(out.iterdir()):
-                self.client.log_artifact(self.run_id, str(path))
+            self.log_files(sorted(out.iterdir()), None)
         if status == "FINISHED":
             self.end(status)
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -65,6 +66,14 @@ HTTP_RETRY_BUDGET = {
     "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0.5",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "4",
 }
+# An artifact upload to a tracking server (``mlflow-artifacts:/``) is answered only once the
+# server has stored the file at its destination (S3 behind an ``--artifacts-destination
+# s3://…``): its first upload also sets up its S3 client (every 4 s try of the partition report
+# timed out on a loaded 2-core machine) and a model's lasts as long as the server's own upload.
+# Each try of an upload gets ARTIFACT_TIMEOUT_S, unless the user set MLFLOW_HTTP_REQUEST_TIMEOUT
+# (that, then) or ARTIFACT_TIMEOUT_VARIABLE; a hung server is given up ≈ 4 min into the upload.
+ARTIFACT_TIMEOUT_VARIABLE = "DPFL_MLFLOW_ARTIFACT_TIMEOUT"
+ARTIFACT_TIMEOUT_S = "60"
 _SUMMARY_CHARS = 400  # of MLflow's message, in the driver's one-paragraph error
 
 
@@ -354,6 +363,9 @@ def _take_prestarted() -> tuple[subprocess.Popen, Connection] | None:
     return taken if taken is not None and taken[0].poll() is None else None
 
 
+_ARTIFACT_TIMEOUT = {ARTIFACT_TIMEOUT_VARIABLE: ARTIFACT_TIMEOUT_S}
+
+
 def _spawn(preload: bool) -> tuple[subprocess.Popen, Connection]:
     ours, theirs = socket.socketpair()
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
@@ -364,10 +376,14 @@ def _spawn(preload: bool) -> tuple[subprocess.Popen, Connection]:
         stdin=subprocess.DEVNULL,
         # MLflow's INFO lines ("Creating initial MLflow database tables...") would interleave
         # with the run's progress; a level the user (or the CLI's --verbose) set wins, and so
-        # do HTTP retry settings the user gave.
+        # do HTTP retry settings the user gave. On a tracking server MLflow would also print
+        # "View run … at" links when a run ends (one more request to the server, and links to
+        # its GenAI view): the driver prints the run's page itself (``run_page``).
         env={
             "MLFLOW_LOGGING_LEVEL": "WARNING",
+            "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
             **HTTP_RETRY_BUDGET,
+            **({} if "MLFLOW_HTTP_REQUEST_TIMEOUT" in os.environ else _ARTIFACT_TIMEOUT),
             **os.environ,
             "PYTHONPATH": path,
         },
@@ -402,6 +418,16 @@ def _describe(failure: Exception) -> dict:
     """A failed call, as sent to the driver: MLflow's message on one line, the traceback, and
     MLflow's error code where it has one."""
     summary = " ".join(f"{type(failure).__name__}: {failure}".split())
+    upload = re.search(r"/mlflow-artifacts/artifacts/\S*?/artifacts/(\S+?)[ ,]", summary)
+    if upload:  # MLflow's message names the URL twice before its cause: the cause first
+        cause = re.search(r"Caused by (\w+)\(?'?(.*?)'?\)*$", summary)
+        summary = (
+            f"the tracking server did not store the artifact {upload[1]}"
+            + (f" ({cause[1]}: {cause[2]})" if cause else "")
+            + ": its log says why (for an S3 --artifacts-destination: the bucket, the server's "
+            f"AWS credentials, MLFLOW_S3_ENDPOINT_URL; a slow server: {ARTIFACT_TIMEOUT_VARIABLE}"
+            f" or MLFLOW_HTTP_REQUEST_TIMEOUT, seconds per try). {summary}"
+        )
     if len(summary) > _SUMMARY_CHARS:
         summary = summary[: _SUMMARY_CHARS - 1] + "…"
     details = "".join(traceback.format_exception(failure)).rstrip()
