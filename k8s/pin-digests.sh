@@ -5,11 +5,11 @@
 #   k8s/pin-digests.sh --check   print each reference and its current digest, change nothing
 #
 # References handled: ARG RAY_TAG (rayproject/ray) and FROM / COPY --from= in k8s/Dockerfile and
-# k8s/Dockerfile.mlflow, and every `image:` in k8s/base/*.yaml except the project's own images
-# (dpfl-*, built from the Dockerfiles; pin those by digest when you push them, e.g. with
-# `kustomize edit set image` in an overlay). An existing @sha256 is replaced by the current one,
-# so rerunning after a tag change (or to pick up a rebuilt tag) is the update step; review the
-# diff and commit it. Needs network access to the registries and one of: crane, skopeo,
+# k8s/Dockerfile.mlflow, and every `image:` in k8s/base/*.yaml and k8s/overlays/*/*.yaml (MinIO)
+# except the project's own images (dpfl-*, built from the Dockerfiles; pin those by digest when
+# you push them, e.g. with `kustomize edit set image` in an overlay). An existing @sha256 is
+# replaced by the current one, so rerunning after a tag change (or to pick up a rebuilt tag) is
+# the update step; review the diff and commit it. Needs network access to the registries and one of: crane, skopeo,
 # docker buildx (tried in that order). Nothing is written unless every reference resolves.
 set -euo pipefail
 
@@ -53,7 +53,7 @@ for f in "$here/Dockerfile" "$here/Dockerfile.mlflow"; do
     sed -n -e 's/^FROM[[:space:]]\{1,\}\([^[:space:]]*:[^[:space:]]*\).*/\1/p' \
       -e 's/^COPY[[:space:]]\{1,\}--from=\([^[:space:]]*:[^[:space:]]*\).*/\1/p' "$f")
 done
-for f in "$here"/base/*.yaml; do
+for f in "$here"/base/*.yaml "$here"/overlays/*/*.yaml; do
   while read -r ref; do
     [[ $ref == dpfl-* ]] || refs+=("$f|ref|$ref")
   done < <(sed -n 's/^[[:space:]-]*image:[[:space:]]*"\{0,1\}\([^"[:space:]#]*\).*/\1/p' "$f")

@@ -1,11 +1,15 @@
 """Offline checks of the Kubernetes deployment in k8s/ (KubeRay + MLflow on PostgreSQL).
 
-Nothing here talks to a cluster: manifests are rendered with `kubectl kustomize`, the RayCluster
-and RayJob objects are validated against the KubeRay v1.7.0 CRD schemas (shared/kuberay-crds)
-with unknown fields treated as errors, and the core objects are checked structurally. The
-hardening (issue 29) is checked on the rendered manifests: no Secret or password in them, Ray
-token authentication, a securityContext on every container, images pinned by exact tag (and
+Nothing here talks to a cluster: every layout (the base and each overlay under k8s/overlays/,
+found by listing the folder) is rendered with `kubectl kustomize`, the RayCluster and RayJob
+objects are validated against the KubeRay v1.7.0 CRD schemas (shared/kuberay-crds) with unknown
+fields treated as errors, and the core objects are checked structurally. The hardening (issue
+29) is checked on the rendered manifests: no Secret or password in them, Ray token
+authentication, a securityContext on every container, images pinned by exact tag (and
 k8s/pin-digests.sh), and the NetworkPolicies evaluated on a model of the pods KubeRay creates.
+The object-storage overlay (issue 31) has no shared volume: every Ray pod reads shards and
+writes checkpoints on S3 (a MinIO in the cluster), MLflow stores artifacts there, and the
+bucket Job's script is run against a real S3-compatible server (moto, tests/fixtures_s3.py).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import urllib.parse
 from pathlib import Path
 
@@ -30,29 +35,60 @@ IMAGE_ENV = dict(re.findall(r"\b(APP_HOME|DPFL_\w+)=(\S+)", (K8S / "Dockerfile")
 APP_HOME = IMAGE_ENV.pop("APP_HOME")  # the image's WORKDIR / PYTHONPATH
 RAY_ENV = {"MLFLOW_TRACKING_URI": "http://mlflow:5000", **IMAGE_ENV}
 SHARED_MOUNT = os.path.commonpath(list(IMAGE_ENV.values()))  # the dpfl-shared volume
-EXPECTED_KINDS = sorted(
-    [
-        ("v1", "Service"),
-        ("v1", "Service"),
-        ("v1", "PersistentVolumeClaim"),
-        ("v1", "PersistentVolumeClaim"),
-        ("apps/v1", "Deployment"),
-        ("apps/v1", "StatefulSet"),
-        ("ray.io/v1", "RayCluster"),
-        ("ray.io/v1", "RayJob"),
-    ]
-    + [("networking.k8s.io/v1", "NetworkPolicy")] * 6
-)
-CORE_KINDS = {"Service", "PersistentVolumeClaim", "Deployment", "StatefulSet"}
+LAYOUTS = ["base"] + sorted(f"overlays/{p.name}" for p in (K8S / "overlays").iterdir())
+OBJECT_STORAGE = "overlays/object-storage"
+_BASE_KINDS = [
+    ("v1", "Service"),
+    ("v1", "Service"),
+    ("apps/v1", "Deployment"),
+    ("apps/v1", "StatefulSet"),
+    ("ray.io/v1", "RayCluster"),
+    ("ray.io/v1", "RayJob"),
+] + [("networking.k8s.io/v1", "NetworkPolicy")] * 6
+_SHARED_VOLUMES = [("v1", "PersistentVolumeClaim")] * 2  # dpfl-shared, mlflow-artifacts
+# MinIO (its data PVC, Service, Deployment, NetworkPolicy) and the bucket Job, no shared PVC.
+_OBJECT_STORE = [
+    ("v1", "PersistentVolumeClaim"),
+    ("v1", "Service"),
+    ("apps/v1", "Deployment"),
+    ("batch/v1", "Job"),
+    ("networking.k8s.io/v1", "NetworkPolicy"),
+]
+EXPECTED_KINDS = {
+    "base": sorted(_BASE_KINDS + _SHARED_VOLUMES),
+    "overlays/local": sorted(_BASE_KINDS + _SHARED_VOLUMES),
+    OBJECT_STORAGE: sorted(_BASE_KINDS + _OBJECT_STORE),
+}
+CORE_KINDS = {"Service", "PersistentVolumeClaim", "Deployment", "StatefulSet", "Job"}
+# The object-storage overlay: one bucket for shards, checkpoints and MLflow's artifacts on the
+# MinIO Service, reached with the keys of the Secret the user creates (k8s/README.md).
+BUCKET = "dpfl"
+S3_ENDPOINT = "http://minio:9000"
+S3_ENV = {
+    "DPFL_STORE_ROOT": f"s3://{BUCKET}/shards",
+    "DPFL_CHECKPOINT_DIR": f"s3://{BUCKET}/checkpoints",
+    "AWS_ENDPOINT_URL": S3_ENDPOINT,
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
+S3_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 README = (K8S / "README.md").read_text()
 # The Secret the user creates: the README's `kubectl create secret generic NAME
 # --from-literal=KEY=...` is the contract the manifests' secretKeyRefs must meet.
 DOCUMENTED_SECRET = re.search(
     r"kubectl create secret generic (\S+) +\\?\s*--from-literal=(\w+)=", README
 )
+# Every Secret the README has the user create, with its keys: (name, key) pairs.
+DOCUMENTED_SECRETS = {
+    (m[1], key)
+    for m in re.finditer(
+        r"kubectl create secret generic (\S+)((?:\s+\\?\s*--from-literal=\w+=\S+)+)", README
+    )
+    for key in re.findall(r"--from-literal=(\w+)=", m[2])
+}
 # Labels that admit a pod through the NetworkPolicies (documented in k8s/README.md).
 SUBMITTER_LABEL = {"dpfl/ray-submitter": "true"}
 MLFLOW_CLIENT_LABEL = {"dpfl/mlflow-client": "true"}
+S3_CLIENT_LABEL = {"dpfl/s3-client": "true"}
 
 needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl not on PATH: cannot render")
 needs_crds = pytest.mark.skipif(
@@ -63,19 +99,19 @@ needs_crds = pytest.mark.skipif(
 # ---------------------------------------------------------------- rendering
 
 
-@pytest.fixture(scope="module", params=["base", "overlays/local"])
+@pytest.fixture(scope="module", params=LAYOUTS)
 def rendered(request) -> tuple[str, list[dict]]:
+    return request.param, render(K8S / request.param)
+
+
+def render(layout: Path) -> list[dict]:
     if KUBECTL is None:
         pytest.skip("kubectl not on PATH: cannot render the kustomizations")
     out = subprocess.run(
-        [KUBECTL, "kustomize", str(K8S / request.param)],
-        capture_output=True,
-        text=True,
-        timeout=60,
+        [KUBECTL, "kustomize", str(layout)], capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0, out.stderr
-    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
-    return request.param, docs
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
 
 
 def by_kind(docs: list[dict], kind: str) -> list[dict]:
@@ -97,10 +133,15 @@ def ray_pod_specs(cluster_spec: dict) -> list[tuple[str, dict]]:
     return pods
 
 
+def test_every_layout_is_known():
+    """A new overlay is rendered and validated like the others once it has its expected kinds."""
+    assert set(LAYOUTS) == set(EXPECTED_KINDS), "add the new layout to EXPECTED_KINDS"
+
+
 @needs_kubectl
 def test_render_has_exactly_the_expected_kinds(rendered):
-    _, docs = rendered
-    assert sorted((d["apiVersion"], d["kind"]) for d in docs) == EXPECTED_KINDS
+    where, docs = rendered
+    assert sorted((d["apiVersion"], d["kind"]) for d in docs) == EXPECTED_KINDS[where]
     names = {(d["kind"], d["metadata"]["name"]) for d in docs}
     assert len(names) == len(docs), "duplicate object names"
 
@@ -242,19 +283,25 @@ def test_ray_clusters(rendered):
         if where == "overlays/local":
             assert gpu["maxReplicas"] == 0, name
             assert groups["cpu"]["replicas"] == groups["cpu"]["maxReplicas"] == 1, name
+        expected_env = {**RAY_ENV, **S3_ENV} if where == OBJECT_STORAGE else RAY_ENV
         for group, pod in ray_pod_specs(spec):
+            volumes = {v["name"]: v for v in pod["volumes"]}
             claims = {
-                v["name"]: v["persistentVolumeClaim"]["claimName"]
-                for v in pod["volumes"]
+                n: v["persistentVolumeClaim"]["claimName"]
+                for n, v in volumes.items()
                 if "persistentVolumeClaim" in v
             }
             for c in pod["containers"]:
                 env = {e["name"]: e.get("value") for e in c["env"]}
-                assert {k: env.get(k) for k in RAY_ENV} == RAY_ENV, (name, group)
+                assert {k: env.get(k) for k in expected_env} == expected_env, (name, group)
                 assert c["image"].startswith("dpfl-cluster:"), (name, group)
                 assert c["resources"]["limits"]["cpu"], (name, group)
                 mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
-                assert claims.get(mounts.get(SHARED_MOUNT)) == "dpfl-shared", (name, group)
+                if where == OBJECT_STORAGE:  # no volume shared: raw downloads in pod scratch
+                    assert not claims, (name, group, claims)
+                    assert "emptyDir" in volumes[mounts[env["DPFL_DATA_ROOT"]]], (name, group)
+                else:
+                    assert claims.get(mounts.get(SHARED_MOUNT)) == "dpfl-shared", (name, group)
 
 
 @needs_kubectl
@@ -296,7 +343,7 @@ def pod_templates(docs: list[dict]) -> list[tuple[str, dict]]:
     return [
         (f"{d['kind']}/{d['metadata']['name']}", d["spec"]["template"])
         for d in docs
-        if d["kind"] in {"Deployment", "StatefulSet"}
+        if d["kind"] in {"Deployment", "StatefulSet", "Job"}
     ]
 
 
@@ -308,20 +355,27 @@ def test_core_objects_structure(rendered):
         "PersistentVolumeClaim": "v1",
         "Deployment": "apps/v1",
         "StatefulSet": "apps/v1",
+        "Job": "batch/v1",
     }
     core = [d for d in docs if d["kind"] in CORE_KINDS]
     for d in core:
         assert d["apiVersion"] == api[d["kind"]], d["metadata"]["name"]
     pvcs = {d["metadata"]["name"]: d for d in by_kind(docs, "PersistentVolumeClaim")}
-    assert set(pvcs) == {"dpfl-shared", "mlflow-artifacts"}
-    shared_mode = pvcs["dpfl-shared"]["spec"]["accessModes"]
-    assert shared_mode == (["ReadWriteOnce"] if where == "overlays/local" else ["ReadWriteMany"])
+    if where == OBJECT_STORAGE:
+        assert set(pvcs) == {"minio-data"}
+        assert pvcs["minio-data"]["spec"]["accessModes"] == ["ReadWriteOnce"]
+    else:
+        assert set(pvcs) == {"dpfl-shared", "mlflow-artifacts"}
+        shared_mode = pvcs["dpfl-shared"]["spec"]["accessModes"]
+        local = where == "overlays/local"
+        assert shared_mode == (["ReadWriteOnce"] if local else ["ReadWriteMany"])
 
     for name, template in pod_templates(docs):
         (obj,) = [d for d in docs if f"{d['kind']}/{d['metadata']['name']}" == name]
-        selector = obj["spec"]["selector"]["matchLabels"]
         labels = template["metadata"]["labels"]
-        assert selector.items() <= labels.items(), name
+        if obj["kind"] != "Job":  # a Job's selector is generated
+            selector = obj["spec"]["selector"]["matchLabels"]
+            assert selector.items() <= labels.items(), name
         pod = template["spec"]
         claim_templates = {
             t["metadata"]["name"] for t in obj["spec"].get("volumeClaimTemplates", [])
@@ -340,7 +394,7 @@ def test_core_objects_structure(rendered):
             # which variables hold secret values).
             assert not any("secretRef" in ref for ref in c.get("envFrom", [])), (name, c["name"])
             for ref in secret_refs(c).values():
-                assert (ref["name"], ref["key"]) == DOCUMENTED_SECRET.groups(), (name, ref)
+                assert (ref["name"], ref["key"]) in DOCUMENTED_SECRETS, (name, ref)
 
     # Every Service selects the pods of a Deployment/StatefulSet and targets a named port.
     for svc in by_kind(docs, "Service"):
@@ -378,14 +432,22 @@ def env_values(container: dict) -> dict[str, str]:
     return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
 
 
+def s3_key_refs() -> dict[str, dict]:
+    """The S3 keys as a container holds them: each from the documented Secret dpfl-s3."""
+    return {key: {"name": "dpfl-s3", "key": key} for key in S3_KEYS}
+
+
 def test_readme_documents_the_secret():
     assert DOCUMENTED_SECRET, "k8s/README.md: no `kubectl create secret generic ...` command"
     assert DOCUMENTED_SECRET.groups() == ("dpfl-postgres", "POSTGRES_PASSWORD")
+    assert {("dpfl-postgres", "POSTGRES_PASSWORD")} | {
+        ("dpfl-s3", key) for key in S3_KEYS
+    } == DOCUMENTED_SECRETS
 
 
 @needs_kubectl
 def test_mlflow_reads_the_password_from_the_environment(rendered):
-    _, docs = rendered
+    where, docs = rendered
     (mlflow,) = [d for d in by_kind(docs, "Deployment") if d["metadata"]["name"] == "mlflow"]
     (c,) = mlflow["spec"]["template"]["spec"]["containers"]
     argv = c.get("command", []) + c.get("args", [])
@@ -395,9 +457,10 @@ def test_mlflow_reads_the_password_from_the_environment(rendered):
     assert uri.password is None and "$(" not in uri.geturl(), "a password in the URI"
     assert (uri.hostname, uri.port) == ("postgres", 5432)
     # libpq reads PGPASSWORD; PostgreSQL sets its password from POSTGRES_PASSWORD: one Secret.
+    # With object storage MLflow also holds the S3 keys (it stores the artifacts).
     assert secret_refs(c) == {
         "PGPASSWORD": {"name": DOCUMENTED_SECRET[1], "key": DOCUMENTED_SECRET[2]}
-    }
+    } | (s3_key_refs() if where == OBJECT_STORAGE else {})
     (pg,) = by_kind(docs, "StatefulSet")
     (pg_c,) = pg["spec"]["template"]["spec"]["containers"]
     assert secret_refs(pg_c) == {
@@ -410,7 +473,13 @@ def test_mlflow_reads_the_password_from_the_environment(rendered):
     dest = argv[argv.index("--artifacts-destination") + 1]
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
     vols = {v["name"]: v for v in mlflow["spec"]["template"]["spec"]["volumes"]}
-    assert vols[mounts[dest]]["persistentVolumeClaim"]["claimName"] == "mlflow-artifacts"
+    if where == OBJECT_STORAGE:  # the server's S3 client: boto3, endpoint from this variable
+        assert dest == f"s3://{BUCKET}/mlartifacts"
+        assert env_values(c)["MLFLOW_S3_ENDPOINT_URL"] == S3_ENDPOINT
+        assert env_values(c)["AWS_EC2_METADATA_DISABLED"] == "true"
+        assert not any("persistentVolumeClaim" in v for v in vols.values())
+    else:
+        assert vols[mounts[dest]]["persistentVolumeClaim"]["claimName"] == "mlflow-artifacts"
     assert argv[argv.index("--port") + 1] == "5000"
     (svc,) = [s for s in by_kind(docs, "Service") if s["metadata"]["name"] == "mlflow"]
     assert [p["port"] for p in svc["spec"]["ports"]] == [5000]
@@ -473,6 +542,8 @@ def test_dockerfile_installs_from_the_lock_on_the_matching_ray_image():
 
     mlflow = (K8S / "Dockerfile.mlflow").read_text()
     assert f"mlflow:v{locked_version('mlflow')}" in mlflow
+    # MLflow's S3 artifact store (the object-storage overlay) needs boto3: the locked one.
+    assert re.search(rf'^RUN pip install .*"boto3=={locked_version("boto3")}"', mlflow, re.M)
 
 
 # ---------------------------------------------------------------- hardening (issue 29)
@@ -506,6 +577,9 @@ def all_pods(docs: list[dict]) -> list[tuple[str, dict, list[dict]]]:
     return pods
 
 
+MINIO_IMAGE = "quay.io/minio/minio"
+
+
 def dockerfile_user(name: str) -> tuple[int, int]:
     users = re.findall(r"^USER (\S+)", (K8S / name).read_text(), re.M)
     assert users, f"k8s/{name} sets no USER"
@@ -522,14 +596,17 @@ def image_user(image: str) -> tuple[int, int]:
     if image.startswith("postgres:"):
         assert "alpine" not in image, image  # postgres is uid 70 there
         return 999, 999  # the official Debian-based image's postgres user
+    if image.startswith(MINIO_IMAGE + ":"):
+        return 10002, 10002  # the image has no user of its own (root): the overlay's choice
     raise AssertionError(f"no known user for image {image}")
 
 
 @needs_kubectl
 def test_every_container_runs_unprivileged(rendered):
-    _, docs = rendered
+    where, docs = rendered
     pods = all_pods(docs)
-    assert len(pods) == 9  # postgres, mlflow, 2 x (head, cpu, gpu), the submitter
+    # postgres, mlflow, 2 x (head, cpu, gpu), the submitter (+ MinIO and the bucket Job)
+    assert len(pods) == (11 if where == OBJECT_STORAGE else 9)
     for where, pod, containers in pods:
         pod_ctx = pod.get("securityContext", {})
         assert pod_ctx.get("runAsNonRoot") is True, where
@@ -619,7 +696,10 @@ def test_no_password_in_the_manifests_or_on_a_command_line(rendered):
                 assert not set(re.findall(r"\$\((\w+)\)", arg)) & secret_vars, (name, arg)
 
 
-EXACT_TAG = re.compile(r"^v?\d+\.\d+(\.\d+)?([-.][A-Za-z0-9.]+)*$")
+EXACT_TAG = re.compile(
+    r"^v?\d+\.\d+(\.\d+)?([-.][A-Za-z0-9.]+)*$"
+    r"|^RELEASE\.\d{4}-\d\d-\d\dT\d\d-\d\d-\d\dZ$"  # MinIO's: one build, dated to the second
+)
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
@@ -642,7 +722,7 @@ def dockerfile_image_refs(name: str) -> list[str]:
 
 @needs_kubectl
 def test_images_are_pinned_by_exact_tags(rendered):
-    _, docs = rendered
+    where, docs = rendered
     version = re.search(r'^version = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.M)
     own = {
         "dpfl-cluster": {version[1], version[1] + "-gpu"},
@@ -655,7 +735,8 @@ def test_images_are_pinned_by_exact_tags(rendered):
             seen.add(name)
             if name in own:
                 assert tag in own[name], (pod_name, c["image"])
-    assert seen == {"dpfl-cluster", "dpfl-mlflow", "postgres"}
+    minio = {MINIO_IMAGE} if where == OBJECT_STORAGE else set()
+    assert seen == {"dpfl-cluster", "dpfl-mlflow", "postgres"} | minio
     bases = dockerfile_image_refs("Dockerfile") + dockerfile_image_refs("Dockerfile.mlflow")
     assert len(bases) == 3  # rayproject/ray, uv, mlflow
     for ref in bases:
@@ -663,10 +744,19 @@ def test_images_are_pinned_by_exact_tags(rendered):
 
 
 def test_image_ref_check_rejects_floating_tags():
-    for bad in ["postgres:16", "postgres", "dpfl-cluster:latest", "x:latest-gpu", "r:5000/x"]:
+    for bad in ["postgres:16", "postgres", "dpfl-cluster:latest", "x:latest-gpu", "r:5000/x"] + [
+        "minio/minio:RELEASE.2025-09-07",
+        "minio/minio:RELEASE.latest",
+        "minio/minio:release.2025-09-07T16-13-09Z",
+    ]:
         with pytest.raises(AssertionError):
             check_image_ref(bad)
-    for good in ["postgres:16.10-bookworm", "rayproject/ray:2.60.0-py311", "a/b:v3.17.2"]:
+    for good in [
+        "postgres:16.10-bookworm",
+        "rayproject/ray:2.60.0-py311",
+        "a/b:v3.17.2",
+        "quay.io/minio/minio:RELEASE.2025-09-07T16-13-09Z",
+    ]:
         check_image_ref(good)
         check_image_ref(good + "@sha256:" + "0" * 64)
     with pytest.raises(AssertionError):
@@ -931,17 +1021,18 @@ def model_pods(docs: list[dict]) -> dict:
         name.split("/")[1]: Pod(name, t["metadata"]["labels"]) for name, t in pod_templates(docs)
     }
     return {
+        **workloads,  # mlflow, postgres (and minio, dpfl-bucket)
         "cluster": clusters["RayCluster"],
         "job_cluster": clusters["RayJob"],
         "job_submitter": Pod("job-submitter", submitter_labels),
-        "mlflow": workloads["mlflow"],
-        "postgres": workloads["postgres"],
         "submitter": Pod("labelled-submitter", dict(SUBMITTER_LABEL)),
         "mlflow_client": Pod("labelled-mlflow-client", dict(MLFLOW_CLIENT_LABEL)),
         "stranger": Pod("stranger", {"app": "notebook"}),
         "unlabelled": Pod("unlabelled", {}),
         "foreign_submitter": Pod("foreign-submitter", dict(SUBMITTER_LABEL), "elsewhere"),
         "foreign_client": Pod("foreign-mlflow-client", dict(MLFLOW_CLIENT_LABEL), "elsewhere"),
+        "s3_client": Pod("labelled-s3-client", dict(S3_CLIENT_LABEL)),
+        "foreign_s3_client": Pod("foreign-s3-client", dict(S3_CLIENT_LABEL), "elsewhere"),
         "operator": Pod(
             "kuberay-operator",
             {
@@ -1059,7 +1150,7 @@ def test_network_policy_model():
 @needs_kubectl
 def test_readme_documents_the_hardening(rendered):
     _, docs = rendered
-    for label in [SUBMITTER_LABEL, MLFLOW_CLIENT_LABEL]:
+    for label in [SUBMITTER_LABEL, MLFLOW_CLIENT_LABEL, S3_CLIENT_LABEL]:
         ((key, value),) = label.items()
         assert f'{key}: "{value}"' in README or f"{key}={value}" in README, key
     for p in by_kind(docs, "NetworkPolicy"):
@@ -1120,7 +1211,10 @@ def test_pin_digests_rewrites_tags_to_tag_at_digest(tmp_path):
             in out.stdout
         )
     changed = sorted(str(p.relative_to(k8s)) for p in before if p.read_text() != before[p])
-    assert changed == ["Dockerfile", "Dockerfile.mlflow", "base/postgres.yaml"]
+    minio = "overlays/object-storage/minio.yaml"
+    assert changed == ["Dockerfile", "Dockerfile.mlflow", "base/postgres.yaml", minio]
+    release = f"{MINIO_IMAGE}:RELEASE.2025-09-07T16-13-09Z"
+    assert f"image: {release}@{digest(release, 'rebuilt')}\n" in (k8s / minio).read_text()
     # Only the references changed; the pinned manifests still render, their refs still check.
     for p in before:
         old, new = before[p].splitlines(), p.read_text().splitlines()
@@ -1135,3 +1229,126 @@ def test_pin_digests_rewrites_tags_to_tag_at_digest(tmp_path):
         assert f"{pg}@{digest(pg, 'rebuilt')}" in images
         for image in images:
             check_image_ref(image)
+
+
+# ---------------------------------------------------------------- object storage (issue 31)
+
+
+@pytest.fixture(scope="module")
+def object_storage() -> list[dict]:
+    return render(K8S / OBJECT_STORAGE)
+
+
+@needs_kubectl
+def test_object_storage_has_no_shared_volume(object_storage):
+    """No ReadWriteMany claim, and only MinIO (its own data) and PostgreSQL mount a volume claim:
+    pods on different nodes share nothing but the object store."""
+    claims = by_kind(object_storage, "PersistentVolumeClaim") + [
+        claim
+        for sts in by_kind(object_storage, "StatefulSet")
+        for claim in sts["spec"].get("volumeClaimTemplates", [])
+    ]
+    assert len(claims) == 2  # MinIO's data, PostgreSQL's
+    for claim in claims:
+        assert "ReadWriteMany" not in claim["spec"]["accessModes"], claim["metadata"]["name"]
+    mounting = sorted(
+        where
+        for where, pod, _ in all_pods(object_storage)
+        if any("persistentVolumeClaim" in v for v in pod.get("volumes", []))
+    )
+    assert mounting == ["Deployment/minio"], mounting  # PostgreSQL's is a claim template
+
+
+@needs_kubectl
+def test_every_pod_that_reads_shards_gets_the_s3_variables(object_storage):
+    """The Ray pods (drivers on the heads build and read the store, actors on the workers read
+    their shards) of both clusters: the store and checkpoints on the bucket, the endpoint of the
+    MinIO Service, no metadata probe, the keys from the documented Secret. MLflow and the
+    bucket Job name the same bucket and endpoint."""
+    ray_pods = [
+        (f"{name}/{group}", c)
+        for name, spec in ray_cluster_specs(object_storage)
+        for group, pod in ray_pod_specs(spec)
+        for c in pod["containers"]
+    ]
+    assert len(ray_pods) == 6  # 2 clusters x (head, cpu, gpu)
+    readers = [
+        (where, c)
+        for where, _, containers in all_pods(object_storage)
+        for c in containers
+        if "DPFL_STORE_ROOT" in env_values(c)
+    ]
+    assert sorted(w for w, _ in readers) == sorted(w for w, _ in ray_pods)
+    for where, c in ray_pods:
+        env = env_values(c)
+        assert {k: env.get(k) for k in S3_ENV} == S3_ENV, where
+        assert env.get("AWS_DEFAULT_REGION"), where
+        assert secret_refs(c) == s3_key_refs(), where
+
+    endpoint = urllib.parse.urlsplit(S3_ENDPOINT)
+    (svc,) = [s for s in by_kind(object_storage, "Service") if s["metadata"]["name"] == "minio"]
+    assert endpoint.hostname == "minio" and endpoint.port in {
+        p["port"] for p in svc["spec"]["ports"]
+    }
+    (job,) = by_kind(object_storage, "Job")
+    (creator,) = job["spec"]["template"]["spec"]["containers"]
+    job_env = env_values(creator)
+    assert job_env["DPFL_BUCKET"] == BUCKET and job_env["AWS_ENDPOINT_URL"] == S3_ENDPOINT
+    assert secret_refs(creator) == s3_key_refs()
+    (minio,) = [
+        d for d in by_kind(object_storage, "Deployment") if d["metadata"]["name"] == "minio"
+    ]
+    (server,) = minio["spec"]["template"]["spec"]["containers"]
+    assert {k: r["key"] for k, r in secret_refs(server).items()} == {
+        "MINIO_ROOT_USER": "AWS_ACCESS_KEY_ID",
+        "MINIO_ROOT_PASSWORD": "AWS_SECRET_ACCESS_KEY",
+    }
+    for where, c in ray_pods:
+        for variable in ("DPFL_STORE_ROOT", "DPFL_CHECKPOINT_DIR"):
+            assert urllib.parse.urlsplit(env_values(c)[variable]).netloc == BUCKET, where
+
+
+@needs_kubectl
+def test_minio_admits_ray_pods_mlflow_and_labelled_s3_clients_only(object_storage):
+    policies = by_kind(object_storage, "NetworkPolicy")
+    pods = model_pods(object_storage)
+    minio, bucket_job = pods["minio"], pods["dpfl-bucket"]
+    for src in pods["cluster"] + pods["job_cluster"] + [pods["mlflow"], bucket_job]:
+        assert admits(policies, minio, 9000, src), src
+        assert not admits(policies, minio, 9001, src), src  # no console
+    assert admits(policies, minio, 9000, pods["s3_client"])
+    for key in ["stranger", "postgres", "mlflow_client", "submitter", "foreign_s3_client"]:
+        assert not admits(policies, minio, 9000, pods[key]), key
+
+
+@needs_kubectl
+@pytest.mark.timeout(120)
+def test_the_bucket_job_creates_the_bucket_on_a_real_s3_server(object_storage, s3):
+    """The Job's own script, with its own variables but the endpoint and keys of moto's server
+    on 127.0.0.1: it creates the bucket, and run again keeps it and what it holds."""
+    (job,) = by_kind(object_storage, "Job")
+    (creator,) = job["spec"]["template"]["spec"]["containers"]
+    assert creator["command"][:2] == ["python", "-c"]
+    bucket = f"{s3.bucket}-job"
+    env = {**os.environ, **env_values(creator), **s3.env}
+    env.update(AWS_ENDPOINT_URL=s3.endpoint, DPFL_BUCKET=bucket)
+    client = s3.client()
+
+    def create() -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-c", creator["command"][2]],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    first = create()
+    assert first.returncode == 0, first.stderr
+    assert f"bucket {bucket}: Directory" in first.stdout
+    client.head_bucket(Bucket=bucket)
+    client.put_object(Bucket=bucket, Key="shards/manifest.json", Body=b"{}")
+    again = create()
+    assert again.returncode == 0, again.stderr
+    listed = client.list_objects_v2(Bucket=bucket)["Contents"]
+    assert [o["Key"] for o in listed] == ["shards/manifest.json"]
