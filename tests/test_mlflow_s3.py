@@ -236,29 +236,27 @@ def test_a_run_tracked_over_http_puts_every_artifact_in_the_bucket(
 class _SlowArtifactServer(BaseHTTPRequestHandler):
     """A tracking server's two routes for an upload: the run (artifacts under
     ``mlflow-artifacts:/``) and the upload itself, answered ``server.delay`` seconds after the
-    body arrived, as a server answers once its own upload to S3 is done."""
+    body arrived, as a server answers once its own upload to S3 is done. HTTP/1.0: each answer
+    ends with its connection."""
+
+    def log_message(self, *args) -> None:  # quiet
+        pass
 
     def do_GET(self) -> None:
         info = {"run_id": "r1", "run_uuid": "r1", "experiment_id": "1", "status": "RUNNING"}
-        info["artifact_uri"] = "mlflow-artifacts:/1/r1/artifacts"
-        self._answer({"run": {"info": {**info, "lifecycle_stage": "active"}, "data": {}}})
+        info |= {"artifact_uri": "mlflow-artifacts:/1/r1/artifacts", "lifecycle_stage": "active"}
+        self._json({"run": {"info": info, "data": {}}})
 
     def do_PUT(self) -> None:
         self.rfile.read(int(self.headers["Content-Length"]))
         self.server.uploads.append(self.path)
         time.sleep(self.server.delay)
-        self._answer({})
+        self._json({})
 
-    def _answer(self, body: dict) -> None:
-        payload = json.dumps(body).encode()
+    def _json(self, body: dict) -> None:
         self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, *args) -> None:  # quiet
-        pass
+        self.wfile.write(json.dumps(body).encode())
 
 
 @pytest.fixture
