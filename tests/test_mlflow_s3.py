@@ -6,7 +6,12 @@ The server proxies the artifacts (``mlflow-artifacts:/``), so the run's process 
 credentials: here it has none, and its AWS endpoint points at a closed port, so any direct S3
 call from it would fail the run. Everything the run logs (params, per-round metrics, the config
 YAML, the plots, the model, the partition report) is queried back through the server and found
-as objects in the bucket; no local ``mlruns``/``mlartifacts`` folder is written.
+as objects in the bucket; no local ``mlruns``/``mlartifacts`` folder is written. With the bucket
+gone, the next run stops before its first round (exit 2) naming the artifact the server did not
+store. That test is slow (the server's start); the fast ones check the tracking process's
+artifact timeout: uploads, which a server answers only once its own upload to S3 is done, get
+longer per try than MLflow's other calls. (A server that is not there at all is refused before
+any work: tests/test_bad_input.py, case "mlflow down".)
 """
 
 from __future__ import annotations
