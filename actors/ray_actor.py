@@ -13,6 +13,10 @@ from algorithms.aggregate import PartialAggregate
 from datasets.store import ShardStore
 
 
+class ClientStatesLost(RuntimeError):
+    """A restarted actor asked for its clients' states before they were loaded back."""
+
+
 @ray.remote
 class ClientHostActor:
     def __init__(
@@ -39,14 +43,36 @@ class ClientHostActor:
         self.host = ClientHost(
             device=device, client_ids=pin_clients(sizes, count)[index], **host_kwargs
         )
+        # Restarted by Ray (its node or process died): its clients' states went with it.
+        # Until the driver loads them back, a round or a state read would silently start
+        # SCAFFOLD's c_i from zero: refused instead.
+        self.index = index
+        self.states_lost = (
+            host_kwargs["algorithm"].control_variates
+            and ray.get_runtime_context().was_current_actor_reconstructed
+        )
 
     def info(self) -> dict:
-        """Where this actor runs: its process id and torch device."""
-        return {"pid": os.getpid(), "device": str(self.host.device)}
+        """Where this actor runs: its process id, torch device, Ray node id and node IP."""
+        context = ray.get_runtime_context()
+        return {
+            "pid": os.getpid(),
+            "device": str(self.host.device),
+            "node_id": context.get_node_id(),
+            "node_ip": ray.util.get_node_ip_address(),
+        }
+
+    def _check_states(self) -> None:
+        if self.states_lost:
+            raise ClientStatesLost(
+                f"actor {self.index} was restarted and holds none of its clients' states: "
+                "load_client_states first"
+            )
 
     def run_round(
         self, round_index: int, broadcast: Broadcast, client_ids: list[int], nominal: float
     ) -> PartialAggregate:
+        self._check_states()
         return self.host.run_round(round_index, broadcast, client_ids, nominal)
 
     def evaluate(self, params, start: int, stop: int) -> EvalResult:
@@ -59,7 +85,9 @@ class ClientHostActor:
         return self.host.train_diagnostics(params)
 
     def client_states(self) -> dict:
+        self._check_states()
         return self.host.client_states()
 
     def load_client_states(self, states: dict) -> None:
         self.host.load_client_states(states)
+        self.states_lost = False

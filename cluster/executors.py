@@ -13,6 +13,8 @@ sum the same partials in the same order: they agree bit for bit.
 
 from __future__ import annotations
 
+import os
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -35,13 +37,37 @@ from actors.client_state import ClientStateStore
 from actors.scheduling import balance_round, pin_clients
 from algorithms.aggregate import PartialAggregate
 from algorithms.presets import Algorithm
+from cluster.ray_runtime import ResourceError
 from datasets.store import ShardStore
 from models import draws_from_global_rng
 
-MAX_RETRIES = 3
+MAX_RESTARTS = 3  # per actor (Ray restarts it), and losses of hosts per run (the driver)
 POLL_S = 0.1  # how often a round waiting for its hosts looks for a stop signal
+# How long lost actors may take to be running again, somewhere ($DPFL_RESTART_TIMEOUT_S: an
+# autoscaling cluster may need minutes to add a node).
+RESTART_TIMEOUT_S = float(os.environ.get("DPFL_RESTART_TIMEOUT_S", "120"))
+PING_S = 5.0  # how long a restarted actor may take to answer its first call
 
 Call = tuple | None  # one host's arguments for a method, or None: that host has nothing to do
+
+
+class HostsLost(RuntimeError):
+    """Hosts died while answering a call (their node was lost, or their process): nothing of
+    the call may be used. Ray restarts such actors (``MAX_RESTARTS``) without the clients'
+    states; ``RayExecutor.await_hosts`` waits for them, the driver then rolls back
+    (``Simulation``)."""
+
+    def __init__(self, hosts: list[int], cause: BaseException):
+        self.hosts = hosts
+        self.cause = cause
+        self.detected_at = time.monotonic()
+        reason = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        super().__init__(f"lost actor{'s' if len(hosts) > 1 else ''} {hosts}: {reason}")
+
+
+class HostsUnavailable(ResourceError):
+    """Lost hosts that cannot be brought back: no surviving node has room for them, or Ray
+    gave up restarting them. The run stops; its last checkpoint is as it was."""
 
 
 class HostPool(ABC):
@@ -197,7 +223,35 @@ class LocalExecutor(HostPool):
         self._thread_count.close()
 
 
+def actor_options(cpus: float, gpus: float, placement: str) -> dict:
+    """Ray options of one host actor.
+
+    ``placement``: ``pack`` leaves Ray's default strategy (fill the driver's node, then the
+    next), ``spread`` gives every actor Ray's ``SPREAD`` strategy (each on the node with the
+    fewest of them that has room). A placement group would reserve the pool's bundles once;
+    when a node dies Ray 2.60 reschedules its bundles (the group goes to RESCHEDULING) and the
+    actors in them restart only once a new bundle is placed, which a STRICT_SPREAD group with
+    more bundles than surviving nodes never is: the run would hang where a per-actor strategy
+    restarts the actor on any surviving node with room. So: SPREAD, no placement group.
+
+    Every actor may be restarted ``MAX_RESTARTS`` times, but its calls are never retried by Ray
+    (``max_task_retries=0``): a restarted actor has lost its clients' states (SCAFFOLD's c_i),
+    and only the driver knows what to restore first (``Simulation``'s roll-back).
+    """
+    return {
+        "num_cpus": cpus,
+        "num_gpus": gpus,
+        "max_restarts": MAX_RESTARTS,
+        "max_task_retries": 0,
+        "scheduling_strategy": "SPREAD" if placement == "spread" else "DEFAULT",
+    }
+
+
 class RayExecutor(HostPool):
+    """The hosts as Ray actors, placed by ``placement`` (``actor_options``). A call that loses
+    an actor (its node or process died) raises ``HostsLost``; ``await_hosts`` then waits until
+    Ray has restarted it, on a surviving node, reading its clients' shards from the store."""
+
     def __init__(
         self,
         store: ShardStore,
@@ -209,6 +263,7 @@ class RayExecutor(HostPool):
         gpus_per_actor: float = 0.0,
         test_per_client: int | None = None,
         kernels: Kernels = AUTO_KERNELS,
+        placement: str = "pack",
     ):
         import ray
 
@@ -216,18 +271,9 @@ class RayExecutor(HostPool):
 
         super().__init__(store, algorithm, num_actors)
         self._ray = ray
-        # A stateless algorithm's round is a pure function of (broadcast, seeds): Ray restarts a
-        # dead actor (reloading its shards) and retries the call, with an identical result. An
-        # actor holding client state (SCAFFOLD c_i) would lose it, so there a death fails the
-        # run, which resumes from its last checkpoint instead.
-        retries = 0 if algorithm.control_variates else MAX_RETRIES
+        options = actor_options(cpus_per_actor, gpus_per_actor, placement)
         self.actors = [
-            ClientHostActor.options(
-                num_cpus=cpus_per_actor,
-                num_gpus=gpus_per_actor,
-                max_restarts=retries,
-                max_task_retries=retries,
-            ).remote(
+            ClientHostActor.options(**options).remote(
                 cpus_per_actor,
                 gpus_per_actor,
                 (actor_index, num_actors),
@@ -240,10 +286,21 @@ class RayExecutor(HostPool):
             )
             for actor_index in range(num_actors)
         ]
-        self.devices = [info["device"] for info in self.actor_info()]
+        self.placement = self.actor_info()
+        self.devices = [info["device"] for info in self.placement]
 
     def actor_info(self) -> list[dict]:
+        """Each actor's ``info()``: process, device, node id and node IP."""
         return self._ray.get([actor.info.remote() for actor in self.actors])
+
+    def describe_placement(self) -> str:
+        """One line: how many nodes the actors are on, and each actor's node."""
+        nodes = {info["node_id"] for info in self.placement}
+        where = ", ".join(
+            f"{index} on {info['node_id'][:8]} ({info['node_ip']}, pid {info['pid']})"
+            for index, info in enumerate(self.placement)
+        )
+        return f"actors on {len(nodes)} node{'s' if len(nodes) > 1 else ''}: {where}"
 
     def _share(self, value: Any) -> Any:
         return self._ray.put(value)
@@ -251,18 +308,85 @@ class RayExecutor(HostPool):
     def _call(
         self, method: str, calls: list[Call], check: Callable[[], None] | None = None
     ) -> list:
-        futures = [
-            getattr(actor, method).remote(*args)
-            for actor, args in zip(self.actors, calls, strict=True)
-            if args is not None
-        ]
+        busy = [index for index, args in enumerate(calls) if args is not None]
+        futures = [getattr(self.actors[index], method).remote(*calls[index]) for index in busy]
         pending = futures if check is not None else []
         while pending:
             _, pending = self._ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
             if pending:
                 check()
-        return self._ray.get(futures)
+        return self._answers(busy, futures)
+
+    def _answers(self, hosts: list[int], futures: list) -> list:
+        """The calls' results in host order; ``HostsLost`` naming every host that died."""
+        from ray.exceptions import ObjectLostError, RayActorError
+
+        answers, lost, cause = [], [], None
+        for host, future in zip(hosts, futures, strict=True):
+            try:
+                answers.append(self._ray.get(future))
+            except (RayActorError, ObjectLostError) as error:  # a result on a lost node too
+                lost.append(host)
+                cause = cause or error
+        if lost:
+            raise HostsLost(lost, cause)
+        return answers
+
+    def await_hosts(self, timeout_s: float | None = None) -> None:
+        """Wait until every actor answers again (Ray restarts lost ones on a node with room);
+        ``placement`` is updated. ``HostsUnavailable`` when an actor is dead for good (its
+        restarts spent) or not running within ``timeout_s`` (``RESTART_TIMEOUT_S``): no
+        surviving node can host it."""
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        timeout_s = RESTART_TIMEOUT_S if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
+        waiting = set(range(len(self.actors)))
+        while waiting:
+            for index in sorted(waiting):
+                state = self._actor_state(index)
+                if state["State"] == "DEAD":
+                    raise HostsUnavailable(
+                        f"executor: actor {index} cannot be restarted (Ray restarted it "
+                        f"{state.get('NumRestarts', '?')} times, at most {MAX_RESTARTS}); "
+                        "the run's last checkpoint is intact: resume it once the cluster is "
+                        "healthy"
+                    )
+                if state["State"] != "ALIVE":
+                    continue
+                try:
+                    self.placement[index] = self._ray.get(
+                        self.actors[index].info.remote(), timeout=PING_S
+                    )
+                    waiting.discard(index)
+                except (RayActorError, GetTimeoutError):  # still on the dead node, for the GCS
+                    pass
+            if waiting and time.monotonic() > deadline:
+                raise HostsUnavailable(self._unplaceable(sorted(waiting), timeout_s))
+            if waiting:
+                time.sleep(POLL_S)
+
+    def _actor_state(self, index: int) -> dict:
+        """The GCS's record of actor ``index`` (State, NumRestarts, DeathCause, ...)."""
+        from ray._private.state import actors  # what RuntimeContext itself reads; no public API
+
+        return actors(actor_id=self.actors[index]._actor_id.hex()) or {"State": "DEAD"}
+
+    def _unplaceable(self, waiting: list[int], timeout_s: float) -> str:
+        free = self._ray.available_resources()
+        nodes = sum(node["Alive"] for node in self._ray.nodes())
+        return (
+            f"executor: actors {waiting} lost with their node could not be restarted within "
+            f"{timeout_s:g} s: no surviving node has room for them ({nodes} nodes alive, free "
+            f"CPU {free.get('CPU', 0):g}, GPU {free.get('GPU', 0):g}); the run's last checkpoint "
+            "is intact: add a node (or lower executor.num_actors / cpus_per_actor) and resume it"
+        )
 
     def close(self) -> None:
+        """Kill the actors and drop their handles now, while this Ray session lasts: a handle
+        released after ``ray.shutdown`` is released in the next session, where actor ids start
+        again from the same numbers (job 01000000 on a fresh cluster) and it would take a
+        reference off that session's actor of the same id, which then dies."""
         for actor in self.actors:
             self._ray.kill(actor)
+        self.actors = []

@@ -87,7 +87,7 @@ def make_executor(
         say(session.describe())
         if session.embedded:
             check_resources(e.num_actors, e.cpus_per_actor, e.gpus_per_actor)
-        return RayExecutor(
+        executor = RayExecutor(
             store,
             config.task,
             algorithm,
@@ -97,7 +97,10 @@ def make_executor(
             e.gpus_per_actor,
             test_per_client=config.data.test_per_client,
             kernels=Kernels(e.vectorize, e.channels_last),
+            placement=e.placement,
         )
+        say(executor.describe_placement())
+        return executor
 
 
 @dataclass
@@ -322,7 +325,7 @@ def _run_rounds(
             on_round(record)
 
         with stop.rounds():
-            result = sim.run(report, stop)
+            result = sim.run(report, stop, say)
             stop.settle()  # from here to the command's end a signal only sets the exit code
         # A signal that came as the last round ended stopped nothing: the run is complete.
         interrupted = stop.reason is not None and result.stop_reason.startswith(stop.reason)

@@ -69,8 +69,8 @@ def connect(address: str | None, verbose: bool = False) -> RaySession:
     # `ray start` on this machine left in /tmp/ray/ray_current_cluster. Its processes inherit
     # this environment, so the workers find the project on PYTHONPATH; a runtime_env carrying it
     # instead would keep actors off the workers Ray prestarts at init (≈1.3 s more start-up).
-    _prepend_pythonpath(PROJECT_ROOT)
-    with _loopback_node():
+    prepend_pythonpath(PROJECT_ROOT)
+    with loopback_node():
         ray.init(
             address="local", include_dashboard=False, _system_config=EMBEDDED_SYSTEM_CONFIG, **quiet
         )
@@ -78,7 +78,7 @@ def connect(address: str | None, verbose: bool = False) -> RaySession:
 
 
 @contextmanager
-def _loopback_node() -> Iterator[None]:
+def loopback_node() -> Iterator[None]:
     """Within the block, a Ray node started by this process takes the loopback address
     (``127.0.0.1``, or ``::1`` where Ray finds only IPv6) as its node IP, and so every server it
     starts listens on loopback only.
@@ -108,7 +108,7 @@ def _loopback_node() -> Iterator[None]:
         ray_constants.ENABLE_RAY_CLUSTER = saved
 
 
-def _prepend_pythonpath(path: Path) -> None:
+def prepend_pythonpath(path: Path) -> None:
     entries = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if str(path) not in entries:
         os.environ["PYTHONPATH"] = os.pathsep.join([str(path), *entries])

@@ -3,6 +3,16 @@
 One round (DESIGN §3): sample the cohort → charge the accountant (its ε is computed on a
 thread meanwhile) → broadcast → executor returns the cohort's sum → server rule (noise, mean,
 server lr, control variates) → evaluate → the round's ε → report.
+
+Losing hosts mid-run (a Ray node dies: ``HostsLost``): the driver waits until Ray has restarted
+the lost actors on surviving nodes (they read their clients' shards from the store again), rolls
+back and recomputes. An algorithm without client state rolls back to the start of the lost
+round (a round is a pure function of the broadcast and the seeds). One with client state
+(SCAFFOLD's c_i) rolls back to its last checkpoint, whose state the driver keeps (``state_dict``
+is what a checkpoint saves): server state, accountant and every client's state, loaded on every
+actor, the restarted and the surviving ones alike (whose c_i moved on since), so no c_i is ever
+reset or mixed with a later round's; the rounds since are replayed. Randomness is keyed by
+(seed, round, client): the run ends bit-identical, ε included, to an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -12,7 +22,7 @@ import time
 from array import array
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
@@ -28,6 +38,7 @@ from algorithms.server import ServerContext, ServerState
 from cluster.central_optimum import central_optimum
 from cluster.cohort import sample_cohort
 from cluster.config import ExperimentConfig
+from cluster.executors import MAX_RESTARTS, HostsLost, HostsUnavailable
 from cluster.interrupts import RoundDropped, StopSignals
 from cluster.privacy_plan import privacy_claim
 from cluster.records import RoundRecord
@@ -36,10 +47,29 @@ from datasets.tasks import TASKS
 
 
 @dataclass
+class Recovery:
+    """One loss of hosts during a run, and the run's way back (times from the driver's
+    detection of the loss, ``time.monotonic``)."""
+
+    round: int  # the round (1-based) that was lost, recomputed
+    hosts: list[int]  # the actors lost
+    rolled_back_to: int  # rounds done at the state the run went back to
+    detected_at: float
+    restart_s: float = math.nan  # until every actor answered again, states restored
+    seconds: float = math.nan  # until the lost round was recomputed: restart + replay
+
+    @property
+    def rounds_replayed(self) -> int:
+        """Rounds computed again, the lost one included."""
+        return self.round - self.rolled_back_to
+
+
+@dataclass
 class SimulationResult:
     params: torch.Tensor
     history: list[RoundRecord]
     stop_reason: str
+    recoveries: list[Recovery] = field(default_factory=list)
 
 
 def initial_params(
@@ -121,6 +151,10 @@ class Simulation:
         self.history: list[RoundRecord] = []
         self._optimum: Future | None = None  # F(x*) for eval_train, found in the background
         self._accounting: Future | None = None  # the round in progress's ε
+        # Where a loss of hosts rolls a run with client state back to: the last checkpoint's
+        # state (``state_dict``), or the one loaded.
+        self._checkpointed: dict | None = None
+        self.recoveries: list[Recovery] = []
         if config.eval_train:  # on a thread of its own: the round's noise and ε keep theirs
             decay = self.algorithm.trainer.weight_decay
             finder = ThreadPoolExecutor(1, thread_name_prefix="central-optimum")
@@ -265,13 +299,22 @@ class Simulation:
             count_noise = std * float(torch.randn(1, generator=generator, dtype=torch.float64))
         return ServerContext(float(c.cohort.size), c.data.num_clients, noise, count_noise)
 
-    def state_dict(self) -> dict:
-        """Everything needed to continue bit for bit (randomness is keyed by round, not state)."""
+    def _server_point(self) -> dict:
+        """The driver's state now, for a roll-back: server state and accountant (the history
+        is kept as its first ``rounds_done`` records: rounds are appended, never changed)."""
         return {
             "rounds_done": len(self.history),
             "params": self.state.params.clone(),
             "extras": {k: v.clone() for k, v in self.state.extras.items()},
             "accountant": self.accountant.state_dict() if self.accountant else None,
+        }
+
+    def state_dict(self) -> dict:
+        """Everything needed to continue bit for bit (randomness is keyed by round, not state).
+        With client state, also the point a loss of hosts rolls the run back to: this is what
+        a checkpoint saves, and the driver keeps it until the next."""
+        state = {
+            **self._server_point(),
             "history": [asdict(r) for r in self.history],
             # Asked of the hosts only where there is any: a stopped run's checkpoint needs
             # no host that a signal to the whole process group may have ended.
@@ -281,41 +324,108 @@ class Simulation:
                 else ClientStateStore.merge([])
             ),
         }
+        if self.keeps_client_state:
+            self._checkpointed = state
+        return state
 
     def load_state_dict(self, state: dict) -> None:
-        self.state = ServerState(state["params"].clone(), dict(state["extras"]))
-        if self.accountant is not None:
-            self.accountant.load_state_dict(state["accountant"])
         self.history = [RoundRecord(**r) for r in state["history"]]
-        self.executor.load_client_states(state["client_states"])
+        self._restore(state)
+        if self.keeps_client_state:
+            self._checkpointed = state
+
+    def _restore(self, point: dict) -> None:
+        """Back to ``point`` (``_server_point``, or a ``state_dict`` whose client states are
+        then loaded on every host)."""
+        params, extras = point["params"].clone(), {k: v.clone() for k, v in point["extras"].items()}
+        self.state = ServerState(params, extras)
+        if self.accountant is not None:
+            self.accountant.load_state_dict(point["accountant"])
+        del self.history[point["rounds_done"] :]
+        if "client_states" in point:
+            self.executor.load_client_states(point["client_states"])
 
     def run(
         self,
         on_round: Callable[[RoundRecord], None] = lambda r: None,
         stop: StopSignals | None = None,
+        say: Callable[[str], None] = lambda message: None,
     ) -> SimulationResult:
         """Run the remaining rounds. ``stop`` (a command's stop signals) ends the run early:
         checked before each round, and polled while a round waits for its clients, where it can
         drop the round if the algorithm keeps no client state (the driver then stays at the
-        last completed round) or abandon it after a second signal."""
+        last completed round) or abandon it after a second signal. A loss of hosts is
+        recovered from (the module's docstring), ``MAX_RESTARTS`` times at most; ``say`` gets
+        a line when it happens and one when the run is back where it was."""
         stop_reason = f"completed {self.config.rounds} rounds"
         if self.config.warmup_rounds:
             stop_reason += f" after {self.config.warmup_rounds} warm-up rounds"
-        for round_index in range(len(self.history), self.config.total_rounds):
+        if self.keeps_client_state and self._checkpointed is None:
+            self.state_dict()  # round 0's, or the resumed round's: the first roll-back point
+        while (round_index := len(self.history)) < self.config.total_rounds:
             reason = (stop and stop.reason) or self._budget_exhausted() or self._bytes_spent()
             if reason is not None:
                 stop_reason = reason
                 if stop and stop.reason:
                     stop_reason += f" after round {round_index}"
                 break
+            point = self._checkpointed if self.keeps_client_state else self._server_point()
             try:
                 record = self._round_or_drop(round_index, stop)
             except RoundDropped:
                 stop_reason = f"{stop.reason} during round {round_index + 1} (dropped)"
                 break
+            except HostsLost as lost:
+                self._recover(round_index, lost, point, say)
+                continue
             self.history.append(record)
+            self._recovered(record, say)
             on_round(record)
-        return SimulationResult(self.state.params, self.history, stop_reason)
+        return SimulationResult(self.state.params, self.history, stop_reason, self.recoveries)
+
+    def _recover(self, round_index: int, lost: HostsLost, point: dict, say) -> None:
+        """After ``lost`` in round ``round_index``: wait for the restarted hosts and roll back
+        to ``point``. Each loss is one ``Recovery``, also one during the wait, the restore or
+        the replay, and each counts towards ``MAX_RESTARTS``."""
+        if len(self.recoveries) == MAX_RESTARTS:
+            raise HostsUnavailable(
+                f"executor: hosts lost {MAX_RESTARTS + 1} times in this run ({lost}); the run "
+                "stops here, its last checkpoint intact: resume it once the cluster is healthy"
+            ) from lost
+        if self._accounting is not None:  # its ε is being computed from the accountant
+            self._accounting.exception()
+        recovery = Recovery(round_index + 1, lost.hosts, point["rounds_done"], lost.detected_at)
+        self.recoveries.append(recovery)
+        say(
+            f"round {round_index + 1}: {lost}; waiting for Ray to restart them, then back to "
+            f"round {point['rounds_done']}"
+        )
+        try:
+            self.executor.await_hosts()
+            self._restore(point)
+        except HostsLost as again:
+            self._recover(round_index, again, point, say)
+            return
+        recovery.restart_s = time.monotonic() - recovery.detected_at
+        say(
+            f"actors running again after {recovery.restart_s:.1f} s "
+            f"({self.executor.describe_placement()}); recomputing rounds "
+            f"{point['rounds_done'] + 1}-{round_index + 1}"
+        )
+
+    def _recovered(self, record: RoundRecord, say) -> None:
+        """Once ``record`` is the last lost round, recomputed: the recovery's time, on the
+        terminal and as the round's ``recovery_seconds`` and ``rounds_replayed`` metrics."""
+        recovery = self.recoveries[-1] if self.recoveries else None
+        if recovery is None or record.round != recovery.round or not math.isnan(recovery.seconds):
+            return
+        recovery.seconds = time.monotonic() - recovery.detected_at
+        record.metrics["recovery_seconds"] = recovery.seconds
+        record.metrics["rounds_replayed"] = float(recovery.rounds_replayed)
+        say(
+            f"recovered from the loss in round {recovery.round} in {recovery.seconds:.1f} s "
+            f"(restart {recovery.restart_s:.1f} s, {recovery.rounds_replayed} rounds replayed)"
+        )
 
     @property
     def keeps_client_state(self) -> bool:

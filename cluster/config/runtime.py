@@ -24,6 +24,10 @@ class ExecutorConfig:
     cpus_per_actor: float = 1.0
     gpus_per_actor: float = 0.0
     address: str | None = None  # Ray address; None = $RAY_ADDRESS or an embedded Ray
+    # Where Ray puts the actors: pack = Ray's default (fill a node before the next), spread =
+    # one per node in turn (Ray's SPREAD strategy: cluster.executors.actor_options). Never
+    # changes what is computed: results are bit-identical either way.
+    placement: Literal["pack", "spread"] = "pack"
     # Train each actor's clients of a round as vmapped batches where that is the same
     # computation (algorithms/vectorized.py): true wherever possible; auto where it is also
     # faster (on a GPU; on the CPU for models without convolutions); false never (one client at
@@ -86,6 +90,13 @@ def validate_runtime(c: ExperimentConfig) -> None:
         )
     if e.address is not None:
         ray_endpoint("executor.address", e.address)
+    if e.kind == "local" and e.placement != "pack":
+        raise ConfigError(
+            "executor.placement",
+            e.placement,
+            "places Ray actors on nodes; the local executor has one process: set "
+            "executor.kind=ray, or remove executor.placement",
+        )
     check_name("tracking.experiment", c.tracking.experiment)
     if c.tracking.run_name is not None:
         check_name("tracking.run_name", c.tracking.run_name)

@@ -1,0 +1,327 @@
+"""A three-node Ray cluster on this machine: a head and two worker nodes, each its own raylet.
+
+``ray.cluster_utils.Cluster`` starts every node in-process as separate daemons (GCS on the head,
+one raylet and object store per node), so a worker node can be killed alone: ``kill_worker``
+SIGKILLs its raylet, as if the machine had gone (the actor processes on it exit when their
+raylet does). What the harness pins down:
+
+* Placement is observable: the head has no CPU (no actor lands there, the driver stays alone),
+  and each worker node has a custom resource naming it (``worker_a``, ``worker_b``), which
+  ``node_name`` reads back from a node id that an actor reports.
+* Loopback only: the nodes are started with Ray's single-node address rule switched on
+  (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, see ``cluster.ray_runtime.loopback_node``), so
+  every node's IP is 127.0.0.1 and its servers listen on loopback; nothing outside this machine
+  is contacted. The nodes' processes keep the variable (a job's driver resolves its node's
+  address by the same rule), and so do the drivers ``drive`` starts.
+* Node death is detected in about 2 s instead of Ray's ~15 s: the GCS probes each raylet every
+  ``HEALTH_PERIOD_MS`` and declares it dead after ``HEALTH_FAILURES`` probes unanswered within
+  ``HEALTH_TIMEOUT_MS`` (generous enough not to declare a live node dead on 2 busy cores).
+* Its own temporary directory (``RAY_TMPDIR`` while its nodes start and stop): the address
+  file that ``Cluster`` writes for ``ray.init(address="auto")`` goes there, not to
+  ``/tmp/ray`` where others would find it (or lose theirs when it is deleted).
+* Worker nodes have 2 logical CPUs each: a pool of two 1-CPU actors spread over them fits on
+  one survivor after the other is killed. ``heal`` replaces a killed node (same resource name),
+  so the module's tests share one cluster, started once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+
+from cluster.ray_runtime import PROJECT_ROOT, loopback_node, prepend_pythonpath
+
+HEALTH_PERIOD_MS = 500
+HEALTH_TIMEOUT_MS = 1000
+HEALTH_FAILURES = 2
+WORKER_CPUS = 2
+WORKERS = ("worker_a", "worker_b")
+LOST_NODE = "worker_b"  # the worker node ``drive`` kills
+NODE_MEMORY = 100 * 1024 * 1024  # each node's object store: the tests' objects are small
+
+SYSTEM_CONFIG = {
+    "health_check_initial_delay_ms": 0,
+    "health_check_period_ms": HEALTH_PERIOD_MS,
+    "health_check_timeout_ms": HEALTH_TIMEOUT_MS,
+    "health_check_failure_threshold": HEALTH_FAILURES,
+    # the embedded Ray's quicker object-store connection (cluster.ray_runtime)
+    "raylet_client_connect_timeout_milliseconds": 100,
+    "raylet_client_num_connect_attempts": 100,
+}
+
+
+@dataclass
+class LocalCluster:
+    """The running cluster: ``address`` to connect to, worker nodes by resource name."""
+
+    cluster: object  # ray.cluster_utils.Cluster
+    temp_dir: str
+    workers: dict = field(default_factory=dict)  # resource name → ray._private.node.Node
+    killed: set = field(default_factory=set)
+    kill_times: dict = field(default_factory=dict)  # name → time.monotonic() of the SIGKILL
+
+    @property
+    def address(self) -> str:
+        return self.cluster.address
+
+    def add_worker(self, name: str) -> None:
+        with _node_environment(self.temp_dir):
+            self.workers[name] = self.cluster.add_node(
+                num_cpus=WORKER_CPUS,
+                resources={name: 1},
+                object_store_memory=NODE_MEMORY,
+                temp_dir=self.temp_dir,
+            )
+
+    def node_name(self, node_id: str) -> str:
+        """``head`` or the worker's resource name, for a node id an actor reported."""
+        for node in self.cluster.global_state.node_table():
+            if node["NodeID"] == node_id:
+                names = [w for w in WORKERS if w in node["Resources"]]
+                return names[0] if names else "head"
+        raise KeyError(f"no node {node_id} in the cluster")
+
+    def kill_worker(self, name: str) -> None:
+        """SIGKILL the worker node's raylet: the node is gone (its actors' processes exit)."""
+        self.kill_times[name] = time.monotonic()
+        self.workers[name].kill_raylet()
+        self.killed.add(name)
+
+    def heal(self) -> None:
+        """Replace every killed worker node by a fresh one with the same resource name."""
+        for name in sorted(self.killed):
+            self.cluster.remove_node(self.workers.pop(name), allow_graceful=False)
+            self.add_worker(name)
+        self.killed.clear()
+        self.cluster.wait_for_nodes()
+
+    def raylet_pid(self, name: str) -> int:
+        return self.workers[name].all_processes["raylet"][0].process.pid
+
+    def drive(
+        self,
+        overrides: list[str],
+        kill_after: int | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float = 240,
+    ) -> DriverReport:
+        """Run the experiment of ``overrides`` with a driver process of its own connected to
+        this cluster (``python -m tests.fixtures_ray_cluster``, ``env`` added to its
+        environment), ``LOST_NODE``'s raylet SIGKILLed by that driver once round
+        ``kill_after`` is done; its ``DriverReport``.
+
+        A driver of its own, not this process: a process that has run an embedded Ray (as
+        other tests do, and the bit-for-bit comparisons here) and then joins another cluster
+        has its first actors there cancelled as soon as they are scheduled (Ray 2.60: "all
+        references to the actor were removed"), and a fresh process is also what a real
+        driver is."""
+        import subprocess
+        import sys
+
+        out = Path(self.temp_dir).parent / f"driver-{time.monotonic_ns()}.pt"
+        request = {
+            "address": self.address,
+            "overrides": overrides,
+            "kill_pid": self.raylet_pid(LOST_NODE) if kill_after is not None else None,
+            "kill_after": kill_after,
+            "out": str(out),
+        }
+        done = subprocess.run(
+            [sys.executable, "-m", "tests.fixtures_ray_cluster", json.dumps(request)],
+            cwd=PROJECT_ROOT,
+            # RAY_ADDRESS: the run's preflight checks the cluster, not this machine's CPUs
+            env={**os.environ, **LOOPBACK, "RAY_ADDRESS": self.address, **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if kill_after is not None:
+            self.killed.add(LOST_NODE)
+        if done.returncode != 0 or not out.exists():
+            raise DriverFailed(done.returncode, done.stdout)
+        report = torch.load(out, weights_only=False)  # written just now by our own driver
+        out.unlink()
+        report.output = done.stdout
+        report.nodes = [self.node_name(node_id) for node_id in report.node_ids]
+        return report
+
+
+class DriverFailed(RuntimeError):
+    def __init__(self, code: int, output: str):
+        self.code, self.output = code, output
+        super().__init__(f"the driver exited {code}:\n{output[-4000:]}")
+
+
+@dataclass
+class DriverReport:
+    """What a driver run on the cluster ended with (``drive``)."""
+
+    params: torch.Tensor
+    epsilons: list
+    test_accuracies: list
+    recoveries: list  # cluster.simulation.Recovery
+    node_ids: list[str]  # each actor's node (the last it ran on)
+    killed_at: float | None  # time.monotonic() of the SIGKILL, in the driver
+    lines: list[str]
+    error: str | None = None  # a HostsUnavailable's message: the run stopped
+    checkpoint: str | None = None
+    output: str = ""
+    nodes: list[str] = field(default_factory=list)
+
+
+def _drive(request: dict) -> None:
+    """The driver process: connect, run, SIGKILL the raylet on cue, write the report."""
+    import signal
+
+    import ray
+
+    from cluster.config import load_config
+    from cluster.executors import HostsUnavailable
+    from cluster.experiment import run_experiment
+
+    with loopback_node():
+        ray.init(address=request["address"], log_to_driver=False, logging_level="ERROR")
+    config = load_config(None, request["overrides"])
+    report = DriverReport(torch.empty(0), [], [], [], [], None, [])
+
+    def on_round(record) -> None:
+        if record.round == request["kill_after"]:
+            report.killed_at = time.monotonic()
+            os.kill(request["kill_pid"], signal.SIGKILL)
+
+    try:
+        outcome = run_experiment(config, on_round=on_round, say=report.lines.append)
+    except HostsUnavailable as error:
+        report.error = str(error)
+    else:
+        history = outcome.result.history
+        report.params = outcome.result.params
+        report.epsilons = [r.epsilon for r in history]
+        report.test_accuracies = [r.test_accuracy for r in history]
+        report.recoveries = outcome.result.recoveries
+        report.checkpoint = str(outcome.checkpoint)
+    finally:
+        report.node_ids = _actor_nodes()
+        ray.shutdown()
+    torch.save(report, request["out"])
+
+
+@contextmanager
+def _environment(**values: str) -> Iterator[None]:
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # Ray's single-node address rule
+
+
+@contextmanager
+def _node_environment(temp_dir: str) -> Iterator[None]:
+    """While a node starts: its processes take loopback addresses and the cluster's own
+    ``RAY_TMPDIR``. Only then: an embedded Ray started later by this process (other tests,
+    the comparisons here) in the same ``RAY_TMPDIR`` would repoint its ``session_latest``
+    and address file, and this cluster's next driver finds its actors cancelled at once."""
+    with _environment(RAY_TMPDIR=str(Path(temp_dir).parent), **LOOPBACK), loopback_node():
+        yield
+
+
+@contextmanager
+def local_cluster(dashboard: bool = False) -> Iterator[LocalCluster]:
+    """A head (0 CPUs; with the job server when ``dashboard``) and two worker nodes, stopped
+    (every process of theirs, nothing else) when the block ends."""
+    from ray.cluster_utils import Cluster
+
+    # Short: Ray's unix sockets live under it and a socket path must stay under 108 bytes.
+    root = tempfile.mkdtemp(prefix="rc-")
+    temp_dir = os.path.join(root, "ray")  # Ray's own rule for $RAY_TMPDIR: <it>/ray
+    os.mkdir(temp_dir)
+    cluster = None
+    saved_pythonpath = os.environ.get("PYTHONPATH")
+    prepend_pythonpath(PROJECT_ROOT)  # the nodes' workers import the project
+    try:
+        with _node_environment(temp_dir):
+            cluster = Cluster(
+                initialize_head=True,
+                head_node_args={
+                    "num_cpus": 0,
+                    "object_store_memory": NODE_MEMORY,
+                    "include_dashboard": dashboard,
+                    "dashboard_host": "127.0.0.1",
+                    "temp_dir": temp_dir,
+                    "_system_config": SYSTEM_CONFIG,
+                },
+                shutdown_at_exit=True,
+            )
+        running = LocalCluster(cluster, temp_dir)
+        for name in WORKERS:
+            running.add_worker(name)
+        cluster.wait_for_nodes()
+        yield running
+    finally:
+        if cluster is not None:
+            with _node_environment(temp_dir):
+                cluster.shutdown()
+        if saved_pythonpath is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved_pythonpath
+        (os.environ.get("KEEP_RC") or shutil.rmtree(root, ignore_errors=True))
+
+
+@pytest.fixture(scope="module")
+def ray_cluster_module() -> Iterator[LocalCluster]:
+    """One three-node cluster per test module (start-up paid once)."""
+    pytest.importorskip("ray")
+    with local_cluster() as running:
+        yield running
+
+
+@pytest.fixture
+def ray_cluster(ray_cluster_module: LocalCluster) -> Iterator[LocalCluster]:
+    """The module's cluster; killed worker nodes are replaced afterwards, so the next test
+    finds three nodes again."""
+    yield ray_cluster_module
+    ray_cluster_module.heal()
+
+
+def _actor_nodes() -> list[str]:
+    """The node of each host actor this driver created (where it ran last: a restarted
+    actor's new node)."""
+    import ray
+    from ray._private.state import actors  # the GCS's actor table; no public API without
+    # the dashboard
+
+    job = ray.get_runtime_context().get_job_id()
+    mine = [
+        a
+        for a in actors().values()
+        if a["JobID"] == job and a["ActorClassName"] == "ClientHostActor"
+    ]
+    return [a["Address"]["NodeID"] for a in mine]
+
+
+if __name__ == "__main__":  # the report's classes pickled by their importable module's name
+    from tests.fixtures_ray_cluster import _drive as drive
+
+    drive(json.loads(sys.argv[1]))
