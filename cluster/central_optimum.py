@@ -8,7 +8,8 @@ The objective is the clients' average of their own mean losses, with the local �
 optimum only for a convex model: multinomial logistic regression (``logreg`` tasks), where it is
 found here centrally, in float64, by full-batch L-BFGS on every client's rows at once (each
 row weighted 1/(M·n_i)). Other models get none: the paper's gap log10(F(x^t) − F(x*)) is then
-not logged (``eval_train`` still logs F(x^t)).
+not logged (``eval_train`` still logs F(x^t)). It reads every client's training rows, so it
+runs where the hosts do (``HostPool.central_optimum``), never on the driver.
 """
 
 from __future__ import annotations
@@ -54,6 +55,12 @@ def central_optimum(store: ShardStore, task_name: str, weight_decay: float) -> f
     optimizer.step(closure)
     with torch.no_grad():
         return float(objective())
+
+
+def store_optimum(store_location: str, task_name: str, weight_decay: float) -> float | None:
+    """``central_optimum`` of the store at ``store_location``: what a host runs, where the
+    store's rows are read (the driver reads none)."""
+    return central_optimum(ShardStore.open(store_location), task_name, weight_decay)
 
 
 def _weighted_rows(store: ShardStore, task) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

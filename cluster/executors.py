@@ -37,6 +37,7 @@ from actors.client_state import ClientStateStore
 from actors.scheduling import balance_round, pin_clients
 from algorithms.aggregate import PartialAggregate
 from algorithms.presets import Algorithm
+from cluster.central_optimum import central_optimum, store_optimum
 from cluster.ray_runtime import ResourceError
 from datasets.store import ShardStore
 from models import draws_from_global_rng
@@ -135,6 +136,11 @@ class HostPool(ABC):
         calls = [(shared,)] * self.num_hosts
         return TrainDiagnostics.combine(self._call("train_diagnostics", calls))
 
+    @abstractmethod
+    def central_optimum(self, task: str, weight_decay: float) -> float | None:
+        """F(x*) for ``eval_train`` (``cluster.central_optimum``), found where the hosts are:
+        it reads every client's training rows."""
+
     def client_states(self) -> dict:
         return ClientStateStore.merge(self._call("client_states", [()] * self.num_hosts))
 
@@ -215,6 +221,9 @@ class LocalExecutor(HostPool):
                 check()
         return [future.result() for future in futures]
 
+    def central_optimum(self, task: str, weight_decay: float) -> float | None:
+        return central_optimum(self.hosts[0].store, task, weight_decay)
+
     def close(self) -> None:
         """Release the hosts' threads without waiting for a round a stop signal dropped (its
         result is discarded; the threads end when it does)."""
@@ -271,6 +280,7 @@ class RayExecutor(HostPool):
 
         super().__init__(store, algorithm, num_actors)
         self._ray = ray
+        self._store_location = store.location
         options = actor_options(cpus_per_actor, gpus_per_actor, placement)
         self.actors = [
             ClientHostActor.options(**options).remote(
@@ -304,6 +314,15 @@ class RayExecutor(HostPool):
 
     def _share(self, value: Any) -> Any:
         return self._ray.put(value)
+
+    def central_optimum(self, task: str, weight_decay: float) -> float | None:
+        """A Ray task beside actor 0 (its node reads the store; soft: anywhere if that node is
+        gone), taking no CPU of the pool: the hosts' rounds go on meanwhile."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        near = NodeAffinitySchedulingStrategy(self.placement[0]["node_id"], soft=True)
+        remote = self._ray.remote(store_optimum).options(num_cpus=0, scheduling_strategy=near)
+        return self._ray.get(remote.remote(self._store_location, task, weight_decay))
 
     def _call(
         self, method: str, calls: list[Call], check: Callable[[], None] | None = None

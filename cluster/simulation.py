@@ -35,7 +35,6 @@ from algorithms.layout import ParamLayout
 from algorithms.presets import Algorithm
 from algorithms.rng import Purpose, stream_seed, torch_generator
 from algorithms.server import ServerContext, ServerState
-from cluster.central_optimum import central_optimum
 from cluster.cohort import sample_cohort
 from cluster.config import ExperimentConfig
 from cluster.executors import MAX_RESTARTS, HostsLost, HostsUnavailable
@@ -158,7 +157,7 @@ class Simulation:
         if config.eval_train:  # on a thread of its own: the round's noise and ε keep theirs
             decay = self.algorithm.trainer.weight_decay
             finder = ThreadPoolExecutor(1, thread_name_prefix="central-optimum")
-            self._optimum = finder.submit(central_optimum, store, config.task, decay)
+            self._optimum = finder.submit(executor.central_optimum, config.task, decay)
             finder.shutdown(wait=False)
 
     def _budget_exhausted(self) -> str | None:

@@ -67,6 +67,8 @@ class LocalCluster:
 
     cluster: object  # ray.cluster_utils.Cluster
     temp_dir: str
+    env: dict = field(default_factory=dict)  # the nodes' environment besides this process's
+    dashboard_port: int | None = None  # the job server's, on 127.0.0.1
     workers: dict = field(default_factory=dict)  # resource name → ray._private.node.Node
     killed: set = field(default_factory=set)
     kill_times: dict = field(default_factory=dict)  # name → time.monotonic() of the SIGKILL
@@ -76,7 +78,7 @@ class LocalCluster:
         return self.cluster.address
 
     def add_worker(self, name: str) -> None:
-        with _node_environment(self.temp_dir):
+        with _node_environment(self.temp_dir, self.env):
             self.workers[name] = self.cluster.add_node(
                 num_cpus=WORKER_CPUS,
                 resources={name: 1},
@@ -115,11 +117,14 @@ class LocalCluster:
         kill_after: int | None = None,
         env: dict[str, str] | None = None,
         timeout: float = 240,
+        kill_into: float | None = None,
     ) -> DriverReport:
         """Run the experiment of ``overrides`` with a driver process of its own connected to
         this cluster (``python -m tests.fixtures_ray_cluster``, ``env`` added to its
         environment), ``LOST_NODE``'s raylet SIGKILLed by that driver once round
-        ``kill_after`` is done; its ``DriverReport``.
+        ``kill_after`` is done: at once (the next round's calls go to a dead node), or with
+        ``kill_into`` that fraction of round ``kill_after``'s time later, from a thread (in the
+        middle of the next round, if it lasts as long); its ``DriverReport``.
 
         A driver of its own, not this process: a process that has run an embedded Ray (as
         other tests do, and the bit-for-bit comparisons here) and then joins another cluster
@@ -135,6 +140,7 @@ class LocalCluster:
             "overrides": overrides,
             "kill_pid": self.raylet_pid(LOST_NODE) if kill_after is not None else None,
             "kill_after": kill_after,
+            "kill_into": kill_into,
             "out": str(out),
         }
         done = subprocess.run(
@@ -185,6 +191,7 @@ class DriverReport:
 def _drive(request: dict) -> None:
     """The driver process: connect, run, SIGKILL the raylet on cue, write the report."""
     import signal
+    import threading
 
     import ray
 
@@ -197,10 +204,17 @@ def _drive(request: dict) -> None:
     config = load_config(None, request["overrides"])
     report = DriverReport(torch.empty(0), [], [], [], [], None, [])
 
+    def kill() -> None:
+        report.killed_at = time.monotonic()
+        os.kill(request["kill_pid"], signal.SIGKILL)
+
     def on_round(record) -> None:
-        if record.round == request["kill_after"]:
-            report.killed_at = time.monotonic()
-            os.kill(request["kill_pid"], signal.SIGKILL)
+        if record.round != request["kill_after"]:
+            return
+        if request["kill_into"] is None:
+            kill()
+        else:
+            threading.Timer(record.seconds * request["kill_into"], kill).start()
 
     try:
         outcome = run_experiment(config, on_round=on_round, say=report.lines.append)
@@ -237,18 +251,23 @@ LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # Ray's single-node addre
 
 
 @contextmanager
-def _node_environment(temp_dir: str) -> Iterator[None]:
-    """While a node starts: its processes take loopback addresses and the cluster's own
-    ``RAY_TMPDIR``. Only then: an embedded Ray started later by this process (other tests,
-    the comparisons here) in the same ``RAY_TMPDIR`` would repoint its ``session_latest``
-    and address file, and this cluster's next driver finds its actors cancelled at once."""
-    with _environment(RAY_TMPDIR=str(Path(temp_dir).parent), **LOOPBACK), loopback_node():
+def _node_environment(temp_dir: str, env: dict[str, str]) -> Iterator[None]:
+    """While a node starts: its processes take loopback addresses, the cluster's own
+    ``RAY_TMPDIR`` and ``env``. Only then: an embedded Ray started later by this process
+    (other tests, the comparisons here) in the same ``RAY_TMPDIR`` would repoint its
+    ``session_latest`` and address file, and this cluster's next driver finds its actors
+    cancelled at once."""
+    values = {"RAY_TMPDIR": str(Path(temp_dir).parent), **LOOPBACK, **env}
+    with _environment(**values), loopback_node():
         yield
 
 
 @contextmanager
-def local_cluster(dashboard: bool = False) -> Iterator[LocalCluster]:
-    """A head (0 CPUs; with the job server when ``dashboard``) and two worker nodes, stopped
+def local_cluster(
+    dashboard_port: int | None = None, env: dict[str, str] | None = None
+) -> Iterator[LocalCluster]:
+    """A head (0 CPUs; with the job server on ``dashboard_port`` when given) and two worker
+    nodes, their processes started with ``env`` besides this process's environment; stopped
     (every process of theirs, nothing else) when the block ends."""
     from ray.cluster_utils import Cluster
 
@@ -260,27 +279,28 @@ def local_cluster(dashboard: bool = False) -> Iterator[LocalCluster]:
     saved_pythonpath = os.environ.get("PYTHONPATH")
     prepend_pythonpath(PROJECT_ROOT)  # the nodes' workers import the project
     try:
-        with _node_environment(temp_dir):
+        with _node_environment(temp_dir, env or {}):
             cluster = Cluster(
                 initialize_head=True,
                 head_node_args={
                     "num_cpus": 0,
                     "object_store_memory": NODE_MEMORY,
-                    "include_dashboard": dashboard,
+                    "include_dashboard": dashboard_port is not None,
+                    "dashboard_port": dashboard_port,
                     "dashboard_host": "127.0.0.1",
                     "temp_dir": temp_dir,
                     "_system_config": SYSTEM_CONFIG,
                 },
                 shutdown_at_exit=True,
             )
-        running = LocalCluster(cluster, temp_dir)
+        running = LocalCluster(cluster, temp_dir, env or {}, dashboard_port)
         for name in WORKERS:
             running.add_worker(name)
         cluster.wait_for_nodes()
         yield running
     finally:
         if cluster is not None:
-            with _node_environment(temp_dir):
+            with _node_environment(temp_dir, env or {}):
                 cluster.shutdown()
         if saved_pythonpath is None:
             os.environ.pop("PYTHONPATH", None)

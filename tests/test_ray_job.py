@@ -403,14 +403,39 @@ def test_ray_job_stop_keeps_the_last_round_and_a_new_job_resumes_bit_for_bit(ray
     """`ray job stop` SIGTERMs the driver (and its children) and SIGKILLs them 3 s later: the
     run ends KILLED with the checkpoint of its last completed round, and `resume` submitted as
     a new job ends bit-identical, ε included, to the same run uninterrupted."""
+    tmp = ray_head.tmp / "stop"
+    tmp.mkdir()
+    _stop_and_resume(tmp, ray_head.env, ray_head.ready)
+
+
+@pytest.mark.slow  # ≈ 2 min: a three-node cluster with the job server, two jobs
+@pytest.mark.timeout(600)
+def test_a_job_stopped_on_three_nodes_resumes_bit_for_bit_as_a_new_job(tmp_path):
+    """The driver lost (`ray job stop`) on the multi-node fixture, actors spread over both
+    worker nodes: `resume` as a new job ends bit-identical to the same run uninterrupted."""
+    from tests.fixtures_ray_cluster import local_cluster
+
+    token_path = tmp_path / "auth_token"
+    token_path.write_text(secrets.token_hex(32))
+    token_path.chmod(0o600)
+    env = _ray_env(token_path)
+    port = _free_port_block(1)
+    auth = {name: env[name] for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")}
+    with local_cluster(dashboard_port=port, env=auth):
+        logs = _stop_and_resume(tmp_path, env, lambda: f"http://127.0.0.1:{port}", spread=True)
+    assert re.search(r"^actors on 2 nodes: ", logs, re.MULTILINE), logs
+
+
+def _stop_and_resume(tmp: Path, env: dict[str, str], ready, spread: bool = False) -> str:
+    """A run submitted as a job to the cluster ``ready()`` returns the job server of, stopped
+    after round 3 and resumed as a new job; compared with the same run in process. Returns
+    the first job's logs. ``spread``: its actors placed with ``executor.placement=spread``."""
     from mlflow.tracking import MlflowClient
 
     from cluster.checkpoint import load_checkpoint
     from cluster.config import load_config
     from cluster.experiment import run_experiment
 
-    tmp, env = ray_head.tmp / "stop", ray_head.env
-    tmp.mkdir()
     rounds = 25
     tracking_uri = f"sqlite:///{tmp / 'mlflow.db'}"
     client = MlflowClient(tracking_uri)
@@ -423,7 +448,7 @@ def test_ray_job_stop_keeps_the_last_round_and_a_new_job_resumes_bit_for_bit(ray
         [*sets, "executor.kind=local", "tracking.enabled=false", f"checkpoint.dir={tmp / 'ref'}"],
     )
     straight = run_experiment(reference)
-    address = ray_head.ready()
+    address = ready()
 
     runtime_env = {
         "env_vars": {
@@ -451,7 +476,8 @@ def test_ray_job_stop_keeps_the_last_round_and_a_new_job_resumes_bit_for_bit(ray
         assert done.returncode == 0, done.stdout
 
     first = f"stopped-{secrets.token_hex(4)}"
-    submit(first, "run", "configs/quickstart.yaml", "--set", f"rounds={rounds}")
+    placement = ["--set", "executor.placement=spread"] if spread else []
+    submit(first, "run", "configs/quickstart.yaml", "--set", f"rounds={rounds}", *placement)
     _wait_for_job(address, env, first, lambda info, logs: re.search(r"round\s+3/", logs))
     _job_api(address, env, f"{first}/stop", method="POST")
     stopped = _wait_for_job(address, env, first, lambda info, logs: info["status"] == "STOPPED")
@@ -477,3 +503,4 @@ def test_ray_job_stop_keeps_the_last_round_and_a_new_job_resumes_bit_for_bit(ray
     epsilons = sorted(client.get_metric_history(run_id, "epsilon"), key=lambda m: m.step)
     assert epsilons[-1].value == straight.epsilon
     assert client.get_run(run_id).info.status == "FINISHED"
+    return logs
