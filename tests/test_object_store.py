@@ -147,6 +147,7 @@ def _objects(s3, prefix: str) -> list[str]:
     return [k for k in s3.keys(prefix) if not k.endswith("/")]
 
 
+@pytest.mark.slow  # an embedded Ray and its actors: 35-95 s on 2 loaded cores
 @pytest.mark.timeout(300)
 def test_a_ray_run_on_an_s3_store_equals_the_run_on_a_local_store(s3, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -172,10 +173,13 @@ def test_a_ray_run_on_an_s3_store_equals_the_run_on_a_local_store(s3, tmp_path, 
     assert not (REPO / "s3:").exists()
 
 
-def test_a_run_checkpointed_on_s3_resumes_bit_for_bit(s3, tmp_path):
-    scaffold = ("algorithm.name=scaffold", f"checkpoint.dir={s3.uri('runs', 'ck')}")
+def test_a_run_on_s3_checkpointed_on_s3_resumes_bit_for_bit(s3, tmp_path):
+    """Store and checkpoints on S3, two host threads reading the store by ranges: the stopped
+    and resumed run ends where an uninterrupted run on a local store does."""
+    scaffold = ("algorithm.name=scaffold", "executor.num_actors=2")
     straight = _final_params(small_config(tmp_path, *scaffold, "rounds=4", "checkpoint.every=0"))
-    first = run_experiment(small_config(tmp_path, *scaffold, "rounds=2", "tracking.run_name=a"))
+    on_s3 = (s3.uri("shards"), *scaffold, f"checkpoint.dir={s3.uri('runs', 'ck')}")
+    first = run_experiment(small_config(*on_s3, "rounds=2", "tracking.run_name=a"))
     assert isinstance(first.checkpoint, ObjectLocation)
 
     saved, config = open_checkpoint(str(first.checkpoint), ["rounds=4"])
