@@ -6,10 +6,10 @@
 reads the model a run checkpointed (its config names the store and the task), evaluates the loss
 on a grid along one or two filter-normalised random directions (``cluster.landscape``), prints
 the sharpness (``--slices``: mean ± std over independent slices), writes ``landscape.json`` and
-``landscape.png`` to ``--out`` (default: ``<checkpoint>-landscape/`` beside it) and, when the
-checkpoint's run was tracked, logs both to that MLflow run under ``landscape/``. The same
-``--seed`` draws the same Gaussian directions for every run of the same model, each normalised
-to that run's own filters.
+``landscape.png`` to ``--out`` (default: ``<checkpoint>-landscape/`` beside it, or in the working
+directory for a checkpoint in an object store) and, when the checkpoint's run was tracked, logs
+both to that MLflow run under ``landscape/``. The same ``--seed`` draws the same Gaussian
+directions for every run of the same model, each normalised to that run's own filters.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import json
 import math
 import time
 from pathlib import Path
+
+from datasets.locations import parse_location
 
 
 def add_parser(commands, help_text: str) -> None:
@@ -107,13 +109,21 @@ def run(args: argparse.Namespace) -> int:
         slices.append(loss_slice(model, params, directions, coordinates, x, y, progress=progress))
     summary = _summary(slices)
     print("  " + _describe(summary), flush=True)
-    out = args.out or Path(args.checkpoint).with_name(Path(args.checkpoint).stem + "-landscape")
+    out = args.out or _default_out(args.checkpoint)
     files = _write(out, args, config, rounds, slices, summary, rows=len(y))
     print(f"wrote {', '.join(str(f) for f in files)}", flush=True)
     run_id = checkpoint.get("run_id")
     if run_id and not args.no_mlflow:
         _log_to_run(run_id, files)
     return 0
+
+
+def _default_out(checkpoint: str) -> Path:
+    """``<checkpoint>-landscape/`` beside a local checkpoint; for one in an object store, in
+    the working directory (the plots are local files)."""
+    location = parse_location(checkpoint)
+    stem = Path(location.name).stem + "-landscape"
+    return location.with_name(stem) if isinstance(location, Path) else Path(stem)
 
 
 def _summary(slices: list) -> dict[str, float]:

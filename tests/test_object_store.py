@@ -29,6 +29,7 @@ from cluster.checkpoint import load_checkpoint, open_checkpoint, save_checkpoint
 from cluster.cli import main
 from cluster.config import ConfigError
 from cluster.experiment import run_experiment
+from cluster.landscape_cli import _default_out
 from datasets import locations
 from datasets.locations import ObjectLocation, parse_location
 from datasets.sources import build_store, existing_store_path, store_path
@@ -300,6 +301,9 @@ def test_location_checks_keep_keys_inside_their_prefix(monkeypatch):
     joined = parse_location("s3://b/root") / Path("../escape")
     with pytest.raises(ValueError, match=r"'\.\.' segment"):
         _ = joined.path  # never requested
+    # `landscape` writes its plots beside a local checkpoint, never to a folder named `s3:`.
+    assert _default_out("s3://b/ck/run.pt") == Path("run-landscape")
+    assert _default_out("ck/run.pt") == Path("ck/run-landscape")
     # In a Ray job a relative checkpoint.dir goes under the store root: never above it.
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")
     config = small_config("s3://b/root", "checkpoint.dir=../up")
