@@ -306,6 +306,9 @@ def test_location_checks_keep_keys_inside_their_prefix(monkeypatch):
     assert _default_out("ck/run.pt") == Path("ck/run-landscape")
     # In a Ray job a relative checkpoint.dir goes under the store root: never above it.
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")
+    assert small_config("s3://b/root", "checkpoint.dir=ck").checkpoint_dir == ObjectLocation(
+        "b", "root/ck"
+    )
     config = small_config("s3://b/root", "checkpoint.dir=../up")
     with pytest.raises(ConfigError, match=r"checkpoint\.dir = 's3://b/root/\.\./up'"):
         _ = config.checkpoint_dir
