@@ -1,6 +1,7 @@
 """Losing a Ray node mid-run: detection, recovery, and results bit-identical to no loss.
 
-Starts the three-node cluster of ``tests/fixtures_ray_cluster.py`` on this machine (a head
+Starts the three-node cluster of ``tests/fixtures_ray_cluster.py`` on this machine, afresh for
+each scenario (a head
 without CPUs, two worker nodes of 2 logical CPUs; node death detected by the GCS after about
 1 s of missed health checks instead of Ray's ~15 s), and runs a small synthetic experiment
 (DP-FedAvg, then DP-SCAFFOLD) with two actors spread over the worker nodes, each from a driver
@@ -32,14 +33,16 @@ import argparse
 import json
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
+from cluster.checkpoint import load_checkpoint
 from cluster.config import load_config
 from cluster.experiment import run_experiment
-from cluster.ray_runtime import disconnect
-from tests.fixtures_ray_cluster import DriverReport, LocalCluster, local_cluster
+from tests.fixtures_ray_cluster import DriverReport, LocalCluster, drive_embedded, local_cluster
 
 DP_FEDAVG = ["algorithm.name=dp_fedavg", "algorithm.clip_norm=0.5", "algorithm.noise_multiplier=1"]
 DP_SCAFFOLD = [
@@ -69,38 +72,45 @@ def experiment(root: Path, name: str, rounds: int, *overrides: str) -> list[str]
     ]
 
 
-def in_process(overrides: list[str]):
-    """The same run in this process (a ``kind=local`` pool or an embedded Ray)."""
-    try:
-        return run_experiment(load_config(None, overrides))
-    finally:
-        disconnect()
+def say(line: str) -> None:
+    print(line, flush=True)
 
 
-def same_run(report: DriverReport, reference) -> dict:
-    history = reference.result.history
+@contextmanager
+def cluster() -> Iterator[LocalCluster]:
+    """A fresh three-node cluster for one scenario (see ``tests.fixtures_ray_cluster``: a
+    cluster's later drivers now and then have their actors cancelled at start)."""
+    started = time.perf_counter()
+    say("  starting a 3-node Ray cluster on this machine (head + 2 worker nodes)")
+    with local_cluster() as nodes:
+        say(f"  up after {time.perf_counter() - started:.1f} s")
+        yield nodes
+
+
+def same_run(report: DriverReport, params: torch.Tensor, epsilons: list[float]) -> dict:
     return {
-        "params_match": torch.equal(report.params, reference.result.params),
-        "epsilon_match": report.epsilons == [r.epsilon for r in history],
+        "params_match": torch.equal(report.params, params),
+        "epsilon_match": report.epsilons == epsilons,
         "final_epsilon": report.epsilons[-1],
     }
 
 
-def node_loss(cluster: LocalCluster, root: Path, name: str, run: list[str], args) -> dict:
+def node_loss(root: Path, name: str, run: list[str], args) -> dict:
     """One run losing a worker node, against the same run uninterrupted."""
-    print(f"{name}: running, a worker node's raylet SIGKILLed in round {args.kill_after + 1}")
+    say(f"{name}: running, a worker node's raylet SIGKILLed in round {args.kill_after + 1}")
     overrides = experiment(root, name, args.rounds, *run, *ACTORS, "executor.placement=spread")
     started = time.perf_counter()
-    report = cluster.drive(overrides, kill_after=args.kill_after, kill_into=0.5)
+    with cluster() as nodes:
+        report = nodes.drive(overrides, kill_after=args.kill_after, kill_into=0.5)
     wall = time.perf_counter() - started
-    cluster.heal()
     for line in report.lines:
         if line.startswith(("round ", "actors running again", "recovered")):
-            print(f"  {line}")
-    print(f"{name}: the same run uninterrupted, in process")
+            say(f"  {line}")
+    say(f"{name}: the same run uninterrupted, in process")
     local = experiment(root, f"{name}-reference", args.rounds, *run, "executor.num_actors=2")
-    reference = in_process(local)
+    reference = run_experiment(load_config(None, local))  # in process: no Ray
     (recovery,) = report.recoveries
+    history = reference.result.history
     return {
         "lost_round": recovery.round,
         "detection_s": round(recovery.detected_at - report.killed_at, 3),
@@ -109,35 +119,37 @@ def node_loss(cluster: LocalCluster, root: Path, name: str, run: list[str], args
         "kill_to_recovered_s": round(recovery.detected_at - report.killed_at + recovery.seconds, 3),
         "rounds_replayed": recovery.rounds_replayed,
         "rolled_back_to_round": recovery.rolled_back_to,
-        "seconds_per_round": round(
-            sum(r.seconds for r in reference.result.history) / len(reference.result.history), 3
-        ),
+        "seconds_per_round": round(sum(r.seconds for r in history) / len(history), 3),
         "run_wall_s": round(wall, 1),
         "actor_nodes_after": sorted(report.nodes),
-        **same_run(report, reference),
+        **same_run(report, reference.result.params, [r.epsilon for r in history]),
     }
 
 
-def spread(cluster: LocalCluster, root: Path, rounds: int) -> dict:
-    print("spread: a run without loss, actors spread over the worker nodes")
+def spread(root: Path, rounds: int) -> dict:
+    say("spread: a run without loss, actors spread over the worker nodes")
     run = [*DP_FEDAVG, *ACTORS]
-    report = cluster.drive(experiment(root, "spread", rounds, *run, "executor.placement=spread"))
-    print("spread: the same run on one embedded Ray node")
-    embedded = in_process(experiment(root, "embedded", rounds, *run))
-    return {"actor_nodes": sorted(report.nodes), **same_run(report, embedded)}
+    with cluster() as nodes:
+        report = nodes.drive(experiment(root, "spread", rounds, *run, "executor.placement=spread"))
+    say("spread: the same run on one embedded Ray node")
+    embedded = drive_embedded(experiment(root, "embedded", rounds, *run))
+    return {
+        "actor_nodes": sorted(report.nodes),
+        **same_run(report, embedded.params, embedded.epsilons),
+    }
 
 
-def no_room(cluster: LocalCluster, root: Path, args) -> dict:
-    print("no_room: actors of 2 CPUs, one per worker node; the lost one has nowhere to go")
+def no_room(root: Path, args) -> dict:
+    say("no_room: actors of 2 CPUs, one per worker node; the lost one has nowhere to go")
     run = [*DP_FEDAVG, *ACTORS, "executor.placement=spread", "executor.cpus_per_actor=2"]
     overrides = experiment(root, "no-room", args.rounds, *run, "checkpoint.every=1")
-    report = cluster.drive(
-        overrides, kill_after=args.kill_after, env={"DPFL_RESTART_TIMEOUT_S": RESTART_TIMEOUT_S}
-    )
-    cluster.heal()
+    with cluster() as nodes:
+        report = nodes.drive(
+            overrides, kill_after=args.kill_after, env={"DPFL_RESTART_TIMEOUT_S": RESTART_TIMEOUT_S}
+        )
     (checkpoint,) = (root / "no-room").glob("*.pt")
-    saved = torch.load(checkpoint, weights_only=True)["simulation"]["rounds_done"]
-    print(f"  {report.error}")
+    saved = load_checkpoint(checkpoint)["simulation"]["rounds_done"]
+    say(f"  {report.error}")
     return {
         "stopped_with_error": report.error is not None and "no surviving node" in report.error,
         "checkpoint_rounds_done": saved,
@@ -156,19 +168,16 @@ def main() -> None:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="node-loss-") as tmp:
         root = Path(tmp)
-        print("starting a 3-node Ray cluster on this machine (head + 2 worker nodes)")
-        with local_cluster() as cluster:
-            print(f"  up after {time.perf_counter() - started:.1f} s")
-            result = {
-                "cluster": "1 head (0 CPUs) + 2 worker nodes (2 logical CPUs each), one machine",
-                "rounds": args.rounds,
-                "spread": spread(cluster, root, args.rounds),
-                "dp_fedavg": node_loss(cluster, root, "dp_fedavg", DP_FEDAVG, args),
-                "dp_scaffold": node_loss(
-                    cluster, root, "dp_scaffold", [*DP_SCAFFOLD, "checkpoint.every=3"], args
-                ),
-                "no_room": no_room(cluster, root, args),
-            }
+        result = {
+            "cluster": "1 head (0 CPUs) + 2 worker nodes (2 logical CPUs each), one machine",
+            "rounds": args.rounds,
+            "spread": spread(root, args.rounds),
+            "dp_fedavg": node_loss(root, "dp_fedavg", DP_FEDAVG, args),
+            "dp_scaffold": node_loss(
+                root, "dp_scaffold", [*DP_SCAFFOLD, "checkpoint.every=3"], args
+            ),
+            "no_room": no_room(root, args),
+        }
     result["wall_s"] = round(time.perf_counter() - started, 1)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -181,3 +181,30 @@ def test_a_partial_aggregate_crosses_processes_as_arrays():
     assert torch.equal(total.sums["delta"], 2 * sums["delta"])
     restored.sums["delta"].add_(1)  # its own copy
     assert np.array_equal(frozen, np.arange(6))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (("executor.placement=scatter",), "must be one of 'pack', 'spread'"),
+        (("executor.kind=local", "executor.placement=spread"), "set executor.kind=ray"),
+    ],
+)
+def test_a_placement_that_cannot_be_is_refused_naming_the_field(store_root, overrides, expected):
+    with pytest.raises(ConfigError) as error:
+        small_config(store_root, *overrides)
+    message = str(error.value)
+    assert "executor.placement" in message and expected in message
+    assert overrides[-1].split("=")[1] in message  # the value given
+
+
+def test_actor_options_spread_or_pack_and_never_retry_a_call():
+    """Ray restarts a lost actor, but never retries its call: a restarted actor holds no
+    client state, and only the driver knows what to restore (``Simulation``)."""
+    from cluster.executors import MAX_RESTARTS, actor_options
+
+    spread, pack = actor_options(1, 0, "spread"), actor_options(0.5, 0.25, "pack")
+    assert spread["scheduling_strategy"] == "SPREAD" and pack["scheduling_strategy"] == "DEFAULT"
+    assert (pack["num_cpus"], pack["num_gpus"]) == (0.5, 0.25)
+    for options in (spread, pack):
+        assert (options["max_restarts"], options["max_task_retries"]) == (MAX_RESTARTS, 0)

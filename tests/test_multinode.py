@@ -12,6 +12,7 @@ from helpers import small_config
 
 from cluster.checkpoint import load_checkpoint
 from cluster.experiment import run_experiment
+from tests.fixtures_ray_cluster import drive_embedded
 
 pytest.importorskip("ray")
 
@@ -65,13 +66,10 @@ def test_spread_actors_span_the_worker_nodes_and_match_one_embedded_node(
     spread = ray_cluster.drive(_overrides(store_root, tmp_path, "spread", *run, *RAY))
     assert sorted(spread.nodes) == ["worker_a", "worker_b"]  # the head has no CPU
     assert any(line.startswith("actors on 2 nodes: 0 on ") for line in spread.lines)
-    try:
-        embedded = _elsewhere(store_root, tmp_path, "embedded", *run)
-    finally:
-        from cluster.ray_runtime import disconnect
-
-        disconnect()
-    _assert_same_run(spread, embedded)
+    embedded = drive_embedded(_overrides(store_root, tmp_path, "embedded", *run))
+    assert torch.equal(spread.params, embedded.params)
+    assert spread.epsilons == embedded.epsilons
+    assert spread.test_accuracies == embedded.test_accuracies
 
 
 @pytest.mark.slow  # ≈ 40 s; benchmarks.node_loss runs the same
