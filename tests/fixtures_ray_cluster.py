@@ -212,11 +212,12 @@ def _drive(request: dict) -> None:
     report = DriverReport(torch.empty(0), [], [], [], [], None, [])
 
     def kill() -> None:
-        report.killed_at = time.monotonic()
         os.kill(request["kill_pid"], signal.SIGKILL)
+        report.killed_at = time.monotonic()
 
     def on_round(record) -> None:
-        if record.round != request["kill_after"]:
+        # once: a roll-back replays the round, and calls this again for it
+        if record.round != request["kill_after"] or report.killed_at is not None:
             return
         if request["kill_into"] is None:
             kill()
