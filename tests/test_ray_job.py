@@ -377,10 +377,11 @@ def _job_api(address: str, env: dict[str, str], path: str, method: str = "GET") 
     of start-up), authenticated with the head's token."""
     import urllib.request
 
-    token = Path(env["RAY_AUTH_TOKEN_PATH"]).read_text().strip()
-    request = urllib.request.Request(
-        f"{address}/api/jobs/{path}", method=method, headers={"Authorization": f"Bearer {token}"}
-    )
+    headers = {}
+    if "RAY_AUTH_TOKEN_PATH" in env:
+        token = Path(env["RAY_AUTH_TOKEN_PATH"]).read_text().strip()
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(f"{address}/api/jobs/{path}", method=method, headers=headers)
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.loads(response.read() or b"{}")
 
@@ -412,16 +413,18 @@ def test_ray_job_stop_keeps_the_last_round_and_a_new_job_resumes_bit_for_bit(ray
 @pytest.mark.timeout(600)
 def test_a_job_stopped_on_three_nodes_resumes_bit_for_bit_as_a_new_job(tmp_path):
     """The driver lost (`ray job stop`) on the multi-node fixture, actors spread over both
-    worker nodes: `resume` as a new job ends bit-identical to the same run uninterrupted."""
+    worker nodes: `resume` as a new job ends bit-identical to the same run uninterrupted.
+
+    Without token auth: the fixture's nodes are started by this process, whose Ray read its
+    auth mode (disabled) when imported, and a GCS with tokens would refuse it. The job server
+    listens on 127.0.0.1 only, for the test's duration."""
     from tests.fixtures_ray_cluster import local_cluster
 
-    token_path = tmp_path / "auth_token"
-    token_path.write_text(secrets.token_hex(32))
-    token_path.chmod(0o600)
-    env = _ray_env(token_path)
+    env = _ray_env(tmp_path / "unused")
+    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH"):
+        del env[name]
     port = _free_port_block(1)
-    auth = {name: env[name] for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")}
-    with local_cluster(dashboard_port=port, env=auth):
+    with local_cluster(dashboard_port=port):
         logs = _stop_and_resume(tmp_path, env, lambda: f"http://127.0.0.1:{port}", spread=True)
     assert re.search(r"^actors on 2 nodes: ", logs, re.MULTILINE), logs
 
