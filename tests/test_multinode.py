@@ -91,6 +91,7 @@ def test_a_lost_node_mid_run_is_recovered_bit_for_bit(ray_cluster, store_root, t
     _assert_same_run(lost, reference)
 
 
+@pytest.mark.slow  # ≈ 47 s; CI runs the same recovery on S3 (test_multinode_object_store.py)
 @pytest.mark.timeout(300)
 def test_a_lost_node_rolls_client_states_back_to_the_checkpoint(ray_cluster, store_root, tmp_path):
     """DP-SCAFFOLD: the node dies after round 3; its actor's c_i are gone and the survivor's
