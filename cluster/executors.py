@@ -68,7 +68,8 @@ class HostsLost(RuntimeError):
 
 class HostsUnavailable(ResourceError):
     """Lost hosts that cannot be brought back: no surviving node has room for them, or Ray
-    gave up restarting them. The run stops; its last checkpoint is as it was."""
+    gave up restarting them. The run stops at its last valid point (``Simulation``), where
+    ``cluster.experiment`` writes its checkpoint and says where it is."""
 
 
 class HostPool(ABC):
@@ -92,6 +93,12 @@ class HostPool(ABC):
     @property
     def num_hosts(self) -> int:
         return len(self.eval_slices)
+
+    @property
+    def can_lose_hosts(self) -> bool:
+        """Whether a call may raise ``HostsLost`` (hosts in other processes, on other nodes):
+        only then does the driver keep a point to roll back to (``Simulation``)."""
+        return False
 
     @abstractmethod
     def _call(
@@ -312,6 +319,10 @@ class RayExecutor(HostPool):
         )
         return f"actors on {len(nodes)} node{'s' if len(nodes) > 1 else ''}: {where}"
 
+    @property
+    def can_lose_hosts(self) -> bool:
+        return True
+
     def _share(self, value: Any) -> Any:
         return self._ray.put(value)
 
@@ -337,8 +348,10 @@ class RayExecutor(HostPool):
         return self._answers(busy, futures)
 
     def _answers(self, hosts: list[int], futures: list) -> list:
-        """The calls' results in host order; ``HostsLost`` naming every host that died."""
-        from ray.exceptions import ObjectLostError, RayActorError
+        """The calls' results in host order; ``HostsLost`` naming every host that died, or that
+        Ray restarted since its last call (it refuses with ``ClientStatesLost``: its node died
+        while it had nothing to do, e.g. between rounds)."""
+        from ray.exceptions import ObjectLostError, RayActorError, RayTaskError
 
         answers, lost, cause = [], [], None
         for host, future in zip(hosts, futures, strict=True):
@@ -347,29 +360,39 @@ class RayExecutor(HostPool):
             except (RayActorError, ObjectLostError) as error:  # a result on a lost node too
                 lost.append(host)
                 cause = cause or error
+            except RayTaskError as error:
+                refusal = _states_lost(error)
+                if refusal is None:
+                    raise
+                lost.append(host)
+                cause = cause or refusal  # its message, not Ray's process title
         if lost:
             raise HostsLost(lost, cause)
         return answers
 
-    def await_hosts(self, timeout_s: float | None = None) -> None:
+    def await_hosts(
+        self, timeout_s: float | None = None, check: Callable[[], None] | None = None
+    ) -> None:
         """Wait until every actor answers again (Ray restarts lost ones on a node with room);
         ``placement`` is updated. ``HostsUnavailable`` when an actor is dead for good (its
         restarts spent) or not running within ``timeout_s`` (``RESTART_TIMEOUT_S``): no
-        surviving node can host it."""
+        surviving node can host it. ``check`` is polled every ``POLL_S`` meanwhile: what it
+        raises ends the wait (a stop signal)."""
         from ray.exceptions import GetTimeoutError, RayActorError
 
         timeout_s = RESTART_TIMEOUT_S if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout_s
         waiting = set(range(len(self.actors)))
         while waiting:
+            if check is not None:
+                check()
             for index in sorted(waiting):
                 state = self._actor_state(index)
                 if state["State"] == "DEAD":
                     raise HostsUnavailable(
                         f"executor: actor {index} cannot be restarted (Ray restarted it "
                         f"{state.get('NumRestarts', '?')} times, at most {MAX_RESTARTS}); "
-                        "the run's last checkpoint is intact: resume it once the cluster is "
-                        "healthy"
+                        "resume the run once the cluster is healthy"
                     )
                 if state["State"] != "ALIVE":
                     continue
@@ -397,8 +420,8 @@ class RayExecutor(HostPool):
         return (
             f"executor: actors {waiting} lost with their node could not be restarted within "
             f"{timeout_s:g} s: no surviving node has room for them ({nodes} nodes alive, free "
-            f"CPU {free.get('CPU', 0):g}, GPU {free.get('GPU', 0):g}); the run's last checkpoint "
-            "is intact: add a node (or lower executor.num_actors / cpus_per_actor) and resume it"
+            f"CPU {free.get('CPU', 0):g}, GPU {free.get('GPU', 0):g}): add a node (or lower "
+            "executor.num_actors / cpus_per_actor) and resume the run"
         )
 
     def close(self) -> None:
@@ -409,3 +432,15 @@ class RayExecutor(HostPool):
         for actor in self.actors:
             self._ray.kill(actor)
         self.actors = []
+
+
+def _states_lost(error: BaseException) -> BaseException | None:
+    """A restarted actor's refusal (``ClientStatesLost``) that a failed call raised, or None.
+    Ray raises it as a ``RayTaskError`` whose ``cause`` it is (and which is also an instance
+    of the cause's class)."""
+    from actors.ray_actor import ClientStatesLost
+
+    cause = getattr(error, "cause", None)
+    if isinstance(cause, ClientStatesLost):
+        return cause
+    return error if isinstance(error, ClientStatesLost) else None

@@ -13,7 +13,7 @@ from actors.client_host import Kernels
 from algorithms.layout import ParamLayout
 from cluster.checkpoint import checkpoint_path, save_checkpoint
 from cluster.config import ConfigError, ExperimentConfig
-from cluster.executors import LocalExecutor, RayExecutor
+from cluster.executors import HostsUnavailable, LocalExecutor, RayExecutor
 from cluster.interrupts import Interrupted, StopSignals, stop_signals
 from cluster.preflight import check_store_matches, preflight
 from cluster.privacy_plan import (
@@ -316,6 +316,22 @@ def _run_rounds(
                 raise failure
             return path
 
+        def keep_stopped_run() -> str:
+            """The checkpoint of a run the lost hosts stopped (it needs no host), and where."""
+            failure = None
+            try:
+                checkpoint_here()
+            except Exception as error:  # said in the message, which is the run's error
+                failure = error
+            rounds = len(sim.history)
+            if written is not None and written[1] == rounds:
+                return (
+                    f"the run stopped at round {rounds}, its checkpoint {written[0]}: resume it "
+                    f"with: uv run python -m cluster resume {written[0]}"
+                )
+            kept = f"; the last written, of round {written[1]}: {written[0]}" if written else ""
+            return f"no checkpoint of round {rounds} could be written ({failure}){kept}"
+
         def report(record: RoundRecord) -> None:
             if run is not None:
                 run.log_round(record)
@@ -324,12 +340,20 @@ def _run_rounds(
                 checkpoint_here()
             on_round(record)
 
+        def finish() -> None:  # in sim.run: a loss of hosts here is rolled back, then retried
+            with stop.finishing():  # a signal only sets the exit code
+                checkpoint_here()
+
         with stop.rounds():
-            result = sim.run(report, stop, say)
+            try:
+                result = sim.run(report, stop, say, finish)
+            except HostsUnavailable as error:  # the driver is at its last valid point: kept
+                with stop.finishing():
+                    raise HostsUnavailable(f"{error}; {keep_stopped_run()}") from error
             stop.settle()  # from here to the command's end a signal only sets the exit code
         # A signal that came as the last round ended stopped nothing: the run is complete.
         interrupted = stop.reason is not None and result.stop_reason.startswith(stop.reason)
-        path = checkpoint_here()
+        path = written[0]
         if interrupted:  # at once: a scheduler's SIGKILL may follow within seconds
             say(
                 f"{result.stop_reason}: checkpoint {path}; resume with: uv run python -m "
