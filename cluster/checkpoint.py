@@ -31,7 +31,10 @@ against the rounds done. A mismatch is a ``ConfigError`` (field CHECKPOINT) nami
 A checkpoint is a local file or an object in an object store (``checkpoint.dir`` an
 ``s3://`` URI; ``datasets.locations``). Written atomically (a temporary file renamed, or a
 temporary object copied, over it), so a crash mid-write never leaves a corrupt checkpoint
-behind; an object is read whole into memory and unpickled from there, by the same loader.
+behind; an object is read whole into memory and unpickled from there, by the same loader
+(``torch.load`` copies the tensors out: about twice the checkpoint's size held while it is
+read). Above ``locations.MULTIPART_COPY_THRESHOLD`` the temporary object is copied in parts,
+so checkpoints larger than S3's 5 GiB single-copy limit are written too.
 Resuming restores the server state, the accountant, the round history and every client's
 state (e.g. SCAFFOLD c_i) and reaches bit-identical parameters, because all randomness is
 keyed by (seed, round, client) rather than carried in generator state.
@@ -189,7 +192,9 @@ def _existing(path: str | Location) -> Location:
 
 def _source(path: Location) -> Path | BinaryIO:
     """What ``torch.load`` reads: a local file by its path, an object read whole (one request)
-    into memory."""
+    into memory. An object's bytes are then held in memory while it is unpickled, and
+    ``torch.load`` copies each tensor out of them: reading a checkpoint from an object store
+    peaks at about twice its size in this process's memory (a local file is read once)."""
     return path if isinstance(path, Path) else io.BytesIO(locations.read_bytes(path))
 
 
@@ -428,19 +433,22 @@ def _state_problem(state: dict, config: ExperimentConfig) -> str | None:
 def _model_input(config: ExperimentConfig) -> tuple[tuple[int, ...], int]:
     """(row shape, classes) the run's model is built for: a given store's, else what the
     config's data options make (``source_shape``; no data read or generated)."""
+    from cluster.preflight import check_object_store, unreadable_store
     from datasets.sources import source_shape
     from datasets.store import ShardStore, StoreError
 
-    if config.data.store is None:
+    d = config.data
+    if d.store is None:
         return source_shape(*config.store_parameters[:2])
+    check_object_store("data.store", d.store_location())  # the AWS variable at fault, if any
     try:
-        manifest = ShardStore.open(config.data.store).manifest
+        manifest = ShardStore.open(d.store).manifest
     except StoreError as error:
-        raise ConfigError(
-            "data.store",
-            config.data.store,
-            f"{error.problem}; the checkpoint's run reads this store: restore it, or rebuild it "
-            "with `uv run python -m cluster partition ...`",
+        raise unreadable_store(
+            d.store,
+            error,
+            "the checkpoint's run reads this store: restore it, or rebuild it with `uv run "
+            "python -m cluster partition ...`",
         ) from None
     return tuple(manifest["x_shape"]), manifest["num_classes"]
 

@@ -296,9 +296,11 @@ def _tracking_failure(error: TrackingError, verbose: bool) -> str:
 
 
 def _input_errors() -> tuple[type[Exception], ...]:
-    """What bad input raises: a config field, a file, the Ray cluster's size."""
+    """What bad input raises: a config field, a file, a shard store that cannot be read as
+    written, the Ray cluster's size."""
     from cluster.config import ConfigError
     from cluster.ray_runtime import ResourceError
+    from datasets.store import StoreError
     from datasets.vision import SourceMissingError
 
-    return ConfigError, SourceMissingError, ResourceError
+    return ConfigError, SourceMissingError, StoreError, ResourceError

@@ -76,9 +76,11 @@ def run(args: argparse.Namespace) -> int:
     from cluster.checkpoint import open_checkpoint
     from cluster.experiment import open_store
     from cluster.landscape import filter_normalized_direction, loss_slice
+    from cluster.preflight import check_data
     from datasets.tasks import TASKS
 
     checkpoint, config = open_checkpoint(args.checkpoint)  # checked: its params fit the model
+    check_data(config)  # as `run` checks it: an object store's credentials, endpoint, bucket
     store, _ = open_store(config)
     model = build_model(store, config.task)
     params = checkpoint["simulation"]["params"].to(torch.float32)

@@ -7,7 +7,8 @@ writes the store at ``--out`` (a directory, or an object-store prefix ``s3://buc
 built in a local temporary directory and uploaded, its manifest last) and its partition report
 (class-histogram heatmap, client-size histogram, summary JSON) under ``--out/report/``, prints
 the summary, and says how a run uses the store (``data.store``). Options, and an object store's
-credentials, endpoint and bucket, are checked before any file is read.
+credentials, endpoint, bucket and write access, are checked before any file is read; an
+``--out`` that already holds a store (its manifest) is refused, on disk and on S3 alike.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from datasets import locations
-from datasets.locations import Location, LocationError
+from datasets.locations import Location, LocationError, ObjectLocation
 from datasets.partition import PARTITION_METHODS
 from datasets.sources import SOURCES, build_store
 from datasets.vision import EMNIST_SPLITS, SourceMissingError
@@ -74,16 +75,48 @@ def _data_config(args: argparse.Namespace) -> DataConfig:
 
 
 def _out_location(out: str) -> Location:
-    """``--out`` parsed, its object store (if any) reachable; else a ``ConfigError``."""
+    """``--out`` parsed, holding no store yet (``_refuse_existing_store``), and writable (an
+    object store: reachable, a probe object written and deleted); else a ``ConfigError``."""
     from cluster.config import ConfigError
-    from cluster.preflight import check_object_store
+    from cluster.preflight import check_object_store, check_writable_location
 
     try:
         location = locations.parse_location(out)
     except LocationError as error:
         raise ConfigError("--out", out, error.problem) from None
     check_object_store("--out", location)
+    _refuse_existing_store(out, location)
+    check_writable_location("--out", location)
     return location
+
+
+def _refuse_existing_store(out: str, location: Location) -> None:
+    """A ``ConfigError`` when a store was committed at ``location`` (its manifest is there):
+    runs may be reading it, and a store rewritten under them (in place on S3; on disk, one a
+    restarted actor opens anew) hands their clients other rows. Building one elsewhere, or
+    deleting this one first, is the user's decision."""
+    from cluster.config import ConfigError
+    from datasets.store import MANIFEST
+
+    manifest = location / MANIFEST
+    try:
+        found = locations.exists(manifest)
+    except OSError as error:
+        raise ConfigError("--out", out, f"unusable ({str(error).splitlines()[0]})") from None
+    if not found:
+        return
+    remove = (
+        f"`aws s3 rm --recursive {location}/`"
+        if isinstance(location, ObjectLocation)
+        else f"`rm -r {location}`"
+    )
+    raise ConfigError(
+        "--out",
+        out,
+        f"a shard store is already there ({manifest}), which runs may be reading: rewriting it "
+        "would hand their clients other rows; give another --out, or, when no run uses it, "
+        f"delete it first ({remove})",
+    )
 
 
 def _write_report(counts, out: Location) -> list[str]:

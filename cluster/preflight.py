@@ -4,8 +4,10 @@ it talks to and the place its checkpoints go.
 ``validate`` (cluster.config) checks the config against itself; ``preflight`` checks it against
 the world. Each failure is a ``ConfigError`` (or a ``SourceMissingError`` with the command that
 fetches the files) naming the field or variable, the value and the fix. Nothing here writes a
-file, creates a directory or starts Ray; the network checks are one TCP connect each, and for
-an object-store location (``s3://``) one request more (``datasets.locations.check_access``).
+local file, creates a directory or starts Ray; the network checks are one TCP connect each, and
+for an object-store location (``s3://``) one request more (``datasets.locations.check_access``)
+and, where a run will write (``checkpoint.dir``, an unbuilt store's root), a small probe object
+written and deleted under the prefix (``datasets.locations.check_writable``).
 """
 
 from __future__ import annotations
@@ -76,9 +78,8 @@ def check_data(config: ExperimentConfig) -> None:
             built = existing_store_path(root, *config.store_parameters)
         except OSError as error:  # e.g. a name longer than the filesystem allows
             raise _unusable("data.store_root", root, error) from None
-        if built is None:  # built on first use, under the root (an object store's: checked)
-            if not isinstance(root, ObjectLocation):
-                check_writable_dir("data.store_root", root)
+        if built is None:  # built on first use, under the root
+            check_writable_location("data.store_root", root)
             if d.source in SOURCE_NAMES:
                 _check_raw_files(config)
             elif d.source == "synthetic":
@@ -91,8 +92,23 @@ def check_data(config: ExperimentConfig) -> None:
         store = ShardStore.open(location)
         store.check()
     except StoreError as error:
-        raise ConfigError("data.store", location, f"{error.problem}; {_rebuild_fix(d)}") from None
+        raise unreadable_store(location, error, _rebuild_fix(d)) from None
     check_store_matches(store, d)
+
+
+def unreadable_store(location: str, error: StoreError, fix: str) -> ConfigError:
+    """The ``ConfigError`` of the store at ``location`` that ``error`` could not read: naming
+    ``data.store`` and ``fix`` (restore or rebuild it), or, where its object store refused
+    these credentials, the AWS variables (rebuilding would not help)."""
+    if not error.denied:
+        return ConfigError("data.store", location, f"{error.problem}; {fix}")
+    return ConfigError(
+        "AWS_ACCESS_KEY_ID",
+        os.environ.get("AWS_ACCESS_KEY_ID") or "(unset)",
+        f"these credentials may not read the shard store {location} ({error.problem}) at "
+        f"{locations.endpoint()}; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or "
+        "AWS_PROFILE) to credentials with s3:GetObject on it (for data.store)",
+    )
 
 
 def _check_raw_files(config: ExperimentConfig) -> None:
@@ -355,12 +371,17 @@ def check_object_store(field: str, location: Location) -> None:
 
 def check_writable_location(field: str, location: Location) -> None:
     """A local directory that can be written (``check_writable_dir``), or an object-store
-    prefix whose bucket can be reached (``check_object_store``: whether this process may write
-    there shows only at the first write)."""
-    if isinstance(location, ObjectLocation):
-        check_object_store(field, location)
-    else:
+    prefix whose bucket can be reached (``check_object_store``) and under which these
+    credentials may write and delete (``locations.check_writable``: a probe object, written
+    and deleted with the same short timeouts)."""
+    if not isinstance(location, ObjectLocation):
         check_writable_dir(field, location)
+        return
+    check_object_store(field, location)
+    try:
+        locations.check_writable(location)
+    except LocationError as error:
+        raise location_error(field, str(location), error) from None
 
 
 def check_writable_dir(field: str, path: Path) -> None:

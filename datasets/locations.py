@@ -9,7 +9,10 @@ S3 (or any S3-compatible server) is reached through pyarrow's ``S3FileSystem``, 
 the standard AWS variables: ``AWS_ENDPOINT_URL`` (an endpoint other than AWS's, e.g. MinIO;
 pyarrow's constructor does not read it itself), ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``
 or the AWS SDK's other credential sources, ``AWS_DEFAULT_REGION``. Its connect and request
-timeouts are short and its retries few, so an unreachable endpoint fails in seconds.
+timeouts are short and its retries few, so an unreachable endpoint fails in seconds. boto3,
+resolved from the same variables (``s3_client``), makes the server-side copies (``copy_object``:
+multipart above ``MULTIPART_COPY_THRESHOLD``, as S3 copies at most 5 GiB in one request) and
+the write probe (``check_writable``).
 
 A URI never reaches a key outside its prefix: its bucket and every segment of its key are
 checked (no empty segment, no ``.`` or ``..``) when it is parsed, when it is joined and again
@@ -37,6 +40,14 @@ SCHEMES = ("s3",)
 CONNECT_TIMEOUT_S = 3.0
 REQUEST_TIMEOUT_S = 20.0  # between bytes of a response, not for a whole download
 ATTEMPTS = 3  # per request: the first and two retries
+# ``write_atomic``'s server-side copy: one CopyObject below the threshold (S3 refuses one above
+# 5 GiB), else a multipart copy of parts of MULTIPART_COPY_CHUNK bytes (UploadPartCopy, several
+# at once; S3 allows 10,000 parts, s3transfer grows the parts to fit). A part is copied inside
+# the server before it answers: COPY_TIMEOUT_S is the wait for that answer.
+MULTIPART_COPY_THRESHOLD = 256 * 2**20
+MULTIPART_COPY_CHUNK = 64 * 2**20
+COPY_TIMEOUT_S = 300.0
+PROBE_PREFIX = ".dpfl-write-probe-"
 
 
 class LocationError(ValueError):
@@ -141,6 +152,22 @@ def s3_filesystem(
     )
 
 
+def s3_client(read_timeout: float = REQUEST_TIMEOUT_S, attempts: int = ATTEMPTS):
+    """A boto3 S3 client resolved as ``s3_filesystem`` is: ``AWS_ENDPOINT_URL`` (or AWS S3),
+    the AWS SDK's credential chain and region, the same connect timeout and tries."""
+    import boto3
+    from botocore.config import Config
+
+    config = Config(
+        connect_timeout=CONNECT_TIMEOUT_S,
+        read_timeout=read_timeout,
+        retries={"max_attempts": attempts, "mode": "standard"},
+    )
+    return boto3.session.Session().client(
+        "s3", endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None, config=config
+    )
+
+
 def has_credentials() -> bool:
     """Whether the AWS credential chain (variables, shared files, a container or instance
     role) yields credentials, as botocore resolves it (it probes the instance-metadata address
@@ -205,6 +232,58 @@ def _check_endpoint_answers() -> None:
         raise LocationError(f"{reason}; {fix}", "AWS_ENDPOINT_URL", url) from None
 
 
+def check_writable(location: ObjectLocation) -> None:
+    """These credentials may create and delete objects under the prefix ``location``: a small
+    probe object is written there and deleted (two requests, no retry, short timeouts; boto3,
+    which leaves no directory marker behind), so a read-only prefix is found before any work
+    rather than at the first write. A ``LocationError`` with the reason and the fix; a probe
+    that could not be deleted is left behind (its name says what it is)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    probe = location / f"{PROBE_PREFIX}{uuid.uuid4().hex}"
+    probe.check()
+    client = s3_client(read_timeout=CONNECT_TIMEOUT_S, attempts=1)
+    try:
+        client.put_object(Bucket=probe.bucket, Key=probe.key, Body=b"dpfl write probe\n")
+    except (BotoCoreError, ClientError) as error:
+        raise LocationError(
+            f"these credentials cannot write under {location} at {endpoint()} "
+            f"({_first_line(error)}); grant them s3:PutObject and s3:DeleteObject on "
+            f"{location}/* (or set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE, "
+            "to credentials that have them), or choose a prefix they may write"
+        ) from None
+    try:
+        client.delete_object(Bucket=probe.bucket, Key=probe.key)
+    except (BotoCoreError, ClientError) as error:
+        raise LocationError(
+            f"these credentials wrote under {location} but cannot delete there "
+            f"({_first_line(error)}), which replacing an object needs; grant them "
+            f"s3:DeleteObject on {location}/* and delete the probe object {probe}"
+        ) from None
+
+
+def denies_access(error: BaseException) -> bool:
+    """Whether an S3 request failed for the credentials (refused, unknown or badly signed)
+    rather than for the object (missing, malformed)."""
+    text = str(error)
+    return any(
+        mark in text
+        for mark in (
+            "ACCESS_DENIED",
+            "AccessDenied",
+            "InvalidAccessKeyId",
+            "SignatureDoesNotMatch",
+            "INVALID_ACCESS_KEY_ID",
+            "SIGNATURE_DOES_NOT_MATCH",
+            "HTTP response code: 403",
+        )
+    )
+
+
+def _first_line(error: BaseException) -> str:
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
 # ------------------------------------------------------------------------------ operations
 
 
@@ -245,8 +324,9 @@ def write_atomic(location: Location, write: Callable[[BinaryIO], None]) -> None:
 
     Locally a temporary sibling is written, flushed to disk and renamed over it. On S3 an
     object's upload completes whenever its stream closes, an exception included, so the
-    content goes to a temporary key first and is then copied (one server-side request, which
-    replaces the object whole) to ``location``; the temporary key is deleted either way."""
+    content goes to a temporary key first and is then copied server-side to ``location``
+    (``copy_object``: one CopyObject, or a multipart copy for a large object, either of which
+    replaces the object whole when it completes); the temporary key is deleted either way."""
     if isinstance(location, Path):
         _write_local_atomic(location, write)
         return
@@ -255,9 +335,35 @@ def write_atomic(location: Location, write: Callable[[BinaryIO], None]) -> None:
     try:
         with fs.open_output_stream(partial.path) as stream:
             write(stream)
-        fs.copy_file(partial.path, location.path)
+        copy_object(partial, location)
     finally:
         _delete_quietly(fs, partial.path)
+
+
+def copy_object(source: ObjectLocation, target: ObjectLocation) -> None:
+    """Copy the object ``source`` to ``target`` inside the store (no byte passes through this
+    machine), with boto3's managed copy: one CopyObject up to ``MULTIPART_COPY_THRESHOLD``
+    bytes, above it a multipart copy in ``MULTIPART_COPY_CHUNK`` parts (S3 refuses a single
+    copy above 5 GiB; a SCAFFOLD checkpoint at scale exceeds that). ``target`` appears only
+    when the copy completes; a failed multipart copy is aborted. Failures are ``OSError``s, as
+    pyarrow's are."""
+    from boto3.s3.transfer import TransferConfig
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    transfer = TransferConfig(
+        multipart_threshold=MULTIPART_COPY_THRESHOLD, multipart_chunksize=MULTIPART_COPY_CHUNK
+    )
+    source.check()
+    target.check()
+    try:
+        s3_client(read_timeout=COPY_TIMEOUT_S).copy(
+            {"Bucket": source.bucket, "Key": source.key},
+            target.bucket,
+            target.key,
+            Config=transfer,
+        )
+    except (BotoCoreError, ClientError) as error:
+        raise OSError(f"copying {source} to {target} at {endpoint()} failed: {error}") from error
 
 
 def _write_local_atomic(path: Path, write: Callable[[BinaryIO], None]) -> None:

@@ -171,14 +171,16 @@ class ClientArrays:
 
 
 class StoreError(ValueError):
-    """A store that cannot be read as written: missing, corrupt, truncated or of another format.
+    """A store that cannot be read as written: missing, corrupt, truncated or of another format,
+    or (``denied``) in an object store that refused these credentials.
 
     The message names the file and says to rebuild the store (its content is a function of the
     manifest's parameters, so rebuilding loses nothing).
     """
 
-    def __init__(self, location: str, problem: str):
+    def __init__(self, location: str, problem: str, denied: bool = False):
         self.location, self.problem = location, problem
+        self.denied = denied  # an object store refused these credentials
         super().__init__(
             f"shard store {location}: {problem}; rebuild it (delete the directory and run again, "
             "or `uv run python -m cluster partition ...`)"
@@ -223,7 +225,8 @@ class ShardStore:
         try:
             manifest = json.loads(locations.read_bytes(where / MANIFEST))
         except (OSError, ValueError) as error:  # missing, unreadable or not JSON
-            raise StoreError(text, f"{MANIFEST} unreadable ({_first_line(error)})") from None
+            problem = f"{MANIFEST} unreadable ({_first_line(error)})"
+            raise StoreError(text, problem, locations.denies_access(error)) from None
         if not isinstance(manifest, dict) or manifest.get("format_version") != FORMAT_VERSION:
             version = manifest.get("format_version") if isinstance(manifest, dict) else None
             raise StoreError(

@@ -66,6 +66,14 @@ S3_NO_CREDENTIALS = {
     "AWS_ENDPOINT_URL": "http://127.0.0.1:1",
 }
 S3_DOWN = {**S3_NO_CREDENTIALS, "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}
+S3_ROOT = "data.store_root=s3://dpfl/shards"
+PARTITION = ["partition", "--dataset", "synthetic", "--clients", "10", "--method", "natural"]
+
+
+def partition_into_store(workdir: Path, valid_store: Path) -> list[str]:
+    """``partition --out`` a directory that holds a store already (runs may be reading it)."""
+    shutil.copytree(valid_store, workdir / "out")
+    return [*PARTITION, "--out", str(workdir / "out")]
 
 
 def _store_args() -> tuple:
@@ -627,6 +635,35 @@ CASES = [
         "resume s3 without credentials",
         lambda w, s: ["resume", "s3://dpfl/ck/run.pt"],
         ("AWS_ACCESS_KEY_ID", "CHECKPOINT s3://dpfl/ck/run.pt"),
+        S3_NO_CREDENTIALS,
+    ),
+    Case(
+        "resume s3 store without credentials",
+        resume_with(checkpoint_payload(changes=["data.store=s3://dpfl/store"])),
+        ("AWS_ACCESS_KEY_ID", "no AWS credentials", "data.store s3://dpfl/store"),
+        S3_NO_CREDENTIALS,
+    ),
+    Case(
+        "landscape s3 without credentials",
+        resume_with(checkpoint_payload(changes=[S3_ROOT]), command="landscape"),
+        ("AWS_ACCESS_KEY_ID", "no AWS credentials", "data.store_root s3://dpfl/shards"),
+        S3_NO_CREDENTIALS,
+    ),
+    Case(
+        "landscape s3 endpoint down",
+        resume_with(checkpoint_payload(changes=[S3_ROOT]), command="landscape"),
+        ("AWS_ENDPOINT_URL", "nothing answers at 127.0.0.1", "data.store_root s3://dpfl/shards"),
+        S3_DOWN,
+    ),
+    Case(
+        "partition out holds a store",
+        partition_into_store,
+        ("--out = ", "a shard store is already there", "manifest.json", "another --out", "rm -r"),
+    ),
+    Case(
+        "partition out s3 without credentials",
+        lambda w, s: [*PARTITION, "--out", "s3://dpfl/shards"],
+        ("AWS_ACCESS_KEY_ID", "no AWS credentials", "--out s3://dpfl/shards"),
         S3_NO_CREDENTIALS,
     ),
     # --- MLflow and Ray

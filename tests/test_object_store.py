@@ -23,6 +23,7 @@ import pytest
 import ray
 import torch
 from helpers import small_config
+from test_bad_input import checkpoint_payload
 
 from actors.scheduling import pin_clients
 from cluster.checkpoint import load_checkpoint, open_checkpoint, save_checkpoint
@@ -312,3 +313,155 @@ def test_location_checks_keep_keys_inside_their_prefix(monkeypatch):
     config = small_config("s3://b/root", "checkpoint.dir=../up")
     with pytest.raises(ConfigError, match=r"checkpoint\.dir = 's3://b/root/\.\./up'"):
         _ = config.checkpoint_dir
+
+
+# ---------------------------------------------------------------------- large objects, access
+
+
+def test_an_object_above_the_copy_threshold_is_copied_in_parts(s3, monkeypatch):
+    """S3 refuses a single CopyObject above 5 GiB: ``write_atomic`` copies a large temporary
+    object onto its key in parts (the threshold lowered here to S3's smallest part, 5 MiB)."""
+    monkeypatch.setattr(locations, "MULTIPART_COPY_THRESHOLD", 5 * 2**20)
+    monkeypatch.setattr(locations, "MULTIPART_COPY_CHUNK", 5 * 2**20)
+    content = np.random.default_rng(0).bytes(12 * 2**20)  # 3 parts: 5, 5 and 2 MiB
+    path = parse_location(s3.uri("ck", "big.pt"))
+    locations.write_atomic(path, lambda f: f.write(b"previous"))
+    small = s3.client().head_object(Bucket=s3.bucket, Key="ck/big.pt")["ETag"]
+
+    locations.write_atomic(path, lambda f: f.write(content))
+
+    assert locations.read_bytes(path) == content
+    etag = s3.client().head_object(Bucket=s3.bucket, Key="ck/big.pt")["ETag"]
+    assert etag.strip('"').endswith("-3"), etag  # a multipart object's ETag counts its parts
+    assert "-" not in small.strip('"')  # below the threshold: one CopyObject
+    assert _objects(s3, "ck/") == ["ck/big.pt"]  # no temporary key
+    assert s3.client().list_multipart_uploads(Bucket=s3.bucket).get("Uploads", []) == []
+
+
+def test_a_failed_copy_is_an_os_error_and_leaves_the_previous_object(s3, monkeypatch):
+    """The copy's request refused (a bad signature): an ``OSError`` naming both keys, as
+    pyarrow's failures are; the previous object and no temporary key remain."""
+    import boto3
+
+    path = parse_location(s3.uri("ck", "run.pt"))
+    locations.write_atomic(path, lambda f: f.write(b"previous"))
+    user = _as_iam_user(s3, monkeypatch, ["s3:*"])
+    bad = {**user, "AWS_SECRET_ACCESS_KEY": "wrong"}
+    monkeypatch.setattr(
+        locations,
+        "s3_client",
+        lambda **_: boto3.client(
+            "s3",
+            endpoint_url=s3.endpoint,
+            aws_access_key_id=bad["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=bad["AWS_SECRET_ACCESS_KEY"],
+        ),
+    )
+    with pytest.raises(OSError, match=r"copying s3://.*\.partial to s3://.*/ck/run\.pt"):
+        locations.write_atomic(path, lambda f: f.write(b"new"))
+    assert locations.read_bytes(path) == b"previous"
+    monkeypatch.undo()
+    assert _objects(s3, "ck/") == ["ck/run.pt"]
+
+
+def _as_iam_user(s3, monkeypatch, actions: list[str]) -> dict:
+    """Turn on moto's request authorisation (this process's server; ``monkeypatch.undo`` turns
+    it off) and point the AWS variables at a new IAM user allowed only ``actions``."""
+    import boto3
+    from moto import settings
+
+    iam = boto3.client("iam", endpoint_url=s3.endpoint)
+    user = f"dpfl-{s3.bucket}"
+    iam.create_user(UserName=user)
+    policy = {"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Action": actions, "Resource": "*"}]}  # fmt: skip
+    iam.put_user_policy(UserName=user, PolicyName="only", PolicyDocument=json.dumps(policy))
+    key = iam.create_access_key(UserName=user)["AccessKey"]
+    monkeypatch.setattr(settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)
+    credentials = {
+        "AWS_ACCESS_KEY_ID": key["AccessKeyId"],
+        "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"],
+    }
+    for name, value in credentials.items():
+        monkeypatch.setenv(name, value)
+    return credentials
+
+
+# What a read-only key holds; moto names HeadBucket's permission s3:HeadBucket (AWS: ListBucket).
+BUCKET_ONLY = ["s3:ListBucket", "s3:HeadBucket"]
+READ_ONLY = [*BUCKET_ONLY, "s3:GetObject"]
+
+
+@pytest.mark.timeout(60)
+def test_a_checkpoint_dir_these_credentials_cannot_write_is_refused_before_any_work(
+    s3, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    config = _config_file(tmp_path, checkpoint={"dir": s3.uri("ck")}, tracking={"enabled": False})
+    _as_iam_user(s3, monkeypatch, READ_ONLY)
+    err = _refused(["run", config, "--executor", "local"], capsys)
+    assert f"checkpoint.dir = '{s3.uri('ck')}'" in err
+    assert "cannot write under" in err and "s3:PutObject" in err and "AccessDenied" in err
+    monkeypatch.undo()
+    assert s3.keys() == []
+    assert list(tmp_path.iterdir()) == [tmp_path / "c.yaml"]
+
+
+@pytest.mark.timeout(60)
+def test_a_checkpoint_dir_these_credentials_can_write_passes_and_keeps_no_probe(
+    s3, tmp_path, monkeypatch
+):
+    from cluster.preflight import check_writable_location
+
+    _as_iam_user(s3, monkeypatch, [*READ_ONLY, "s3:PutObject", "s3:DeleteObject"])
+    check_writable_location("checkpoint.dir", parse_location(s3.uri("ck")))
+    monkeypatch.undo()
+    assert s3.keys() == []  # the probe was deleted
+
+
+@pytest.mark.timeout(60)
+def test_partition_refuses_an_out_these_credentials_cannot_write(s3, tmp_path, capsys, monkeypatch):
+    _as_iam_user(s3, monkeypatch, READ_ONLY)
+    argv = ["partition", "--dataset", "synthetic", "--clients", "4", "--method", "natural"]
+    err = _refused([*argv, "--out", s3.uri("shards")], capsys)
+    assert f"--out = '{s3.uri('shards')}'" in err and "cannot write under" in err
+    monkeypatch.undo()
+    assert s3.keys() == []
+
+
+@pytest.mark.timeout(120)
+def test_a_checkpoints_store_these_credentials_cannot_read_names_the_credentials(
+    s3, tmp_path, monkeypatch, capsys
+):
+    """``resume``/``landscape`` of a checkpoint whose ``data.store`` the credentials may not
+    read: the AWS variables are at fault, not the store (rebuilding it would not help)."""
+    store = _build(s3.uri("shards"), small_config(tmp_path))
+    path = tmp_path / "run.pt"
+    checkpoint_payload(changes=[f"data.store={store.location}"])(path)
+    open_checkpoint(str(path))  # these credentials read it
+    _as_iam_user(s3, monkeypatch, BUCKET_ONLY)  # the bucket, not its objects
+    with pytest.raises(ConfigError) as refused:
+        open_checkpoint(str(path))
+    message = str(refused.value)
+    assert message.startswith("config error: AWS_ACCESS_KEY_ID = ") and "may not read" in message
+    assert f"shard store {store.location}" in message and "ACCESS_DENIED" in message
+    assert "rebuild" not in message
+
+
+def test_partition_refuses_an_out_that_holds_a_store(s3, tmp_path, capsys):
+    """Running jobs may read the store at --out: it is never rewritten in place."""
+    config = small_config(tmp_path)
+    store = _build(s3.uri("shards"), config)
+    before = {
+        item["Key"]: item["ETag"]
+        for item in s3.client().list_objects_v2(Bucket=s3.bucket)["Contents"]
+    }
+    argv = ["partition", "--dataset", "synthetic", "--clients", "4", "--method", "natural"]
+    err = _refused([*argv, "--out", store.location], capsys)
+    assert f"--out = '{store.location}'" in err and f"{store.location}/{MANIFEST}" in err
+    assert "aws s3 rm --recursive" in err and "another --out" in err
+    after = {
+        item["Key"]: item["ETag"]
+        for item in s3.client().list_objects_v2(Bucket=s3.bucket)["Contents"]
+    }
+    assert after == before
