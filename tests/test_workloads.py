@@ -62,6 +62,7 @@ def test_project_and_plain_loop_reach_the_same_weights(name, store_root, tmp_pat
     )
 
 
+@pytest.mark.slow  # ≈ 45 s: a benchmark's repeat logic, run with the benchmarks
 def test_repeats_alternate_and_report_medians(store_root, tmp_path, monkeypatch):
     monkeypatch.setenv("DPFL_CHECKPOINT_DIR", str(tmp_path))
     small = ["data.num_clients=200", "cohort.size=20", "rounds=3", "eval_every=3"]
