@@ -79,6 +79,10 @@ def make_executor(
             kernels=Kernels(e.vectorize, e.channels_last),
             intra_op_threads=max(1, int(e.cpus_per_actor)),
         )
+    # Before Ray starts: where several nodes share one disk (the multi-node test cluster on one
+    # machine shares a session directory), another node unpacking the job's working_dir rewrites
+    # the package under this driver, and an import that lands in that window is not found.
+    import actors.ray_actor  # noqa: F401
     from cluster.ray_runtime import check_resources, connect
 
     stop = StopSignals.active()
