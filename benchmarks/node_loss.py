@@ -39,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import write_report
 from cluster.checkpoint import load_checkpoint
 from cluster.config import load_config
 from cluster.experiment import run_experiment
@@ -179,9 +180,7 @@ def main() -> None:
             "no_room": no_room(root, args),
         }
     result["wall_s"] = round(time.perf_counter() - started, 1)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    write_report(result, args.out)
     print(json.dumps(result, indent=1))
 
 

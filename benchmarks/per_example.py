@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import statistics
 import time
 import warnings
-from pathlib import Path
 
 import torch
 from opacus import GradSampleModule
@@ -27,6 +25,7 @@ from opacus import GradSampleModule
 from algorithms.dpsgd import per_example_gradients
 from algorithms.layout import ParamLayout
 from algorithms.local import ModelObjective
+from benchmarks import write_report
 from models import build_model
 
 METHODS = ("auto", "expanded", "vmap_grad")  # auto: the project's choice per model size
@@ -102,11 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['opacus_ms']:8.2f} | loop {r['loop_ms']:8.2f} ms | auto/opacus "
             f"{r['auto_over_opacus']:.2f} | max diff {r['max_abs_diff']:.1e}"
         )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     result = {"benchmark": "per_example", "threads": torch.get_num_threads(), "results": rows}
-    out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {out}")
+    print(f"wrote {write_report(result, args.out)}")
     return 0
 
 

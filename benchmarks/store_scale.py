@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from actors.scheduling import pin_clients
+from benchmarks import write_report
 from cluster.config import SyntheticConfig
 from datasets import locations
 from datasets.sources import build_store
@@ -164,9 +165,7 @@ def main() -> None:
         if args.s3:
             store = ShardStore.open(Path(tmp) / "store")
             result["object_store"] = measure_object_store(store, args.s3, args.hosts)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    write_report(result, args.out)
     print(json.dumps(result, indent=1))
 
 
