@@ -55,6 +55,24 @@ def _assert_same_run(report, reference) -> None:
     assert report.test_accuracies == [r.test_accuracy for r in history]
 
 
+def assert_recovered(lost, lost_round: int, back_to: int) -> None:
+    """One loss, in ``lost_round``, rolled back to ``back_to``, timed and printed, the lost
+    actor restarted on the surviving worker node."""
+    (recovery,) = lost.recoveries
+    replayed = lost_round - back_to
+    assert (recovery.round, recovery.rolled_back_to, recovery.rounds_replayed) == (
+        lost_round,
+        back_to,
+        replayed,
+    )
+    assert lost.killed_at < recovery.detected_at
+    assert 0 < recovery.restart_s <= recovery.seconds
+    assert any(
+        line.startswith(f"recovered from the loss in round {lost_round} in ") for line in lost.lines
+    )
+    assert set(lost.nodes) == {"worker_a"}  # the restarted actor went to the survivor
+
+
 @pytest.mark.slow  # ≈ 40 s (an embedded Ray besides); benchmarks.node_loss runs it too
 @pytest.mark.timeout(300)
 def test_spread_actors_span_the_worker_nodes_and_match_one_embedded_node(
@@ -80,12 +98,7 @@ def test_a_lost_node_mid_run_is_recovered_bit_for_bit(ray_cluster, store_root, t
     of the broadcast and the seeds)."""
     run = (*DP_FEDAVG, "rounds=5")
     lost = ray_cluster.drive(_overrides(store_root, tmp_path, "lost", *run, *RAY), kill_after=2)
-    (recovery,) = lost.recoveries
-    assert (recovery.round, recovery.rolled_back_to, recovery.rounds_replayed) == (3, 2, 1)
-    assert lost.killed_at < recovery.detected_at
-    assert 0 < recovery.restart_s <= recovery.seconds
-    assert any(line.startswith("recovered from the loss in round 3 in ") for line in lost.lines)
-    assert set(lost.nodes) == {"worker_a"}  # the restarted actor went to the survivor
+    assert_recovered(lost, 3, 2)
     # as many host threads as actors: the executors agree bit for bit
     reference = _elsewhere(store_root, tmp_path, "reference", *run, "executor.num_actors=2")
     _assert_same_run(lost, reference)
@@ -99,12 +112,7 @@ def test_a_lost_node_rolls_client_states_back_to_the_checkpoint(ray_cluster, sto
     restarted one refuses to train until it has them), rounds 3 and 4 are replayed."""
     run = (*DP_SCAFFOLD, "rounds=5", "checkpoint.every=2")
     lost = ray_cluster.drive(_overrides(store_root, tmp_path, "lost", *run, *RAY), kill_after=3)
-    (recovery,) = lost.recoveries
-    assert (recovery.round, recovery.rolled_back_to, recovery.rounds_replayed) == (4, 2, 2)
-    assert lost.killed_at < recovery.detected_at
-    assert 0 < recovery.restart_s <= recovery.seconds
-    assert any(line.startswith("recovered from the loss in round 4 in ") for line in lost.lines)
-    assert set(lost.nodes) == {"worker_a"}  # the restarted actor went to the survivor
+    assert_recovered(lost, 4, 2)
     reference = _elsewhere(store_root, tmp_path, "reference", *run, "executor.num_actors=2")
     _assert_same_run(lost, reference)
     final = load_checkpoint(lost.checkpoint)["simulation"]["client_states"]
