@@ -263,6 +263,17 @@ def actor_options(cpus: float, gpus: float, placement: str) -> dict:
     }
 
 
+def in_trial_group(group, actor_index: int) -> dict:
+    """Ray options placing actor ``actor_index`` of a trial (``cluster.trials``) in its
+    placement group ``group``: bundle 0 is the trial's driver, actor i takes bundle i + 1.
+    Outside a placement group (``group`` None): none, ``actor_options`` decides."""
+    if group is None:
+        return {}
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    return {"scheduling_strategy": PlacementGroupSchedulingStrategy(group, actor_index + 1)}
+
+
 class RayExecutor(HostPool):
     """The hosts as Ray actors, placed by ``placement`` (``actor_options``). A call that loses
     an actor (its node or process died) raises ``HostsLost``; ``await_hosts`` then waits until
@@ -282,6 +293,7 @@ class RayExecutor(HostPool):
         placement: str = "pack",
     ):
         import ray
+        from ray.util import get_current_placement_group
 
         from actors.ray_actor import ClientHostActor
 
@@ -289,8 +301,9 @@ class RayExecutor(HostPool):
         self._ray = ray
         self._store_location = store.location
         options = actor_options(cpus_per_actor, gpus_per_actor, placement)
+        group = get_current_placement_group()  # a trial's, or None
         self.actors = [
-            ClientHostActor.options(**options).remote(
+            ClientHostActor.options(**{**options, **in_trial_group(group, actor_index)}).remote(
                 cpus_per_actor,
                 gpus_per_actor,
                 (actor_index, num_actors),
