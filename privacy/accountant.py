@@ -133,6 +133,15 @@ class WorRdpAccountant(RdpAccountant):
     _curve = staticmethod(_round_rdp_wor)
 
 
+def rdp_of_history(sampling: str, history) -> tuple[np.ndarray, np.ndarray]:
+    """(orders, RDP curve) of a (σ, q, rounds) history under a sampling assumption: what
+    ``RdpAccountant`` (Poisson) or ``WorRdpAccountant`` (without replacement) composes."""
+    accountant = WorRdpAccountant() if sampling == "without_replacement" else RdpAccountant()
+    for sigma, q, rounds in history:
+        accountant.step(sigma, q, rounds)
+    return np.asarray(accountant.orders, dtype=np.float64), accountant._rdp
+
+
 ACCOUNTANTS = ("rdp", "pld", "prv", "rdp_classic")
 SAMPLING_ASSUMPTIONS = ("poisson", "without_replacement")
 ADJACENCY = {"poisson": "add/remove one client", "without_replacement": "replace one client"}

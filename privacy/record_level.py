@@ -191,32 +191,49 @@ class RecordLevelAccountant:
 
     def epsilon_of_history(self, history, delta: float) -> float:
         """ε of the composed runs (σ_g, l, rounds), by this accountant's method."""
-        s, k = self.data_rate, self.local_steps
         history = [(sg, rate, n) for sg, rate, n in history if n > 0]
         if not history:
             return 0.0
         if self.method in ("pld", "aggregate"):
-            plds = []
-            for sigma, rate, n in history:
-                acc = self._pld_accountant(sigma, rate)
-                if len(history) == 1:
-                    return acc.epsilon(n, delta)  # with its RDP range guard
-                plds.append(acc.round_pld.self_compose(n))
-            composed = plds[0]
-            for pld in plds[1:]:
-                composed = composed.compose(pld)
-            return float(composed.get_epsilon_for_delta(delta))
+            if len(history) == 1:
+                sigma, rate, n = history[0]
+                return self._pld_accountant(sigma, rate).epsilon(n, delta)  # with its guard
+            return float(compose_plds(self.run_plds(history)).get_epsilon_for_delta(delta))
+        orders, total = self.rdp_curve(history)
+        if self.method == "paper":
+            return float(np.min(total + math.log(1.0 / delta) / (orders - 1)))
+        return epsilon_from_rdp(orders, total, delta)
+
+    def run_plds(self, history) -> list:
+        """The PLD of each run (σ_g, l, rounds) of ``history`` (``pld`` and ``aggregate``):
+        its round PLD self-composed ``rounds`` times, at the default interval."""
+        return [
+            self._pld_accountant(sigma, rate).round_pld.self_compose(n)
+            for sigma, rate, n in history
+        ]
+
+    def rdp_curve(self, history) -> tuple[np.ndarray, np.ndarray] | None:
+        """(orders, RDP curve) of the composed runs (σ_g, l, rounds); None without an RDP
+        analysis of this method's mechanism.
+
+        ``rdp``: the participation mixture's RDP (module docstring), Poisson or fresh batches;
+        ``pld`` with Poisson batches under add/remove analyses the same mechanism, so the same
+        curve bounds it (replace-one Poisson batches have no RDP analysis here: None);
+        ``paper``: ``TwoLevelSampleAccountant``'s curve, under the paper's assumption;
+        ``aggregate``: None (never a run's ε).
+        """
+        s, k = self.data_rate, self.local_steps
         if self.method == "paper":
             runs = [
                 (n, TwoLevelSampleAccountant(self.num_clients, rate, s, k, sigma))
                 for sigma, rate, n in history
             ]
-            total = sum(n * paper.round_rdp for n, paper in runs)
-            orders = runs[0][1].orders
-            return float(np.min(total + math.log(1.0 / delta) / (orders - 1)))
+            return runs[0][1].orders, sum(n * paper.round_rdp for n, paper in runs)
+        if self.method == "aggregate" or (self.method == "pld" and self.adjacency != "add_remove"):
+            return None
         curve_of = _round_rdp if self.batch_sampling == "poisson" else _fresh_round_rdp
         total = sum(n * curve_of(rate, s, k, sigma) for sigma, rate, n in history)
-        return epsilon_from_rdp(RDP_ORDERS, total, delta)
+        return np.asarray(RDP_ORDERS), total
 
     def _pld_accountant(self, sigma: float, rate: float) -> SampleLevelPldAccountant:
         """Rounds at (σ_g, l): ``pld`` at σ_g under the run's adjacency (Poisson batches);
@@ -233,6 +250,14 @@ class RecordLevelAccountant:
 
     def load_state_dict(self, state: dict) -> None:
         self.history = [(float(a), float(b), int(n)) for a, b, n in state["history"]]
+
+
+def compose_plds(plds: list):
+    """The composition of PLDs of one discretisation interval, in order (non-empty list)."""
+    composed = plds[0]
+    for pld in plds[1:]:
+        composed = composed.compose(pld)
+    return composed
 
 
 def _extended(history, sigma: float, rate: float, rounds: int):

@@ -44,6 +44,42 @@ class PartitionConfig:
 
 
 @dataclass
+class ValidationConfig:
+    """``data.validation``: data held out of training to select hyperparameters by, evaluated
+    like the test set (``datasets.validation``). Exactly one of:
+
+    - ``fraction``: this fraction of every client's training rows (round(f·n) of its n), a
+      seeded choice; the client trains on the rest. Private data: the clients' own rows.
+    - ``clients``: round(f·num_clients) further clients, partitioned with the
+      ``num_clients`` training clients and then held out whole: outside the training
+      population (public data for the tuning statement, ``privacy.tuning``).
+    - ``folds`` and ``fold``: k-fold cross-validation: every client's training rows in a
+      seeded order cut into ``folds`` near-equal parts (the order does not depend on
+      ``fold``), part ``fold`` (0-based) held out. Private data.
+    """
+
+    fraction: float | None = None
+    clients: float | None = None
+    folds: int | None = None
+    fold: int | None = None
+
+    @property
+    def kind(self) -> str:
+        """ "rows", "clients" or "folds": what is held out."""
+        if self.clients is not None:
+            return "clients"
+        return "folds" if self.folds is not None else "rows"
+
+    def held_out_clients(self, num_clients: int) -> int:
+        """Clients partitioned besides the ``num_clients`` training ones and held out."""
+        return 0 if self.clients is None else round(self.clients * num_clients)
+
+    def describe(self) -> dict:
+        """The options that are set (they key the validation store)."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+@dataclass
 class DataConfig:
     source: str = "synthetic"
     num_clients: int = 100
@@ -71,6 +107,15 @@ class DataConfig:
     client_test_fraction: float | None = None
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     partition: PartitionConfig = field(default_factory=PartitionConfig)
+    validation: ValidationConfig | None = None  # held-out data for tuning (ValidationConfig)
+
+    @property
+    def partitioned_clients(self) -> int:
+        """Clients the partition draws: the training ones, and held-out validation clients."""
+        held_out = (
+            0 if self.validation is None else self.validation.held_out_clients(self.num_clients)
+        )
+        return self.num_clients + held_out
 
     def resolved_store_root(self) -> Location:
         """An absolute path (actors do not share the driver's working directory) or an
@@ -106,7 +151,7 @@ class DataConfig:
     def source_options(self) -> dict:
         """The source's own options and the data preparation's (they key the store)."""
         if self.source == "synthetic":
-            return {**asdict(self.synthetic), "num_users": self.num_clients}
+            return {**asdict(self.synthetic), "num_users": self.partitioned_clients}
         if self.source == "emnist":
             return {"split": self.split or "byclass", **self.preparation_options()}
         if self.source == "femnist":
@@ -178,6 +223,43 @@ def validate_data(c: ExperimentConfig) -> None:
                 f"{s.samples_per_user} (samples_per_user); e.g. 0.8",
             )
     validate_partition(p)
+    if c.data.validation is not None:
+        validate_validation(c.data.validation, c.data.num_clients)
+
+
+def validate_validation(v: ValidationConfig, num_clients: int) -> None:
+    """One of fraction, clients, folds (with fold), each in range."""
+    chosen = [name for name in ("fraction", "clients", "folds") if getattr(v, name) is not None]
+    if len(chosen) != 1:
+        raise ConfigError(
+            "data.validation",
+            v.describe(),
+            "set exactly one of fraction (of every client's rows, e.g. 0.1), clients (held-out "
+            "clients, e.g. 0.1) or folds with fold (cross-validation, e.g. folds: 5, fold: 0)",
+        )
+    for name in ("fraction", "clients"):
+        value = getattr(v, name)
+        if value is not None and not 0 < value < 1:
+            raise ConfigError(f"data.validation.{name}", value, "must be in (0, 1), e.g. 0.1")
+    if v.clients is not None and v.held_out_clients(num_clients) < 1:
+        raise ConfigError(
+            "data.validation.clients",
+            v.clients,
+            f"holds out round({v.clients:g}·{num_clients}) = 0 of the {num_clients} clients "
+            f"(data.num_clients); raise it to at least {1 / num_clients:.3g}",
+        )
+    if v.folds is not None and v.folds < 2:
+        raise ConfigError("data.validation.folds", v.folds, "must be >= 2, e.g. 5")
+    if (v.fold is None) != (v.folds is None):
+        raise ConfigError(
+            "data.validation.fold",
+            v.fold,
+            "fold (0-based) goes with folds, e.g. folds: 5, fold: 0; set both or neither",
+        )
+    if v.folds is not None and not 0 <= v.fold < v.folds:
+        raise ConfigError(
+            "data.validation.fold", v.fold, f"must be in [0, {v.folds - 1}] (folds: {v.folds})"
+        )
 
 
 def validate_preparation(d: DataConfig) -> None:

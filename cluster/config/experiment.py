@@ -168,9 +168,10 @@ class ExperimentConfig:
     @property
     def store_parameters(self) -> tuple:
         """What keys the shard store (``datasets.sources.store_path``'s arguments after the
-        root): source, its options, partition, clients, seed."""
+        root): source, its options, partition, clients (held-out validation clients
+        included: ``DataConfig.partitioned_clients``), seed."""
         d = self.data
-        return d.source, d.source_options(), asdict(d.partition), d.num_clients, self.seed
+        return d.source, d.source_options(), asdict(d.partition), d.partitioned_clients, self.seed
 
     @property
     def checkpoint_dir(self) -> Path:

@@ -1,0 +1,538 @@
+"""The privacy cost of tuning: the ε of releasing the model a sweep selects.
+
+Every trial of a sweep is a run on the private data, and choosing among them by a score reads
+each trial's output. Two bounds on what releasing the selected model costs:
+
+**Composition** (any search). Releasing everything every trial produced is the composition of the
+trials' mechanisms: each trial is a run of subsampled Gaussian rounds, so the sweep is one
+longer, heterogeneous run. Where every trial's own accountant is numerically tight (``pld`` or
+``prv``) the trials' PLDs are composed (client level: ``privacy.pld.PldAccountant`` over all the
+trials' (σ, q, rounds) runs, exactly what the project's accountant does for one run that long;
+record level: each run's mixture PLD, ``RecordLevelAccountant.run_plds``, composed); otherwise
+the trials' RDP curves are summed on their common orders and converted with Balle et al. 2020,
+Thm 21. This bounds the selected model, and every other trial's model and metrics too.
+
+**Papernot & Steinke** (ICLR 2022, "Hyperparameter tuning with Rényi differential privacy";
+random search only). Let Q be one draw of the search: a configuration drawn from the space, run
+with every seed of the sweep, scored; let ε(λ) bound Q's RDP at order λ (here: the curves of a
+configuration's seeds summed, the pointwise maximum over the configurations that ran). Run Q a
+random number K of times, independent of the data, and output only the best run. Then the output
+is (λ, ε'(λ))-RDP with
+
+- K ~ truncated negative binomial D_{η,γ} (η > −1, γ ∈ (0, 1); P[K = k] ∝
+  (1 − γ)^k·Π_{ℓ<k}(ℓ + η)/(ℓ + 1) on k ≥ 1; η = 1 geometric, η = 0 logarithmic), Thm 2:
+
+      ε'(λ) = ε(λ) + (1 + η)·(1 − 1/λ̂)·ε(λ̂) + (1 + η)·log(1/γ)/λ̂ + log(E[K])/(λ − 1),
+
+  for any λ̂ ≥ 1 (the minimum over the curve's orders is taken), E[K] = η(1 − γ)/(γ(1 − γ^η))
+  (η ≠ 0) or (1/γ − 1)/log(1/γ) (η = 0);
+- K ~ Poisson(μ), Thm 6: where Q is (ε̂, δ̂)-DP with e^ε̂ ≤ 1 + 1/(λ − 1),
+
+      ε'(λ) = ε(λ) + μ·δ̂ + log(μ)/(λ − 1),
+
+  with ε̂ = log(1 + 1/(λ − 1)) and δ̂ read off Q's RDP curve (dp-accounting's ``compute_delta``).
+
+RDP is non-decreasing in λ, so ε'(λ) is then lowered to the least ε' at any order ≥ λ (as
+dp-accounting's ``RepeatAndSelectDpEvent`` does), trials marked ``role="final"`` (the selected
+configuration retrained on all its rows) are composed on top, and the curve is converted to
+(ε, δ) with Balle et al. 2020, Thm 21. It covers the selected model and its score only; the
+other trials' models and metrics (a sweep's results table) fall under composition.
+
+**When there is no ε.** Validation scores are themselves releases: computed on private rows
+(``data.validation`` fraction or folds: rows of the training clients) they are not privatised,
+so a selection by them has no ε; neither has a selection on the test set (its rows may be the
+clients' own, e.g. FEMNIST's writers). Only validation clients held out of the training
+population (``data.validation.clients``) make the scores public. A non-private trial, a
+``dp_valid=false`` one, or trials whose privacy unit, adjacency or threat model differ have
+no joint ε either; each reason is stated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
+
+import numpy as np
+from dp_accounting.rdp.rdp_privacy_accountant import compute_delta
+
+from privacy.accountant import ADJACENCY, epsilon_from_rdp, rdp_of_history
+from privacy.pld import DEFAULT_MAX_EPSILON, PldAccountant
+from privacy.record_level import RecordLevelAccountant, compose_plds
+
+SEARCHES = ("grid", "random")
+VALIDATIONS = ("private", "public", "none")
+DISTRIBUTIONS = ("poisson", "truncated_negative_binomial")
+ROLES = ("trial", "final")
+# The runtime sections and the seed do not make another configuration (see ``configuration_key``).
+NOT_CONFIGURATION = ("seed", "tracking", "checkpoint", "executor")
+NOT_PRIVATISED = "validation scores on private data are not privatised"
+
+
+@dataclass(frozen=True)
+class TrialPrivacy:
+    """One trial's privacy, JSON-serialisable (``to_dict``/``from_dict``).
+
+    ``mechanism`` is what composition needs: ``{"kind": "client", "sampling", "runs"}`` or
+    ``{"kind": "record", "method", "data_rate", "local_steps", "batch_sampling",
+    "adjacency", "num_clients", "runs"}``, ``runs`` the (σ, rate, rounds) charged.
+    ``rdp_orders``/``rdp``: the trial's RDP curve (None without an RDP analysis).
+    ``configuration``: the same for every seed of one configuration. ``validation``:
+    what ``data.validation`` held out ("rows", "folds", "clients"; None: nothing).
+    ``role``: "trial", or "final" for the selected configuration retrained afterwards.
+    """
+
+    label: str
+    unit: str | None  # "client" | "record" | None (non-private)
+    dp_valid: bool
+    delta: float | None
+    epsilon: float | None  # the run's own ε (None: none)
+    adjacency: str | None = None
+    threat_model: str | None = None
+    epsilon_for: str | None = None  # "this run" or the deployment the ε is claimed for
+    accountant: str | None = None
+    mechanism: dict | None = None
+    rdp_orders: tuple[float, ...] | None = None
+    rdp: tuple[float, ...] | None = None
+    configuration: str = ""
+    validation: str | None = None
+    reason: str | None = None  # why there is no ε
+    role: str = "trial"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TrialPrivacy:
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"TrialPrivacy: unknown keys {sorted(unknown)}")
+        data = dict(data)
+        for name in ("rdp_orders", "rdp"):
+            if data.get(name) is not None:
+                data[name] = tuple(float(v) for v in data[name])
+        return cls(**data)
+
+    def curve(self) -> tuple[np.ndarray, np.ndarray] | None:
+        if self.rdp is None:
+            return None
+        return np.asarray(self.rdp_orders, dtype=np.float64), np.asarray(self.rdp)
+
+
+def configuration_key(config_dict: dict) -> str:
+    """A hash of a config without its seed and runtime sections: equal for a configuration's
+    seeds, different for different hyperparameters."""
+    kept = {k: v for k, v in config_dict.items() if k not in NOT_CONFIGURATION}
+    text = json.dumps(kept, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def trial_privacy(outcome) -> TrialPrivacy:
+    """The privacy of a finished run (``cluster.experiment.Outcome``): its claim's mechanism
+    over the rounds it charged, its own ε, and its RDP curve."""
+    claim, config = outcome.claim, outcome.config
+    validation = config.data.validation
+    common = {
+        "label": config.tracking.run_name or outcome.run_id or "trial",
+        "configuration": configuration_key(config.to_dict()),
+        "validation": None if validation is None else validation.kind,
+        "delta": claim.delta,
+    }
+    if not claim.private:
+        return TrialPrivacy(unit=None, dp_valid=False, epsilon=None, reason=claim.status, **common)
+    unit = "record" if config.sample_level else "client"
+    described = {
+        "unit": unit,
+        "dp_valid": claim.dp_valid,
+        "threat_model": claim.threat_model,
+        "epsilon_for": claim.deployment or "this run",
+    }
+    if not claim.dp_valid:
+        return TrialPrivacy(epsilon=None, reason=claim.status, **described, **common)
+    rounds = len(outcome.result.history)
+    if unit == "client":
+        mechanism = {
+            "kind": "client",
+            "sampling": claim.assumption,
+            "runs": [[claim.noise_multiplier, claim.sample_rate, rounds]] if rounds else [],
+        }
+        adjacency = ADJACENCY[claim.assumption]
+    else:
+        mechanism = {
+            "kind": "record",
+            "method": claim.accountant_name,
+            "data_rate": claim.data_rate,
+            "local_steps": claim.local_steps,
+            "batch_sampling": claim.batch_sampling,
+            "adjacency": claim.adjacency,
+            "num_clients": claim.num_clients,
+            "runs": [list(run) for run in claim.history(rounds)],
+        }
+        adjacency = f"{claim.adjacency.replace('_', ' ')} record"
+    epsilon = outcome.epsilon
+    curve = mechanism_rdp(mechanism)
+    return TrialPrivacy(
+        epsilon=epsilon if math.isfinite(epsilon) else None,
+        adjacency=adjacency,
+        accountant=claim.accountant_name,
+        mechanism=mechanism,
+        rdp_orders=None if curve is None else tuple(curve[0].tolist()),
+        rdp=None if curve is None else tuple(curve[1].tolist()),
+        **described,
+        **common,
+    )
+
+
+def _record_accountant(mechanism: dict) -> RecordLevelAccountant:
+    return RecordLevelAccountant(
+        mechanism["data_rate"],
+        mechanism["local_steps"],
+        mechanism["batch_sampling"],
+        mechanism["adjacency"],
+        mechanism["method"],
+        mechanism["num_clients"],
+    )
+
+
+def _runs(mechanism: dict) -> list[tuple[float, float, int]]:
+    return [(float(s), float(q), int(n)) for s, q, n in mechanism["runs"] if n > 0]
+
+
+def mechanism_rdp(mechanism: dict) -> tuple[np.ndarray, np.ndarray] | None:
+    """(orders, RDP curve) of a trial's mechanism; None without an RDP analysis of it."""
+    runs = _runs(mechanism)
+    if mechanism["kind"] == "client":
+        return rdp_of_history(mechanism["sampling"], runs)
+    accountant = _record_accountant(mechanism)
+    if not runs:
+        curve = accountant.rdp_curve([(1.0, 1.0, 1)])
+        return None if curve is None else (curve[0], np.zeros_like(curve[1]))
+    return accountant.rdp_curve(runs)
+
+
+# ----------------------------------------------------------------------------- the statement
+
+
+@dataclass(frozen=True)
+class TuningStatement:
+    """The ε of releasing the selected model, or None with the reason; ``assumption`` states
+    what the number rests on. ``composition_epsilon``: where ``method`` is Papernot–Steinke's,
+    the composition bound too (it covers every trial's outputs, e.g. the results table)."""
+
+    epsilon: float | None
+    delta: float | None
+    method: str
+    assumption: str
+    reason: str | None
+    composition_epsilon: float | None = None
+
+    def line(self) -> str:
+        if self.epsilon is None:
+            return f"tuning privacy: ε not available ({self.reason})"
+        text = (
+            f"tuning privacy: ε = {self.epsilon:.3f} at δ = {self.delta:g} for releasing the "
+            f"selected model ({self.method})"
+        )
+        if self.composition_epsilon is not None:
+            text += f"; every trial's outputs: ε = {self.composition_epsilon:.3f} (composition)"
+        return f"{text}; assuming {self.assumption}"
+
+
+def tuning_statement(
+    trials: Sequence[TrialPrivacy],
+    *,
+    search: str,
+    num_trials_distribution: dict | None,
+    validation: str,
+    delta: float | None,
+) -> TuningStatement:
+    """The privacy of releasing the model a sweep of ``trials`` selected (module docstring).
+
+    Args:
+        trials: every run of the sweep on the private data, ``role="final"`` for a retraining
+            of the selected configuration.
+        search: "grid" or "random".
+        num_trials_distribution: for random search with a random number of configurations,
+            the distribution it was drawn from (``check_num_trials_distribution``):
+            Papernot–Steinke then applies; None: a fixed number, composition only.
+        validation: "public" (held-out clients outside the training population), "private"
+            (rows of the training clients) or "none" (selection on the test set).
+        delta: δ of the statement; None: the smallest of the trials' δ.
+
+    Raises:
+        ValueError: for an unknown ``search`` or ``validation``, a malformed distribution, or
+            a distribution given for a grid.
+    """
+    if search not in SEARCHES:
+        raise ValueError(f"search = {search!r}: must be one of {', '.join(SEARCHES)}")
+    if validation not in VALIDATIONS:
+        raise ValueError(f"validation = {validation!r}: must be one of {', '.join(VALIDATIONS)}")
+    if num_trials_distribution is not None:
+        if search == "grid":
+            raise ValueError(
+                f"num_trials_distribution = {num_trials_distribution!r}: a grid runs every "
+                "point, a fixed number of trials (Papernot–Steinke needs random search with a "
+                "random number of trials); pass None"
+            )
+        check_num_trials_distribution(num_trials_distribution)
+    if delta is None and trials:
+        delta = min((t.delta for t in trials if t.delta is not None), default=None)
+    if delta is not None and not 0 < delta < 1:
+        raise ValueError(f"delta = {delta!r}: must be in (0, 1), e.g. 1e-5")
+    assumption = _assumption(trials, validation)
+    reason = _no_epsilon_reason(trials, validation)
+    if reason is not None:
+        return TuningStatement(None, delta, "none", assumption, reason)
+    composed, method = compose_trials(trials, delta)
+    if num_trials_distribution is None:
+        return TuningStatement(composed, delta, method, assumption, None)
+    selected = papernot_steinke_epsilon(trials, num_trials_distribution, delta)
+    if selected is None:
+        why = "no RDP curve for every trial: Papernot–Steinke not applied"
+        return TuningStatement(composed, delta, method, f"{assumption}; {why}", None)
+    kind = num_trials_distribution["kind"].replace("_", " ")
+    drawn = _describe(num_trials_distribution)
+    assumption += (
+        f"; Papernot–Steinke: the number of configurations drawn from {drawn} "
+        "independently of the data, each drawn independently from the space, and only the "
+        "selected model and its score released; ε(λ) of one configuration the pointwise "
+        "maximum over those that ran"
+    )
+    if selected >= composed:  # both bound the selected model: the smaller is stated
+        return TuningStatement(composed, delta, method, assumption, None)
+    return TuningStatement(
+        selected, delta, f"Papernot–Steinke, {kind} number of trials", assumption, None, composed
+    )
+
+
+def _assumption(trials: Sequence[TrialPrivacy], validation: str) -> str:
+    where = {
+        "public": "validation on clients held out of the training population (public data)",
+        "private": "validation on rows of the training clients (private data)",
+        "none": "selection on the test set",
+    }[validation]
+    return (
+        f"all {len(trials)} trials on the same private data (one privacy unit's data in every "
+        f"trial), {where}"
+    )
+
+
+def _no_epsilon_reason(trials: Sequence[TrialPrivacy], validation: str) -> str | None:
+    """Why the sweep has no ε, or None."""
+    if not trials:
+        return "no trial ran"
+    silent = [t.label for t in trials if t.unit is None]
+    if silent:
+        return f"non-private trial(s) {_names(silent)}: no ε"
+    invalid = [t for t in trials if not t.dp_valid]
+    if invalid:
+        return f"trial {invalid[0].label}: {invalid[0].reason}"
+    for field_name, what in (
+        ("unit", "privacy units"),
+        ("adjacency", "adjacencies"),
+        ("threat_model", "threat models"),
+        ("epsilon_for", "deployments"),
+    ):
+        values = sorted({getattr(t, field_name) for t in trials})
+        if len(values) > 1:
+            return f"mixed {what} ({'; '.join(values)}): no joint ε"
+    if validation == "private":
+        return NOT_PRIVATISED
+    if validation == "none":
+        return (
+            "selection on the test set: its scores are not privatised and its rows may be the "
+            "clients' own; hold out validation clients (data.validation.clients)"
+        )
+    private_rows = [t.label for t in trials if t.role == "trial" and t.validation != "clients"]
+    if private_rows:
+        return (
+            f"{NOT_PRIVATISED}: trial(s) {_names(private_rows)} validate on rows of their "
+            "training clients, not on held-out clients (data.validation.clients)"
+        )
+    return None
+
+
+def _names(labels: list[str]) -> str:
+    shown = ", ".join(labels[:3])
+    return shown + (f" and {len(labels) - 3} more" if len(labels) > 3 else "")
+
+
+# ----------------------------------------------------------------------------- composition
+
+
+def compose_trials(trials: Sequence[TrialPrivacy], delta: float) -> tuple[float, str]:
+    """(ε, method) of all ``trials`` composed: PLD where every trial's accountant is PLD or
+    PRV (and its ε within ``DEFAULT_MAX_EPSILON`` by the RDP bound), else RDP."""
+    curves = [t.curve() for t in trials]
+    rdp_epsilon = None
+    if all(c is not None for c in curves):
+        rdp_epsilon = epsilon_from_rdp(*summed_curve(curves), delta)
+    tight = all(t.accountant in ("pld", "prv") for t in trials)
+    if tight and (rdp_epsilon is None or rdp_epsilon <= DEFAULT_MAX_EPSILON):
+        return composed_pld_epsilon(trials, delta), f"composition of {len(trials)} trials, PLD"
+    if rdp_epsilon is None:
+        raise ValueError("no RDP analysis for every trial and not all are PLD-accounted")
+    return rdp_epsilon, f"composition of {len(trials)} trials, RDP (Balle et al. 2020, Thm 21)"
+
+
+def composed_pld_epsilon(trials: Sequence[TrialPrivacy], delta: float) -> float:
+    """ε of the trials' PLDs composed. Client level: one ``PldAccountant`` charged every
+    trial's runs; record level: every run's mixture PLD (``RecordLevelAccountant.run_plds``)."""
+    if trials[0].unit == "client":
+        accountant = PldAccountant()
+        for trial in trials:
+            for sigma, q, rounds in _runs(trial.mechanism):
+                accountant.step(sigma, q, rounds)
+        return accountant.epsilon(delta)
+    plds = [
+        pld
+        for trial in trials
+        for pld in _record_accountant(trial.mechanism).run_plds(_runs(trial.mechanism))
+    ]
+    return float(compose_plds(plds).get_epsilon_for_delta(delta)) if plds else 0.0
+
+
+def summed_curve(curves) -> tuple[np.ndarray, np.ndarray]:
+    """The sum of RDP curves on their common orders (composition)."""
+    orders = curves[0][0]
+    for other, _ in curves[1:]:
+        orders = np.intersect1d(orders, other)
+    if orders.size == 0:
+        raise ValueError("the trials' RDP curves share no order")
+    total = np.zeros(orders.size)
+    for own, values in curves:
+        total = total + values[np.searchsorted(own, orders)]
+    return orders, total
+
+
+def _max_curve(curves) -> tuple[np.ndarray, np.ndarray]:
+    """The pointwise maximum of RDP curves on their common orders."""
+    orders, _ = summed_curve(curves)
+    stacked = np.stack([values[np.searchsorted(own, orders)] for own, values in curves])
+    return orders, stacked.max(axis=0)
+
+
+# ----------------------------------------------------------------------------- Papernot–Steinke
+
+
+def check_num_trials_distribution(distribution: dict) -> None:
+    """ValueError naming the field, value and fix of a malformed distribution of the number
+    of trials: ``{"kind": "poisson", "mean": μ > 0}`` or ``{"kind":
+    "truncated_negative_binomial", "eta": η > −1, "gamma": γ ∈ (0, 1)}``."""
+    if not isinstance(distribution, dict):
+        raise ValueError(
+            f"num_trials_distribution = {distribution!r}: must be a mapping, e.g. "
+            '{"kind": "poisson", "mean": 4}'
+        )
+    kind = distribution.get("kind")
+    expected = {
+        "poisson": {"kind", "mean"},
+        "truncated_negative_binomial": {"kind", "eta", "gamma"},
+    }
+    if kind not in expected:
+        raise ValueError(
+            f"num_trials_distribution.kind = {kind!r}: must be one of {', '.join(DISTRIBUTIONS)}"
+        )
+    if set(distribution) != expected[kind]:
+        raise ValueError(
+            f"num_trials_distribution = {distribution!r}: {kind} takes exactly the keys "
+            f"{', '.join(sorted(expected[kind]))}"
+        )
+    checks = {
+        "mean": (lambda v: 0 < v < math.inf, "must be a finite number > 0, e.g. 4"),
+        "eta": (lambda v: -1 < v < math.inf, "must be a finite number > -1 (1: geometric)"),
+        "gamma": (lambda v: 0 < v < 1, "must be in (0, 1), e.g. 0.2"),
+    }
+    for name in expected[kind] - {"kind"}:
+        value = distribution[name]
+        test, fix = checks[name]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not test(value):
+            raise ValueError(f"num_trials_distribution.{name} = {value!r}: {fix}")
+
+
+def _describe(distribution: dict) -> str:
+    if distribution["kind"] == "poisson":
+        return f"Poisson(μ = {distribution['mean']:g})"
+    return (
+        f"a truncated negative binomial (η = {distribution['eta']:g}, "
+        f"γ = {distribution['gamma']:g}, E[K] = {expected_num_trials(distribution):.4g})"
+    )
+
+
+def expected_num_trials(distribution: dict) -> float:
+    """E[K]: μ (Poisson); η(1 − γ)/(γ(1 − γ^η)), or (1/γ − 1)/log(1/γ) at η = 0 (truncated
+    negative binomial, Papernot & Steinke 2022, Def. 1)."""
+    if distribution["kind"] == "poisson":
+        return float(distribution["mean"])
+    eta, gamma = float(distribution["eta"]), float(distribution["gamma"])
+    if eta == 0:
+        return (1 / gamma - 1) / math.log(1 / gamma)
+    return eta * (1 - gamma) / (gamma * -math.expm1(eta * math.log(gamma)))
+
+
+def draw_num_trials(distribution: dict, rng: np.random.Generator) -> int:
+    """K drawn from ``distribution`` with ``rng``: Poisson(μ), or the truncated negative
+    binomial by inversion of its cdf (P[K = 1] = (1 − γ)·η/(γ^(−η) − 1), or (1 − γ)/log(1/γ)
+    at η = 0; P[K = k + 1] = P[K = k]·(1 − γ)·(k + η)/(k + 1))."""
+    check_num_trials_distribution(distribution)
+    if distribution["kind"] == "poisson":
+        return int(rng.poisson(distribution["mean"]))
+    eta, gamma = float(distribution["eta"]), float(distribution["gamma"])
+    if eta == 0:
+        pmf = (1 - gamma) / math.log(1 / gamma)
+    else:
+        pmf = (1 - gamma) * eta / math.expm1(-eta * math.log(gamma))
+    u, k, cdf = rng.random(), 1, pmf
+    while cdf < u:
+        pmf *= (1 - gamma) * (k + eta) / (k + 1)
+        k += 1
+        cdf += pmf
+    return k
+
+
+def repeat_and_select_rdp(orders, rdp, distribution: dict) -> np.ndarray:
+    """ε'(λ) at every order > 1 (inf at the others) of the best of K runs of a mechanism with
+    RDP curve ``rdp``: Thm 2 (truncated negative binomial) or Thm 6 (Poisson), module
+    docstring; then lowered to the least ε' at any larger order (RDP is monotone in λ)."""
+    order = np.argsort(orders)
+    orders = np.asarray(orders, dtype=np.float64)[order]
+    rdp = np.asarray(rdp, dtype=np.float64)[order]
+    mean = expected_num_trials(distribution)
+    above = orders > 1
+    out = np.full(orders.size, np.inf)
+    if distribution["kind"] == "poisson":
+        for i in np.flatnonzero(above):
+            eps_hat = math.log1p(1 / (orders[i] - 1))
+            delta_hat, _ = compute_delta(orders, rdp, eps_hat)
+            out[i] = rdp[i] + mean * delta_hat + math.log(mean) / (orders[i] - 1)
+    else:
+        eta, gamma = float(distribution["eta"]), float(distribution["gamma"])
+        hat = orders >= 1
+        constant = (1 + eta) * np.min(
+            (1 - 1 / orders[hat]) * rdp[hat] + math.log(1 / gamma) / orders[hat]
+        )
+        out[above] = rdp[above] + constant + math.log(mean) / (orders[above] - 1)
+    lowered = np.minimum.accumulate(out[::-1])[::-1]
+    return lowered[np.argsort(order)]  # in the caller's order
+
+
+def papernot_steinke_epsilon(
+    trials: Sequence[TrialPrivacy], distribution: dict, delta: float
+) -> float | None:
+    """ε at ``delta`` of the selected model by Papernot–Steinke (None without RDP curves):
+    Q's curve the maximum over configurations of their seeds' curves summed, repeated and
+    selected, then the ``role="final"`` trials composed on top."""
+    searched = [t for t in trials if t.role == "trial"]
+    final = [t for t in trials if t.role == "final"]
+    if any(t.rdp is None for t in trials) or not searched:
+        return None
+    groups: dict[str, list] = {}
+    for trial in searched:
+        groups.setdefault(trial.configuration, []).append(trial.curve())
+    orders, one_draw = _max_curve([summed_curve(curves) for curves in groups.values()])
+    selected = (orders, repeat_and_select_rdp(orders, one_draw, distribution))
+    orders, total = summed_curve([selected, *(t.curve() for t in final)])
+    return epsilon_from_rdp(orders[orders > 1], total[orders > 1], delta)
