@@ -7,8 +7,8 @@ import functools
 import math
 import sys
 
-# The accountants (torch, opacus, dp-accounting) are imported when a calculation runs, so that
-# `privacy --help` starts at once.
+# The accountants (NumPy/SciPy, dp-accounting: no torch, tests/test_privacy_numpy.py) are
+# imported when a calculation runs, so that `privacy --help` starts at once.
 
 
 def _rows() -> list[tuple[str, str, str]]:

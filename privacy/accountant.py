@@ -6,7 +6,8 @@ assumptions, each with the adjacency under which its amplification theorem holds
 
 - ``poisson``: each client takes part independently with probability q; neighbouring datasets
   differ by adding or removing one client, so the sum's sensitivity is C.
-  ``RdpAccountant`` uses Opacus's RDP of the Poisson-subsampled Gaussian (Mironov et al. 2019);
+  ``RdpAccountant`` uses Opacus's RDP of the Poisson-subsampled Gaussian (Mironov et al. 2019;
+  ``privacy.rdp``, the same computation without importing Opacus and torch);
   ``PldAccountant`` (privacy.pld) and ``PrvAccountant`` (privacy.prv) are numerically tight.
 - ``without_replacement``: a cohort of fixed size m = qN drawn without replacement; neighbouring
   datasets differ by *replacing* one client, so the sum's sensitivity is 2C (one clipped update
@@ -20,7 +21,7 @@ assumptions, each with the adjacency under which its amplification theorem holds
 
 Both RDP accountants compose heterogeneous rounds by summing per-round RDP curves (σ and q may
 change from round to round), cache the curve per distinct (σ, q), and convert to (ε, δ) with
-Balle et al. 2020, Thm 21 (``opacus.accountants.analysis.rdp.get_privacy_spent``).
+Balle et al. 2020, Thm 21 (``privacy.rdp.epsilon_from_rdp``, Opacus's ``get_privacy_spent``).
 ``ClassicRdpAccountant`` (``rdp_classic``, Poisson) converts the same curve with Mironov 2017's
 Prop. 3, ε = min_α ε(α) + log(1/δ)/(α − 1), the moments accountant's conversion: looser, and
 what papers of that lineage report (the BLUR+LUS spec's main σ column).
@@ -28,24 +29,12 @@ what papers of that lineage report (the BLUR+LUS spec's main σ column).
 
 from __future__ import annotations
 
-import warnings
 from functools import lru_cache
 
 import numpy as np
-from opacus.accountants import RDPAccountant
-from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
 
+from privacy.rdp import ORDERS, epsilon_from_rdp, round_rdp
 from privacy.subsampling_wor import gaussian_rdp, rdp_subsampled_without_replacement
-
-ORDERS = tuple(RDPAccountant.DEFAULT_ALPHAS)
-
-
-@lru_cache(maxsize=256)
-def _round_rdp(noise_multiplier: float, sample_rate: float) -> np.ndarray:
-    """RDP ε(α) of one q-subsampled Gaussian release at every order in ``ORDERS``."""
-    rdp = compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=1, orders=ORDERS)
-    return np.asarray(rdp, dtype=np.float64)
-
 
 WOR_ORDERS = tuple(range(2, 257))
 
@@ -60,22 +49,13 @@ def _round_rdp_wor(noise_multiplier: float, sample_rate: float) -> np.ndarray:
     return rdp_subsampled_without_replacement(base, orders, sample_rate)
 
 
-def epsilon_from_rdp(orders, rdp: np.ndarray, delta: float) -> float:
-    """(ε, δ) from an RDP curve, Balle et al. 2020 Thm 21 (Opacus's ``get_privacy_spent``)."""
-    with warnings.catch_warnings():
-        # The best order may sit at an end of the grid; the bound is still valid there.
-        warnings.filterwarnings("ignore", message="Optimal order is the")
-        eps, _ = get_privacy_spent(orders=list(orders), rdp=rdp, delta=delta)
-    return float(eps)
-
-
 class RdpAccountant:
     """Poisson sampling, add/remove-one adjacency, Opacus's RDP at Opacus's default orders."""
 
     name = "rdp"
     sampling = "poisson"
     orders = ORDERS
-    _curve = staticmethod(_round_rdp)
+    _curve = staticmethod(round_rdp)
 
     def __init__(self, fallback_to_rdp: bool = False) -> None:
         del fallback_to_rdp  # already RDP; accepted so every accountant takes the same options

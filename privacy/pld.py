@@ -52,10 +52,10 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
 from privacy.pld_runs import Runs, discretization_for, self_composed, subsampled_gaussian_pld
+from privacy.rdp import rdp_epsilon
 
 DEFAULT_VALUE_DISCRETIZATION_INTERVAL = 1e-4
 DEFAULT_MAX_EPSILON = 100.0
@@ -92,18 +92,6 @@ def coarse_pld_epsilon(history: Runs, delta: float) -> float:
         run = subsampled_gaussian_pld(sigma, q, interval).self_compose(rounds)
         pld = run if pld is None else pld.compose(run)
     return 0.0 if pld is None else float(pld.get_epsilon_for_delta(delta))
-
-
-def rdp_epsilon(history: Runs, delta: float) -> float:
-    """RDP upper bound on ε for ``history`` (cheap: cached per-(σ, q) curves)."""
-    # Imported here: Opacus pulls in torch (~5 s), which ``privacy.sample_level`` (using only
-    # ``subsampled_gaussian_pld``) does without.
-    from privacy.accountant import ORDERS, _round_rdp, epsilon_from_rdp
-
-    rdp = sum(
-        (rounds * _round_rdp(sigma, q) for sigma, q, rounds in history), np.zeros(len(ORDERS))
-    )
-    return epsilon_from_rdp(ORDERS, rdp, delta)
 
 
 class HistoryAccountant:

@@ -2,10 +2,11 @@
 
 Each round is one release of the sum of the sampled clients' clipped updates with Gaussian noise
 of std σC, amplified by sampling clients with rate q. ``PrvAccountant`` composes the rounds with
-``opacus.accountants.PRVAccountant`` (Gopi et al. 2021, "Numerical composition of differential
-privacy"): the privacy loss random variable of each distinct Poisson-subsampled Gaussian is
-truncated and discretised on one grid, runs of equal rounds are self-composed by FFT and the
-runs are convolved together. σ and q may change from round to round; the merged (σ, q, rounds)
+opacus's ``PRVAccountant`` algorithm (Gopi et al. 2021, "Numerical composition of differential
+privacy"; ``privacy.prv_grid``, the same computation without importing opacus and torch): the
+privacy loss random variable of each distinct Poisson-subsampled Gaussian is truncated and
+discretised on one grid, runs of equal rounds are self-composed by FFT and the runs are
+convolved together. σ and q may change from round to round; the merged (σ, q, rounds)
 history is opacus's own history format. ε is opacus's ``get_epsilon``: the *upper* end of its
 error interval, estimate + ``eps_error`` (0.01 by default), with ``delta_error`` = δ/1000.
 
@@ -46,33 +47,15 @@ and q > 0 is not private (ε = ∞).
 from __future__ import annotations
 
 import math
-import warnings
 
 import numpy as np
-from opacus.accountants import PRVAccountant
 
-from privacy.pld import HistoryAccountant, Runs, extended, rdp_epsilon, validated
+from privacy.pld import HistoryAccountant, Runs, extended, validated
+from privacy.prv_grid import grid_points, prv_epsilon
 
 DEFAULT_EPS_ERROR = 0.01  # opacus's default
 DEFAULT_MAX_EPSILON = 100.0
 DEFAULT_MAX_GRID_POINTS = 10_000_000
-
-
-def grid_points(history: Runs, eps_error: float, delta_error: float) -> int:
-    """Size of the grid opacus's ``PRVAccountant`` would discretise ``history`` on.
-
-    Follows ``PRVAccountant._get_domain``/``compute_safe_domain_size`` (RDP bounds at the same
-    orders), from the cached per-(σ, q) RDP curves instead of recomputing them.
-    """
-    total = sum(rounds for _, _, rounds in history)
-    half_width = rdp_epsilon(history, delta_error / 4)
-    for sigma, q, _ in history:
-        half_width = max(half_width, rdp_epsilon(((sigma, q, 1),), delta_error / (8 * total)))
-    half_width = max(half_width, eps_error) + 3
-    mesh = eps_error / math.sqrt(total * math.log(12 / delta_error) / 2)
-    if not math.isfinite(half_width):
-        return np.iinfo(np.int64).max
-    return int(2 * math.ceil(half_width / mesh)) + 2
 
 
 class PrvAccountant(HistoryAccountant):
@@ -103,23 +86,19 @@ class PrvAccountant(HistoryAccountant):
                 f"points (> max_grid_points={self.max_grid_points:.3g}; it grows like "
                 "ε·sqrt(rounds)/eps_error); use the pld accountant."
             )
-        acc = PRVAccountant()
-        acc.history = list(runs)  # opacus's format: (noise_multiplier, sample_rate, steps)
         try:
-            with warnings.catch_warnings(), np.errstate(divide="ignore"):
-                # q = 1 takes log(1 - q); the RDP bounds sizing the grid may sit at an end
-                # of the order range. Both only make the grid wider.
-                warnings.filterwarnings("ignore", message="Optimal order is the")
-                eps = float(acc.get_epsilon(delta, eps_error=self.eps_error))
+            with np.errstate(divide="ignore"):  # q = 1 takes log(1 - q)
+                eps = prv_epsilon(runs, delta, self.eps_error)
         except (ArithmeticError, MemoryError, RuntimeError, ValueError) as error:
             raise ValueError(
-                f"opacus PRVAccountant failed ({where}): {type(error).__name__}: {error}; "
-                "it is unreliable at large ε (opacus#604); use the pld accountant."
+                f"PRV composition (opacus's algorithm) failed ({where}): "
+                f"{type(error).__name__}: {error}; it is unreliable at large ε (opacus#604); "
+                "use the pld accountant."
             ) from error
         if not math.isfinite(eps):
             raise ValueError(
-                f"opacus PRVAccountant returned ε={eps} ({where}); it is unreliable at large ε "
-                "(opacus#604); use the pld accountant."
+                f"PRV composition (opacus's algorithm) returned ε={eps} ({where}); it is "
+                "unreliable at large ε (opacus#604); use the pld accountant."
             )
         return eps
 

@@ -98,6 +98,6 @@ def test_without_sampling_one_round_is_the_gaussian_mechanisms_rdp():
     """q = 1: the subsampled Gaussian's RDP is the Gaussian's, α/(2σ²), at every order."""
     import numpy as np
 
-    from privacy.accountant import ORDERS, _round_rdp
+    from privacy.rdp import ORDERS, round_rdp
 
-    np.testing.assert_allclose(_round_rdp(1.7, 1.0), np.asarray(ORDERS) / (2 * 1.7**2), rtol=1e-12)
+    np.testing.assert_allclose(round_rdp(1.7, 1.0), np.asarray(ORDERS) / (2 * 1.7**2), rtol=1e-12)

@@ -1,0 +1,80 @@
+"""The RDP and PRV paths in NumPy/SciPy (privacy.rdp, privacy.prv_grid) give opacus's values,
+and the privacy calculator computes its default rows without importing torch."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from opacus.accountants import PRVAccountant, RDPAccountant
+from opacus.accountants.analysis.rdp import compute_rdp
+
+from privacy.accountant import RdpAccountant
+from privacy.prv import PrvAccountant
+from privacy.rdp import ORDERS, subsampled_gaussian_rdp
+
+# (q, σ, rounds, δ): the calculator's documented row (DP-FedSAM's ε 8.51), the quickstart's
+# (q 0.2, σ 1, 100 rounds), small and large q, σ near and far from 1.
+POINTS = [
+    (0.1, 0.95, 200, 0.002),
+    (0.2, 1.0, 100, 1e-5),
+    (0.01, 1.0, 1000, 1e-5),
+    (0.05, 0.7, 300, 1e-6),
+    (0.5, 2.0, 50, 1e-5),
+    (1.0, 1.5, 10, 1e-5),
+]
+
+
+def _opacus(accountant, sigma: float, q: float, rounds: int):
+    accountant.history = [(sigma, q, rounds)]  # opacus's merged format
+    return accountant
+
+
+def test_orders_are_opacus_default_alphas():
+    assert tuple(RDPAccountant.DEFAULT_ALPHAS) == ORDERS
+
+
+@pytest.mark.parametrize("q, sigma", [(0.1, 0.95), (0.01, 1.0), (0.5, 2.0), (0.3, 0.4), (1, 1.5)])
+def test_rdp_curve_equals_opacus(q, sigma):
+    reference = compute_rdp(q=q, noise_multiplier=sigma, steps=1, orders=list(ORDERS))
+    np.testing.assert_allclose(subsampled_gaussian_rdp(q, sigma, ORDERS), reference, rtol=1e-10)
+
+
+@pytest.mark.parametrize(
+    "ours, theirs", [(RdpAccountant, RDPAccountant), (PrvAccountant, PRVAccountant)]
+)
+@pytest.mark.parametrize("q, sigma, rounds, delta", POINTS)
+def test_epsilon_equals_opacus(ours, theirs, q, sigma, rounds, delta):
+    accountant = ours()
+    accountant.step(sigma, q, rounds)
+    reference = _opacus(theirs(), sigma, q, rounds).get_epsilon(delta)
+    assert accountant.epsilon(delta) == pytest.approx(reference, rel=1e-10)
+
+
+def test_prv_of_heterogeneous_rounds_equals_opacus():
+    """Three runs: two self-compositions convolved, the third waits a level (opacus's tree)."""
+    history = [(1.1, 0.05, 30), (0.8, 0.1, 20), (1.3, 0.02, 10)]
+    ours = PrvAccountant()
+    for sigma, q, rounds in history:
+        ours.step(sigma, q, rounds)
+    reference = PRVAccountant()
+    reference.history = list(history)
+    assert ours.epsilon(1e-5) == pytest.approx(reference.get_epsilon(1e-5), rel=1e-10)
+
+
+def test_calculator_default_rows_do_not_import_torch():
+    script = (
+        "import sys\n"
+        "from cluster.cli import main\n"
+        "code = main(['privacy', '--sigma', '1', '--q', '0.1', '--rounds', '10', '--delta', "
+        "'1e-5'])\n"
+        "assert code == 0, code\n"
+        "print(sorted(m for m in ('torch', 'opacus') if m in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    lines = done.stdout.splitlines()
+    assert lines[-1] == "[]", done.stdout
+    rows = {line.split()[0] for line in lines[2:-1]}
+    assert rows == {"rdp", "pld", "prv", "rdp_classic", "rdp-wor"}
