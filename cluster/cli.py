@@ -23,6 +23,10 @@ SUBCOMMANDS = {
         "cluster.privacy_cli",
         "privacy calculator: ε, calibrated σ or max rounds, side by side per accountant",
     ),
+    "presets": (
+        "cluster.presets_cli",
+        "list the algorithm presets: paper, privacy unit, accounted, example config",
+    ),
     "audit": (
         "cluster.audit_cli",
         "privacy audit: empirical ε lower bound (canary client) vs the accountant's ε",

@@ -21,7 +21,7 @@ from algorithms.presets import (
     SKETCH_PRESETS,
     presets_taking,
 )
-from cluster.config.errors import ConfigError, positive
+from cluster.config.errors import ConfigError, positive, start_from
 from cluster.config.families import (
     validate_noise_support,
     validate_sample_level,
@@ -163,7 +163,7 @@ def validate_algorithm(c: ExperimentConfig) -> None:
                 "algorithm.local.max_grad_norm",
                 local.max_grad_norm,
                 f"{a.name}'s clients clip their gradients already (per example, or the batch "
-                "gradient they sketch): remove it",
+                "gradient they sketch): remove it" + start_from(a.name),
             )
     if not 0 < local.lr_decay <= 1:
         raise ConfigError(
@@ -194,7 +194,8 @@ def validate_algorithm(c: ExperimentConfig) -> None:
             raise ConfigError(
                 "algorithm.clip_norm",
                 a.clip_norm,
-                "the clip norm C must be > 0 (e.g. 1.0; .inf disables clipping)",
+                "the clip norm C must be > 0 (e.g. 1.0; .inf disables clipping)"
+                + start_from(a.name),
             )
         sigma_is_calibrated = c.privacy.calibrate == "sigma" and a.noise_multiplier is None
         if c.paper_sketch_noise:
@@ -203,7 +204,7 @@ def validate_algorithm(c: ExperimentConfig) -> None:
             raise ConfigError(
                 "algorithm.noise_multiplier",
                 a.noise_multiplier,
-                "the noise multiplier σ must be >= 0 (e.g. 1.0)",
+                "the noise multiplier σ must be >= 0 (e.g. 1.0)" + start_from(a.name),
             )
         noised = sigma_is_calibrated or a.noise_multiplier > 0
         if noised and a.clip_norm is not None and math.isinf(a.clip_norm):
@@ -243,7 +244,7 @@ def validate_algorithm(c: ExperimentConfig) -> None:
                 raise ConfigError(
                     f"algorithm.{name}",
                     getattr(a, name),
-                    f"{a.name} is non-private; remove it or use dp_fedavg",
+                    f"{a.name} is non-private; remove it or use dp_fedavg" + start_from(a.name),
                 )
     _validate_preset_options(a)
     if a.name in SKETCH_PRESETS:
@@ -293,19 +294,22 @@ def _validate_preset_options(a: AlgorithmConfig) -> None:
             raise ConfigError(
                 f"algorithm.{name}",
                 value,
-                f"{a.name} has no such option; only for {', '.join(users)}; remove it",
+                f"{a.name} has no such option; only for {', '.join(users)}; remove it"
+                + start_from(a.name),
             )
     for name in DP_OPTION_FIELDS + SAMPLE_DP_OPTION_FIELDS:
         if getattr(a, name) is not None and a.name not in PRIVATE_PRESETS:
             raise ConfigError(
-                f"algorithm.{name}", getattr(a, name), f"{a.name} is non-private; remove it"
+                f"algorithm.{name}",
+                getattr(a, name),
+                f"{a.name} is non-private; remove it" + start_from(a.name),
             )
     if a.adjacency is not None and a.name not in SAMPLE_LEVEL_PRESETS:
         raise ConfigError(
             "algorithm.adjacency",
             a.adjacency,
             f"a DP-SGD option; {a.name} is client-level: remove it, or use "
-            f"{' or '.join(sorted(SAMPLE_LEVEL_PRESETS))}",
+            f"{' or '.join(sorted(SAMPLE_LEVEL_PRESETS))}" + start_from(a.name),
         )
     for name in ("blur_lambda", "blur_bound"):
         if getattr(a, name) is not None and getattr(a, name) < 0:
@@ -349,7 +353,8 @@ def _validate_preset_options(a: AlgorithmConfig) -> None:
         raise ConfigError(
             "algorithm.local.local_steps",
             None,
-            f"{a.name} scales its server step by η·K: set local_steps (and local_epochs: null)",
+            f"{a.name} scales its server step by η·K: set local_steps (and local_epochs: null)"
+            + start_from(a.name),
         )
     if a.name in FIXED_STEP_PRESETS and a.local.momentum:
         raise ConfigError(
@@ -357,14 +362,14 @@ def _validate_preset_options(a: AlgorithmConfig) -> None:
             a.local.momentum,
             f"{a.name} strips the public drift (1 − β)·K·η·g̃ from each update before clipping, "
             "which is exact only without local momentum (momentum compounds it): set 0, as the "
-            "paper does",
+            "paper does" + start_from(a.name),
         )
     if a.name in CONTROL_VARIATE_PRESETS and a.local.momentum:
         raise ConfigError(
             "algorithm.local.momentum",
             a.local.momentum,
             f"{a.name}'s control variate c_i⁺ = c_i − c + (x − y)/(Kη) is the mean local "
-            "gradient only for plain SGD steps: set 0, as the paper does",
+            "gradient only for plain SGD steps: set 0, as the paper does" + start_from(a.name),
         )
     if a.lus_sparsity is not None and not 0 <= a.lus_sparsity < 1:
         raise ConfigError(

@@ -38,6 +38,20 @@ def positive(path: str, value: float | int | None, example: str) -> None:
         raise ConfigError(path, value, f"must be > 0 (e.g. {example})")
 
 
+EXAMPLES_DIR = "configs/examples"  # one starting config per preset, <preset>.yaml
+
+
+def example_path(preset: str) -> str:
+    """The starting config of ``preset`` (``python -m cluster presets`` lists them all)."""
+    return f"{EXAMPLES_DIR}/{preset}.yaml"
+
+
+def start_from(preset: str) -> str:
+    """The end of the fix for a field that ``preset`` refuses or lacks: a config whose fields
+    are the preset's (the usual cause is a config written for another preset)."""
+    return f"; or start from {example_path(preset)}"
+
+
 SEED_LIMIT = 2**63  # numpy and torch take any seed below it
 
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from algorithms.presets import COMPRESSION_LEVELS, PAPER_DELTA
 from algorithms.sketch import rho_from_epsilon
-from cluster.config.errors import ConfigError
+from cluster.config.errors import ConfigError, start_from
 from privacy.record_level import methods_for
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ def validate_sample_level(c: ExperimentConfig) -> None:
             "algorithm.local.local_epochs",
             a.local.local_epochs,
             "sample-level accounting charges K noisy steps per round: set local_steps (and "
-            "local_epochs: null)",
+            "local_epochs: null)" + start_from(a.name),
         )
     if c.batch_sampling == "epoch":
         raise ConfigError(
@@ -41,14 +41,15 @@ def validate_sample_level(c: ExperimentConfig) -> None:
         raise ConfigError(
             "algorithm.noise_placement",
             a.noise_placement,
-            f"{a.name} adds its noise in every local DP-SGD step of the clients; remove it",
+            f"{a.name} adds its noise in every local DP-SGD step of the clients; remove it"
+            + start_from(a.name),
         )
     if c.privacy.sampling != "match":
         raise ConfigError(
             "privacy.sampling",
             c.privacy.sampling,
             "client-level accounting option; the record-level ε holds for either cohort "
-            "sampler (only the participation rate l enters): remove it",
+            "sampler (only the participation rate l enters): remove it" + start_from(a.name),
         )
     validate_sample_level_deployment(c)
     adjacency = a.adjacency or "replace_one"
@@ -144,11 +145,13 @@ def validate_sketch(c: ExperimentConfig) -> None:
                 getattr(local, name),
                 f"{a.name} clients upload one batch gradient (u = −g): set local_steps: 1, "
                 "lr: 1.0, momentum: 0, lr_decay: 1; the step size is algorithm.server_lr (η) "
-                "and the momentum algorithm.sketch_momentum (β)",
+                "and the momentum algorithm.sketch_momentum (β)" + start_from(a.name),
             )
     if local.lr_scaling != "none":
         raise ConfigError(
-            "algorithm.local.lr_scaling", local.lr_scaling, f"{a.name} takes no lr; remove it"
+            "algorithm.local.lr_scaling",
+            local.lr_scaling,
+            f"{a.name} takes no lr; remove it" + start_from(a.name),
         )
     if a.weighting != "uniform":
         raise ConfigError(
