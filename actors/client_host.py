@@ -13,10 +13,11 @@ import torch
 
 from actors.client_data import DEFAULT_CACHE_BYTES, ClientDataCache
 from actors.client_state import ClientStateStore
+from actors.kernel_table import KernelChoice, choose
 from algorithms.aggregate import PartialAggregate
 from algorithms.client import client_round
 from algorithms.layout import ParamLayout
-from algorithms.local import LocalResult, ModelObjective
+from algorithms.local import LocalResult, ModelObjective, autocast_dtype
 from algorithms.presets import Algorithm
 from algorithms.rng import Purpose, client_generators
 from algorithms.vectorized import train_clients, vectorizable
@@ -61,36 +62,24 @@ class TrainDiagnostics(_Summed):
 
 @dataclass(frozen=True)
 class Kernels:
-    """How a host computes its clients' steps; never what (results equal up to float rounding).
+    """How a host computes its clients' steps; never what (results equal up to float rounding,
+    or bf16's under ``precision``).
 
     ``vectorize``: train a round's clients as vmapped batches where that is the same computation
     (``algorithms.vectorized``). ``channels_last``: NHWC convolutions (``ModelObjective``). Each
-    is True, False or "auto", where it is expected to be faster on the host's device:
-
-    - vmap on a GPU (many small per-client kernels leave it idle), and on the CPU for models
-      without convolutions: a linear model's batched matrix products win (workload B: 0.26
-      against 1.73 s/round), a batched (grouped) convolution at one thread loses (workload A's
-      CNN: 0.46 against 0.44 s/round);
-    - NHWC on the CPU for models with 2-D convolutions (the MNIST CNN's batch-16 step at one
-      thread: 4.9–5.4 against 6.6–6.7 ms).
+    is True, False or "auto": the fixed table's entry for the model kind and device type
+    (``actors.kernel_table``), never a timing at run time. ``precision``: "bf16" runs the
+    model's forward (and so its backward) under bf16 autocast, the parameters, the update, its
+    clip and its noise in float32 (``ModelObjective.autocast``).
     """
 
     vectorize: bool | str = "auto"
     channels_last: bool | str = "auto"
+    precision: str = "float32"
 
-    def resolve(self, model: torch.nn.Module, device: torch.device) -> tuple[bool, bool]:
-        """(vectorize, channels_last) for this model on this device."""
-        cpu = device.type == "cpu"
-        convolutions = [m for m in model.modules() if isinstance(m, torch.nn.modules.conv._ConvNd)]
-        has_conv2d = any(isinstance(m, torch.nn.Conv2d) for m in convolutions)
-        return (
-            _choose(self.vectorize, auto=not cpu or not convolutions),
-            _choose(self.channels_last, auto=cpu and has_conv2d),
-        )
-
-
-def _choose(setting: bool | str, auto: bool) -> bool:
-    return auto if setting == "auto" else bool(setting)
+    def resolve(self, model_kind: str, device: torch.device) -> KernelChoice:
+        """The kernels for the model kind (``models.MODELS`` name) on this device."""
+        return choose(model_kind, device.type, self.vectorize, self.channels_last)
 
 
 AUTO_KERNELS = Kernels()
@@ -121,9 +110,14 @@ class ClientHost:
         self.seed = seed
         self.task = TASKS[task]
         model = build_model(self.store, task).to(self.device)
-        self.vectorize, channels_last = kernels.resolve(model, self.device)
+        self.kernels = kernels.resolve(self.task.model_name, self.device)
+        self.vectorize = self.kernels.vectorize
         self.objective = ModelObjective(
-            model, ParamLayout.of(model), self.task.augment, channels_last=channels_last
+            model,
+            ParamLayout.of(model),
+            self.task.augment,
+            channels_last=self.kernels.channels_last,
+            autocast=autocast_dtype(kernels.precision, self.device),
         )
         self.algorithm = algorithm.bind(self.objective.layout)
         self.eval_batch_size = eval_batch_size

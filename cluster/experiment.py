@@ -9,6 +9,8 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+
 from actors.client_host import Kernels
 from algorithms.layout import ParamLayout
 from cluster.checkpoint import checkpoint_path, save_checkpoint
@@ -30,6 +32,7 @@ from datasets.locations import Location
 from datasets.partition import PartitionError
 from datasets.sources import build_or_open_store
 from datasets.store import ShardStore
+from datasets.tasks import TASKS
 
 
 def open_store(config: ExperimentConfig) -> tuple[ShardStore, bool]:
@@ -58,6 +61,24 @@ def open_store(config: ExperimentConfig) -> tuple[ShardStore, bool]:
     return store, built
 
 
+def kernels(config: ExperimentConfig) -> Kernels:
+    """How the run's hosts compute (``executor.vectorize``, ``channels_last``, ``precision``)."""
+    e = config.executor
+    return Kernels(e.vectorize, e.channels_last, e.precision)
+
+
+def kernel_params(config: ExperimentConfig) -> dict[str, str]:
+    """The kernels every host of the run resolves, and from where (``actors.kernel_table``), as
+    MLflow run parameters: the same table lookup as the hosts', on the hosts' device type."""
+    device = torch.device(host_device(config))
+    return kernels(config).resolve(TASKS[config.task].model_name, device).params()
+
+
+def host_device(config: ExperimentConfig) -> str:
+    """The hosts' torch device type: a GPU where actors get a share of one."""
+    return "cuda" if config.executor.gpus_per_actor > 0 else "cpu"
+
+
 def make_executor(
     config: ExperimentConfig,
     store: ShardStore,
@@ -74,9 +95,9 @@ def make_executor(
             algorithm,
             config.seed,
             num_hosts=e.num_actors,
-            device="cuda" if e.gpus_per_actor > 0 else "cpu",
+            device=host_device(config),
             test_per_client=config.data.test_per_client,
-            kernels=Kernels(e.vectorize, e.channels_last),
+            kernels=kernels(config),
             intra_op_threads=max(1, int(e.cpus_per_actor)),
         )
     # Before Ray starts: where several nodes share one disk (the multi-node test cluster on one
@@ -100,7 +121,7 @@ def make_executor(
             e.cpus_per_actor,
             e.gpus_per_actor,
             test_per_client=config.data.test_per_client,
-            kernels=Kernels(e.vectorize, e.channels_last),
+            kernels=kernels(config),
             placement=e.placement,
         )
         say(executor.describe_placement())
@@ -206,7 +227,7 @@ def _start_tracking(
         tracking_uri(),
         config.tracking.experiment,
         config.tracking.run_name,
-        flatten(config.to_dict()),
+        {**flatten(config.to_dict()), **kernel_params(config)},
         tags,
         class_counts=store.class_counts(),  # the partition report, drawn there
     )

@@ -35,6 +35,10 @@ def test_run_is_logged_with_params_metrics_and_artifacts(store_root, tracking_ur
     assert run.info.status == "FINISHED"
     assert run.data.params["algorithm.clip_norm"] == "0.5"
     assert run.data.params["cohort.size"] == "5"
+    # The kernels the hosts resolved, from actors.kernel_table's row (executor.vectorize: auto)
+    assert run.data.params["kernels.vectorize"] == "True"
+    assert run.data.params["kernels.vectorize_from"] == "table"
+    assert run.data.params["kernels.table_row"].startswith("logreg/cpu: workload B")
     assert run.data.tags["algorithm"] == "dp_fedavg"
     assert run.data.tags["privacy.unit"] == "client"
     assert "version.torch" in run.data.tags and "git_commit" in run.data.tags

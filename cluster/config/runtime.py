@@ -34,8 +34,14 @@ class ExecutorConfig:
     # a time, bit-identical across actor layouts). Vectorised is equal to sequential up to float
     # rounding, which for convolutions depends on how many clients share a batch.
     vectorize: Literal["auto", True, False] = "auto"
-    # 2-D convolutions on NHWC views (algorithms.local.ModelObjective): auto = on the CPU.
+    # 2-D convolutions on NHWC views (algorithms.local.ModelObjective). auto, for both: the
+    # fixed table of actors/kernel_table.py by model and device type (recorded in the MLflow
+    # run as kernels.*), never a timing at run time.
     channels_last: Literal["auto", True, False] = "auto"
+    # bf16: the model's forward and backward under bf16 autocast (tensor cores on a GPU); the
+    # parameters, the update, its clip and its noise stay float32, so the sensitivity and the
+    # noise scale are those of float32. Opt-in: the trained weights differ by bf16's rounding.
+    precision: Literal["float32", "bf16"] = "float32"
 
 
 def in_ray_job() -> bool:
@@ -96,6 +102,14 @@ def validate_runtime(c: ExperimentConfig) -> None:
             e.placement,
             "places Ray actors on nodes; the local executor has one process: set "
             "executor.kind=ray, or remove executor.placement",
+        )
+    if e.precision == "bf16" and c.sample_level:
+        raise ConfigError(
+            "executor.precision",
+            e.precision,
+            f"{c.algorithm.name} computes per-example gradients (algorithms/dpsgd.py) outside "
+            "the model forward that bf16 autocast wraps, so it would train in float32 all the "
+            "same: set executor.precision=float32",
         )
     check_name("tracking.experiment", c.tracking.experiment)
     if c.tracking.run_name is not None:
