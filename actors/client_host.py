@@ -125,7 +125,7 @@ class ClientHost:
         self.data = ClientDataCache(self.store, self._tensors, cache_bytes)
         self.data.preload(client_ids)
         self.client_state = ClientStateStore(self.device)  # c_i on disk, not in memory
-        self._test_cache: dict[tuple[int, int], list] = {}
+        self._test_cache: dict[tuple[str, int, int], list] = {}
         # Per-client test sets in each hosted client's label mix (optional evaluation).
         self.client_tests = {}
         if test_per_client:
@@ -208,18 +208,25 @@ class ClientHost:
     def load_client_states(self, states: dict) -> None:
         self.client_state.load_state_dict(states)
 
-    def _test_batches(self, start: int, stop: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """This host's test slice, loaded onto its device once and kept, like client data."""
-        if (start, stop) not in self._test_cache:
-            self._test_cache[(start, stop)] = [
-                self._tensors(self.store.test_rows(lo, min(lo + self.eval_batch_size, stop)))
+    def _test_batches(
+        self, start: int, stop: int, split: str = "test"
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """This host's slice of the test (or validation) rows, loaded onto its device once and
+        kept, like client data."""
+        if (split, start, stop) not in self._test_cache:
+            self._test_cache[(split, start, stop)] = [
+                self._tensors(
+                    self.store.held_out_rows(split, lo, min(lo + self.eval_batch_size, stop))
+                )
                 for lo in range(start, stop, self.eval_batch_size)
             ]
-        return self._test_cache[(start, stop)]
+        return self._test_cache[(split, start, stop)]
 
-    def evaluate(self, params: np.ndarray, start: int, stop: int) -> EvalResult:
-        """Loss and accuracy of ``params`` on test rows [start, stop)."""
-        return self._evaluate(params, self._test_batches(start, stop))
+    def evaluate(
+        self, params: np.ndarray, start: int, stop: int, split: str = "test"
+    ) -> EvalResult:
+        """Loss and accuracy of ``params`` on rows [start, stop) of ``split`` (test, validation)."""
+        return self._evaluate(params, self._test_batches(start, stop, split))
 
     def evaluate_clients(self, params: np.ndarray) -> EvalResult:
         """Loss and accuracy summed over the hosted clients' matched test sets."""

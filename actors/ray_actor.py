@@ -75,8 +75,8 @@ class ClientHostActor:
         self._check_states()
         return self.host.run_round(round_index, broadcast, client_ids, nominal)
 
-    def evaluate(self, params, start: int, stop: int) -> EvalResult:
-        return self.host.evaluate(params, start, stop)
+    def evaluate(self, params, start: int, stop: int, split: str = "test") -> EvalResult:
+        return self.host.evaluate(params, start, stop, split)
 
     def evaluate_clients(self, params) -> EvalResult:
         return self.host.evaluate_clients(params)

@@ -87,8 +87,8 @@ class HostPool(ABC):
         self.steps = None
         if not algorithm.control_variates:
             self.steps = np.array([algorithm.trainer.num_steps(int(n)) for n in store.client_sizes])
-        bounds = np.linspace(0, store.manifest["num_test"], num_hosts + 1).astype(int)
-        self.eval_slices = list(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True))
+        self.eval_slices = _host_slices(store.manifest["num_test"], num_hosts)
+        self.validation_slices = _host_slices(store.num_validation, num_hosts)
 
     @property
     def num_hosts(self) -> int:
@@ -127,10 +127,11 @@ class HostPool(ABC):
         calls = [(round_index, shared, members, nominal) if members else None for members in groups]
         return PartialAggregate.combine(self._call("run_round", calls, check))
 
-    def evaluate(self, params: np.ndarray) -> EvalResult:
+    def evaluate(self, params: np.ndarray, split: str = "test") -> EvalResult:
+        """Loss and accuracy on the pooled ``test`` or ``validation`` rows, each host a slice."""
         shared = self._share(params)
-        slices = self.eval_slices
-        calls = [(shared, start, stop) if stop > start else None for start, stop in slices]
+        slices = self.eval_slices if split == "test" else self.validation_slices
+        calls = [(shared, start, stop, split) if stop > start else None for start, stop in slices]
         return EvalResult.combine(self._call("evaluate", calls))
 
     def evaluate_clients(self, params: np.ndarray) -> EvalResult:
@@ -154,6 +155,12 @@ class HostPool(ABC):
     def load_client_states(self, states: dict) -> None:
         calls = [(ClientStateStore.select(states, self.owner == h),) for h in range(self.num_hosts)]
         self._call("load_client_states", calls)
+
+
+def _host_slices(rows: int, num_hosts: int) -> list[tuple[int, int]]:
+    """``rows`` pooled rows cut into one near-equal [start, stop) slice per host."""
+    bounds = np.linspace(0, rows, num_hosts + 1).astype(int)
+    return list(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True))
 
 
 @contextmanager

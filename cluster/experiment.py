@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 import statistics
@@ -15,6 +16,7 @@ from actors.client_host import Kernels
 from algorithms.layout import ParamLayout
 from cluster.checkpoint import checkpoint_path, save_checkpoint
 from cluster.config import ConfigError, ExperimentConfig
+from cluster.config.data import ValidationConfig
 from cluster.executors import HostsUnavailable, LocalExecutor, RayExecutor
 from cluster.interrupts import Interrupted, StopSignals, stop_signals
 from cluster.preflight import check_store_matches, preflight
@@ -33,17 +35,19 @@ from datasets.partition import PartitionError
 from datasets.sources import build_or_open_store
 from datasets.store import ShardStore
 from datasets.tasks import TASKS
+from datasets.validation import validation_store
 
 
 def open_store(config: ExperimentConfig) -> tuple[ShardStore, bool]:
-    """The run's store: ``data.store`` as given, or built from the config on first use. A
-    partition or per-client test set its rows cannot give is a ``ConfigError`` (the store is
-    written only after its partition is drawn)."""
+    """The run's store: ``data.store`` as given, or built from the config on first use; with
+    ``data.validation``, the store derived from it with the validation rows held out
+    (``datasets.validation``). A partition, validation split or per-client test set its rows
+    cannot give is a ``ConfigError`` (a store is written only after its split is drawn)."""
     d = config.data
     try:
         if d.store is not None:
             store, built = ShardStore.open(d.store), False
-            check_store_matches(store, d)
+            check_store_matches(store, dataclasses.replace(d, num_clients=d.partitioned_clients))
         else:
             store, built = build_or_open_store(
                 d.resolved_store_root(),
@@ -51,12 +55,16 @@ def open_store(config: ExperimentConfig) -> tuple[ShardStore, bool]:
                 data_root=d.resolved_data_root(),
                 download=d.download,
             )
+        if d.validation is not None:
+            store = validation_store(store, d.validation.describe(), d.num_clients, config.seed)
         if d.test_per_client:  # every host draws these: a failure here, not in an actor
             store.matched_test_sets(d.test_per_client, config.seed)
     except PartitionError as error:  # bad input that only the data's rows could reveal
         field = f"data.{error.field}"
         value = functools.reduce(getattr, field.split(".")[1:], d)
-        kept = "" if error.field == "test_per_client" else "; no store was written"
+        kept = {"test_per_client": "", "validation": "; no validation store was written"}.get(
+            error.field.split(".")[0], "; no store was written"
+        )
         raise ConfigError(field, value, f"{error}{kept}") from None
     return store, built
 
@@ -77,6 +85,16 @@ def kernel_params(config: ExperimentConfig) -> dict[str, str]:
 def host_device(config: ExperimentConfig) -> str:
     """The hosts' torch device type: a GPU where actors get a share of one."""
     return "cuda" if config.executor.gpus_per_actor > 0 else "cpu"
+
+
+def validation_tags(validation: ValidationConfig | None) -> dict[str, str]:
+    """MLflow tags saying what the validation rows are to the tuning statement (privacy.tuning):
+    held-out clients are outside the training population (public), held-out rows are not."""
+    if validation is None:
+        return {}
+    if validation.kind == "clients":
+        return {"data.validation": "held-out clients outside the training population (public)"}
+    return {"data.validation": "rows of the training clients (private)"}
 
 
 def make_executor(
@@ -142,6 +160,16 @@ class Outcome:
     @property
     def final_accuracy(self) -> float | None:
         evals = [r.test_accuracy for r in self.result.history if r.test_accuracy is not None]
+        return evals[-1] if evals else None
+
+    @property
+    def final_validation_accuracy(self) -> float | None:
+        """The last evaluation's accuracy on the ``data.validation`` rows (None: none)."""
+        evals = [
+            r.metrics["validation_accuracy"]
+            for r in self.result.history
+            if "validation_accuracy" in r.metrics
+        ]
         return evals[-1] if evals else None
 
     @property
@@ -220,6 +248,7 @@ def _start_tracking(
         "task": config.task,
         "store": store.path.name,
         **claim.tags(),
+        **validation_tags(config.data.validation),
     }
     if parent_run_id is not None:  # MLflow's UI nests the run under its parent
         tags["mlflow.parentRunId"] = parent_run_id

@@ -244,6 +244,10 @@ class Simulation:
             result = self.executor.evaluate(self.state.params.numpy())
             record.test_accuracy = result.correct / max(result.count, 1)
             record.test_loss = result.loss_sum / max(result.count, 1)
+            if self.store.num_validation:  # data.validation's held-out rows, scored alike
+                held = self.executor.evaluate(self.state.params.numpy(), "validation")
+                record.metrics["validation_accuracy"] = held.correct / max(held.count, 1)
+                record.metrics["validation_loss"] = held.loss_sum / max(held.count, 1)
             if c.data.test_per_client:
                 local = self.executor.evaluate_clients(self.state.params.numpy())
                 record.metrics["client_test_accuracy"] = local.correct / max(local.count, 1)

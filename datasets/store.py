@@ -12,6 +12,10 @@ Layout of a store directory (or key prefix)::
     train_class_counts.npy  int64[num_clients, num_classes]: each client's class histogram
     test.arrow          the same columns; client_id is the natural owner, or -1 for a global
                         test set
+    validation.arrow    (only in a store derived with ``data.validation``,
+                        ``datasets.validation``) the same columns: rows held out of training
+                        to select hyperparameters by; the manifest's ``num_validation`` counts
+                        them
 
 Each table is one uncompressed record batch of fixed-width columns, so a local store is read
 through ``pa.memory_map`` zero-copy: opening it costs the manifest and the offsets index only
@@ -47,7 +51,6 @@ from datasets.partition import client_class_counts, matched_test_split
 FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
 CLASS_COUNTS = "train_class_counts.npy"
-SPLITS = ("train", "test")
 # Ranged reads: a gap of at most HOLE_BYTES between two wanted ranges is read too, so that they
 # are one request (a request costs about what this many bytes take to transfer); no merged
 # request grows past SPAN_BYTES; FETCH_THREADS requests are in flight at once.
@@ -107,13 +110,15 @@ def write_store(
     clients: list[np.ndarray],
     num_classes: int,
     description: dict,
+    validation: LabeledArrays | None = None,
 ) -> ShardStore:
     """Write a store and open it. Locally atomically (a temporary sibling, then renamed over
     any store there); in an object store built in a local temporary directory and uploaded,
-    the manifest last (``locations.write_folder``)."""
+    the manifest last (``locations.write_folder``). ``validation``: held-out rows, written as
+    they are given (``validation.arrow``)."""
 
     def fill(directory: Path) -> None:
-        _write_files(directory, train, test, clients, num_classes, description)
+        _write_files(directory, train, test, clients, num_classes, description, validation)
 
     locations.write_folder(location, fill, last=MANIFEST)
     return ShardStore.open(location)
@@ -126,6 +131,7 @@ def _write_files(
     clients: list[np.ndarray],
     num_classes: int,
     description: dict,
+    validation: LabeledArrays | None = None,
 ) -> None:
     order = np.concatenate(clients) if clients else np.empty(0, dtype=np.int64)
     owner = np.repeat(np.arange(len(clients)), [len(c) for c in clients])
@@ -139,6 +145,14 @@ def _write_files(
     test_sha, test_layout = _write_ipc(
         _table(test.take(test_order), test_owner[test_order]), directory / "test.arrow"
     )
+    checksums = {"train.arrow": train_sha, "test.arrow": test_sha}
+    layout = {"train.arrow": train_layout, "test.arrow": test_layout}
+    held_out = {}
+    if validation is not None:
+        owner = validation.group if validation.group is not None else np.full(len(validation), -1)
+        name = "validation.arrow"
+        checksums[name], layout[name] = _write_ipc(_table(validation, owner), directory / name)
+        held_out = {"num_validation": int(len(validation))}
     np.save(directory / "train_offsets.npy", offsets)
     np.save(directory / CLASS_COUNTS, client_class_counts(train_sorted.y, offsets, num_classes))
     manifest = {
@@ -150,8 +164,9 @@ def _write_files(
         "x_dtype": "uint8" if train.x.dtype == np.uint8 else "float32",
         "num_train": int(len(train)),
         "num_test": int(len(test)),
-        "checksums": {"train.arrow": train_sha, "test.arrow": test_sha},
-        "layout": {"train.arrow": train_layout, "test.arrow": test_layout},
+        **held_out,
+        "checksums": checksums,
+        "layout": layout,
     }
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=1))
 
@@ -251,6 +266,8 @@ class ShardStore:
         the file is not truncated), has the store's columns and as many rows as the index says.
         ``verify`` recomputes the checksums (reads everything)."""
         expected_rows = {"train": int(self.offsets[-1]), "test": int(self.manifest["num_test"])}
+        if self.num_validation:
+            expected_rows["validation"] = self.num_validation
         for split, rows in expected_rows.items():
             try:
                 columns, found = self._splits.shape(split)
@@ -292,6 +309,15 @@ class ShardStore:
         """A slice of the (pooled) test set."""
         stop = self.manifest["num_test"] if stop is None else stop
         return self._splits.span("test", start, stop)
+
+    @property
+    def num_validation(self) -> int:
+        """Rows held out for validation (0: none, the store has no ``validation.arrow``)."""
+        return int(self.manifest.get("num_validation", 0))
+
+    def held_out_rows(self, split: str, start: int, stop: int) -> ClientArrays:
+        """Rows ``start:stop`` of the ``test`` or ``validation`` split (pooled)."""
+        return self._splits.span(split, start, stop)
 
     def test_take(self, index: np.ndarray) -> ClientArrays:
         """Test rows at ``index`` (a copy, gathered from the map or fetched by ranges)."""
