@@ -39,6 +39,10 @@ SUBCOMMANDS = {
         "cluster.compare_cli",
         "run several presets at the same ε over several seeds; mean ± std table",
     ),
+    "sweep": (
+        "cluster.sweep_cli",
+        "search a space of config values × seeds, trials concurrently on Ray; select by validation",
+    ),
     "landscape": (
         "cluster.landscape_cli",
         "loss-landscape slices around a checkpoint's model (filter-normalised directions)",

@@ -32,10 +32,8 @@ import csv
 import io
 import json
 import math
-import signal
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import yaml
@@ -50,6 +48,7 @@ from cluster.config import (
     read_yaml_mapping,
 )
 from cluster.privacy_plan import format_sigma
+from cluster.trials import RunsFailed, assignments
 
 
 def load_spec(
@@ -77,7 +76,7 @@ def load_spec(
     for label, changes in runs.items():  # validate every run before any work
         run_base, run_overrides = run_setup(base, overrides, changes)
         name = run_name(path.stem, label, 0)  # a label reaches the runs' names: check it too
-        config_from_dict(run_base, [*run_overrides, *_assignments(changes), name])
+        config_from_dict(run_base, [*run_overrides, *assignments(changes), name])
     return base, runs
 
 
@@ -91,7 +90,7 @@ def run_setup(base: dict, overrides: list[str], changes: dict | None) -> tuple[d
     no-noise reference) drops the privacy section and the DP fields of both; its own ``changes``
     are still validated as written."""
     merged = copy.deepcopy(base)
-    for assignment in [*overrides, *_assignments(changes)]:
+    for assignment in [*overrides, *assignments(changes)]:
         apply_override(merged, assignment)
     if (merged.get("algorithm") or {}).get("name", AlgorithmConfig.name) in PRIVATE_PRESETS:
         if _unaccounted(merged):
@@ -155,13 +154,6 @@ def _at_claimed_sigma(base: dict, overrides: list[str], merged: dict) -> tuple[d
     return _without_budget(base), [*kept, f"algorithm.noise_multiplier={sigma!r}"]
 
 
-def _assignments(changes: dict | None) -> list[str]:
-    return [
-        f"{key}={yaml.safe_dump(value, default_flow_style=True).strip()}"
-        for key, value in (changes or {}).items()
-    ]
-
-
 def _baseline(requested: str | None, labels: list[str]) -> str | None:
     if requested is None:
         return "dp_fedavg" if "dp_fedavg" in labels else None
@@ -175,7 +167,8 @@ def _baseline(requested: str | None, labels: list[str]) -> str | None:
 MIN_LAST_TENTH_EVALUATIONS = 3  # fewer, and "last 10% of rounds" is one or two noisy points
 
 
-def _stats(values: list[float]) -> tuple[float, float]:
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for one value)."""
     return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
@@ -188,7 +181,7 @@ def paired_t_interval(differences: list[float], level: float = 0.95) -> tuple[fl
     n = len(differences)
     if n < 2:
         return None
-    mean, sd = _stats(differences)
+    mean, sd = mean_std(differences)
     half = float(t.ppf((1 + level) / 2, n - 1)) * sd / math.sqrt(n)
     return mean - half, mean + half
 
@@ -209,15 +202,15 @@ def summarize(
             max(r.test_accuracy for r in o.result.history if r.test_accuracy is not None)
             for o in outcomes
         ]
-        final, final_sd = _stats(finals)
-        best, best_sd = _stats(bests)
-        last_tenth, last_tenth_sd = _stats([o.last_tenth_accuracy for o in outcomes])
+        final, final_sd = mean_std(finals)
+        best, best_sd = mean_std(bests)
+        last_tenth, last_tenth_sd = mean_std([o.last_tenth_accuracy for o in outcomes])
         last_tenth_evals = min(len(o.last_tenth_evaluations) for o in outcomes)
         # DP-FedSAM's "Train" (its code: the clients' running accuracy during local training,
         # last round) and Train − Val, paired per seed against the final test accuracy.
         trains = [o.result.history[-1].metrics.get("train_accuracy", math.nan) for o in outcomes]
-        train, train_sd = _stats(trains)
-        gap, gap_sd = _stats([t - f for t, f in zip(trains, finals, strict=True)])
+        train, train_sd = mean_std(trains)
+        gap, gap_sd = mean_std([t - f for t, f in zip(trains, finals, strict=True)])
         first = outcomes[0]
         rows.append(
             {
@@ -244,12 +237,12 @@ def summarize(
         )
         for target in targets:
             reached = [r for r in (o.rounds_to(target) for o in outcomes) if r is not None]
-            mean, sd = _stats(reached) if reached else (None, None)
+            mean, sd = mean_std(reached) if reached else (None, None)
             key = _target_key(target)
             rows[-1].update({f"{key}_mean": mean, f"{key}_std": sd, f"{key}_reached": len(reached)})
         if reference is not None:
             paired = [a - b for a, b in zip(finals, reference, strict=False)]
-            diff, diff_sd = _stats(paired)
+            diff, diff_sd = mean_std(paired)
             low, high = paired_t_interval(paired) if label != baseline else (None, None)
             rows[-1].update(
                 {
@@ -353,6 +346,16 @@ def markdown(rows: list[dict], baseline: str | None = None) -> str:
     return "\n".join(lines)
 
 
+def write_csv(rows: list[dict], path: Path) -> None:
+    """``rows`` as CSV, the columns every key in order of first appearance (blank where a row
+    lacks one)."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
+    writer.writeheader()
+    writer.writerows(rows)
+    path.write_text(buffer.getvalue())
+
+
 def write_outputs(
     rows: list[dict], results: dict[str, list], out: Path, baseline: str | None = None
 ) -> list[Path]:
@@ -360,11 +363,7 @@ def write_outputs(
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.md").write_text(markdown(rows, baseline) + "\n")
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
-    (out / "compare.csv").write_text(buffer.getvalue())
+    write_csv(rows, out / "compare.csv")
     fig = Figure(figsize=(7, 4.5))
     ax = fig.add_subplot()
     for index, (label, outcomes) in enumerate(results.items()):
@@ -396,6 +395,8 @@ def run(args: argparse.Namespace) -> int:
         base, runs = load_spec(Path(args.spec), args.set, args.only)
         if args.seeds < 1:
             raise ConfigError("--seeds", args.seeds, "must be >= 1")
+        if args.concurrent < 0:
+            raise ConfigError("--concurrent", args.concurrent, "0 (one after another) or more")
         labels = list(runs)
         baseline = _baseline(args.baseline, labels)
         for target in args.target_accuracy:
@@ -411,6 +412,9 @@ def run(args: argparse.Namespace) -> int:
     except BaseException as error:
         if parent is not None:
             parent.abandon("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
+        if isinstance(error, RunsFailed):
+            print(f"compare: {error}", file=sys.stderr)
+            return 1
         raise
     rows = summarize(results, baseline, tuple(args.target_accuracy))
     print(markdown(rows, baseline))
@@ -434,38 +438,48 @@ def run(args: argparse.Namespace) -> int:
 def _run_all(
     name: str, base: dict, runs: dict, labels: list[str], args, parent_run_id: str | None
 ) -> dict[str, list]:
-    """Every preset × seed, in order; outcomes by label."""
-    from cluster.experiment import run_experiment
-    from cluster.interrupts import Interrupted, StopSignals
-    from cluster.privacy_plan import calibrate_with_message
+    """Every preset × seed (``cluster.trials``): one after another in this process, or with
+    ``--concurrent N``, N at once on Ray; outcomes by label, in seed order. ``RunsFailed``
+    where a concurrent run failed (the others ran to their end)."""
+    from cluster.trials import (
+        Trial,
+        build_config,
+        calibrate,
+        run_concurrently,
+        run_in_process,
+    )
 
-    results: dict[str, list] = {}
+    trials, keys = [], {}
     for label in labels:
         for seed in range(args.seeds):
-            run_base, run_overrides = run_setup(base, args.set, runs[label])
-            overrides = [
-                *run_overrides,
-                *_assignments(runs[label]),
-                f"seed={seed}",
-                run_name(name, label, seed),
-            ]
-            config = calibrate_with_message(config_from_dict(run_base, overrides), print)
-            start = time.perf_counter()
-            outcome = run_experiment(config, calibrate=False, parent_run_id=parent_run_id)
-            if outcome.interrupted:  # a stop signal ends the comparison, not just this run
-                active = StopSignals.active()  # None where no command installed them
-                raise Interrupted(
-                    active.signum if active is not None else signal.SIGINT,
-                    f"{label} seed {seed}: {outcome.result.stop_reason} (checkpoint "
-                    f"{outcome.checkpoint}); the runs after it were not started",
-                )
-            eps = outcome.claim.epsilon_text(outcome.epsilon, outcome.epsilon_vs_server)
-            print(
-                f"{label} seed {seed}: final acc {outcome.final_accuracy:.4f}, {eps}, "
-                f"{time.perf_counter() - start:.0f} s",
-                flush=True,
-            )
-            results.setdefault(label, []).append(outcome)
+            extra = [f"seed={seed}", run_name(name, label, seed)]
+            config = calibrate(build_config(base, args.set, runs[label], extra), print)
+            trials.append(Trial(f"{name}-{label}-seed{seed}", config))
+            keys[trials[-1].name] = (label, seed)
+
+    def on_done(result, uri: str | None = None) -> None:
+        label, seed = keys[result.trial.name]
+        outcome = result.outcome
+        if result.status != "FINISHED":
+            print(f"{label} seed {seed}: {result.status} {result.error or ''}", flush=True)
+            return
+        eps = outcome.claim.epsilon_text(outcome.epsilon, outcome.epsilon_vs_server)
+        print(
+            f"{label} seed {seed}: final acc {outcome.final_accuracy:.4f}, {eps}, "
+            f"{result.seconds:.0f} s",
+            flush=True,
+        )
+
+    if args.concurrent:
+        done = run_concurrently(trials, args.concurrent, parent_run_id, on_done)
+    else:
+        done = run_in_process(trials, parent_run_id, on_done)
+    failed = [r for r in done if r.status != "FINISHED"]
+    if failed:
+        raise RunsFailed([f"{r.trial.name}: {r.status} {r.error or ''}" for r in failed])
+    results: dict[str, list] = {label: [] for label in labels}
+    for result in sorted(done, key=lambda r: keys[r.trial.name][1]):
+        results[keys[result.trial.name][0]].append(result.outcome)
     return results
 
 

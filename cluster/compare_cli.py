@@ -6,6 +6,17 @@ from __future__ import annotations
 import argparse
 
 
+def add_set_option(parser: argparse.ArgumentParser) -> None:
+    """``--set KEY=VALUE``: an override of a spec's base config (compare, sweep)."""
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override the base config (repeatable)",
+    )
+
+
 def add_parser(commands, help_text: str) -> None:
     p = commands.add_parser(
         "compare",
@@ -15,13 +26,7 @@ def add_parser(commands, help_text: str) -> None:
     )
     p.add_argument("spec", help="comparison YAML (base + runs)")
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override the base config (repeatable)",
-    )
+    add_set_option(p)
     p.add_argument("--only", action="append", default=[], help="run only these labels")
     p.add_argument("--out", default="compare", help="folder for the table and figure")
     p.add_argument(
@@ -37,6 +42,14 @@ def add_parser(commands, help_text: str) -> None:
         metavar="ACC",
         help="also report the first round each run's test accuracy reaches ACC (e.g. 0.3; "
         "repeatable): DP-FedPGN's rounds-to-target",
+    )
+    p.add_argument(
+        "--concurrent",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run N runs at once on Ray, each in a placement group of its driver and actors "
+        "(cluster/trials.py); default 0: one after another in this process",
     )
     p.set_defaults(handler=run)
 

@@ -1,0 +1,503 @@
+"""``python -m cluster sweep SPEC``: a search space over config fields × seeds, trials run
+concurrently on Ray, one configuration selected by a validation metric.
+
+The spec's format: ``cluster.sweep_spec``. The whole spec, and every trial's config, is checked
+before any trial starts (exit 2 naming the field, the value and the trial). Trials run on
+``cluster.trials``' engine (Ray tasks in placement groups, ``--concurrent`` at once at most);
+each is a normal MLflow run (``sweep-<spec>-<values>-seed<k>``) nested under the sweep's
+parent run, tagged ``sweep`` (the spec's name) and ``sweep_trial`` (its configuration's hash
+and seed). Rerunning the same command resumes: trials whose runs finished (and were recorded:
+tag ``sweep_recorded``) are not run again, and the unfinished parent run is continued. A
+trial that fails is recorded (status FAILED, its error in the table) and the others go on.
+
+The parent run holds ``sweep.md`` (one row per configuration: mean ± std over its seeds of the
+selection metric and of the test accuracy), ``sweep.csv`` (those rows, then one per trial),
+``sweep_params.png`` (the selection metric against each swept field), ``selected.yaml`` (the
+selected configuration at the first seed: ``python -m cluster run selected.yaml`` reruns it)
+and ``tuning_privacy.json``, the sweep's privacy statement (``privacy.tuning``), printed too.
+Each trial's run holds ``trial_privacy.json`` (its ``TrialPrivacy``), from which a resumed
+sweep rebuilds the statement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from cluster.compare import mean_std, write_csv
+from cluster.config import ConfigError, ExperimentConfig
+from cluster.sweep_spec import SweepSpec, SweepTrial, Values, format_value, label, trial_digest
+from cluster.trials import Trial, TrialResult, build_config, calibrate, merged, run_concurrently
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # the spec's stem: it names runs and tags
+RECORDED = "sweep_recorded"
+
+
+@dataclass
+class TrialRecord:
+    """One trial as the table shows it: run now, or found finished in MLflow (``resumed``)."""
+
+    trial: SweepTrial
+    name: str
+    digest: str
+    status: str = "NOT RUN"
+    run_id: str | None = None
+    metric: float | None = None  # the selection metric's last evaluation
+    test_accuracy: float | None = None
+    epsilon: str = ""
+    error: str = ""
+    seconds: float = 0.0
+    privacy: dict | None = None  # its TrialPrivacy
+    resumed: bool = False
+
+
+@dataclass
+class Planned:
+    """The checked sweep: its spec, each trial's record and config (not calibrated)."""
+
+    spec: SweepSpec
+    records: list[TrialRecord]
+    configs: dict[str, ExperimentConfig] = field(default_factory=dict)  # by trial name
+    overrides: list[str] = field(default_factory=list)  # --set
+
+
+# ------------------------------------------------------------------------------ planning
+
+
+def plan(path: Path, overrides: list[str]) -> Planned:
+    """The spec and every trial's config, checked; a ``ConfigError`` names the trial."""
+    from cluster.sweep_spec import load
+
+    spec = load(path)
+    if not NAME.match(spec.name):
+        raise ConfigError("SPEC", str(path), "name the spec file with letters, digits, . _ -")
+    planned = Planned(spec, [], overrides=list(overrides))
+    for trial in spec.trials():
+        config = trial_config(spec, overrides, trial)
+        planned.configs[trial.name(spec.name)] = config
+        planned.records.append(TrialRecord(trial, trial.name(spec.name), trial_digest(config)))
+    if planned.records:
+        check_selection(spec, planned.configs[planned.records[0].name])
+    return planned
+
+
+def trial_config(spec: SweepSpec, overrides: list[str], trial: SweepTrial) -> ExperimentConfig:
+    name = trial.name(spec.name)
+    extra = [f"seed={trial.seed}", f"tracking.run_name={json.dumps(name)}"]
+    raw = merged(spec.base, overrides)
+    if (raw.get("tracking") or {}).get("enabled", True) is False:  # an untracked checkpoint is
+        directory = (raw.get("checkpoint") or {}).get("dir") or "checkpoints"  # named by seed
+        extra.append(f"checkpoint.dir={json.dumps(f'{directory}/{name}')}")
+    try:
+        return build_config(spec.base, overrides, dict(trial.values), extra)
+    except ConfigError as error:
+        raise ConfigError(
+            error.field_path, error.value, f"{error.fix} (trial {trial.label()}, seed {trial.seed})"
+        ) from None
+
+
+def check_selection(spec: SweepSpec, config: ExperimentConfig) -> None:
+    if not spec.select.on_test and config.data.validation is None:
+        raise ConfigError(
+            "select.metric",
+            spec.select.metric,
+            "the base config holds out no validation data: set data.validation (e.g. "
+            "{fraction: 0.1}) or select on test_accuracy (a warning, the run tagged)",
+        )
+
+
+def validation_kind(spec: SweepSpec, config: ExperimentConfig) -> str:
+    """What ``privacy.tuning.tuning_statement`` calls the selection's data."""
+    if spec.select.on_test:
+        return "none"
+    return "public" if config.data.validation.kind == "clients" else "private"
+
+
+# ------------------------------------------------------------------------------ MLflow
+
+
+def find_finished(planned: Planned, uri: str, experiment: str) -> None:
+    """Mark the trials whose runs finished and were recorded (a resumed sweep)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return
+    query = f"tags.sweep = '{planned.spec.name}' and tags.{RECORDED} = 'true'"
+    runs = client.search_runs([found.experiment_id], query + " and attributes.status = 'FINISHED'")
+    by_digest = {run.data.tags.get("sweep_trial"): run for run in runs}
+    metric = planned.spec.select.metric
+    for record in planned.records:
+        run = by_digest.get(record.digest)
+        if run is None:
+            continue
+        tags, metrics = run.data.tags, run.data.metrics
+        record.status, record.run_id, record.resumed = "FINISHED", run.info.run_id, True
+        record.metric, record.test_accuracy = metrics.get(metric), metrics.get("test_accuracy")
+        record.epsilon, record.seconds = tags.get("sweep_epsilon", ""), float(tags["sweep_seconds"])
+        record.privacy = _read_json(client, run.info.run_id, "trial_privacy.json")
+
+
+def _read_json(client, run_id: str, artifact: str) -> dict:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="sweep-") as tmp:
+        return json.loads(Path(client.download_artifacts(run_id, artifact, tmp)).read_text())
+
+
+def parent_run(planned: Planned, uri: str, experiment: str):
+    """The sweep's parent run: the last one of this spec (its digest) if a sweep of it ran
+    before (resumed), else a new one."""
+    from mlflow.tracking import MlflowClient
+
+    from cluster.tracking_process import TrackingRun
+
+    spec = planned.spec
+    found = MlflowClient(uri).get_experiment_by_name(experiment)
+    if found is not None:
+        query = f"tags.sweep_parent = '{spec.name}' and tags.sweep_digest = '{spec.digest()}'"
+        runs = MlflowClient(uri).search_runs([found.experiment_id], query, max_results=1)
+        if runs:
+            return TrackingRun.resume(uri, runs[0].info.run_id)
+    params = {"space": json.dumps(spec.space), "seeds": str(list(spec.seeds))}
+    params |= {"search": spec.method, "select": f"{spec.select.mode} {spec.select.metric}"}
+    tags = {"sweep_parent": spec.name, "sweep_digest": spec.digest()}
+    return TrackingRun.open(uri, experiment, f"sweep-{spec.name}", params, tags)
+
+
+def record_trial(record: TrialRecord, uri: str | None, spec_name: str) -> None:
+    """Tag a finished trial's run and log its ``trial_privacy.json`` (through ``uri``, the
+    sweep's one writer): what a resumed sweep finds it by."""
+    if uri is None or record.run_id is None or record.status != "FINISHED":
+        return
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    client.log_dict(record.run_id, record.privacy, "trial_privacy.json")
+    tags = {"sweep": spec_name, "sweep_trial": record.digest, "sweep_epsilon": record.epsilon}
+    for key, value in (tags | {"sweep_seconds": f"{record.seconds:.3f}", RECORDED: "true"}).items():
+        client.set_tag(record.run_id, key, value)
+
+
+# ------------------------------------------------------------------------------ results
+
+
+def final_metric(outcome, name: str) -> float | None:
+    """``name``'s last evaluation in the run's history (None: never evaluated)."""
+    for record in reversed(outcome.result.history):
+        value = getattr(record, name, None) if name in ("test_accuracy", "test_loss") else None
+        value = record.metrics.get(name) if value is None else value
+        if value is not None:
+            return float(value)
+    return None
+
+
+def fill(record: TrialRecord, result: TrialResult, metric: str) -> None:
+    from privacy.tuning import trial_privacy
+
+    record.status, record.error, record.seconds = result.status, result.error or "", result.seconds
+    outcome = result.outcome
+    if outcome is None:
+        return
+    record.run_id = outcome.run_id
+    record.metric, record.test_accuracy = final_metric(outcome, metric), outcome.final_accuracy
+    record.epsilon = outcome.claim.epsilon_text(outcome.epsilon, outcome.epsilon_vs_server)
+    if record.status == "FINISHED":
+        record.privacy = trial_privacy(outcome).to_dict()
+
+
+def configurations(records: list[TrialRecord]) -> dict[Values, list[TrialRecord]]:
+    grouped: dict[Values, list[TrialRecord]] = {}
+    for record in records:
+        grouped.setdefault(record.trial.values, []).append(record)
+    return grouped
+
+
+def summarize(spec: SweepSpec, records: list[TrialRecord]) -> list[dict]:
+    """One row per configuration; ``selected`` marks the best mean over seeds among those
+    whose every seed finished."""
+    rows = []
+    for values, group in configurations(records).items():
+        done = [r for r in group if r.status == "FINISHED" and r.metric is not None]
+        metric = mean_std([r.metric for r in done]) if done else (None, None)
+        tests = [r.test_accuracy for r in done if r.test_accuracy is not None]
+        test = mean_std(tests) if tests else (None, None)
+        rows.append(
+            {"configuration": label(values), **{f: v for f, v in values},
+             "seeds_finished": len(done), "seeds": len(group),
+             f"{spec.select.metric}_mean": metric[0], f"{spec.select.metric}_std": metric[1],
+             "test_accuracy_mean": test[0], "test_accuracy_std": test[1],
+             "epsilon": next((r.epsilon for r in done), ""), "selected": False}
+        )  # fmt: skip
+    complete = [r for r in rows if r["seeds_finished"] == r["seeds"]]
+    if complete:
+        key = f"{spec.select.metric}_mean"
+        best = spec.select.best([r[key] for r in complete])
+        next(r for r in complete if r[key] == best)["selected"] = True
+    return rows
+
+
+def trial_rows(records: list[TrialRecord], metric: str) -> list[dict]:
+    return [
+        {"trial": r.name, "configuration": r.trial.label(), "seed": r.trial.seed,
+         "status": r.status, "run_id": r.run_id or "", metric: r.metric,
+         "test_accuracy": r.test_accuracy, "epsilon": r.epsilon, "seconds": round(r.seconds, 2),
+         "resumed": r.resumed, "error": r.error}
+        for r in records
+    ]  # fmt: skip
+
+
+def _cell(mean: float | None, std: float | None) -> str:
+    return "—" if mean is None else f"{mean:.4f} ± {std:.4f}"
+
+
+def markdown(spec: SweepSpec, rows: list[dict], records: list[TrialRecord]) -> str:
+    metric = spec.select.metric
+    fields = list(spec.space)
+    header = f"| configuration | {' | '.join(fields)} | seeds | {metric} | test accuracy | ε | |"
+    lines = [header, "|---" * header.count(" |") + "|"]
+    for r in rows:
+        cells = " | ".join(format_value(r[f]) for f in fields)
+        lines.append(
+            f"| {r['configuration']} | {cells} | {r['seeds_finished']}/{r['seeds']} "
+            f"| {_cell(r[f'{metric}_mean'], r[f'{metric}_std'])} "
+            f"| {_cell(r['test_accuracy_mean'], r['test_accuracy_std'])} | {r['epsilon']} "
+            f"| {'selected' if r['selected'] else ''} |"
+        )
+    failed = [r for r in records if r.status != "FINISHED"]
+    lines += [f"\n{r.name}: {r.status} {r.error}".rstrip() for r in failed]
+    return "\n".join(lines)
+
+
+def plot_parameters(spec: SweepSpec, records: list[TrialRecord], path: Path) -> None:
+    """The selection metric against each swept field: one dot per trial, the configurations'
+    means over seeds joined (matplotlib's object API, as ``compare`` draws)."""
+    from matplotlib.figure import Figure
+
+    fields = list(spec.space)
+    fig = Figure(figsize=(4.2 * len(fields), 3.6))
+    for index, name in enumerate(fields):
+        ax = fig.add_subplot(1, len(fields), index + 1)
+        done = [r for r in records if r.status == "FINISHED" and r.metric is not None]
+        values = dict(done[0].trial.values)[name] if done else None
+        numeric = isinstance(values, int | float) and not isinstance(values, bool)
+        xs = [dict(r.trial.values)[name] for r in done]
+        xs = xs if numeric else [str(x) for x in xs]
+        ax.scatter(xs, [r.metric for r in done], alpha=0.5, label="trials")
+        means: dict = {}
+        for x, r in zip(xs, done, strict=True):
+            means.setdefault(x, []).append(r.metric)
+        points = sorted(means) if numeric else list(means)
+        ax.plot(points, [sum(means[p]) / len(means[p]) for p in points], "k.-", label="mean")
+        if numeric and points and min(points) > 0 and max(points) / min(points) >= 10:
+            ax.set_xscale("log")
+        ax.set(xlabel=name, ylabel=spec.select.metric)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def selected_yaml(planned: Planned, values: Values) -> str:
+    """The selected configuration at the spec's first seed, as ``cluster run`` reads it."""
+    from cluster.compare import run_setup
+    from cluster.trials import assignments
+
+    spec = planned.spec
+    run_base, run_overrides = run_setup(spec.base, planned.overrides, dict(values))
+    raw = merged(run_base, [*run_overrides, *assignments(dict(values)), f"seed={spec.seeds[0]}"])
+    seeds = ", ".join(map(str, spec.seeds))
+    head = (
+        f"# sweep {spec.name}: selected by the mean {spec.select.metric} ({spec.select.mode}) over "
+        f"seeds {seeds}: {label(values)}\n# uv run python -m cluster run selected.yaml "
+        "[--set seed=K]\n"
+    )
+    return head + yaml.safe_dump(raw, sort_keys=False)
+
+
+def statement(planned: Planned, records: list[TrialRecord]):
+    from privacy.tuning import TrialPrivacy, tuning_statement
+
+    spec, first = planned.spec, planned.configs[planned.records[0].name]
+    trials = [TrialPrivacy.from_dict(r.privacy) for r in records if r.privacy is not None]
+    return tuning_statement(
+        trials,
+        search=spec.method,
+        num_trials_distribution=spec.num_trials,
+        validation=validation_kind(spec, first),
+        delta=None,
+    )
+
+
+def write_outputs(planned: Planned, rows: list[dict], out: Path, tuning) -> list[Path]:
+    spec, records = planned.spec, planned.records
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / n for n in ("sweep.md", "sweep.csv", "sweep_params.png", "tuning_privacy.json")]
+    paths[0].write_text(markdown(spec, rows, records) + "\n")
+    write_csv([*rows, *trial_rows(records, spec.select.metric)], paths[1])
+    plot_parameters(spec, records, paths[2])
+    paths[3].write_text(json.dumps(tuning.__dict__, indent=1) + "\n")
+    chosen = next((r for r in rows if r["selected"]), None)
+    if chosen is not None:
+        values = next(v for v in configurations(records) if label(v) == chosen["configuration"])
+        paths.append(out / "selected.yaml")
+        paths[-1].write_text(selected_yaml(planned, values))
+    return paths
+
+
+# ------------------------------------------------------------------------------ progress
+
+
+class Progress:
+    """One line per finished trial; on a terminal also a bar over the trials, redrawn below."""
+
+    def __init__(self, total: int, done: int):
+        self.total, self.done, self.start = total, done, time.perf_counter()
+        self.bar = sys.stdout.isatty()
+
+    def finished(self, record: TrialRecord, metric: str) -> None:
+        self.done += 1
+        value = "—" if record.metric is None else f"{record.metric:.4f}"
+        line = f"[{self.done}/{self.total}] {record.name}: {record.status}"
+        if record.status == "FINISHED":
+            acc = "—" if record.test_accuracy is None else f"{record.test_accuracy:.4f}"
+            line += f", {metric} {value}, test acc {acc}, {record.epsilon}"
+        elif record.error:
+            line += f": {record.error}"
+        self.say(f"{line}, {record.seconds:.0f} s")
+
+    def say(self, line: str) -> None:
+        if self.bar:
+            sys.stdout.write("\r\033[K")
+        print(line, flush=True)
+        if self.bar:
+            filled = 30 * self.done // max(self.total, 1)
+            sys.stdout.write(
+                f"[{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total} trials, "
+                f"{time.perf_counter() - self.start:.0f} s"
+            )
+            sys.stdout.flush()
+
+
+# ------------------------------------------------------------------------------ the command
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        planned = plan(Path(args.spec), args.set)
+        if args.concurrent < 0:
+            raise ConfigError("--concurrent", args.concurrent, "0 (as many as fit) or more")
+    except (ConfigError, OSError, yaml.YAMLError) as error:
+        print(f"sweep: {error}", file=sys.stderr)
+        return 2
+    spec, records = planned.spec, planned.records
+    if not records:  # a Poisson draw of 0 configurations
+        print(f"sweep {spec.name}: the draw of the number of trials gave 0: nothing to run")
+        return 0
+    if spec.select.on_test:
+        print(
+            f"sweep: warning: selecting on {spec.select.metric}: the test set then tunes the "
+            "model and no longer measures it (the parent run is tagged selected_on_test=true)",
+            file=sys.stderr,
+        )
+    first = planned.configs[records[0].name]
+    tracked = first.tracking.enabled
+    parent = _open_parent(planned, first) if tracked else None
+    try:
+        _run_trials(planned, parent, args.concurrent)
+    except BaseException as error:
+        if parent is not None:
+            parent.abandon("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
+        raise
+    return _finish(planned, parent, Path(args.out or f"sweeps/{spec.name}"))
+
+
+def _open_parent(planned: Planned, first: ExperimentConfig):
+    from cluster.tracking_process import tracking_uri
+
+    uri, experiment = tracking_uri(), first.tracking.experiment
+    find_finished(planned, uri, experiment)
+    parent = parent_run(planned, uri, experiment)
+    parent.wait_open()
+    return parent
+
+
+def _run_trials(planned: Planned, parent, concurrent: int) -> None:
+    spec = planned.spec
+    todo = [r for r in planned.records if r.status != "FINISHED"]
+    skipped = len(planned.records) - len(todo)
+    print(
+        f"sweep {spec.name}: {len(planned.records)} trials ({len(spec.seeds)} seeds each), "
+        f"{skipped} finished before (resumed), {len(todo)} to run"
+        + (f", {concurrent} at once at most" if concurrent else ""),
+        flush=True,
+    )
+    said: set[str] = set()
+
+    def say_once(line: str) -> None:  # a calibration line once, not once per trial
+        key = re.sub(r", [0-9.]+ s\)$", ")", line)  # without its time
+        if key not in said:
+            said.add(key)
+            print(line, flush=True)
+
+    by_name = {r.name: r for r in todo}
+    trials = [Trial(r.name, calibrate(planned.configs[r.name], say_once)) for r in todo]
+    progress = Progress(len(planned.records), skipped)
+
+    def on_done(result: TrialResult, uri: str | None) -> None:
+        record = by_name[result.trial.name]
+        fill(record, result, spec.select.metric)
+        record_trial(record, uri, spec.name)
+        progress.finished(record, spec.select.metric)
+
+    run_concurrently(trials, concurrent, parent and parent.run_id, on_done)
+    if progress.bar:
+        print()
+
+
+def _finish(planned: Planned, parent, out: Path) -> int:
+    spec, records = planned.spec, planned.records
+    rows = summarize(spec, records)
+    print(markdown(spec, rows, records))
+    tuning = statement(planned, records)
+    chosen = next((r for r in rows if r["selected"]), None)
+    if chosen is None:
+        print("sweep: no configuration finished every seed: nothing selected", file=sys.stderr)
+    else:  # the test metric of the selected configuration, reported once
+        print(
+            f"selected: {chosen['configuration']} ({spec.select.metric} "
+            f"{_cell(chosen[f'{spec.select.metric}_mean'], chosen[f'{spec.select.metric}_std'])}"
+            f" over {chosen['seeds']} seeds); its test accuracy: "
+            f"{_cell(chosen['test_accuracy_mean'], chosen['test_accuracy_std'])}"
+        )
+    print(tuning.line())
+    paths = write_outputs(planned, rows, out, tuning)
+    print(f"wrote {', '.join(str(p) for p in paths)}")
+    if parent is not None:
+        children = {r.name: r.run_id for r in records if r.run_id}
+        (out / "children.json").write_text(json.dumps(children, indent=1) + "\n")
+        parent.set_tags(_parent_tags(spec, chosen, tuning))
+        parent.log_files([*paths, out / "children.json"], "sweep")
+        parent.end()
+    failed = [r for r in records if r.status != "FINISHED"]
+    return 1 if failed else 0
+
+
+def _parent_tags(spec: SweepSpec, chosen: dict | None, tuning) -> dict[str, str]:
+    tags = {"selected_on_test": str(spec.select.on_test).lower(), "tuning_privacy": tuning.line()}
+    if chosen is not None:
+        tags["selected"] = chosen["configuration"]
+        test = chosen["test_accuracy_mean"]
+        tags["selected_test_accuracy"] = "" if test is None else f"{test:.6g}"
+    if tuning.epsilon is not None and math.isfinite(tuning.epsilon):
+        tags["tuning_epsilon"] = f"{tuning.epsilon:.6g}"
+    return tags

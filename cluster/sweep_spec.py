@@ -1,0 +1,316 @@
+"""A sweep's spec: what ``python -m cluster sweep SPEC`` runs. YAML, like ``compare``'s::
+
+    base: {…an experiment config…}        # or base: configs/some.yaml (relative to the spec)
+    space:                                 # dotted config field → its values
+      algorithm.rho: [0.01, 0.05, 0.1]     # a list: every value (grid), or a choice (random)
+      algorithm.local.lr: {distribution: loguniform, low: 0.01, high: 0.3}   # random only
+    search: {method: grid}                 # default; or random:
+    # search: {method: random, seed: 0, num_samples: 8}
+    # search: {method: random, seed: 0, num_trials: {distribution: poisson, mean: 4}}
+    #   (or {distribution: truncated_negative_binomial, eta: 1, gamma: 0.25}): the number of
+    #   configurations itself drawn (privacy.tuning.draw_num_trials), as Papernot & Steinke's
+    #   tuning bound needs
+    seeds: 2                               # seeds 0, 1; or a list [0, 3, 7]
+    select: {metric: validation_accuracy, mode: max}
+
+Distributions: ``uniform`` (low, high), ``loguniform`` (0 < low < high), ``choice`` (values).
+Random draws come from one ``numpy`` generator seeded by ``search.seed``: first the number of
+configurations (where drawn), then each configuration's fields in the space's order. Every
+configuration runs once per seed; it is selected by its mean over those seeds of
+``select.metric`` (its last evaluation), never by its best seed. ``metric`` is one of
+``METRICS``; selecting on the test set is allowed, with a warning and the parent run tagged
+``selected_on_test=true``. Keys starting with ``x-`` are ignored (YAML anchors).
+
+``load`` checks the whole spec, and builds every trial's config with the project's loader,
+before any trial runs: a ``ConfigError`` names the field, the value, and the trial's values.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cluster.config import ConfigError, ExperimentConfig, read_yaml_mapping
+
+SPEC_KEYS = ("base", "space", "search", "seeds", "select")
+DISTRIBUTIONS = {"uniform": ("low", "high"), "loguniform": ("low", "high"), "choice": ("values",)}
+METRICS = ("validation_accuracy", "validation_loss", "test_accuracy", "test_loss")
+MODES = ("max", "min")
+MAX_TRIALS = 10_000  # a grid's product, or a draw: beyond any sweep this machine runs
+
+
+@dataclass(frozen=True)
+class Selection:
+    metric: str = "validation_accuracy"
+    mode: str = "max"
+
+    @property
+    def on_test(self) -> bool:
+        return self.metric.startswith("test_")
+
+    def best(self, values: list[float]) -> float:
+        return max(values) if self.mode == "max" else min(values)
+
+
+Values = tuple[tuple[str, Any], ...]  # a configuration: (field, value) in the space's order
+
+
+@dataclass(frozen=True)
+class SweepTrial:
+    values: Values
+    seed: int
+
+    def label(self) -> str:
+        """The configuration's values, readably: ``lr=0.05-rho=0.02``."""
+        return label(self.values)
+
+    def name(self, sweep: str) -> str:
+        """Its MLflow run's name: ``sweep-<spec>-lr=0.05-rho=0.02-seed1``."""
+        return f"sweep-{sweep}-{self.label()}-seed{self.seed}"
+
+
+def _short_names(fields: list[str]) -> dict[str, str]:
+    """Each field's last part (``algorithm.local.lr`` → ``lr``) where that is unambiguous."""
+    last = [f.rsplit(".", 1)[-1] for f in fields]
+    return {f: s if last.count(s) == 1 else f for f, s in zip(fields, last, strict=True)}
+
+
+def format_value(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def label(values: Values) -> str:
+    short = _short_names([f for f, _ in values])
+    return "-".join(f"{short[f]}={format_value(v)}" for f, v in values) or "base"
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    name: str  # the spec file's stem
+    base: dict
+    space: dict[str, Any]
+    method: str  # grid | random
+    seed: int | None  # the sampler's
+    num_samples: int | None
+    num_trials: dict | None  # {"kind": poisson, "mean": 4}, …: a random number of configurations
+    seeds: tuple[int, ...]
+    select: Selection
+
+    def configurations(self) -> list[Values]:
+        if self.method == "grid":
+            fields = list(self.space)
+            return [
+                tuple(zip(fields, combo, strict=True))
+                for combo in itertools.product(*self.space.values())
+            ]
+        import numpy as np
+
+        from privacy.tuning import draw_num_trials
+
+        rng = np.random.default_rng(self.seed)
+        count = self.num_samples
+        if self.num_trials is not None:
+            count = draw_num_trials(self.num_trials, rng)
+        return [
+            tuple((f, _draw(rng, domain)) for f, domain in self.space.items()) for _ in range(count)
+        ]
+
+    def trials(self) -> list[SweepTrial]:
+        return [SweepTrial(v, s) for v in self.configurations() for s in self.seeds]
+
+    def digest(self) -> str:
+        """What the trials depend on (not the selection): a resumed sweep must match it."""
+        keys = ("base", "space", "method", "seed", "num_samples", "num_trials", "seeds")
+        return _digest({k: getattr(self, k) for k in keys})
+
+
+def _digest(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def trial_digest(config: ExperimentConfig) -> str:
+    """A trial's identity in MLflow (tag ``sweep_trial``): its configuration
+    (``privacy.tuning.configuration_key``: without the sections that never change results)
+    and its seed."""
+    from privacy.tuning import configuration_key
+
+    return f"{configuration_key(config.to_dict())}-seed{config.seed}"
+
+
+def _draw(rng, domain: Any) -> Any:
+    if isinstance(domain, list):
+        return domain[int(rng.integers(len(domain)))]
+    kind = domain["distribution"]
+    if kind == "choice":
+        return domain["values"][int(rng.integers(len(domain["values"])))]
+    if kind == "uniform":
+        return float(rng.uniform(domain["low"], domain["high"]))
+    return float(math.exp(rng.uniform(math.log(domain["low"]), math.log(domain["high"]))))
+
+
+# ---------------------------------------------------------------------------- reading
+
+
+def load(path: Path) -> SweepSpec:
+    """The spec at ``path``, checked (see the module doc); its trials not yet built."""
+    raw = read_yaml_mapping(path)
+    keys = {k for k in raw if not str(k).startswith("x-")}
+    unknown = sorted(map(str, keys - set(SPEC_KEYS)))
+    if unknown or "base" not in keys or "space" not in keys:
+        raise ConfigError(
+            "SPEC",
+            str(path),
+            f"keys base and space are required; search, seeds and select are optional"
+            f"{'; unknown: ' + ', '.join(unknown) if unknown else ''} (x-… keys hold anchors)",
+        )
+    base = raw["base"]
+    if isinstance(base, str):
+        base = read_yaml_mapping(path.parent / base)
+    if not isinstance(base, dict):
+        raise ConfigError("base", base, "a config mapping, or a config file's path")
+    method, seed, samples, num_trials = _search(raw.get("search") or {})
+    space = _space(raw["space"], method)
+    if method == "grid" and math.prod(len(v) for v in space.values()) > MAX_TRIALS:
+        raise ConfigError("space", list(space), f"the grid has more than {MAX_TRIALS} points")
+    return SweepSpec(
+        path.stem,
+        base,
+        space,
+        method,
+        seed,
+        samples,
+        num_trials,
+        _seeds(raw.get("seeds", 1)),
+        _selection(raw.get("select") or {}),
+    )
+
+
+def _search(search: Any) -> tuple[str, int | None, int | None, dict | None]:
+    if not isinstance(search, dict):
+        raise ConfigError("search", search, "a mapping, e.g. {method: grid}")
+    _known_keys("search", search, ("method", "seed", "num_samples", "num_trials"))
+    method = search.get("method", "grid")
+    if method not in ("grid", "random"):
+        raise ConfigError("search.method", method, "must be grid or random")
+    if method == "grid":
+        extra = [k for k in ("seed", "num_samples", "num_trials") if k in search]
+        if extra:
+            raise ConfigError(f"search.{extra[0]}", search[extra[0]], "only for method: random")
+        return method, None, None, None
+    seed = search.get("seed")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError("search.seed", seed, "random search needs a seed, an integer >= 0")
+    if ("num_samples" in search) == ("num_trials" in search):
+        raise ConfigError(
+            "search",
+            search,
+            "random search needs one of num_samples (a fixed number of "
+            "configurations) or num_trials (a distribution of their number)",
+        )
+    if "num_samples" in search:
+        samples = search["num_samples"]
+        if isinstance(samples, bool) or not isinstance(samples, int):
+            raise ConfigError("search.num_samples", samples, "an integer >= 1, e.g. 8")
+        if not 1 <= samples <= MAX_TRIALS:
+            raise ConfigError("search.num_samples", samples, f"must be in [1, {MAX_TRIALS}]")
+        return method, seed, samples, None
+    return method, seed, None, _num_trials(search["num_trials"])
+
+
+def _num_trials(spec: Any) -> dict:
+    """``{distribution: poisson, mean: 4}`` as ``privacy.tuning``'s distribution, checked there."""
+    from privacy.tuning import check_num_trials_distribution
+
+    example = "{distribution: truncated_negative_binomial, eta: 1, gamma: 0.25}"
+    if not isinstance(spec, dict) or "distribution" not in spec:
+        raise ConfigError(
+            "search.num_trials", spec, f"e.g. {{distribution: poisson, mean: 4}} or {example}"
+        )
+    distribution = {"kind": spec["distribution"]} | {
+        k: v for k, v in spec.items() if k != "distribution"
+    }
+    try:
+        check_num_trials_distribution(distribution)
+    except ValueError as error:
+        raise ConfigError("search.num_trials", spec, str(error)) from None
+    return distribution
+
+
+def _number(where: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ConfigError(where, value, "must be a finite number")
+    return float(value)
+
+
+def _known_keys(where: str, mapping: dict, known: tuple[str, ...]) -> None:
+    for key in mapping:
+        if key not in known:
+            raise ConfigError(f"{where}.{key}", mapping[key], f"unknown key; known: {known}")
+
+
+def _space(space: Any, method: str) -> dict[str, Any]:
+    if not isinstance(space, dict) or not space:
+        raise ConfigError("space", space, "a mapping field → values, e.g. {algorithm.rho: [0.1]}")
+    for key, domain in space.items():
+        where = f"space.{key}"
+        if key == "seed":
+            raise ConfigError(where, domain, "list the seeds under seeds: (e.g. seeds: 3)")
+        if isinstance(domain, list):
+            if not domain:
+                raise ConfigError(where, domain, "an empty list: give at least one value")
+            continue
+        if method == "grid":
+            raise ConfigError(
+                where,
+                domain,
+                "a grid needs a list of values (distributions need search: {method: random, ...})",
+            )
+        _distribution(where, domain)
+    return dict(space)
+
+
+def _distribution(where: str, domain: Any) -> None:
+    if not isinstance(domain, dict) or domain.get("distribution") not in DISTRIBUTIONS:
+        raise ConfigError(
+            where, domain, f"a list, or {{distribution: one of {', '.join(DISTRIBUTIONS)}, ...}}"
+        )
+    kind = domain["distribution"]
+    _known_keys(where, domain, ("distribution", *DISTRIBUTIONS[kind]))
+    if kind == "choice":
+        if not isinstance(domain.get("values"), list) or not domain["values"]:
+            raise ConfigError(f"{where}.values", domain.get("values"), "a non-empty list")
+        return
+    low, high = (_number(f"{where}.{k}", domain.get(k)) for k in ("low", "high"))
+    if not low < high or (kind == "loguniform" and low <= 0):
+        raise ConfigError(
+            where, domain, f"{kind} needs {'0 < ' * (kind == 'loguniform')}low < high"
+        )
+
+
+def _seeds(seeds: Any) -> tuple[int, ...]:
+    if isinstance(seeds, int) and not isinstance(seeds, bool):
+        if not 1 <= seeds <= MAX_TRIALS:
+            raise ConfigError("seeds", seeds, "a count >= 1 (seeds 0..N-1) or a list of seeds")
+        return tuple(range(seeds))
+    ok = isinstance(seeds, list) and seeds and len(set(map(str, seeds))) == len(seeds)
+    if not ok or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        raise ConfigError("seeds", seeds, "a count >= 1 or a list of distinct integers")
+    return tuple(seeds)
+
+
+def _selection(select: Any) -> Selection:
+    if not isinstance(select, dict):
+        raise ConfigError("select", select, "e.g. {metric: validation_accuracy, mode: max}")
+    _known_keys("select", select, ("metric", "mode"))
+    selection = Selection(**select)
+    if selection.metric not in METRICS:
+        raise ConfigError("select.metric", selection.metric, f"one of {', '.join(METRICS)}")
+    if selection.mode not in MODES:
+        raise ConfigError("select.mode", selection.mode, "max or min")
+    return selection

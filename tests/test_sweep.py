@@ -1,0 +1,287 @@
+"""`python -m cluster sweep`: spec checks, seeded search, selection by the mean over seeds, and
+(slow) a 4 × 2 sweep on the embedded Ray, two trials at once, against the same runs alone."""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from mlflow.tracking import MlflowClient
+
+from benchmarks.sweep import SPACE, tiny_base
+from cluster.checkpoint import load_checkpoint
+from cluster.cli import main
+from cluster.sweep import TrialRecord, plan, summarize
+from cluster.sweep_spec import SweepTrial, load
+from cluster.trials import calibrate
+from tests.helpers import run_local
+
+
+def _base(store_root, tmp_path) -> dict:
+    return tiny_base(store_root, tmp_path / "ck")
+
+
+def _write(tmp_path, name: str, spec: dict) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+# ------------------------------------------------------------------------- fast: the spec
+
+
+@pytest.mark.parametrize(
+    "space, extra, named",
+    [
+        ({"algorithm.lrr": [0.1]}, {}, ["algorithm.lrr", "unknown key", "trial lrr=0.1"]),
+        ({"algorithm.local.lr": []}, {}, ["space.algorithm.local.lr", "empty list"]),
+        ({}, {}, ["space", "mapping"]),
+        (
+            {"algorithm.local.lr": [0.1, -1.0], "algorithm.clip_norm": [0.5]},
+            {},
+            ["algorithm.local.lr", "-1.0", "trial lr=-1-clip_norm=0.5, seed 0"],
+        ),
+        (
+            {"algorithm.local.lr": {"distribution": "uniform", "low": 0.1, "high": 0.2}},
+            {},
+            ["space.algorithm.local.lr", "a grid needs a list"],
+        ),
+        ({"algorithm.local.lr": [0.1]}, {"select": {"metric": "accuracy"}}, ["select.metric"]),
+        ({"algorithm.local.lr": [0.1]}, {"seeds": 0}, ["seeds = 0"]),
+        (
+            {"algorithm.local.lr": [0.1]},
+            {"search": {"method": "random", "seed": 1}},
+            ["search", "num_samples"],
+        ),
+        (
+            {"algorithm.local.lr": [0.1]},
+            {"search": {"method": "random", "seed": 1, "num_trials": {"distribution": "poisson"}}},
+            ["search.num_trials", "mean"],
+        ),
+    ],
+)
+def test_bad_specs_exit_2_naming_field_value_and_trial(
+    tmp_path, store_root, capsys, space, extra, named
+):
+    spec = _write(tmp_path, "bad", {"base": _base(store_root, tmp_path), "space": space, **extra})
+    assert main(["sweep", str(spec)]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("sweep: config error:")
+    for text in named:
+        assert text in error
+
+
+def test_selecting_on_validation_needs_validation_data(tmp_path, store_root, capsys):
+    base = _base(store_root, tmp_path)
+    del base["data"]["validation"]
+    spec = _write(tmp_path, "noval", {"base": base, "space": {"algorithm.local.lr": [0.1]}})
+    assert main(["sweep", str(spec)]) == 2
+    assert "select.metric = 'validation_accuracy'" in capsys.readouterr().err
+
+
+def test_grid_and_seeded_random_search(tmp_path, store_root):
+    base = _base(store_root, tmp_path)
+    grid = {"algorithm.local.lr": [0.05, 0.1], "algorithm.clip_norm": [0.5, 1.0]}
+    planned = plan(_write(tmp_path, "g", {"base": base, "space": grid, "seeds": [3, 7]}), [])
+    names = [r.name for r in planned.records]
+    assert names[:3] == [
+        "sweep-g-lr=0.05-clip_norm=0.5-seed3",
+        "sweep-g-lr=0.05-clip_norm=0.5-seed7",
+        "sweep-g-lr=0.05-clip_norm=1-seed3",
+    ]
+    assert len(names) == 8 and len({r.digest for r in planned.records}) == 8
+    config = planned.configs[names[1]]
+    assert (config.seed, config.algorithm.clip_norm, config.tracking.run_name) == (
+        7,
+        0.5,
+        names[1],
+    )
+    space = {
+        "algorithm.local.lr": {"distribution": "loguniform", "low": 0.01, "high": 1.0},
+        "algorithm.rho": {"distribution": "choice", "values": [0.01, 0.1]},
+    }
+    search = {"method": "random", "seed": 5, "num_trials": {"distribution": "poisson", "mean": 4}}
+    spec = {"base": base, "space": space, "search": search}
+    first, again = (load(_write(tmp_path, "r", spec)).configurations() for _ in range(2))
+    assert first == again and len(first) >= 1  # seeded: the same draw, count included
+    assert all(0.01 <= dict(v)["algorithm.local.lr"] <= 1.0 for v in first)
+    assert {dict(v)["algorithm.rho"] for v in first} <= {0.01, 0.1}
+    other = load(_write(tmp_path, "r", spec | {"search": search | {"seed": 6}}))
+    assert other.configurations() != first
+
+
+def test_selection_is_by_the_mean_over_seeds_never_the_best_seed(tmp_path, store_root):
+    spec = load(
+        _write(tmp_path, "s", {"base": _base(store_root, tmp_path), "space": {"x": [1]}})
+    )  # the space is not built here: only the records are summarised
+
+    def record(value, seed, metric, status="FINISHED"):
+        trial = SweepTrial((("algorithm.local.lr", value),), seed)
+        return TrialRecord(trial, trial.name("s"), "", status, metric=metric, test_accuracy=0.5)
+
+    records = [
+        record(0.1, 0, 0.95), record(0.1, 1, 0.15),  # the best seed, a poor mean (0.55)
+        record(0.2, 0, 0.60), record(0.2, 1, 0.62),  # mean 0.61: selected
+        record(0.3, 0, 0.99), record(0.3, 1, None, "FAILED"),  # incomplete: never selected
+    ]  # fmt: skip
+    rows = summarize(spec, records)
+    assert [r["selected"] for r in rows] == [False, True, False]
+    assert rows[0]["validation_accuracy_mean"] == pytest.approx(0.55)
+    assert (rows[2]["seeds_finished"], rows[2]["seeds"]) == (1, 2)
+
+
+# ------------------------------------------------------------------------- slow: on Ray
+
+
+def _params(checkpoint: Path) -> torch.Tensor:
+    return load_checkpoint(checkpoint)["simulation"]["params"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_sweep_runs_trials_concurrently_selects_resumes(tmp_path, store_root, monkeypatch, capfd):
+    """4 configurations × 2 seeds, two trials at once on 2 CPUs through one MLflow server:
+    every trial's final parameters are those of the same config run alone; the table lists the
+    8; the selected config reruns to the same numbers; a rerun runs nothing; a failing trial is
+    recorded and stops no other."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.chdir(tmp_path)
+    spec = {"base": _base(store_root, tmp_path), "space": SPACE, "seeds": 2}
+    spec_path = _write(tmp_path, "t", spec)
+    out = tmp_path / "out"
+    assert main(["sweep", str(spec_path), "--out", str(out)]) == 0
+    printed = capfd.readouterr().out
+    assert "[8/8] sweep-t-" in printed and "tuning privacy:" in printed
+    with open(out / "sweep.csv") as f:
+        rows = list(csv.DictReader(f))
+    trials = [r for r in rows if r["trial"]]
+    assert len(trials) == 8 and {r["status"] for r in trials} == {"FINISHED"}
+    assert sum(r["selected"] == "True" for r in rows if not r["trial"]) == 1
+
+    client = MlflowClient(uri)
+    runs = client.search_runs(
+        [client.get_experiment_by_name("sweep").experiment_id], "tags.sweep = 't'"
+    )
+    assert len(runs) == 8  # nothing lost: every trial's run, finished, with all its rounds
+    parent_id = runs[0].data.tags["mlflow.parentRunId"]
+    for run in runs:
+        assert run.info.status == "FINISHED"
+        assert run.data.tags["mlflow.parentRunId"] == parent_id
+        assert len(client.get_metric_history(run.info.run_id, "test_accuracy")) == 3
+        logged = client.download_artifacts(run.info.run_id, "trial_privacy.json", str(tmp_path))
+        assert json.loads(Path(logged).read_text())["unit"] == "client"
+    planned = plan(spec_path, [])
+    for run in runs:  # bit for bit the run alone (one in-process host = one Ray actor)
+        config = calibrate(planned.configs[run.info.run_name], lambda line: None)
+        alone = run_local(_local(config))
+        assert torch.equal(_params(tmp_path / "ck" / f"{run.info.run_id}.pt"), alone.state.params)
+    parent = client.get_run(parent_id)
+    assert parent.data.tags["selected_on_test"] == "false"
+    logged = {Path(a.path).name for a in client.list_artifacts(parent_id, "sweep")}
+    assert {"sweep.md", "sweep.csv", "sweep_params.png", "selected.yaml"} <= logged
+    assert {"tuning_privacy.json", "children.json"} <= logged
+
+    chosen = next(r for r in rows if r["selected"] == "True")
+    first = next(r for r in trials if r["configuration"] == chosen["configuration"])
+    assert main(["run", str(out / "selected.yaml"), "--executor", "local"]) == 0
+    rerun = capfd.readouterr().out
+    assert f"final test accuracy {float(first['test_accuracy']):.4f}" in rerun
+
+    assert main(["sweep", str(spec_path), "--out", str(out)]) == 0  # resumed: nothing to run
+    assert "8 finished before (resumed), 0 to run" in capfd.readouterr().out
+    assert len(client.search_runs([runs[0].info.experiment_id], "tags.sweep = 't'")) == 8
+
+
+def _local(config):
+    from dataclasses import replace
+
+    return replace(config, executor=replace(config.executor, kind="local"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_failing_trial_is_recorded_and_stops_no_other(tmp_path, store_root, monkeypatch, capfd):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    # 10,000 test rows per client: more than the store holds, found only by the trial's run
+    space = {"data.test_per_client": [None, 10_000]}
+    spec_path = _write(tmp_path, "f", {"base": _base(store_root, tmp_path), "space": space})
+    out = tmp_path / "out"
+    assert main(["sweep", str(spec_path), "--out", str(out)]) == 1
+    with open(out / "sweep.csv") as f:
+        trials = {r["configuration"]: r for r in csv.DictReader(f) if r["trial"]}
+    assert trials["test_per_client=None"]["status"] == "FINISHED"
+    assert trials["test_per_client=10000"]["status"] == "FAILED"
+    assert "test_per_client" in trials["test_per_client=10000"]["error"]
+    assert "FAILED" in (out / "sweep.md").read_text()
+
+
+def test_the_cpu_dpfedsam_grid_plans_its_18_trials():
+    planned = plan(Path("configs/cpu/sweep_dpfedsam.yaml"), [])
+    assert len(planned.records) == 18 and planned.spec.select.metric == "validation_accuracy"
+    config = planned.configs[planned.records[0].name]
+    assert config.data.validation.fraction == 0.1 and config.algorithm.name == "dp_fedsam"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_compare_concurrent_gives_the_same_table(tmp_path, store_root, monkeypatch):
+    """``compare --concurrent 2`` runs its runs on the sweep's engine: the same table."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    base = _base(store_root, tmp_path) | {"executor": {"kind": "local", "num_actors": 1}}
+    runs = {"a": {"algorithm.local.lr": 0.05}, "b": {"algorithm.local.lr": 0.2}}
+    spec = _write(tmp_path, "cmp", {"base": base, "runs": runs})
+    tables = []
+    for concurrent in ("0", "2"):
+        out = tmp_path / f"out{concurrent}"
+        args = ["--seeds", "2", "--out", str(out), "--baseline", "a", "--concurrent", concurrent]
+        assert main(["compare", str(spec), *args]) == 0
+        tables.append((out / "compare.csv").read_text())
+    assert tables[0] == tables[1]
+
+
+def _child_runs(client, experiment: str) -> list:
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return []
+    parents = client.search_runs([found.experiment_id], "tags.sweep_parent = 'stop'")
+    if not parents:
+        return []
+    query = f"tags.mlflow.parentRunId = '{parents[0].info.run_id}'"
+    return client.search_runs([found.experiment_id], query)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_ctrl_c_stops_every_running_trial_cleanly(tmp_path, store_root):
+    """SIGINT to the sweep: both running trials stop after their round, each writes its
+    checkpoint and ends its run KILLED; the sweep exits 130."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    base = _base(store_root, tmp_path) | {"rounds": 500, "eval_every": 1}
+    spec = _write(tmp_path, "stop", {"base": base, "space": {"algorithm.local.lr": [0.05, 0.2]}})
+    env = os.environ | {"MLFLOW_TRACKING_URI": uri}
+    command = [sys.executable, "-m", "cluster", "sweep", str(spec), "--out", str(tmp_path / "o")]
+    sweep = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    client = MlflowClient(uri)
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline and sweep.poll() is None:
+        runs = _child_runs(client, "sweep")
+        history = [client.get_metric_history(r.info.run_id, "test_accuracy") for r in runs]
+        if len(runs) == 2 and all(history):
+            break
+        time.sleep(2)
+    sweep.send_signal(signal.SIGINT)
+    printed = sweep.communicate(timeout=600)[0].decode()
+    assert sweep.returncode == 130, printed
+    assert "stopping 2 running trial(s)" in printed
+    runs = _child_runs(client, "sweep")
+    assert [r.info.status for r in runs] == ["KILLED", "KILLED"], printed
+    for run in runs:
+        assert (tmp_path / "ck" / f"{run.info.run_id}.pt").is_file()
