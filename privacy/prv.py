@@ -29,14 +29,14 @@ T 1-10000, ε up to ~57000) and on 746 random draws with grids up to 3M points (
 ε·sqrt(T)/eps_error: q=0.05, σ=0.5, T=10000 (ε=310) needs 24M points and 19 s; q=0.5, σ=0.5,
 T=1000 (ε≈880, 20M points) silently returned inf after 13 s; q=1, σ=0.3, T=10000 raised
 MemoryError (29.5 GiB); most cases with ε > 300 ran past 20 s (up to 85 s). Hence two guards,
-checked before opacus runs (both cheap, from the cached RDP curves), raising ``ValueError``: the
-RDP upper bound on ε must be at most ``max_epsilon`` (100; the message points to rdp, since
-PldAccountant refuses such ε too), and opacus's grid at most ``max_grid_points`` (1e7 points,
-~10 s and ~2 GB per call; the message points to pld, which is fast there: q=0.01, σ=0.7,
-T=50000, 7.9M points, ε=39.4 takes 9.6 s with PRV and 0.9 s with PLD). Any exception from
-opacus, or a non-finite ε, is re-raised as ``ValueError`` naming pld. Small ε: the +eps_error
-makes the bound loose in relative terms (+0.5% at ε≈1.8, +3% at ε≈0.3, +100% at ε≈0.01,
-compared with PLD).
+checked before the composition runs (both cheap, from the cached RDP curves), raising
+``ValueError``: the RDP upper bound on ε must be at most ``max_epsilon`` (100; the message
+points to rdp, since PldAccountant refuses such ε too), and the grid at most
+``max_grid_points`` (1e7 points, ~10 s and ~2 GB per call; the message points to pld, which is
+fast there: q=0.01, σ=0.7, T=50000, 7.9M points, ε=39.4 takes 9.6 s with PRV and 0.9 s with
+PLD). Any exception from the composition, or a non-finite ε, is re-raised as ``ValueError``
+naming pld. Small ε: the +eps_error makes the bound loose in relative terms (+0.5% at ε≈1.8,
++3% at ε≈0.3, +100% at ε≈0.01, compared with PLD).
 
 Assumptions: Poisson sampling of clients and add/remove-one adjacency (opacus's PRV of the
 Poisson-subsampled Gaussian). A fixed-size cohort drawn without replacement is accounted with
@@ -60,7 +60,7 @@ DEFAULT_MAX_GRID_POINTS = 10_000_000
 
 class PrvAccountant(HistoryAccountant):
     name = "prv"
-    refusal = "opacus's PRV grid grows with ε and fails or runs out of memory there."
+    refusal = "the PRV grid grows with ε and fails or runs out of memory there."
 
     def __init__(
         self,
@@ -82,7 +82,7 @@ class PrvAccountant(HistoryAccountant):
         points = grid_points(runs, self.eps_error, delta_error)
         if points > self.max_grid_points:
             raise ValueError(
-                f"PRV accounting refused ({where}): opacus's PRV grid would need {points:.3g} "
+                f"PRV accounting refused ({where}): the PRV grid would need {points:.3g} "
                 f"points (> max_grid_points={self.max_grid_points:.3g}; it grows like "
                 "ε·sqrt(rounds)/eps_error); use the pld accountant."
             )
