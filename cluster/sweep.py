@@ -34,7 +34,15 @@ import yaml
 
 from cluster.compare import mean_std, write_csv
 from cluster.config import ConfigError, ExperimentConfig
-from cluster.sweep_spec import SweepSpec, SweepTrial, Values, format_value, label, trial_digest
+from cluster.sweep_spec import (
+    SweepSpec,
+    SweepTrial,
+    Values,
+    configuration,
+    format_value,
+    label,
+    trial_digest,
+)
 from cluster.trials import Trial, TrialResult, build_config, calibrate, merged, run_concurrently
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # the spec's stem: it names runs and tags
@@ -67,6 +75,11 @@ class Planned:
     records: list[TrialRecord]
     configs: dict[str, ExperimentConfig] = field(default_factory=dict)  # by trial name
     overrides: list[str] = field(default_factory=list)  # --set
+    final: TrialRecord | None = None  # cross-validation: the selection retrained on all rows
+    tracking: tuple[str, str] | None = None  # (tracking URI, experiment) where runs are found
+
+    def all_records(self) -> list[TrialRecord]:
+        return self.records + ([self.final] if self.final is not None else [])
 
 
 # ------------------------------------------------------------------------------ planning
@@ -89,19 +102,31 @@ def plan(path: Path, overrides: list[str]) -> Planned:
     return planned
 
 
-def trial_config(spec: SweepSpec, overrides: list[str], trial: SweepTrial) -> ExperimentConfig:
-    name = trial.name(spec.name)
+def trial_config(
+    spec: SweepSpec, overrides: list[str], trial: SweepTrial, changes: dict | None = None
+) -> ExperimentConfig:
+    """``trial``'s config (its values; or ``changes``, with its name and seed)."""
+    name = trial.name(spec.name) if changes is None else final_name(spec, trial)
     extra = [f"seed={trial.seed}", f"tracking.run_name={json.dumps(name)}"]
     raw = merged(spec.base, overrides)
     if (raw.get("tracking") or {}).get("enabled", True) is False:  # an untracked checkpoint is
         directory = (raw.get("checkpoint") or {}).get("dir") or "checkpoints"  # named by seed
         extra.append(f"checkpoint.dir={json.dumps(f'{directory}/{name}')}")
     try:
-        return build_config(spec.base, overrides, dict(trial.values), extra)
+        return build_config(spec.base, overrides, changes or dict(trial.values), extra)
     except ConfigError as error:
         raise ConfigError(
             error.field_path, error.value, f"{error.fix} (trial {trial.label()}, seed {trial.seed})"
         ) from None
+
+
+def final_name(spec: SweepSpec, trial: SweepTrial) -> str:
+    return f"sweep-{spec.name}-{trial.label()}-final-seed{trial.seed}"
+
+
+def selected_changes(spec: SweepSpec, values: Values) -> dict:
+    """The selected configuration's overrides; after cross-validation, on all training rows."""
+    return dict(values) | ({"data.validation": None} if spec.cross_validated else {})
 
 
 def check_selection(spec: SweepSpec, config: ExperimentConfig) -> None:
@@ -124,10 +149,11 @@ def validation_kind(spec: SweepSpec, config: ExperimentConfig) -> str:
 # ------------------------------------------------------------------------------ MLflow
 
 
-def find_finished(planned: Planned, uri: str, experiment: str) -> None:
-    """Mark the trials whose runs finished and were recorded (a resumed sweep)."""
+def find_finished(planned: Planned, records: list[TrialRecord]) -> None:
+    """Mark the ``records`` whose runs finished and were recorded (a resumed sweep)."""
     from mlflow.tracking import MlflowClient
 
+    uri, experiment = planned.tracking
     client = MlflowClient(uri)
     found = client.get_experiment_by_name(experiment)
     if found is None:
@@ -136,7 +162,7 @@ def find_finished(planned: Planned, uri: str, experiment: str) -> None:
     runs = client.search_runs([found.experiment_id], query + " and attributes.status = 'FINISHED'")
     by_digest = {run.data.tags.get("sweep_trial"): run for run in runs}
     metric = planned.spec.select.metric
-    for record in planned.records:
+    for record in records:
         run = by_digest.get(record.digest)
         if run is None:
             continue
@@ -201,7 +227,10 @@ def final_metric(outcome, name: str) -> float | None:
     return None
 
 
-def fill(record: TrialRecord, result: TrialResult, metric: str) -> None:
+def fill(record: TrialRecord, result: TrialResult, metric: str, role: str) -> None:
+    """``record`` from its run's ``result``; its privacy as ``role`` ("trial" or "final")."""
+    from dataclasses import replace
+
     from privacy.tuning import trial_privacy
 
     record.status, record.error, record.seconds = result.status, result.error or "", result.seconds
@@ -212,13 +241,13 @@ def fill(record: TrialRecord, result: TrialResult, metric: str) -> None:
     record.metric, record.test_accuracy = final_metric(outcome, metric), outcome.final_accuracy
     record.epsilon = outcome.claim.epsilon_text(outcome.epsilon, outcome.epsilon_vs_server)
     if record.status == "FINISHED":
-        record.privacy = trial_privacy(outcome).to_dict()
+        record.privacy = replace(trial_privacy(outcome), role=role).to_dict()
 
 
 def configurations(records: list[TrialRecord]) -> dict[Values, list[TrialRecord]]:
     grouped: dict[Values, list[TrialRecord]] = {}
     for record in records:
-        grouped.setdefault(record.trial.values, []).append(record)
+        grouped.setdefault(configuration(record.trial.values), []).append(record)
     return grouped
 
 
@@ -233,12 +262,12 @@ def summarize(spec: SweepSpec, records: list[TrialRecord]) -> list[dict]:
         test = mean_std(tests) if tests else (None, None)
         rows.append(
             {"configuration": label(values), **{f: v for f, v in values},
-             "seeds_finished": len(done), "seeds": len(group),
+             "trials_finished": len(done), "trials": len(group),
              f"{spec.select.metric}_mean": metric[0], f"{spec.select.metric}_std": metric[1],
              "test_accuracy_mean": test[0], "test_accuracy_std": test[1],
              "epsilon": next((r.epsilon for r in done), ""), "selected": False}
         )  # fmt: skip
-    complete = [r for r in rows if r["seeds_finished"] == r["seeds"]]
+    complete = [r for r in rows if r["trials_finished"] == r["trials"]]
     if complete:
         key = f"{spec.select.metric}_mean"
         best = spec.select.best([r[key] for r in complete])
@@ -262,13 +291,13 @@ def _cell(mean: float | None, std: float | None) -> str:
 
 def markdown(spec: SweepSpec, rows: list[dict], records: list[TrialRecord]) -> str:
     metric = spec.select.metric
-    fields = list(spec.space)
-    header = f"| configuration | {' | '.join(fields)} | seeds | {metric} | test accuracy | ε | |"
+    fields = spec.fields
+    header = f"| configuration | {' | '.join(fields)} | trials | {metric} | test accuracy | ε | |"
     lines = [header, "|---" * header.count(" |") + "|"]
     for r in rows:
         cells = " | ".join(format_value(r[f]) for f in fields)
         lines.append(
-            f"| {r['configuration']} | {cells} | {r['seeds_finished']}/{r['seeds']} "
+            f"| {r['configuration']} | {cells} | {r['trials_finished']}/{r['trials']} "
             f"| {_cell(r[f'{metric}_mean'], r[f'{metric}_std'])} "
             f"| {_cell(r['test_accuracy_mean'], r['test_accuracy_std'])} | {r['epsilon']} "
             f"| {'selected' if r['selected'] else ''} |"
@@ -283,7 +312,7 @@ def plot_parameters(spec: SweepSpec, records: list[TrialRecord], path: Path) -> 
     means over seeds joined (matplotlib's object API, as ``compare`` draws)."""
     from matplotlib.figure import Figure
 
-    fields = list(spec.space)
+    fields = spec.fields
     fig = Figure(figsize=(4.2 * len(fields), 3.6))
     for index, name in enumerate(fields):
         ax = fig.add_subplot(1, len(fields), index + 1)
@@ -313,12 +342,14 @@ def selected_yaml(planned: Planned, values: Values) -> str:
     from cluster.trials import assignments
 
     spec = planned.spec
-    run_base, run_overrides = run_setup(spec.base, planned.overrides, dict(values))
-    raw = merged(run_base, [*run_overrides, *assignments(dict(values)), f"seed={spec.seeds[0]}"])
+    changes = selected_changes(spec, values)
+    run_base, run_overrides = run_setup(spec.base, planned.overrides, changes)
+    raw = merged(run_base, [*run_overrides, *assignments(changes), f"seed={spec.seeds[0]}"])
     seeds = ", ".join(map(str, spec.seeds))
     head = (
         f"# sweep {spec.name}: selected by the mean {spec.select.metric} ({spec.select.mode}) over "
-        f"seeds {seeds}: {label(values)}\n# uv run python -m cluster run selected.yaml "
+        f"seeds {seeds}{' and folds' * spec.cross_validated}: {label(values)}\n"
+        "# uv run python -m cluster run selected.yaml "
         "[--set seed=K]\n"
     )
     return head + yaml.safe_dump(raw, sort_keys=False)
@@ -329,6 +360,7 @@ def statement(planned: Planned, records: list[TrialRecord]):
 
     spec, first = planned.spec, planned.configs[planned.records[0].name]
     trials = [TrialPrivacy.from_dict(r.privacy) for r in records if r.privacy is not None]
+
     return tuning_statement(
         trials,
         search=spec.method,
@@ -342,13 +374,12 @@ def write_outputs(planned: Planned, rows: list[dict], out: Path, tuning) -> list
     spec, records = planned.spec, planned.records
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / n for n in ("sweep.md", "sweep.csv", "sweep_params.png", "tuning_privacy.json")]
-    paths[0].write_text(markdown(spec, rows, records) + "\n")
-    write_csv([*rows, *trial_rows(records, spec.select.metric)], paths[1])
+    paths[0].write_text(markdown(spec, rows, planned.all_records()) + "\n")
+    write_csv([*rows, *trial_rows(planned.all_records(), spec.select.metric)], paths[1])
     plot_parameters(spec, records, paths[2])
     paths[3].write_text(json.dumps(tuning.__dict__, indent=1) + "\n")
-    chosen = next((r for r in rows if r["selected"]), None)
-    if chosen is not None:
-        values = next(v for v in configurations(records) if label(v) == chosen["configuration"])
+    values = _chosen_values(planned)
+    if values is not None:
         paths.append(out / "selected.yaml")
         paths[-1].write_text(selected_yaml(planned, values))
     return paths
@@ -410,10 +441,11 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     first = planned.configs[records[0].name]
-    tracked = first.tracking.enabled
-    parent = _open_parent(planned, first) if tracked else None
+    parent = _open_parent(planned, first) if first.tracking.enabled else None
     try:
-        _run_trials(planned, parent, args.concurrent)
+        _run_records(planned, parent, args.concurrent, records, "trial")
+        if spec.cross_validated:
+            _retrain(planned, parent, args.concurrent)
     except BaseException as error:
         if parent is not None:
             parent.abandon("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
@@ -424,21 +456,23 @@ def run(args: argparse.Namespace) -> int:
 def _open_parent(planned: Planned, first: ExperimentConfig):
     from cluster.tracking_process import tracking_uri
 
-    uri, experiment = tracking_uri(), first.tracking.experiment
-    find_finished(planned, uri, experiment)
-    parent = parent_run(planned, uri, experiment)
+    planned.tracking = (tracking_uri(), first.tracking.experiment)
+    find_finished(planned, planned.records)
+    parent = parent_run(planned, *planned.tracking)
     parent.wait_open()
     return parent
 
 
-def _run_trials(planned: Planned, parent, concurrent: int) -> None:
+def _run_records(
+    planned: Planned, parent, concurrent: int, records: list[TrialRecord], role: str
+) -> None:
+    """Run the ``records`` not finished before, as ``role`` ("trial", or "final")."""
     spec = planned.spec
-    todo = [r for r in planned.records if r.status != "FINISHED"]
-    skipped = len(planned.records) - len(todo)
+    todo = [r for r in records if r.status != "FINISHED"]
+    skipped = len(records) - len(todo)
     print(
-        f"sweep {spec.name}: {len(planned.records)} trials ({len(spec.seeds)} seeds each), "
-        f"{skipped} finished before (resumed), {len(todo)} to run"
-        + (f", {concurrent} at once at most" if concurrent else ""),
+        f"sweep {spec.name}: {len(records)} {role} run(s), {skipped} finished before (resumed), "
+        f"{len(todo)} to run" + (f", {concurrent} at once at most" if concurrent else ""),
         flush=True,
     )
     said: set[str] = set()
@@ -451,11 +485,11 @@ def _run_trials(planned: Planned, parent, concurrent: int) -> None:
 
     by_name = {r.name: r for r in todo}
     trials = [Trial(r.name, calibrate(planned.configs[r.name], say_once)) for r in todo]
-    progress = Progress(len(planned.records), skipped)
+    progress = Progress(len(records), skipped)
 
     def on_done(result: TrialResult, uri: str | None) -> None:
         record = by_name[result.trial.name]
-        fill(record, result, spec.select.metric)
+        fill(record, result, spec.select.metric, role)
         record_trial(record, uri, spec.name)
         progress.finished(record, spec.select.metric)
 
@@ -464,40 +498,78 @@ def _run_trials(planned: Planned, parent, concurrent: int) -> None:
         print()
 
 
+def _retrain(planned: Planned, parent, concurrent: int) -> None:
+    """After cross-validation: the selected configuration once more, on all training rows
+    (``data.validation: null``) at the first seed; its test accuracy is the one reported."""
+    spec = planned.spec
+    chosen = _chosen_values(planned)
+    if chosen is None:
+        return
+    trial = SweepTrial(chosen, spec.seeds[0])
+    config = trial_config(spec, planned.overrides, trial, selected_changes(spec, chosen))
+    planned.final = TrialRecord(trial, final_name(spec, trial), trial_digest(config))
+    planned.configs[planned.final.name] = config
+    if planned.tracking is not None:
+        find_finished(planned, [planned.final])
+    _run_records(planned, parent, concurrent, [planned.final], "final")
+
+
+def _chosen_values(planned: Planned) -> Values | None:
+    """The selected configuration's values (None: nothing could be selected)."""
+    rows = summarize(planned.spec, planned.records)
+    chosen = next((r for r in rows if r["selected"]), None)
+    if chosen is None:
+        return None
+    grouped = configurations(planned.records)
+    return next(v for v in grouped if label(v) == chosen["configuration"])
+
+
 def _finish(planned: Planned, parent, out: Path) -> int:
     spec, records = planned.spec, planned.records
     rows = summarize(spec, records)
-    print(markdown(spec, rows, records))
-    tuning = statement(planned, records)
+    print(markdown(spec, rows, planned.all_records()))
+    tuning = statement(planned, planned.all_records())
     chosen = next((r for r in rows if r["selected"]), None)
+    reported = _reported_test(planned, chosen)
     if chosen is None:
-        print("sweep: no configuration finished every seed: nothing selected", file=sys.stderr)
+        print("sweep: no configuration finished every trial: nothing selected", file=sys.stderr)
     else:  # the test metric of the selected configuration, reported once
+        metric = spec.select.metric
         print(
-            f"selected: {chosen['configuration']} ({spec.select.metric} "
-            f"{_cell(chosen[f'{spec.select.metric}_mean'], chosen[f'{spec.select.metric}_std'])}"
-            f" over {chosen['seeds']} seeds); its test accuracy: "
-            f"{_cell(chosen['test_accuracy_mean'], chosen['test_accuracy_std'])}"
+            f"selected: {chosen['configuration']} ({metric} "
+            f"{_cell(chosen[f'{metric}_mean'], chosen[f'{metric}_std'])} over "
+            f"{chosen['trials']} trials); its test accuracy: {reported}"
         )
     print(tuning.line())
     paths = write_outputs(planned, rows, out, tuning)
     print(f"wrote {', '.join(str(p) for p in paths)}")
     if parent is not None:
-        children = {r.name: r.run_id for r in records if r.run_id}
+        children = {r.name: r.run_id for r in planned.all_records() if r.run_id}
         (out / "children.json").write_text(json.dumps(children, indent=1) + "\n")
-        parent.set_tags(_parent_tags(spec, chosen, tuning))
+        parent.set_tags(_parent_tags(spec, chosen, reported, tuning))
         parent.log_files([*paths, out / "children.json"], "sweep")
         parent.end()
-    failed = [r for r in records if r.status != "FINISHED"]
+    failed = [r for r in planned.all_records() if r.status != "FINISHED"]
     return 1 if failed else 0
 
 
-def _parent_tags(spec: SweepSpec, chosen: dict | None, tuning) -> dict[str, str]:
+def _reported_test(planned: Planned, chosen: dict | None) -> str:
+    """The selected configuration's test accuracy: the retrained run's after
+    cross-validation, else the mean ± std over its trials."""
+    final = planned.final
+    if final is not None:
+        value = "—" if final.test_accuracy is None else f"{final.test_accuracy:.4f}"
+        return f"{value} (retrained on all training rows: {final.name}, {final.status})"
+    return (
+        "—" if chosen is None else _cell(chosen["test_accuracy_mean"], chosen["test_accuracy_std"])
+    )
+
+
+def _parent_tags(spec: SweepSpec, chosen: dict | None, reported: str, tuning) -> dict[str, str]:
     tags = {"selected_on_test": str(spec.select.on_test).lower(), "tuning_privacy": tuning.line()}
     if chosen is not None:
         tags["selected"] = chosen["configuration"]
-        test = chosen["test_accuracy_mean"]
-        tags["selected_test_accuracy"] = "" if test is None else f"{test:.6g}"
+        tags["selected_test_accuracy"] = reported
     if tuning.epsilon is not None and math.isfinite(tuning.epsilon):
         tags["tuning_epsilon"] = f"{tuning.epsilon:.6g}"
     return tags

@@ -17,7 +17,10 @@ Distributions: ``uniform`` (low, high), ``loguniform`` (0 < low < high), ``choic
 Random draws come from one ``numpy`` generator seeded by ``search.seed``: first the number of
 configurations (where drawn), then each configuration's fields in the space's order. Every
 configuration runs once per seed; it is selected by its mean over those seeds of
-``select.metric`` (its last evaluation), never by its best seed. ``metric`` is one of
+``select.metric`` (its last evaluation), never by its best seed. Sweeping
+``data.validation.fold`` is k-fold cross-validation: a configuration's score is then its mean
+over folds and seeds, and the selected one is retrained on all training rows
+(``data.validation: null``), whose test accuracy is the one reported. ``metric`` is one of
 ``METRICS``; selecting on the test set is allowed, with a warning and the parent run tagged
 ``selected_on_test=true``. Keys starting with ``x-`` are ignored (YAML anchors).
 
@@ -42,6 +45,8 @@ DISTRIBUTIONS = {"uniform": ("low", "high"), "loguniform": ("low", "high"), "cho
 METRICS = ("validation_accuracy", "validation_loss", "test_accuracy", "test_loss")
 MODES = ("max", "min")
 MAX_TRIALS = 10_000  # a grid's product, or a draw: beyond any sweep this machine runs
+# k-fold cross-validation: the fold is averaged over like the seeds, never a configuration
+FOLD = "data.validation.fold"
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,11 @@ def _short_names(fields: list[str]) -> dict[str, str]:
     """Each field's last part (``algorithm.local.lr`` → ``lr``) where that is unambiguous."""
     last = [f.rsplit(".", 1)[-1] for f in fields]
     return {f: s if last.count(s) == 1 else f for f, s in zip(fields, last, strict=True)}
+
+
+def configuration(values: Values) -> Values:
+    """A trial's configuration: its values without the cross-validation fold."""
+    return tuple((f, v) for f, v in values if f != FOLD)
 
 
 def format_value(value: Any) -> str:
@@ -119,6 +129,17 @@ class SweepSpec:
         return [
             tuple((f, _draw(rng, domain)) for f, domain in self.space.items()) for _ in range(count)
         ]
+
+    @property
+    def cross_validated(self) -> bool:
+        """The folds of ``data.validation`` are swept: after the selection, the chosen
+        configuration is retrained on all training rows."""
+        return FOLD in self.space
+
+    @property
+    def fields(self) -> list[str]:
+        """The swept fields that make configurations (the fold does not)."""
+        return [f for f in self.space if f != FOLD]
 
     def trials(self) -> list[SweepTrial]:
         return [SweepTrial(v, s) for v in self.configurations() for s in self.seeds]

@@ -19,7 +19,7 @@ from benchmarks.sweep import SPACE, tiny_base
 from cluster.checkpoint import load_checkpoint
 from cluster.cli import main
 from cluster.sweep import TrialRecord, plan, summarize
-from cluster.sweep_spec import SweepTrial, load
+from cluster.sweep_spec import FOLD, SweepTrial, load
 from cluster.trials import calibrate
 from tests.helpers import run_local
 
@@ -134,7 +134,7 @@ def test_selection_is_by_the_mean_over_seeds_never_the_best_seed(tmp_path, store
     rows = summarize(spec, records)
     assert [r["selected"] for r in rows] == [False, True, False]
     assert rows[0]["validation_accuracy_mean"] == pytest.approx(0.55)
-    assert (rows[2]["seeds_finished"], rows[2]["seeds"]) == (1, 2)
+    assert (rows[2]["trials_finished"], rows[2]["trials"]) == (1, 2)
 
 
 # ------------------------------------------------------------------------- slow: on Ray
@@ -285,3 +285,22 @@ def test_ctrl_c_stops_every_running_trial_cleanly(tmp_path, store_root):
     assert [r.info.status for r in runs] == ["KILLED", "KILLED"], printed
     for run in runs:
         assert (tmp_path / "ck" / f"{run.info.run_id}.pt").is_file()
+
+
+def test_cross_validation_averages_the_folds_and_retrains_on_all_rows():
+    """DP-SCAFFOLD's η₀ by 5-fold CV: a configuration is η₀ alone (its score the mean over the
+    folds), and the selected one is retrained with data.validation: null."""
+    from cluster.sweep import selected_yaml
+
+    planned = plan(Path("configs/cpu/sweep_dpscaffold_cv.yaml"), [])
+    assert len(planned.records) == 15 and planned.spec.cross_validated
+    for record in planned.records:  # η₀ = 1.0 best on average, η₀ = 3.0 on one fold
+        eta, fold = (dict(record.trial.values)[k] for k in ("algorithm.local.lr", FOLD))
+        record.status, record.metric = "FINISHED", {0.3: 0.5, 1.0: 0.7, 3.0: 0.6}[eta]
+        record.metric += 0.25 * (eta == 3.0 and fold == 0)
+    rows = summarize(planned.spec, planned.records)
+    assert [r["configuration"] for r in rows] == ["lr=0.3", "lr=1", "lr=3"]
+    assert [r["selected"] for r in rows] == [False, True, False]
+    assert rows[2]["trials"] == 5 and rows[2]["validation_accuracy_mean"] == pytest.approx(0.65)
+    chosen = yaml.safe_load(selected_yaml(planned, (("algorithm.local.lr", 1.0),)))
+    assert chosen["data"]["validation"] is None and chosen["algorithm"]["local"]["lr"] == 1.0
