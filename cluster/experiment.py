@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import math
 import statistics
@@ -47,7 +46,7 @@ def open_store(config: ExperimentConfig) -> tuple[ShardStore, bool]:
     try:
         if d.store is not None:
             store, built = ShardStore.open(d.store), False
-            check_store_matches(store, dataclasses.replace(d, num_clients=d.partitioned_clients))
+            check_store_matches(store, d)
         else:
             store, built = build_or_open_store(
                 d.resolved_store_root(),

@@ -124,14 +124,22 @@ def _check_raw_files(config: ExperimentConfig) -> None:
 
 
 def check_store_matches(store: ShardStore, d: DataConfig) -> None:
-    """The store holds the configured source and number of clients."""
+    """The store holds the configured source and number of clients (with
+    ``data.validation.clients``, the held-out ones too: ``DataConfig.partitioned_clients``)."""
     source = store.manifest["source"]["name"]
-    if store.num_clients != d.num_clients or source != d.source:
+    if store.num_clients != d.partitioned_clients or source != d.source:
+        held_out = d.partitioned_clients - d.num_clients
+        clients = (
+            f"data.num_clients={store.num_clients}"
+            if not held_out
+            else f"data.num_clients (+ {held_out} held out by data.validation.clients) to "
+            f"{store.num_clients} in all"
+        )
         raise ConfigError(
             "data.store",
             store.location,
-            f"it holds {store.num_clients} clients of {source!r}; set "
-            f"data.num_clients={store.num_clients} and data.source={source}",
+            f"it holds {store.num_clients} clients of {source!r}; set {clients} and "
+            f"data.source={source}",
         )
 
 

@@ -173,16 +173,31 @@ def trial_privacy(outcome) -> TrialPrivacy:
         }
         adjacency = f"{claim.adjacency.replace('_', ' ')} record"
     epsilon = outcome.epsilon
-    curve = mechanism_rdp(mechanism)
-    return TrialPrivacy(
+    return mechanism_trial(
+        mechanism,
+        adjacency,
+        claim.accountant_name,
         epsilon=epsilon if math.isfinite(epsilon) else None,
+        **described,
+        **common,
+    )
+
+
+def mechanism_trial(
+    mechanism: dict, adjacency: str, accountant: str, **fields_given
+) -> TrialPrivacy:
+    """A dp_valid trial of ``mechanism`` (``TrialPrivacy.mechanism``'s format) with its RDP
+    curve; ``fields_given`` sets the other fields (``unit`` "client" and ``epsilon`` None
+    unless given). For runs see ``trial_privacy``; calculators and tests build trials here."""
+    curve = mechanism_rdp(mechanism)
+    defaults = {"label": "trial", "unit": "client", "dp_valid": True, "delta": None}
+    return TrialPrivacy(
+        **{**defaults, "epsilon": None, **fields_given},
         adjacency=adjacency,
-        accountant=claim.accountant_name,
+        accountant=accountant,
         mechanism=mechanism,
         rdp_orders=None if curve is None else tuple(curve[0].tolist()),
         rdp=None if curve is None else tuple(curve[1].tolist()),
-        **described,
-        **common,
     )
 
 

@@ -13,6 +13,7 @@ import pytest
 from dp_accounting.rdp.rdp_privacy_accountant import _compute_rdp_repeat_and_select
 from scipy import optimize, stats
 
+from cluster.experiment import run_experiment
 from privacy.accountant import ADJACENCY, RdpAccountant, epsilon_from_rdp
 from privacy.pld import PldAccountant
 from privacy.record_level import RecordLevelAccountant
@@ -20,32 +21,31 @@ from privacy.tuning import (
     NOT_PRIVATISED,
     TrialPrivacy,
     check_num_trials_distribution,
+    compose_trials,
     draw_num_trials,
     expected_num_trials,
     mechanism_rdp,
+    mechanism_trial,
     repeat_and_select_rdp,
+    trial_privacy,
     tuning_statement,
 )
+from tests.helpers import small_config
 
 DELTA = 1e-5
 
 
 def valid_trial(mechanism, unit, adjacency, accountant, configuration) -> TrialPrivacy:
     """A dp_valid trial of ``mechanism`` at δ = 1e-5, validated on held-out clients."""
-    orders, rdp = mechanism_rdp(mechanism)
-    return TrialPrivacy(
+    return mechanism_trial(
+        mechanism,
+        adjacency,
+        accountant,
         label=configuration,
         unit=unit,
-        dp_valid=True,
         delta=DELTA,
-        epsilon=None,
-        adjacency=adjacency,
         threat_model=f"{unit} threat model",
         epsilon_for="this run",
-        accountant=accountant,
-        mechanism=mechanism,
-        rdp_orders=tuple(orders.tolist()),
-        rdp=tuple(rdp.tolist()),
         configuration=configuration,
         validation="clients",
     )
@@ -406,3 +406,60 @@ def test_trial_privacy_round_trips_through_json():
     assert again == trial
     with pytest.raises(ValueError, match="unknown keys"):
         TrialPrivacy.from_dict({**trial.to_dict(), "sigma": 1})
+
+
+# ----------------------------------------------------------------------------- real runs
+
+
+def run(store_root, *overrides):
+    return run_experiment(small_config(store_root, *overrides))
+
+
+DP_FEDAVG = [
+    "algorithm.name=dp_fedavg",
+    "algorithm.noise_multiplier=1.0",
+    "algorithm.clip_norm=1.0",
+    "cohort.sampling=poisson",
+    "data.validation={clients: 0.1}",
+]
+
+
+@pytest.mark.slow  # two runs: 37 s on the shared 2-core machine
+def test_the_tuning_epsilon_of_two_client_level_runs_validated_on_held_out_clients(store_root):
+    """Each trial recomposed alone is its run's ε, bit for bit; two trials of the same (σ, q)
+    are the project's accountant charged their 10 rounds."""
+    outcomes = [run(store_root, *DP_FEDAVG, f"algorithm.local.lr={lr}") for lr in (0.05, 0.1)]
+    trials = [trial_privacy(o) for o in outcomes]
+    for outcome, trial in zip(outcomes, trials, strict=True):
+        assert trial.unit == "client" and trial.validation == "clients"
+        assert trial.adjacency == "add/remove one client" and trial.accountant == "pld"
+        assert trial.mechanism["runs"] == [[1.0, 5 / 20, 5]]
+        assert compose_trials([trial], trial.delta) == (
+            outcome.epsilon,
+            "composition of 1 trials, PLD",
+        )
+        assert trial.epsilon == outcome.epsilon
+    assert trials[0].configuration != trials[1].configuration
+    result = statement(trials, delta=None)
+    longer = PldAccountant()
+    longer.step(1.0, 5 / 20, 10)
+    assert result.epsilon == longer.epsilon(trials[0].delta)
+    assert result.delta == outcomes[0].claim.delta
+
+
+def test_a_sample_level_trial_recomposes_to_its_runs_epsilon(store_root):
+    outcome = run(
+        store_root,
+        "algorithm.name=dp_scaffold",
+        "algorithm.noise_multiplier=2.0",
+        "algorithm.clip_norm=1.0",
+        "data.validation={fraction: 0.2}",
+    )
+    trial = trial_privacy(outcome)
+    assert trial.unit == "record" and trial.adjacency == "replace one record"
+    assert trial.mechanism["data_rate"] == 16 / 64  # the 64 rows left of 80
+    assert compose_trials([trial], trial.delta)[0] == pytest.approx(outcome.epsilon, rel=1e-12)
+    private = statement([trial], validation="private", delta=None)
+    assert private.epsilon is None and private.reason == NOT_PRIVATISED
+    silent = trial_privacy(run(store_root, "data.validation={clients: 0.1}"))
+    assert silent.unit is None and statement([silent]).reason.startswith("non-private")
