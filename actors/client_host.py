@@ -16,6 +16,7 @@ from actors.client_state import ClientStateStore
 from actors.kernel_table import KernelChoice, choose
 from algorithms.aggregate import PartialAggregate
 from algorithms.client import client_round
+from algorithms.control_variates import local_correction
 from algorithms.layout import ParamLayout
 from algorithms.local import LocalResult, ModelObjective, autocast_dtype
 from algorithms.presets import Algorithm
@@ -155,7 +156,7 @@ class ClientHost:
         params = self._to_device(broadcast.params)
         payload = {k: self._to_device(v) for k, v in broadcast.payload.items()}
         partial = PartialAggregate()
-        trained = self._train_vectorized(round_index, params, client_ids, broadcast.warmup)
+        trained = self._train_vectorized(round_index, params, payload, client_ids, broadcast.warmup)
         noise = client_generators(
             self.seed, round_index, client_ids, Purpose.CLIENT_NOISE, device=params.device
         )
@@ -186,20 +187,45 @@ class ClientHost:
         return partial.cpu()
 
     def _train_vectorized(
-        self, round_index: int, params: torch.Tensor, client_ids: list[int], warmup: bool
+        self,
+        round_index: int,
+        params: torch.Tensor,
+        payload: dict[str, torch.Tensor],
+        client_ids: list[int],
+        warmup: bool,
     ) -> dict[int, LocalResult]:
         """The round's local training for all ``client_ids`` at once, where vectorising is on
-        and it is the same computation (``algorithms.vectorized``); else {} (sequential)."""
-        if not self.vectorize or warmup or self.algorithm.control_variates:
+        and it is the same computation (``algorithms.vectorized``); else {} (sequential). The
+        streams are the sequential path's: each client's ``LOCAL_TRAINING`` batches and
+        ``SAMPLE_NOISE`` DP-SGD noise; SCAFFOLD's c − c_i from its stored c_i (0 at a cold
+        start). The authors' warm start (a missing c_i computed in the client's round) trains
+        sequentially."""
+        algorithm = self.algorithm
+        if not self.vectorize or warmup or algorithm.warm_start == "authors_code":
             return {}
-        trainer = self.algorithm.at_round(round_index).trainer
+        trainer = algorithm.at_round(round_index).trainer
         sizes = [self.data.num_records(cid) for cid in client_ids]
         if len(client_ids) < 2 or min(sizes) == 0 or not vectorizable(trainer, self.objective):
             return {}
-        generators = client_generators(self.seed, round_index, client_ids, Purpose.LOCAL_TRAINING)
+        seed, device = self.seed, params.device
+        generators = client_generators(seed, round_index, client_ids, Purpose.LOCAL_TRAINING)
+        noise = None
+        if algorithm.sample_dp is not None and algorithm.sample_dp.noise_multiplier > 0:
+            noise = client_generators(seed, round_index, client_ids, Purpose.SAMPLE_NOISE, device)
+        corrections = None
+        if algorithm.control_variates:
+            corrections = self._corrections(payload["control"], client_ids)
         data = [self.data[cid] for cid in client_ids]
-        results = train_clients(trainer, self.objective, params, data, generators)
+        results = train_clients(
+            trainer, self.objective, params, data, generators, corrections, noise
+        )
         return dict(zip(client_ids, results, strict=True))
+
+    def _corrections(self, server_control: torch.Tensor, client_ids: list[int]) -> torch.Tensor:
+        """[n, d]: SCAFFOLD's c − c_i of every client, c_i = 0 where it has none yet."""
+        zero = torch.zeros_like(server_control)
+        controls = [self.client_state.get(cid).get("control", zero) for cid in client_ids]
+        return local_correction(server_control, torch.stack(controls))
 
     def client_states(self) -> dict:
         """Per-client algorithm state (e.g. SCAFFOLD c_i) as arrays, for checkpoints."""

@@ -9,7 +9,11 @@ Per step, on a mini-batch of B records (spec 004, Alg. 1 line 9; Abadi et al. 20
 
 κ = 2 for replace-one adjacency (the paper's noise std 2Cσ_g/(sR) on the mean, sR = B: one
 record swapped for another moves the clipped sum by up to 2S) and κ = 1 for add/remove. The
-noise is drawn from the client's own seeded stream, bound once per round by ``for_round``.
+noise comes from the client's own seeded stream (``Purpose.SAMPLE_NOISE``), drawn once per
+round as a [K, d] block (``step_noise``): step k adds row k, N(0, I_d), times its std. One
+draw of K·d normals is not K draws of d (a generator fills a tensor in blocks), so this one
+definition is shared by the sequential path (``for_round``) and the clients-vectorised path
+(``algorithms.vectorized``), which thereby add the same noise to the same client's steps.
 
 ``simulation_noise_factor`` f (default 1) multiplies that noise for a simulation of a larger
 deployment (``privacy.noise_cohort_size`` C_n): f = √(m/C_n) makes the mean of the m simulated
@@ -177,23 +181,43 @@ def _linear_outer_products(model, params, linears: dict[str, nn.Linear], x, y):
     return logits.detach(), grads
 
 
+def _segments(per_example: torch.Tensor, offsets: tuple[int, ...] | None) -> list[torch.Tensor]:
+    """The last axis whole, or split at ``offsets`` (one segment per tensor)."""
+    if offsets is None:
+        return [per_example]
+    sizes = [stop - start for start, stop in zip(offsets[:-1], offsets[1:], strict=True)]
+    return list(per_example.split(sizes, dim=-1))
+
+
+def clip_scales(segment: torch.Tensor, clip_norm: float) -> torch.Tensor:
+    """min(1, C/‖row‖₂) of every row (last axis) of ``segment``, shape [..., 1]: the factor
+    that clips the row to L2 norm C (a zero row keeps factor 1)."""
+    return (clip_norm / torch.linalg.vector_norm(segment, dim=-1, keepdim=True)).clamp(max=1.0)
+
+
 def clipped_sum(
     per_example: torch.Tensor, clip_norm: float, offsets: tuple[int, ...] | None = None
 ) -> torch.Tensor:
-    """Σ_j of the per-example rows clipped to L2 norm C: whole rows, or each (start, stop)
-    segment of ``offsets`` separately (per-tensor clipping)."""
-    if offsets is None:
-        norms = torch.linalg.vector_norm(per_example, dim=1, keepdim=True)
-        return (per_example * (clip_norm / norms).clamp(max=1.0)).sum(0)
-    sizes = [stop - start for start, stop in zip(offsets[:-1], offsets[1:], strict=True)]
-    parts = per_example.split(sizes, dim=1)
+    """Σ_j of the [B, d] per-example rows clipped to L2 norm C: whole rows, or each (start,
+    stop) segment of ``offsets`` separately (per-tensor clipping)."""
+    parts = _segments(per_example, offsets)
+    return torch.cat([(p * clip_scales(p, clip_norm)).sum(0) for p in parts])
+
+
+def clipped_sums(
+    per_example: torch.Tensor,
+    weights: torch.Tensor,
+    clip_norm: float,
+    offsets: tuple[int, ...] | None = None,
+) -> torch.Tensor:
+    """``clipped_sum`` for m clients at once: [m, d] rows Σ_j w_ij·clip(g_ij) of the [m, B, d]
+    per-example gradients, each row clipped to C (or each segment, per tensor) as
+    ``clipped_sum`` clips it, weighted by the [m, B] ``weights`` (1 a client's record, 0 a
+    padded one); one batched product per segment."""
+    parts = _segments(per_example, offsets)
     return torch.cat(
-        [
-            (p * (clip_norm / torch.linalg.vector_norm(p, dim=1, keepdim=True)).clamp(max=1.0)).sum(
-                0
-            )
-            for p in parts
-        ]
+        [torch.einsum("mb,mbd->md", clip_scales(p, clip_norm)[..., 0] * weights, p) for p in parts],
+        dim=-1,
     )
 
 
@@ -271,22 +295,39 @@ class DpSgdGradient:
         payload=None,
         noise_stream: Callable[[], torch.Generator] | None = None,
         batch_size: int | None = None,
+        steps: int | None = None,
     ):
-        """The rule for one client's round: its noise stream (made once, here) and B, the
-        expected batch size the noisy sum is divided by (the drawn size under Poisson sampling
-        would depend on the data; None: the drawn size)."""
+        """The rule for one client's round of ``steps`` steps: its noise stream (made once,
+        here) and B, the expected batch size the noisy sum is divided by (the drawn size under
+        Poisson sampling would depend on the data; None: the drawn size). The round's [K, d]
+        noise block is drawn at the first step (``step_noise``), when d is known."""
         if self.noise_multiplier == 0:
-            return _DpSgdRound(self, None, batch_size)
+            return _DpSgdRound(self, None, batch_size, steps)
         if noise_stream is None:
             raise ValueError("DP-SGD needs the client's noise stream for the round")
-        return _DpSgdRound(self, noise_stream(), batch_size)
+        if steps is None:
+            raise ValueError("DP-SGD needs the round's step count K to draw its noise block")
+        return _DpSgdRound(self, noise_stream(), batch_size, steps)
 
 
-@dataclass(frozen=True)
+def step_noise(
+    generator: torch.Generator, steps: int, dim: int, like: torch.Tensor
+) -> torch.Tensor:
+    """One client's round of DP-SGD step noise: a [K, d] block of N(0, 1) drawn in one call
+    from its ``SAMPLE_NOISE`` stream, on ``like``'s device and dtype; row k is step k's noise
+    before scaling by its std. The one definition both the sequential and the vectorised path
+    use."""
+    return torch.randn((steps, dim), generator=generator, device=like.device, dtype=like.dtype)
+
+
+@dataclass
 class _DpSgdRound:
     rule: DpSgdGradient
     noise_generator: torch.Generator | None
     batch_size: int | None
+    steps: int | None
+    _noise: torch.Tensor | None = None  # the round's [K, d] block, drawn at step 0
+    _step: int = 0
 
     def __call__(self, objective, w: torch.Tensor, x, y):
         layout = objective.layout
@@ -302,8 +343,14 @@ class _DpSgdRound:
             loss, logits, total = torch.tensor(0.0), w.new_zeros((0, 1)), torch.zeros_like(w)
             std = self.rule.noise_std_on_sum(len(layout.names))
         if self.rule.noise_multiplier > 0:
-            noise = torch.randn(
-                total.shape, generator=self.noise_generator, device=total.device, dtype=total.dtype
-            )
-            total = total + std * noise
+            total = total + std * self._next_noise(total)
         return loss, logits, total / (self.batch_size or max(len(y), 1))
+
+    def _next_noise(self, like: torch.Tensor) -> torch.Tensor:
+        """Row k of the round's noise block at step k (the block drawn at step 0)."""
+        if self._noise is None:
+            self._noise = step_noise(self.noise_generator, self.steps, like.numel(), like)
+        if self._step >= self.steps:
+            raise ValueError(f"DP-SGD round of {self.steps} steps asked for step {self._step + 1}")
+        self._step += 1
+        return self._noise[self._step - 1]

@@ -12,7 +12,8 @@ PyTorch's SGD semantics (dampening 0, no Nesterov)::
 G is the trainer's gradient rule: ``SgdGradient`` (∇f, one evaluation per step),
 ``SamGradient`` (SAM/ASAM, two), ``PgnGradient`` (one) or ``DpSgdGradient`` (per-example
 clipping and noise, ``algorithms.dpsgd``), bound once per round to the broadcast payload, the
-client's noise stream and the expected batch size (DP-SGD's denominator) by ``for_round``.
+client's noise stream, the expected batch size (DP-SGD's denominator) and the number of steps
+K (DP-SGD's [K, d] noise block) by ``for_round``.
 ``ModelObjective.grad_evals`` counts every evaluation.
 Mini-batches (``batch_sampling``): ``epoch``, without replacement from a fresh permutation of
 the client's data each epoch (with ``local_steps`` the permutations continue across epoch
@@ -201,7 +202,9 @@ def _batch_totals(
 class SgdGradient:
     """G(w; ξ) = ∇f(w; ξ): one gradient evaluation per step."""
 
-    def for_round(self, payload=None, noise_stream=None, batch_size=None) -> SgdGradient:
+    def for_round(
+        self, payload=None, noise_stream=None, batch_size=None, steps=None
+    ) -> SgdGradient:
         return self
 
     def __call__(self, objective: ModelObjective, w: torch.Tensor, x, y):
@@ -224,7 +227,9 @@ class SamGradient:
     rho: float
     adaptive: bool = False
 
-    def for_round(self, payload=None, noise_stream=None, batch_size=None) -> SamGradient:
+    def for_round(
+        self, payload=None, noise_stream=None, batch_size=None, steps=None
+    ) -> SamGradient:
         return self
 
     def __call__(self, objective: ModelObjective, w: torch.Tensor, x, y):
@@ -261,7 +266,7 @@ class PgnGradient:
     rho: float = 0.2
     perturbation: Literal["ascent", "descent"] = "ascent"
 
-    def for_round(self, payload=None, noise_stream=None, batch_size=None) -> _PgnRound:
+    def for_round(self, payload=None, noise_stream=None, batch_size=None, steps=None) -> _PgnRound:
         """The rule with this round's δ and drift (1 − β)·g̃ computed once, not every step."""
         direction = (payload or {}).get("direction")
         norm = 0.0 if direction is None else float(torch.linalg.vector_norm(direction))
@@ -391,7 +396,10 @@ class LocalTrainer:
 
     def _round_batches(self, objective, x, y, generator, payload, noise_stream, augment_rng):
         """(the gradient rule bound to this round, iterator of (x_batch, y_batch))."""
-        gradient = self.gradient.for_round(payload, noise_stream, min(self.batch_size, len(y)))
+        size = len(y)
+        gradient = self.gradient.for_round(
+            payload, noise_stream, min(self.batch_size, size), self.num_steps(size)
+        )
 
         def batches():
             for index in self.batches(len(y), generator):

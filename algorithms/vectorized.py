@@ -17,23 +17,38 @@ Clients of unequal sizes (the usual case under a Dirichlet partition) train toge
   computed and updated, and a finished client's weights and momentum are left as they were;
 - **learning rates**: per client (``lr_scaling: inverse_sk`` depends on the client's size).
 
-Vectorised where it is the same computation (``vectorizable``): the plain SGD gradient (no SAM,
-PGN or per-step DP-SGD noise), no regularizers, no control-variate correction, no data
-augmentation, no dropout or batch-norm statistics in the model, and batches drawn per epoch or
-afresh (a Poisson batch may be empty, which the sequential path does not average). Momentum and
-weight decay are vectorised. Anything else trains sequentially. Clients are processed in chunks
-whose parameter matrices stay under ``MAX_CHUNK_FLOATS`` (weights, gradients and momentum), and
-a chunk's clients are of similar step counts (the order above), so little of a step is idle.
+DP-SGD (``DpSgdGradient``, the sample-level presets) is vectorised too: each step takes the
+per-example gradients of all m clients × B records in one ``torch.func`` pass (a ``vmap`` over
+clients of a ``vmap`` over records of ``grad``: an [m, B, d] tensor), clips each client's rows
+to its C (flat, or each tensor's segment: per-layer scope) with padded records weighted 0, adds
+row k of each client's own [K_i, d] noise block (``algorithms.dpsgd.step_noise``, from its
+``SAMPLE_NOISE`` stream: the sequential path's draw, bit for bit) times κ·S·f·σ_g, and divides
+by the client's B_i = min(B, n_i). A Poisson batch may be empty there (the step is the noise
+alone, as sequentially): DP-SGD's step is a sum, which padding leaves exact. SCAFFOLD's
+correction c − c_i (``corrections``, one row per client) is added to each client's step as
+``LocalTrainer.descend`` adds it sequentially, with and without DP-SGD.
+
+Vectorised where it is the same computation (``vectorizable``): the plain SGD gradient or
+DP-SGD with a fixed clip (not SAM or PGN; DP-SCAFFOLD's median heuristic, a per-step median of
+each client's norms, stays sequential), no regularizers, no data augmentation, no dropout or
+batch-norm statistics in the model, and batches drawn per epoch or afresh (or Poisson, for
+DP-SGD only: an empty batch has no mean to average). Momentum and weight decay are vectorised.
+Anything else trains sequentially. Clients are processed in chunks whose matrices stay under
+``MAX_CHUNK_FLOATS`` (weights, gradients and momentum; for DP-SGD the [m, B, d] per-example
+gradients and the [m, K, d] noise blocks), and a chunk's clients are of similar step counts
+(the order above), so little of a step is idle.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
-from torch.func import grad_and_value, vmap
+from torch.func import grad, grad_and_value, vmap
 
+from algorithms.dpsgd import DpSgdGradient, clipped_sums, step_noise
 from algorithms.local import LocalResult, LocalTrainer, ModelObjective, SgdGradient
 from models import GLOBAL_RNG_LAYERS
 
@@ -44,11 +59,14 @@ _STATEFUL_OR_RANDOM = (*GLOBAL_RNG_LAYERS, nn.modules.batchnorm._BatchNorm)
 
 def vectorizable(trainer: LocalTrainer, objective: ModelObjective) -> bool:
     """Whether ``train_clients`` computes exactly what ``trainer.train`` would, per client."""
+    gradient = trainer.gradient
+    dp_sgd = isinstance(gradient, DpSgdGradient) and gradient.clip_rule == "fixed"
+    samplings = ("epoch", "fresh", "poisson") if dp_sgd else ("epoch", "fresh")
     return (
-        type(trainer.gradient) is SgdGradient
+        (type(gradient) is SgdGradient or dp_sgd)
         and not trainer.regularizers
         and trainer.max_grad_norm is None
-        and trainer.batch_sampling in ("epoch", "fresh")
+        and trainer.batch_sampling in samplings
         and objective.augment is None
         and not any(isinstance(m, _STATEFUL_OR_RANDOM) for m in objective.model.modules())
     )
@@ -60,8 +78,13 @@ def train_clients(
     params: torch.Tensor,
     data: list[tuple[torch.Tensor, torch.Tensor]],
     generators: list[torch.Generator],
+    corrections: torch.Tensor | None = None,
+    noise_generators: list[torch.Generator] | None = None,
 ) -> list[LocalResult]:
-    """``[trainer.train(objective, params, x, y, g) for (x, y), g in ...]``, vectorised.
+    """``[trainer.train(objective, params, x, y, g, correction, noise_stream=...) for ...]``,
+    vectorised: ``generators`` each client's ``LOCAL_TRAINING`` stream, ``corrections`` an
+    [n, d] matrix of SCAFFOLD's c − c_i (None: no correction), ``noise_generators`` each
+    client's ``SAMPLE_NOISE`` stream (DP-SGD with σ_g > 0 needs them).
 
     Every client needs at least one record.
     """
@@ -70,7 +93,7 @@ def train_clients(
         raise ValueError("train_clients: every client needs at least one record")
     steps = [trainer.num_steps(size) for size in sizes]
     order = sorted(range(len(data)), key=lambda i: -steps[i])  # most steps first (stable)
-    chunk = max(1, MAX_CHUNK_FLOATS // params.numel())
+    chunk = max(1, MAX_CHUNK_FLOATS // (params.numel() * _rows_per_client(trainer, steps)))
     results: list[LocalResult | None] = [None] * len(data)
     for start in range(0, len(order), chunk):
         members = order[start : start + chunk]
@@ -80,6 +103,8 @@ def train_clients(
             params,
             [data[i] for i in members],
             [generators[i] for i in members],
+            None if corrections is None else corrections[members],
+            None if noise_generators is None else [noise_generators[i] for i in members],
         )
         for i, result in zip(members, trained, strict=True):
             results[i] = result
@@ -111,7 +136,17 @@ def _masked_loss(objective: ModelObjective):
     return loss
 
 
-def _train_chunk(trainer, objective, params, data, generators) -> list[LocalResult]:
+def _rows_per_client(trainer: LocalTrainer, steps: list[int]) -> int:
+    """d-sized rows a client holds in a chunk: 1 (weights), or for DP-SGD the larger of its
+    B per-example gradients and its K noise rows."""
+    if not isinstance(trainer.gradient, DpSgdGradient):
+        return 1
+    return max(trainer.batch_size, max(steps, default=1), 1)
+
+
+def _train_chunk(
+    trainer, objective, params, data, generators, corrections, noise_generators
+) -> list[LocalResult]:
     """Clients ordered by step count, most first: at step k the active ones are a prefix."""
     n, device = len(data), params.device
     sizes = [y.shape[0] for _, y in data]
@@ -120,11 +155,13 @@ def _train_chunk(trainer, objective, params, data, generators) -> list[LocalResu
     lr = rates[0] if len(set(rates)) == 1 else torch.tensor(rates, device=device)[:, None]
     xs, ys = _padded_stack([x for x, _ in data]), _padded_stack([y for _, y in data])
 
-    step = vmap(grad_and_value(_masked_loss(objective), has_aux=True))
+    if isinstance(trainer.gradient, DpSgdGradient):
+        step = _ClientsDpSgd.of(trainer, objective, params, sizes, steps, noise_generators)
+    else:
+        step = _sgd_step(objective)
     w, buf = params.expand(n, -1).clone(), None
     loss_sum = torch.zeros(n, dtype=torch.float64, device=device)
-    correct = torch.zeros(n, dtype=torch.int64, device=device)
-    seen = torch.zeros(n, dtype=torch.int64, device=device)
+    correct, seen, evals = (torch.zeros(n, dtype=torch.int64, device=device) for _ in range(3))
     draws = [trainer.batches(size, g) for size, g in zip(sizes, generators, strict=True)]
     for k in range(steps[0]):
         m = sum(s > k for s in steps)  # clients still training: a prefix
@@ -132,9 +169,10 @@ def _train_chunk(trainer, objective, params, data, generators) -> list[LocalResu
         index, mask = _padded_indices(indices, device)
         rows = torch.arange(m, device=device)[:, None]
         xb, yb = xs[rows, index], ys[rows, index]
-        g, (batch_loss, logits) = step(w[:m], xb, yb, mask)
+        g, batch_loss, logits = step(k, w[:m], xb, yb, mask)
         lr_m = lr if isinstance(lr, float) else lr[:m]
-        _, new_buf = trainer.descend(w[:m], g, None if buf is None else buf[:m], lr_m)
+        correction = None if corrections is None else corrections[:m]
+        _, new_buf = trainer.descend(w[:m], g, None if buf is None else buf[:m], lr_m, correction)
         if buf is None and new_buf is not None:
             buf = torch.zeros_like(w)
             buf[:m] = new_buf
@@ -142,18 +180,31 @@ def _train_chunk(trainer, objective, params, data, generators) -> list[LocalResu
         loss_sum[:m] += batch_loss.double() * counts
         correct[:m] += ((logits.argmax(-1) == yb) & mask.bool()).sum(1)
         seen[:m] += counts
-    objective.grad_evals += sum(steps)
-    totals = zip(loss_sum.tolist(), correct.tolist(), seen.tolist(), strict=True)  # one copy each
+        evals[:m] += counts > 0  # an empty Poisson batch evaluates nothing (as sequentially)
+    totals = [t.tolist() for t in (loss_sum, correct, seen, evals)]  # one copy each
+    objective.grad_evals += sum(totals[3])
     return [
-        LocalResult(w[i], steps[i], loss, hits, count, steps[i], rate)
-        for i, (rate, (loss, hits, count)) in enumerate(zip(rates, totals, strict=True))
+        LocalResult(w[i], steps[i], loss, hits, count, calls, rate)
+        for i, (rate, loss, hits, count, calls) in enumerate(zip(rates, *totals, strict=True))
     ]
 
 
+def _sgd_step(objective: ModelObjective):
+    """(k, w [m, d], x, y, mask) → (∇ of each client's masked mean loss, loss [m], logits)."""
+    step = vmap(grad_and_value(_masked_loss(objective), has_aux=True))
+
+    def call(k, w, xb, yb, mask):
+        g, (batch_loss, logits) = step(w, xb, yb, mask)
+        return g, batch_loss, logits
+
+    return call
+
+
 def _padded_indices(indices: list[torch.Tensor], device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(``[m, B]`` record indices padded with 0, ``[m, B]`` float mask of the real ones)."""
+    """(``[m, B]`` record indices padded with 0, ``[m, B]`` float mask of the real ones); B ≥ 1
+    even when every batch is empty (Poisson), so that a step still has a record axis."""
     lengths = [i.shape[0] for i in indices]
-    width = max(lengths)
+    width = max(*lengths, 1)
     if min(lengths) == width:
         index = torch.stack(indices).to(device)
         return index, torch.ones(index.shape, device=device)
@@ -163,3 +214,65 @@ def _padded_indices(indices: list[torch.Tensor], device) -> tuple[torch.Tensor, 
         index[row, :length] = i
         mask[row, :length] = 1.0
     return index, mask
+
+
+@dataclass(frozen=True)
+class _ClientsDpSgd:
+    """``DpSgdGradient``'s step for a chunk's clients at once: client i's step k is
+
+        G_ik = (Σ_j m_ij·clip_C(g_ij) + κ·S·f·σ_g·ξ_i[k]) / B_i
+
+    with g_ij the [m, B, d] per-example gradients (one nested-vmap pass), m_ij the mask of its
+    own records, ξ_i = ``step_noise`` of its ``SAMPLE_NOISE`` stream (the sequential path's
+    [K_i, d] block) and B_i = min(B, n_i), the sequential path's denominator."""
+
+    rule: DpSgdGradient
+    per_example: Callable  # (w [m, d], x [m, B, ...], y [m, B]) → ([m, B, d], logits)
+    offsets: tuple[int, ...] | None  # per-tensor segments (scope "layer"), else None
+    std: float  # κ·S·f·σ_g
+    noise: torch.Tensor | None  # [n, K_max, d], client i's block in its first K_i rows
+    denominators: torch.Tensor  # [n, 1]
+
+    @classmethod
+    def of(cls, trainer, objective, params, sizes, steps, noise_generators) -> _ClientsDpSgd:
+        rule, layout = trainer.gradient, objective.layout
+        noise = None
+        if rule.noise_multiplier > 0:
+            if noise_generators is None:
+                raise ValueError("DP-SGD needs each client's noise stream (noise_generators)")
+            d, pairs = params.numel(), zip(noise_generators, steps, strict=True)
+            blocks = [step_noise(g, k, d, params) for g, k in pairs]
+            noise = _padded_stack(blocks)
+        denominators = [min(trainer.batch_size, size) for size in sizes]
+        return cls(
+            rule,
+            _per_example_gradients(objective),
+            tuple(layout.offsets) if rule.scope == "layer" else None,
+            rule.noise_std_on_sum(len(layout.names)),
+            noise,
+            torch.tensor(denominators, dtype=params.dtype, device=params.device)[:, None],
+        )
+
+    def __call__(self, k: int, w, xb, yb, mask):
+        """(G [m, d], each client's mean loss over its records (0 if none), logits)."""
+        m = w.shape[0]
+        grads, logits = self.per_example(w, xb, yb)
+        total = clipped_sums(grads, mask, self.rule.clip_norm, self.offsets)
+        if self.noise is not None:
+            total = total + self.std * self.noise[:m, k]
+        per_record = nn.functional.cross_entropy(
+            logits.flatten(0, 1), yb.flatten(), reduction="none"
+        ).view_as(mask)
+        loss = (per_record * mask).sum(1) / mask.sum(1).clamp(min=1)
+        return total / self.denominators[:m], loss, logits
+
+
+def _per_example_gradients(objective: ModelObjective):
+    """vmap over clients of vmap over records of ∇ℓ(w_i; x_ij, y_ij): ([m, B, d], logits)."""
+    nchw = replace(objective, channels_last=False)
+
+    def example(w: torch.Tensor, x: torch.Tensor, y: torch.Tensor):
+        logits = nchw.logits(w, x.unsqueeze(0))
+        return nn.functional.cross_entropy(logits, y.unsqueeze(0)), logits.squeeze(0)
+
+    return vmap(vmap(grad(example, has_aux=True), in_dims=(None, 0, 0)))

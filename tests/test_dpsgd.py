@@ -83,7 +83,7 @@ def test_per_step_noise_std_is_kappa_c_sigma_over_b(adjacency, kappa, factor):
     w = torch.zeros(ParamLayout.of(model).offsets[-1])
     x, y = torch.zeros(10, 40), torch.arange(10)  # every class once: the mean gradient is 0
     rule = DpSgdGradient(0.5, 3.0, adjacency=adjacency, simulation_noise_factor=factor)
-    rule = rule.for_round(None, lambda: torch.Generator().manual_seed(2))
+    rule = rule.for_round(None, lambda: torch.Generator().manual_seed(2), steps=200)
     draws = torch.stack([rule(objective, w, x, y)[2] for _ in range(200)])
     clean = DpSgdGradient(0.5, 0.0).for_round()(objective, w, x, y)[2]
     noise = (draws - clean).flatten()

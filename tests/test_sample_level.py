@@ -60,8 +60,8 @@ class Recording:
     def __init__(self, rule):
         self.rule, self.seen = rule, []
 
-    def for_round(self, payload=None, noise_stream=None, batch_size=None):
-        bound = self.rule.for_round(payload, noise_stream, batch_size)
+    def for_round(self, payload=None, noise_stream=None, batch_size=None, steps=None):
+        bound = self.rule.for_round(payload, noise_stream, batch_size, steps)
 
         def call(objective, w, x, y):
             out = bound(objective, w, x, y)

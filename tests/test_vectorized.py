@@ -145,9 +145,9 @@ def test_a_vectorized_run_matches_the_sequential_run(store_root, tmp_path, monke
 
     batches = []
 
-    def counted(trainer, objective, params, data, generators):
+    def counted(trainer, objective, params, data, *streams):
         batches.append(len(data))
-        return train_clients(trainer, objective, params, data, generators)
+        return train_clients(trainer, objective, params, data, *streams)
 
     monkeypatch.setattr(client_host, "train_clients", counted)
     options = (
