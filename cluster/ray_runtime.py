@@ -70,11 +70,51 @@ def connect(address: str | None, verbose: bool = False) -> RaySession:
     # this environment, so the workers find the project on PYTHONPATH; a runtime_env carrying it
     # instead would keep actors off the workers Ray prestarts at init (≈1.3 s more start-up).
     prepend_pythonpath(PROJECT_ROOT)
-    with loopback_node():
+    with loopback_node(), lean_head(keep_log_monitor=verbose):
         ray.init(
             address="local", include_dashboard=False, _system_config=EMBEDDED_SYSTEM_CONFIG, **quiet
         )
     return RaySession("embedded local Ray", _logs_dir())
+
+
+@contextmanager
+def lean_head(keep_log_monitor: bool) -> Iterator[None]:
+    """Within the block, a head node that this process starts leaves out three of Ray's
+    Python helper processes, which an embedded Ray serving one run on one machine never uses:
+
+    - the autoscaler monitor (a single node, never scaled: ``RayParams.no_monitor``, what
+      ``ray start --no-monitor`` sets);
+    - the log monitor, unless ``keep_log_monitor`` (it only forwards the workers' output to
+      the driver, which a quiet session does not print: ``RayParams.include_log_monitor``);
+    - the dashboard head. ``include_dashboard=False`` still starts it, with only its usage
+      statistics module, and ``ray.init`` waits until it has written its URL: Ray 2.60 has no
+      option to leave it out (``Node.start_head_processes``), so its start is skipped here.
+      The run uses no dashboard API: actor states and resources come from the GCS.
+
+    Starting workload A's two actors on 2 loaded cores, the processes Ray started used 23.2 s
+    of CPU with them and 17.8 s without (the dashboard head 2.6 s, the two monitors 3.0 s:
+    ``benchmarks/NOTES.md``). ``ray.init`` reads ``RayParams`` and ``Node`` from their modules
+    when it starts a node, so both are switched here, in this process only, and restored on
+    leaving: a later ``ray start`` or connection to a cluster is unchanged.
+    """
+    from ray._private import node, parameter
+
+    saved_params, saved_api_server = parameter.RayParams, node.Node.start_api_server
+
+    class LeanParams(saved_params):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.no_monitor = True
+            self.include_log_monitor = keep_log_monitor
+
+    def no_api_server(self, *, include_dashboard, raise_on_failure) -> None:
+        self._webui_url = None
+
+    parameter.RayParams, node.Node.start_api_server = LeanParams, no_api_server
+    try:
+        yield
+    finally:
+        parameter.RayParams, node.Node.start_api_server = saved_params, saved_api_server
 
 
 @contextmanager
@@ -106,6 +146,20 @@ def loopback_node() -> Iterator[None]:
         yield
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = saved
+
+
+# The options of `ray start --head` that take a port, besides the dashboard's and the workers'
+# range: a head started beside other Rays on one machine gives each a free one.
+HEAD_PORT_OPTIONS = (
+    "port",  # the GCS: the address drivers connect to
+    "ray-client-server-port",
+    "node-manager-port",
+    "object-manager-port",
+    "dashboard-agent-listen-port",
+    "dashboard-agent-grpc-port",
+    "runtime-env-agent-port",
+    "metrics-export-port",
+)
 
 
 def prepend_pythonpath(path: Path) -> None:

@@ -44,6 +44,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from cluster.ray_runtime import HEAD_PORT_OPTIONS
+
 ROOT = Path(__file__).resolve().parents[1]
 # The venv's own CLI first (the test runs as `uv run pytest`), then whatever is on PATH.
 RAY = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
@@ -85,17 +87,8 @@ def _free_port_block(size: int) -> int:
 def _head_command(temp_dir: Path) -> tuple[list[str], int]:
     """`ray start --head` on ports of its own; returns (command, dashboard port)."""
     base = _free_port_block(10 + WORKER_PORTS)
-    names = [
-        "port",  # GCS
-        "dashboard-port",  # the job server: `ray job submit --address http://127.0.0.1:<this>`
-        "ray-client-server-port",
-        "node-manager-port",
-        "object-manager-port",
-        "dashboard-agent-listen-port",
-        "dashboard-agent-grpc-port",
-        "runtime-env-agent-port",
-        "metrics-export-port",
-    ]
+    # the job server's too: `ray job submit --address http://127.0.0.1:<dashboard-port>`
+    names = [*HEAD_PORT_OPTIONS, "dashboard-port"]
     ports = {name: base + i for i, name in enumerate(names)}
     command = [
         RAY, "start", "--head",

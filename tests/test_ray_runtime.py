@@ -22,3 +22,47 @@ def test_the_embedded_ray_retries_its_object_store_connection_every_100_ms():
         assert timeout * attempts == 1000 * 10  # Ray's default patience: 10 attempts × 1 s
     finally:
         ray.shutdown()
+
+
+@pytest.mark.timeout(300)
+def test_the_embedded_ray_starts_without_the_monitors_and_the_dashboard_head():
+    """``lean_head``: the GCS, the raylet (and its agents) run, the autoscaler monitor, the log
+    monitor and the dashboard head do not, and a task still runs on a worker."""
+    ray = pytest.importorskip("ray")
+    from ray._private import ray_constants
+
+    from cluster.ray_runtime import connect
+
+    if ray.is_initialized():
+        ray.shutdown()
+    try:
+        assert connect(None).embedded
+        started = set(ray._private.worker._global_node.all_processes)
+        assert {ray_constants.PROCESS_TYPE_GCS_SERVER, ray_constants.PROCESS_TYPE_RAYLET} <= started
+        left_out = {
+            ray_constants.PROCESS_TYPE_MONITOR,
+            ray_constants.PROCESS_TYPE_LOG_MONITOR,
+            ray_constants.PROCESS_TYPE_DASHBOARD,
+        }
+        assert not started & left_out
+        assert ray.get(ray.remote(lambda: 6 * 7).remote()) == 42
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_lean_head_sets_the_node_parameters_for_its_block_only(verbose):
+    """Inside the block a head leaves out the autoscaler monitor, keeps the log monitor only
+    for a verbose session and starts no dashboard head; Ray's own classes are back after it."""
+    pytest.importorskip("ray")
+    from ray._private import node, parameter
+
+    from cluster.ray_runtime import lean_head
+
+    params, api_server = parameter.RayParams, node.Node.start_api_server
+    with lean_head(keep_log_monitor=verbose):
+        inside = parameter.RayParams()
+        assert (inside.no_monitor, inside.include_log_monitor) == (True, verbose)
+        assert node.Node.start_api_server is not api_server
+    assert (parameter.RayParams, node.Node.start_api_server) == (params, api_server)
+    assert parameter.RayParams().no_monitor is False
