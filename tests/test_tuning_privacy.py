@@ -424,7 +424,6 @@ DP_FEDAVG = [
 ]
 
 
-@pytest.mark.slow  # two runs: 37 s on the shared 2-core machine
 def test_the_tuning_epsilon_of_two_client_level_runs_validated_on_held_out_clients(store_root):
     """Each trial recomposed alone is its run's ε, bit for bit; two trials of the same (σ, q)
     are the project's accountant charged their 10 rounds."""

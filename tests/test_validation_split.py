@@ -161,3 +161,13 @@ def test_outcome_reports_the_final_validation_accuracy(store_root):
     without = run_experiment(small_config(store_root))
     assert without.final_validation_accuracy is None
     assert not any("validation_loss" in r.metrics for r in without.result.history)
+
+
+def test_a_given_store_holds_the_training_and_the_held_out_clients(store_root):
+    base, _ = open_store(small_config(store_root, "data.num_clients=24"))
+    given = f"data.store={base.path}"
+    derived, _ = open_store(small_config(store_root, given, "data.validation={clients: 0.2}"))
+    assert derived.num_clients == 20 and derived.num_validation == 4 * 80
+    with pytest.raises(ConfigError) as error:  # 20 + 2 held out: not the 24 it holds
+        open_store(small_config(store_root, given, "data.validation={clients: 0.1}"))
+    assert "(+ 2 held out by data.validation.clients) to 24 in all" in error.value.fix
