@@ -26,11 +26,13 @@ line: both times and their ratios. The project's executors: ``ray`` (2 actors ×
 configured by default (``executor.vectorize: auto``: clients vmapped where that is the same
 computation and faster, ``algorithms/vectorized.py``; ``channels_last: auto``), each also
 ``_sequential`` (``vectorize: false``: one client at a time) and ``_vectorized`` (``true``:
-vmapped wherever it is the same computation).
+vmapped wherever it is the same computation). ``ray_running`` is ``ray`` connecting to a Ray
+that already runs on this machine (``executor.address``): a head that the benchmark starts
+before the timings with ``ray start --head`` and stops after them (``running_ray``).
 
 Usage (repository root)::
 
-    uv run python -m benchmarks.workloads [--workloads A B] [--executors ray ray_sequential local]
+    uv run python -m benchmarks.workloads [--workloads A B] [--executors ray ray_running local]
         [--repeat 3]
 """
 
@@ -41,11 +43,16 @@ import copy
 import json
 import math
 import os
+import secrets
+import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -57,7 +64,7 @@ from cluster.cohort import sample_cohort
 from cluster.config import ExperimentConfig, config_from_dict, load_config
 from cluster.executors import torch_threads
 from cluster.experiment import open_store, run_experiment
-from cluster.ray_runtime import disconnect
+from cluster.ray_runtime import HEAD_PORT_OPTIONS, disconnect
 from datasets.tasks import TASKS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -187,6 +194,10 @@ EXECUTORS = {
 for base in ("ray", "local"):
     EXECUTORS[f"{base}_sequential"] = [*EXECUTORS[base], "executor.vectorize=false"]
     EXECUTORS[f"{base}_vectorized"] = [*EXECUTORS[base], "executor.vectorize=true"]
+# Ray as above, but connecting to a Ray already running on this machine (``running_ray``,
+# started once outside every timing, as ``ray start --head`` is once for many runs).
+RUNNING_RAY = "ray_running"
+EXECUTORS[RUNNING_RAY] = EXECUTORS["ray"]
 
 
 def project(config: ExperimentConfig, executor: str) -> tuple[torch.Tensor, dict]:
@@ -233,11 +244,14 @@ def _medians(runs: list[dict]) -> dict:
     return {**runs[-1], **medians, "repeats": [{key: run[key] for key in TIMES} for run in runs]}
 
 
-def timed_in_child(name: str, variant: str, overrides: list[str]) -> dict:
+def timed_in_child(
+    name: str, variant: str, overrides: list[str], env: dict[str, str] | None = None
+) -> dict:
     """One timing of ``variant`` (``plain`` or an executor) in a fresh interpreter: nothing
     imported, cached or left running by an earlier variant (a loop run after the project in
     one process found MLflow imported and Ray's processes winding down). The child reads the
-    store this process built (``DPFL_STORE_ROOT``); its clock starts after its imports."""
+    store this process built (``DPFL_STORE_ROOT``); its clock starts after its imports.
+    ``env``: its environment (default: this process's)."""
     sets = [arg for override in overrides for arg in ("--set", override)]
     command = [sys.executable, "-m", "benchmarks.workload_child", "--child", variant]
     start = time.perf_counter()
@@ -246,13 +260,99 @@ def timed_in_child(name: str, variant: str, overrides: list[str]) -> dict:
         capture_output=True,
         text=True,
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**(os.environ if env is None else env), "PYTHONPATH": str(ROOT)},
     )
     process_seconds = time.perf_counter() - start
     if done.returncode != 0:
         raise RuntimeError(f"{variant} on workload {name} failed:\n{done.stderr[-4000:]}")
     timing = json.loads(done.stdout.strip().splitlines()[-1])
     return {**timing, "process_seconds": process_seconds}
+
+
+HEAD_START_S = 300.0  # `ray start` on 2 loaded cores took 45 s
+HEAD_TRIES = 3
+
+
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports that were free on loopback a moment ago."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+@contextmanager
+def running_ray(root: Path) -> Iterator[tuple[list[str], dict[str, str]]]:
+    """A Ray head on this machine for ``ray_running`` (``ray start --head --block``), started
+    before and stopped after every timing; yields the overrides and the environment of the
+    drivers that connect to it. Loopback only (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` in the
+    head's and the drivers' environment: README, Security), token authentication with a token
+    of its own, its own temporary directory and ports: other Rays on this machine are left
+    alone, and it is stopped by its process group, never by ``ray stop``."""
+    token = root / "auth_token"
+    token.write_text(secrets.token_hex(32))
+    token.chmod(0o600)
+    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    env.update(
+        RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
+        RAY_AUTH_MODE="token",
+        RAY_AUTH_TOKEN_PATH=str(token),
+        RAY_USAGE_STATS_ENABLED="0",
+    )
+    options = (*HEAD_PORT_OPTIONS, "dashboard-port")  # its head process's: 8265 may be taken
+    ports = dict(zip(options, _free_ports(len(options)), strict=True))
+    command = [
+        str(Path(sys.executable).parent / "ray"),
+        *("start", "--head", "--block", "--include-dashboard=false"),
+        "--dashboard-host=127.0.0.1",
+        f"--temp-dir={root / 'ray'}",
+        *(f"--{option}={port}" for option, port in ports.items()),
+    ]
+    head = _start_head(command, env, root / "ray-start.log")
+    try:
+        yield [f"executor.address=127.0.0.1:{ports['port']}"], env
+    finally:
+        _stop_process_group(head)
+
+
+def _start_head(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    """``command`` (``ray start --head --block``) once it says the head runs; up to
+    ``HEAD_TRIES`` tries: the raylet waits a fixed 15 s for its dashboard agent (not
+    configurable in Ray 2.60), which a heavily loaded machine can exceed."""
+    for _ in range(HEAD_TRIES):
+        with log.open("w") as out:
+            head = subprocess.Popen(
+                command, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                start_new_session=True,
+            )  # fmt: skip
+        deadline = time.monotonic() + HEAD_START_S
+        while "Ray runtime started" not in log.read_text():
+            if head.poll() is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        else:
+            return head
+        _stop_process_group(head)
+    raise RuntimeError(f"`ray start --head` did not start:\n{log.read_text()[-4000:]}")
+
+
+def _stop_process_group(head: subprocess.Popen) -> None:
+    """SIGTERM to the head's process group (``ray start`` leads it; the GCS, the raylet and the
+    helpers it started are in it; the workers exit with their raylet), SIGKILL after 15 s."""
+    for sig, grace_s in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(head.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            head.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            continue
+        return
 
 
 def _create_tracking_schema() -> None:
@@ -282,10 +382,17 @@ def run_workload(
     config = workload_config(name, overrides)
     store, _ = open_store(config)  # built here, outside every timing
     plains, timings = [], {executor: [] for executor in executors}
-    for _ in range(repeat):
-        plains.append(timed_in_child(name, "plain", overrides))
-        for executor in executors:
-            timings[executor].append(timed_in_child(name, executor, overrides))
+    with tempfile.TemporaryDirectory(prefix="dpfl-ray-head-") as tmp:
+        head = running_ray(Path(tmp)) if RUNNING_RAY in executors else nullcontext(([], None))
+        with head as (address, env):
+            for _ in range(repeat):
+                plains.append(timed_in_child(name, "plain", overrides))
+                for executor in executors:
+                    extra = address if executor == RUNNING_RAY else []
+                    variant_env = env if executor == RUNNING_RAY else None
+                    timings[executor].append(
+                        timed_in_child(name, executor, [*overrides, *extra], variant_env)
+                    )
     line = {"workload": name, "rounds": config.rounds, "plain_loop": _medians(plains)}
     for executor, runs in timings.items():
         line[f"project_{executor}"] = _medians(runs)
