@@ -115,17 +115,19 @@ def workload_config(name: str, overrides: list[str]) -> ExperimentConfig:
     return load_config(None, [*COMMON, *WORKLOADS[name], *overrides])
 
 
-def plain_loop(config: ExperimentConfig, store) -> tuple[torch.Tensor, dict]:
-    """DP-FedAvg as a researcher writes it in an afternoon (see the module docstring)."""
+def plain_loop(config: ExperimentConfig, store, device: str = "cpu") -> tuple[torch.Tensor, dict]:
+    """DP-FedAvg as a researcher writes it in an afternoon (see the module docstring), on
+    ``device`` (on a GPU each round ends when its kernels have: ``benchmarks.gpu``)."""
     start = time.perf_counter()
     a, local, task = config.algorithm, config.algorithm.local, TASKS[config.task]
     clients = []
     for cid in range(store.num_clients):
         rows = store.client(cid)
-        clients.append((task.preprocess(torch.tensor(rows.x)), torch.tensor(rows.y)))
+        x, y = torch.tensor(rows.x, device=device), torch.tensor(rows.y, device=device)
+        clients.append((task.preprocess(x), y))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(stream_seed(config.seed, Purpose.MODEL_INIT))
-        model = build_model(store, config.task)
+        model = build_model(store, config.task).to(device)
     startup = time.perf_counter() - start
     round_seconds = []
     for r in range(config.rounds):
@@ -157,17 +159,19 @@ def plain_loop(config: ExperimentConfig, store) -> tuple[torch.Tensor, dict]:
             total += (
                 a.noise_multiplier
                 * a.clip_norm
-                * torch.randn(total.shape, generator=g, dtype=torch.float64)
+                * torch.randn(total.shape, generator=g, dtype=torch.float64).to(device)
             )
         mean = total / config.cohort.size
         new = (global_vec.double() + a.server_lr * mean).to(global_vec.dtype)
         nn.utils.vector_to_parameters(new, model.parameters())
+        if device != "cpu":
+            torch.cuda.synchronize()
         round_seconds.append(time.perf_counter() - t0)
     rounds_done = time.perf_counter()
     test = store.test_rows()
     with torch.no_grad():
-        logits = model(task.preprocess(torch.tensor(test.x)))
-        accuracy = float((logits.argmax(1) == torch.tensor(test.y)).float().mean())
+        logits = model(task.preprocess(torch.tensor(test.x, device=device)))
+        accuracy = float((logits.argmax(1) == torch.tensor(test.y, device=device)).float().mean())
     end = time.perf_counter()
     timing = {
         "wall_seconds": end - start,
