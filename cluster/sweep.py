@@ -454,7 +454,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _open_parent(planned: Planned, first: ExperimentConfig):
+    import os
+
     from cluster.tracking_process import tracking_uri
+
+    # MLflow's INFO lines (a new store's tables) would interleave with the progress; read at
+    # its import, here, as the tracking processes have it (``tracking_process._spawn``)
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
 
     planned.tracking = (tracking_uri(), first.tracking.experiment)
     find_finished(planned, planned.records)
