@@ -72,8 +72,10 @@ def _wrong(saved: dict, path, change) -> str:
     return str(path)
 
 
-def test_resumed_run_logs_into_the_same_mlflow_run(store_root, tmp_path, monkeypatch, capsys):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_resumed_run_logs_into_the_same_mlflow_run(
+    store_root, tmp_path, monkeypatch, capsys, sqlite_store
+):
+    uri = sqlite_store(tmp_path / "mlflow.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     dp = (
         "algorithm.name=dp_fedavg",

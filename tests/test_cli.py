@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 
 def _cli(*args, env_extra=None, cwd=None):
     import os
@@ -52,6 +54,11 @@ def test_cli_runs_locally_and_prints_progress(tmp_path, store_root):
     assert "INFO mlflow" not in result.stdout + result.stderr
 
 
+# A second `python -m cluster` process (its imports, its tracking process): slow. In CI,
+# tests/test_bad_input.py::test_the_real_command_exits_2_without_a_traceback runs the real
+# command on a bad config (exit 2, the field named, nothing created), and
+# test_bad_input_is_refused_before_any_work the catalogue in process.
+@pytest.mark.slow
 def test_cli_rejects_bad_config_before_any_work(tmp_path):
     result = _cli(
         "run",

@@ -23,8 +23,8 @@ RUN = ("algorithm.name=scaffold", "rounds=5", "tracking.enabled=true")  # with c
 
 
 @pytest.fixture
-def tracking(tmp_path, monkeypatch):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def tracking(tmp_path, monkeypatch, sqlite_store):
+    uri = sqlite_store(tmp_path / "mlflow.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     return MlflowClient(uri)
 

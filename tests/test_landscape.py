@@ -60,9 +60,9 @@ def test_a_convex_models_slice_is_convex_and_centred_on_the_model(store_root):
 
 
 def test_the_cli_slices_a_tracked_checkpoint_and_logs_to_its_run(
-    store_root, tmp_path, monkeypatch, capsys
+    store_root, tmp_path, monkeypatch, capsys, sqlite_store
 ):
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    uri = sqlite_store(tmp_path / "m.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     sets = [
         f"data.store_root={store_root}",

@@ -393,6 +393,13 @@ def _wait_for_job(address: str, env: dict[str, str], submission_id: str, until) 
     pytest.fail(f"job {submission_id}: condition not reached in {JOB_TIMEOUT_S} s\n{logs}")
 
 
+# ≈ 66 s on 2 cores (two jobs and a 25-round reference run) on top of the head: slow. In CI,
+# test_quickstart_as_ray_job submits a real job to this head; the stop and the resume are
+# covered by tests/test_interrupts.py::test_a_killed_driver_resumes_bit_for_bit_on_ray (a
+# driver on Ray killed mid-run, `resume` on Ray bit-identical, same MLflow run) and
+# ::test_sigint_checkpoints_marks_killed_and_resumes_bit_for_bit (a signal: checkpoint, KILLED),
+# with SIGTERM in each phase in tests/test_interrupt_phases.py.
+@pytest.mark.slow
 def test_ray_job_stop_keeps_the_last_round_and_a_new_job_resumes_bit_for_bit(ray_head):
     """`ray job stop` SIGTERMs the driver (and its children) and SIGKILLs them 3 s later: the
     run ends KILLED with the checkpoint of its last completed round, and `resume` submitted as
