@@ -38,6 +38,10 @@ from cluster.config import ConfigError, ExperimentConfig, apply_override, config
 DRIVER_CPU = 0.25  # a trial's driver: aggregation, noise, accounting, the tracking calls
 POLL_S = 0.2  # how often the engine looks for finished trials and stop signals
 ABANDON_WAIT_S = 60.0  # after a second stop signal: how long running trials may take to end
+# The sweep's own MLflow server (``tracking_server``) answers a log_batch in ms, but at load 20
+# on 2 cores it took over the 4 s a try that ``tracking_process.HTTP_RETRY_BUDGET`` gives a
+# remote server (both trials of a test failed so): a try gets a minute there.
+OWN_SERVER, OWN_SERVER_TIMEOUT_S = "http://127.0.0.1:", "60"
 
 
 def assignments(changes: dict | None) -> list[str]:
@@ -138,6 +142,8 @@ def run_one(trial: Trial, parent_run_id: str | None, uri: str | None) -> TrialRe
     """One trial, here (in a Ray task's worker, or in process): its outcome or its error."""
     if uri is not None:
         os.environ["MLFLOW_TRACKING_URI"] = uri  # tracking_uri() reads it at the run's opening
+    if uri is not None and uri.startswith(OWN_SERVER):  # tracking_server's: alive, but slow
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", OWN_SERVER_TIMEOUT_S)  # when busy
     from cluster.experiment import run_experiment
 
     start = time.perf_counter()
