@@ -12,6 +12,11 @@
 * **B** — synthetic(1, 1) logistic regression, 10,000 clients × 50 training samples, fixed
   cohorts of 1,000, 5 local steps of batch 10, lr 0.1, clip 1, σ = 1: seconds per round after
   the first.
+* **S** — B's data and cohorts under ``dp_fedavg_sample``: K = 10 DP-SGD steps of batch 10
+  drawn afresh, per-example clip C = 1, σ_g = 1 per step (replace-one), lr 0.1, 4 rounds:
+  seconds per round after the first; its plain loop is ``benchmarks.workload_s`` (DP-SGD with
+  torch.func per client). ``local_sequential`` against ``local_vectorized`` is issue 32's
+  sample-level vectorisation.
 
 The plain loop (``plain_loop``) is one process at torch's default threads: copy the model, SGD
 over the client's batches, clip the delta, sum, add N(0, σ²C²), average, step. It reads the same
@@ -60,6 +65,7 @@ from torch import nn
 
 from actors.client_host import build_model
 from algorithms.rng import Purpose, stream_seed, torch_generator
+from benchmarks.workload_s import loop_timing, plain_dp_sgd_loop
 from cluster.cohort import sample_cohort
 from cluster.config import ExperimentConfig, config_from_dict, load_config
 from cluster.executors import torch_threads
@@ -109,6 +115,15 @@ WORKLOADS = {
         "eval_every=10",
     ],
 }
+WORKLOADS["S"] = [
+    *WORKLOADS["B"][:-4],  # B's data, cohorts and lr (not its steps and rounds)
+    "algorithm.name=dp_fedavg_sample",
+    "algorithm.noise_placement=null",  # the noise is DP-SGD's, in every local step
+    "algorithm.local.batch_size=10",
+    "algorithm.local.local_steps=10",
+    "rounds=4",
+    "eval_every=4",
+]
 
 
 def workload_config(name: str, overrides: list[str]) -> ExperimentConfig:
@@ -172,15 +187,7 @@ def plain_loop(config: ExperimentConfig, store, device: str = "cpu") -> tuple[to
     with torch.no_grad():
         logits = model(task.preprocess(torch.tensor(test.x, device=device)))
         accuracy = float((logits.argmax(1) == torch.tensor(test.y, device=device)).float().mean())
-    end = time.perf_counter()
-    timing = {
-        "wall_seconds": end - start,
-        "startup_seconds": startup,
-        "end_seconds": end - rounds_done,
-        "rounds_seconds": sum(round_seconds),
-        "seconds_per_round": statistics.median(round_seconds[1:]),
-        "final_test_accuracy": accuracy,
-    }
+    timing = loop_timing(start, startup, round_seconds, rounds_done, accuracy)
     return nn.utils.parameters_to_vector(model.parameters()).detach(), timing
 
 
@@ -372,7 +379,7 @@ def child(name: str, variant: str, overrides: list[str]) -> dict:
     config = workload_config(name, overrides)
     if variant == "plain":
         store, _ = open_store(config)
-        return plain_loop(config, store)[1]
+        return (plain_dp_sgd_loop if name == "S" else plain_loop)(config, store)[1]
     return project(config, variant)[1]
 
 
