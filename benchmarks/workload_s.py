@@ -11,9 +11,7 @@ C = 1, σ_g = 1, replace-one adjacency (κ = 2). Per client and step::
 with ξ the client's [K, d] block of N(0, 1) from its ``SAMPLE_NOISE`` stream
 (``algorithms.dpsgd.step_noise``) and the batches from its ``LOCAL_TRAINING`` stream, so the
 loop computes what the project does, one client at a time; the server adds the mean of the
-deltas (η_g = 1). Checked: one client's K steps equal ``LocalTrainer.train``'s to 4.5e-8; a
-whole round does not yet equal the project's (max 0.07 after one round of 2 clients on a
-300-client store): open, so S reports the loop's time only, no weight check.
+deltas (η_g = 1).
 """
 
 from __future__ import annotations
@@ -49,7 +47,7 @@ def plain_dp_sgd_loop(config: ExperimentConfig, store) -> tuple[torch.Tensor, di
         return nn.functional.cross_entropy(logits, y.unsqueeze(0))
 
     per_example = vmap(grad(loss), in_dims=(None, 0, 0))
-    kappa = 2.0 if a.adjacency == "replace_one" else 1.0
+    kappa = 1.0 if a.adjacency == "add_remove" else 2.0  # replace-one, the default (None)
     std = kappa * a.clip_norm * a.noise_multiplier
     w_global = nn.utils.parameters_to_vector(model.parameters()).detach()
     startup = time.perf_counter() - start
