@@ -39,6 +39,7 @@ def trial(accountant: str, configuration: str) -> TrialPrivacy:
         epsilon_for="this run",
         configuration=configuration,
         validation="clients",
+        held_out="the same held-out clients",
     )
 
 

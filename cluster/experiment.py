@@ -155,6 +155,9 @@ class Outcome:
     claim: PrivacyClaim  # what the run may say about privacy; every ε comes from it
     interrupted: bool = False  # stopped by SIGINT/SIGTERM after a round, checkpoint written
     run_page: str | None = None  # the MLflow run's page under `mlflow ui` (default port)
+    # The SHA-256 of the rows data.validation held out (the store's validation.arrow; None:
+    # none): whether two runs validated on the same clients (privacy.tuning).
+    held_out: str | None = None
 
     @property
     def final_accuracy(self) -> float | None:
@@ -423,7 +426,8 @@ def _run_rounds(
     run_id = run.run_id if run is not None else None
     uri = run.uri if run is not None else None
     page = run.run_page() if run is not None else None
-    return Outcome(result, config, run_id, uri, path, sim.claim, interrupted, page)
+    held_out = store.manifest["checksums"].get("validation.arrow")
+    return Outcome(result, config, run_id, uri, path, sim.claim, interrupted, page, held_out)
 
 
 def _finish_run(

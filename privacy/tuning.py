@@ -42,7 +42,11 @@ other trials' models and metrics (a sweep's results table) fall under compositio
 (``data.validation`` fraction or folds: rows of the training clients) they are not privatised,
 so a selection by them has no ε; neither has a selection on the test set (its rows may be the
 clients' own, e.g. FEMNIST's writers). Only validation clients held out of the training
-population (``data.validation.clients``) make the scores public. A non-private trial, a
+population (``data.validation.clients``) make the scores public, and only where every trial
+held out the same clients: the held-out draw (and the partition under it) depends on the seed,
+so across seeds a client held out in one trial trains in another, and its scores are a release
+of a training client's data. Each trial records a digest of its held-out rows (``held_out``);
+a sweep whose trials' digests differ, or a trial without one, has no ε. A non-private trial, a
 ``dp_valid=false`` one, or trials whose privacy unit, adjacency or threat model differ have
 no joint ε either; each reason is stated.
 """
@@ -69,6 +73,10 @@ ROLES = ("trial", "final")
 # The runtime sections and the seed do not make another configuration (see ``configuration_key``).
 NOT_CONFIGURATION = ("seed", "tracking", "checkpoint", "executor")
 NOT_PRIVATISED = "validation scores on private data are not privatised"
+HELD_OUT_DIFFER = (
+    "held-out validation clients differ across trials (they depend on the seed): a client held "
+    "out in one trial trains in another"
+)
 
 
 @dataclass(frozen=True)
@@ -81,6 +89,9 @@ class TrialPrivacy:
     ``rdp_orders``/``rdp``: the trial's RDP curve (None without an RDP analysis).
     ``configuration``: the same for every seed of one configuration. ``validation``:
     what ``data.validation`` held out ("rows", "folds", "clients"; None: nothing).
+    ``held_out``: the SHA-256 of the held-out validation rows (the derived store's
+    ``validation.arrow``); None: nothing held out, or unknown (a record written before it was
+    kept), which gives public validation no ε.
     ``role``: "trial", or "final" for the selected configuration retrained afterwards.
     """
 
@@ -98,6 +109,7 @@ class TrialPrivacy:
     rdp: tuple[float, ...] | None = None
     configuration: str = ""
     validation: str | None = None
+    held_out: str | None = None
     reason: str | None = None  # why there is no ε
     role: str = "trial"
 
@@ -139,6 +151,7 @@ def trial_privacy(outcome) -> TrialPrivacy:
         "label": config.tracking.run_name or outcome.run_id or "trial",
         "configuration": configuration_key(config.to_dict()),
         "validation": None if validation is None else validation.kind,
+        "held_out": outcome.held_out,
         "delta": claim.delta,
     }
     if not claim.private:
@@ -325,7 +338,10 @@ def tuning_statement(
 
 def _assumption(trials: Sequence[TrialPrivacy], validation: str) -> str:
     where = {
-        "public": "validation on clients held out of the training population (public data)",
+        "public": (
+            "validation on clients held out of the training population (public data), the same "
+            "clients in every trial"
+        ),
         "private": "validation on rows of the training clients (private data)",
         "none": "selection on the test set",
     }[validation]
@@ -367,6 +383,16 @@ def _no_epsilon_reason(trials: Sequence[TrialPrivacy], validation: str) -> str |
             f"{NOT_PRIVATISED}: trial(s) {_names(private_rows)} validate on rows of their "
             "training clients, not on held-out clients (data.validation.clients)"
         )
+    searched = [t for t in trials if t.role == "trial"]
+    unknown = [t.label for t in searched if t.held_out is None]
+    if unknown:
+        return (
+            f"trial(s) {_names(unknown)} record no digest of their held-out validation clients "
+            "(recorded before it was kept): whether every trial held out the same clients is "
+            "unknown"
+        )
+    if len({t.held_out for t in searched}) > 1:
+        return HELD_OUT_DIFFER
     return None
 
 

@@ -18,6 +18,7 @@ from privacy.accountant import ADJACENCY, RdpAccountant, epsilon_from_rdp
 from privacy.pld import PldAccountant
 from privacy.record_level import RecordLevelAccountant
 from privacy.tuning import (
+    HELD_OUT_DIFFER,
     NOT_PRIVATISED,
     TrialPrivacy,
     check_num_trials_distribution,
@@ -48,6 +49,7 @@ def valid_trial(mechanism, unit, adjacency, accountant, configuration) -> TrialP
         epsilon_for="this run",
         configuration=configuration,
         validation="clients",
+        held_out="the same held-out clients",
     )
 
 
@@ -408,6 +410,26 @@ def test_trial_privacy_round_trips_through_json():
         TrialPrivacy.from_dict({**trial.to_dict(), "sigma": 1})
 
 
+def test_public_validation_needs_the_same_held_out_clients_in_every_trial():
+    """Held-out clients that differ between trials (another seed's draw) leave a client held
+    out in one trial a training client in another: no ε. A record from before the digest was
+    kept (no ``held_out`` key) is read, and its held-out set is unknown: no ε either."""
+    trials = [client_trial(1.0, 0.1, 10), client_trial(1.0, 0.1, 10, configuration="b")]
+    assert statement(trials).epsilon is not None
+    differ = [trials[0], dataclasses.replace(trials[1], held_out="another seed's clients")]
+    result = statement(differ)
+    assert result.epsilon is None and result.reason == HELD_OUT_DIFFER
+    assert "ε not available (held-out validation clients differ" in result.line()
+    old = {k: v for k, v in trials[1].to_dict().items() if k != "held_out"}
+    read = TrialPrivacy.from_dict(json.loads(json.dumps(old)))
+    assert read.held_out is None
+    unknown = statement([trials[0], read])
+    assert unknown.epsilon is None and "record no digest of their held-out" in unknown.reason
+    # a final retraining (all rows, nothing held out) needs no digest
+    final = client_trial(1.0, 0.1, 10, role="final", held_out=None)
+    assert statement([*trials, final]).epsilon is not None
+
+
 # ----------------------------------------------------------------------------- real runs
 
 
@@ -439,11 +461,22 @@ def test_the_tuning_epsilon_of_two_client_level_runs_validated_on_held_out_clien
         )
         assert trial.epsilon == outcome.epsilon
     assert trials[0].configuration != trials[1].configuration
+    assert trials[0].held_out is not None and trials[0].held_out == trials[1].held_out
     result = statement(trials, delta=None)
     longer = PldAccountant()
     longer.step(1.0, 5 / 20, 10)
     assert result.epsilon == longer.epsilon(trials[0].delta)
     assert result.delta == outcomes[0].claim.delta
+
+
+def test_another_seed_holds_out_other_clients_and_the_sweep_has_no_epsilon(store_root):
+    """Seed 1 draws other held-out clients than seed 0 (``datasets.validation``): their
+    digests differ, and the statement refuses public validation across the two."""
+    trials = [trial_privacy(run(store_root, *DP_FEDAVG, f"seed={seed}")) for seed in (0, 1)]
+    assert None not in {t.held_out for t in trials}
+    assert trials[0].held_out != trials[1].held_out
+    result = statement(trials, delta=None)
+    assert result.epsilon is None and result.reason == HELD_OUT_DIFFER
 
 
 def test_a_sample_level_trial_recomposes_to_its_runs_epsilon(store_root):
