@@ -70,8 +70,11 @@ SEARCHES = ("grid", "random")
 VALIDATIONS = ("private", "public", "none")
 DISTRIBUTIONS = ("poisson", "truncated_negative_binomial")
 ROLES = ("trial", "final")
-# The runtime sections and the seed do not make another configuration (see ``configuration_key``).
+# The runtime sections and the seed do not make another configuration (see ``configuration_key``);
+# of the executor's, only the fields that change what is computed do: bf16 changes the results,
+# vectorize and channels_last their float rounding. Where the actors run never does.
 NOT_CONFIGURATION = ("seed", "tracking", "checkpoint", "executor")
+EXECUTOR_CONFIGURATION = ("precision", "vectorize", "channels_last")
 NOT_PRIVATISED = "validation scores on private data are not privatised"
 HELD_OUT_DIFFER = (
     "held-out validation clients differ across trials (they depend on the seed): a client held "
@@ -135,9 +138,12 @@ class TrialPrivacy:
 
 
 def configuration_key(config_dict: dict) -> str:
-    """A hash of a config without its seed and runtime sections: equal for a configuration's
-    seeds, different for different hyperparameters."""
+    """A hash of a config without its seed and runtime sections (but with the executor's
+    ``EXECUTOR_CONFIGURATION`` fields): equal for a configuration's seeds and placements,
+    different for different hyperparameters or numerics."""
     kept = {k: v for k, v in config_dict.items() if k not in NOT_CONFIGURATION}
+    executor = config_dict.get("executor") or {}
+    kept["executor"] = {k: executor[k] for k in EXECUTOR_CONFIGURATION if k in executor}
     text = json.dumps(kept, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

@@ -23,6 +23,7 @@ from privacy.tuning import (
     TrialPrivacy,
     check_num_trials_distribution,
     compose_trials,
+    configuration_key,
     draw_num_trials,
     expected_num_trials,
     mechanism_rdp,
@@ -408,6 +409,32 @@ def test_trial_privacy_round_trips_through_json():
     assert again == trial
     with pytest.raises(ValueError, match="unknown keys"):
         TrialPrivacy.from_dict({**trial.to_dict(), "sigma": 1})
+
+
+def test_the_configuration_key_counts_the_numerics_not_the_placement():
+    """bf16, vectorize and channels_last change what is computed: another configuration. The
+    seed, the actors' number, resources and placement, tracking and checkpoints do not."""
+    base = small_config("/tmp/unused").to_dict()
+    key = configuration_key(base)
+
+    def changed(section, **values):
+        return configuration_key({**base, section: {**base[section], **values}})
+
+    assert configuration_key({**base, "seed": 7}) == key
+    for values in (
+        {"kind": "local"},
+        {"num_actors": 7},
+        {"cpus_per_actor": 3.0},
+        {"gpus_per_actor": 0.5},
+        {"address": "auto"},
+        {"placement": "spread"},
+    ):
+        assert changed("executor", **values) == key, values
+    assert changed("tracking", enabled=True) == key
+    assert changed("checkpoint", every=3) == key
+    for values in ({"precision": "bf16"}, {"vectorize": False}, {"channels_last": True}):
+        assert changed("executor", **values) != key, values
+    assert changed("algorithm", clip_norm=0.5) != key
 
 
 def test_public_validation_needs_the_same_held_out_clients_in_every_trial():
