@@ -14,8 +14,11 @@ Thm 21. This bounds the selected model, and every other trial's model and metric
 
 **Papernot & Steinke** (ICLR 2022, "Hyperparameter tuning with Rényi differential privacy";
 random search only). Let Q be one draw of the search: a configuration drawn from the space, run
-with every seed of the sweep, scored; let ε(λ) bound Q's RDP at order λ (here: the curves of a
-configuration's seeds summed, the pointwise maximum over the configurations that ran). Run Q a
+with every seed of the sweep, scored; let ε(λ) bound Q's RDP at order λ for *every*
+configuration Q could draw. Here that is known only where every trial that ran has the same
+mechanism (the privacy parameters fixed across the space): ε(λ) is then a configuration's
+seeds' curves summed. Where the trials' mechanisms differ, the configurations that ran bound
+nothing about those that did not, and Papernot–Steinke is not applied (composition is). Run Q a
 random number K of times, independent of the data, and output only the best run. Then the output
 is (λ, ε'(λ))-RDP with
 
@@ -76,6 +79,10 @@ ROLES = ("trial", "final")
 NOT_CONFIGURATION = ("seed", "tracking", "checkpoint", "executor")
 EXECUTOR_CONFIGURATION = ("precision", "vectorize", "channels_last")
 NOT_PRIVATISED = "validation scores on private data are not privatised"
+PRIVACY_VARIES = (
+    "privacy parameters vary across the search space; Papernot–Steinke needs a bound over every "
+    "configuration the search could draw"
+)
 HELD_OUT_DIFFER = (
     "held-out validation clients differ across trials (they depend on the seed): a client held "
     "out in one trial trains in another"
@@ -323,17 +330,19 @@ def tuning_statement(
     composed, method = compose_trials(trials, delta)
     if num_trials_distribution is None:
         return TuningStatement(composed, delta, method, assumption, None)
+    why = papernot_steinke_refusal(trials)
+    if why is not None:
+        assumption += f"; Papernot–Steinke not applied: {why}"
+        return TuningStatement(composed, delta, method, assumption, None)
     selected = papernot_steinke_epsilon(trials, num_trials_distribution, delta)
-    if selected is None:
-        why = "no RDP curve for every trial: Papernot–Steinke not applied"
-        return TuningStatement(composed, delta, method, f"{assumption}; {why}", None)
     kind = num_trials_distribution["kind"].replace("_", " ")
     drawn = _describe(num_trials_distribution)
     assumption += (
         f"; Papernot–Steinke: the number of configurations drawn from {drawn} "
         "independently of the data, each drawn independently from the space, and only the "
-        "selected model and its score released; ε(λ) of one configuration the pointwise "
-        "maximum over those that ran"
+        "selected model and its score released; the privacy parameters the same across the "
+        "space (every trial that ran the same mechanism), ε(λ) of one configuration its seeds' "
+        "curves summed"
     )
     if selected >= composed:  # both bound the selected model: the smaller is stated
         return TuningStatement(composed, delta, method, assumption, None)
@@ -566,16 +575,39 @@ def repeat_and_select_rdp(orders, rdp, distribution: dict) -> np.ndarray:
     return lowered[np.argsort(order)]  # in the caller's order
 
 
+def papernot_steinke_refusal(trials: Sequence[TrialPrivacy]) -> str | None:
+    """Why Papernot–Steinke does not bound the selection of ``trials``, or None.
+
+    Q is a configuration *drawn from the space*: ε(λ) must bound every configuration the search
+    could draw, not only those that ran. Where every searched trial ran the same mechanism (the
+    same runs, the same RDP curve) the privacy parameters are taken to be fixed across the
+    space and a configuration's curve is its seeds' summed; where they differ, the curves that
+    ran say nothing of those that did not, and there is no bound."""
+    searched = [t for t in trials if t.role == "trial"]
+    if not searched:
+        return "no searched trial"
+    if any(t.rdp is None for t in trials):
+        return "no RDP curve for every trial"
+    ran = {
+        json.dumps([t.mechanism, t.rdp_orders, t.rdp], sort_keys=True, default=str)
+        for t in searched
+    }
+    if len(ran) > 1:
+        return PRIVACY_VARIES
+    return None
+
+
 def papernot_steinke_epsilon(
     trials: Sequence[TrialPrivacy], distribution: dict, delta: float
 ) -> float | None:
-    """ε at ``delta`` of the selected model by Papernot–Steinke (None without RDP curves):
-    Q's curve the maximum over configurations of their seeds' curves summed, repeated and
-    selected, then the ``role="final"`` trials composed on top."""
+    """ε at ``delta`` of the selected model by Papernot–Steinke (None where
+    ``papernot_steinke_refusal`` gives a reason): Q's curve the most seeds' curves summed
+    (every trial the same mechanism), repeated and selected, then the ``role="final"`` trials
+    composed on top."""
+    if papernot_steinke_refusal(trials) is not None:
+        return None
     searched = [t for t in trials if t.role == "trial"]
     final = [t for t in trials if t.role == "final"]
-    if any(t.rdp is None for t in trials) or not searched:
-        return None
     groups: dict[str, list] = {}
     for trial in searched:
         groups.setdefault(trial.configuration, []).append(trial.curve())

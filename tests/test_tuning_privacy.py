@@ -20,6 +20,7 @@ from privacy.record_level import RecordLevelAccountant
 from privacy.tuning import (
     HELD_OUT_DIFFER,
     NOT_PRIVATISED,
+    PRIVACY_VARIES,
     TrialPrivacy,
     check_num_trials_distribution,
     compose_trials,
@@ -28,7 +29,10 @@ from privacy.tuning import (
     expected_num_trials,
     mechanism_rdp,
     mechanism_trial,
+    papernot_steinke_epsilon,
+    papernot_steinke_refusal,
     repeat_and_select_rdp,
+    summed_curve,
     trial_privacy,
     tuning_statement,
 )
@@ -296,6 +300,34 @@ def test_papernot_steinke_counts_a_configurations_seeds_together():
         [doubled, dataclasses.replace(doubled, configuration="b")], "random", poisson
     )
     assert by_seeds.epsilon == pytest.approx(by_one.epsilon, rel=1e-12)
+
+
+def test_papernot_steinke_needs_the_same_mechanism_in_every_configuration():
+    """Q draws a configuration from the space: the curves of those that ran bound it only where
+    they are all the same. σ varying over the space (or one trial stopped early: fewer rounds)
+    refuses Papernot–Steinke and states composition; the same σ, q, rounds everywhere apply it,
+    to the value of one configuration's seeds repeated and selected."""
+    poisson = {"kind": "poisson", "mean": 4.0}
+    same = [client_trial(1.0, 0.05, 300, accountant="rdp", configuration=c) for c in "aabbcc"]
+    applied = statement(same, "random", poisson)
+    assert applied.method == "Papernot–Steinke, poisson number of trials"
+    one_draw = summed_curve([same[0].curve(), same[1].curve()])
+    orders, rdp = one_draw[0], repeat_and_select_rdp(*one_draw, poisson)
+    assert applied.epsilon == epsilon_from_rdp(orders[orders > 1], rdp[orders > 1], DELTA)
+    assert papernot_steinke_refusal(same) is None
+    varied = [
+        client_trial(sigma, 0.05, 300, accountant="rdp", configuration=str(sigma))
+        for sigma in (1.0, 1.0, 2.0, 2.0)
+    ]
+    stopped = [*same[:-1], client_trial(1.0, 0.05, 120, accountant="rdp", configuration="c")]
+    for trials in (varied, stopped):
+        assert papernot_steinke_refusal(trials) == PRIVACY_VARIES
+        assert papernot_steinke_epsilon(trials, poisson, DELTA) is None
+        refused = statement(trials, "random", poisson)
+        assert refused.method.startswith("composition of")
+        assert refused.epsilon == statement(trials).epsilon
+        assert refused.composition_epsilon is None
+        assert f"Papernot–Steinke not applied: {PRIVACY_VARIES}" in refused.assumption
 
 
 def test_a_final_retraining_is_composed_after_the_selection():
