@@ -154,3 +154,29 @@ def test_a_host_runs_the_configured_precision(store_root):
     bf16 = Kernels(precision="bf16")
     host = ClientHost(store.location, config.task, algorithm, 0, [0], kernels=bf16)
     assert host.objective.autocast is BF16
+
+
+def test_why_sample_level_bf16_is_refused_per_example_paths_disagree():
+    """The refusal's reason (cluster/config/runtime.py): under bf16 autocast the sequential
+    per-example gradients of a model of nn.Linear layers (the linear path, through
+    ``objective.logits``) and the vectorised ones carry bf16's rounding, but the sequential ones
+    of a CNN (expanded/vmap_grad, ``functional_call`` on the model) are float32's bit for bit:
+    the precision would depend on the model and the kernels. Every path hands back float32
+    rows, so the per-example norm and clip are float32 either way. Should the paths agree, the
+    refusal is to be revisited."""
+    from algorithms.dpsgd import per_example_gradients
+    from algorithms.vectorized import _per_example_gradients
+
+    cases = {"logreg": ((60,), True), "mnist_cnn": (MNIST, False)}
+    for name, (shape, sequential_in_bf16) in cases.items():
+        x, y = _batch(4, shape)
+        rows = {}
+        for autocast in (None, BF16):
+            objective = _objective(autocast, name, shape)
+            flat = ParamLayout.flatten(objective.model).detach()
+            sequential = per_example_gradients(objective, flat, x, y)[2]
+            vectorised = _per_example_gradients(objective)(flat[None], x[None], y[None])[0][0]
+            assert sequential.dtype == vectorised.dtype == torch.float32
+            rows[autocast] = (sequential, vectorised.reshape(4, -1))
+        assert not torch.equal(rows[BF16][1], rows[None][1]), name  # vectorised: bf16
+        assert torch.equal(rows[BF16][0], rows[None][0]) != sequential_in_bf16, name

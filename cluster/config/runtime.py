@@ -107,9 +107,13 @@ def validate_runtime(c: ExperimentConfig) -> None:
         raise ConfigError(
             "executor.precision",
             e.precision,
-            f"{c.algorithm.name} computes per-example gradients (algorithms/dpsgd.py) outside "
-            "the model forward that bf16 autocast wraps, so it would train in float32 all the "
-            "same: set executor.precision=float32",
+            f"{c.algorithm.name}'s per-example gradients (algorithms/dpsgd.py) would run in "
+            "bf16 on some paths only: the vectorised one and the sequential one for models of "
+            "nn.Linear layers go through the autocast forward, the sequential one for other "
+            "models (expanded, vmap_grad: a CNN, a median clip, a warm start, vectorize=false) "
+            "calls the model in float32, so the precision would depend on the model and the "
+            "kernels; bf16 DP-SGD is not validated (its clip and noise would stay float32): set "
+            "executor.precision=float32",
         )
     check_name("tracking.experiment", c.tracking.experiment)
     if c.tracking.run_name is not None:
