@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 from collections.abc import Iterator
@@ -95,10 +96,15 @@ def lean_head(keep_log_monitor: bool) -> Iterator[None]:
     of CPU with them and 17.8 s without (the dashboard head 2.6 s, the two monitors 3.0 s:
     ``benchmarks/NOTES.md``). ``ray.init`` reads ``RayParams`` and ``Node`` from their modules
     when it starts a node, so both are switched here, in this process only, and restored on
-    leaving: a later ``ray start`` or connection to a cluster is unchanged.
+    leaving: a later ``ray start`` or connection to a cluster is unchanged. Where this Ray's
+    private ``Node.start_api_server`` or ``RayParams`` are not the ones it was written against
+    (``lean_head_applies``), nothing is switched and Ray starts as it is.
     """
     from ray._private import node, parameter
 
+    if not lean_head_applies():
+        yield
+        return
     saved_params, saved_api_server = parameter.RayParams, node.Node.start_api_server
 
     class LeanParams(saved_params):
@@ -115,6 +121,31 @@ def lean_head(keep_log_monitor: bool) -> Iterator[None]:
         yield
     finally:
         parameter.RayParams, node.Node.start_api_server = saved_params, saved_api_server
+
+
+# What ``lean_head`` replaces, as Ray 2.60 has it: Ray's private API, which pyproject's
+# ray>=2.50 does not pin, so the switch is made only where it is still this.
+API_SERVER_PARAMETERS = (
+    ("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+    ("include_dashboard", inspect.Parameter.KEYWORD_ONLY),
+    ("raise_on_failure", inspect.Parameter.KEYWORD_ONLY),
+)
+LEAN_RAY_PARAMS = ("no_monitor", "include_log_monitor")
+
+
+def lean_head_applies() -> bool:
+    """Whether this Ray's ``Node.start_api_server`` takes exactly Ray 2.60's parameters and its
+    ``RayParams`` the two that ``lean_head`` sets."""
+    from ray._private import node, parameter
+
+    try:
+        api = inspect.signature(node.Node.start_api_server).parameters.values()
+        params = inspect.signature(parameter.RayParams.__init__).parameters
+    except (AttributeError, TypeError, ValueError):
+        return False
+    return tuple((p.name, p.kind) for p in api) == API_SERVER_PARAMETERS and all(
+        name in params for name in LEAN_RAY_PARAMS
+    )
 
 
 @contextmanager

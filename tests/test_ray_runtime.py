@@ -66,3 +66,35 @@ def test_lean_head_sets_the_node_parameters_for_its_block_only(verbose):
         assert node.Node.start_api_server is not api_server
     assert (parameter.RayParams, node.Node.start_api_server) == (params, api_server)
     assert parameter.RayParams().no_monitor is False
+
+
+def test_lean_head_leaves_ray_as_it_is_where_its_private_api_differs(monkeypatch):
+    """A Ray whose ``Node.start_api_server`` takes other parameters (or whose ``RayParams``
+    lacks the fields set) than the 2.60 that ``lean_head`` was written against starts as it
+    is: nothing is switched. No Ray is started."""
+    pytest.importorskip("ray")
+    from ray._private import node, parameter
+
+    from cluster.ray_runtime import lean_head, lean_head_applies
+
+    assert lean_head_applies()  # the Ray this project locks
+
+    def start_api_server(self, *, include_dashboard, raise_on_failure, port):
+        raise AssertionError("not called here")
+
+    monkeypatch.setattr(node.Node, "start_api_server", start_api_server)
+    assert not lean_head_applies()
+    params = parameter.RayParams
+    with lean_head(keep_log_monitor=False):
+        assert node.Node.start_api_server is start_api_server
+        assert parameter.RayParams is params
+        assert parameter.RayParams().no_monitor is False
+    assert (node.Node.start_api_server, parameter.RayParams) == (start_api_server, params)
+    monkeypatch.undo()
+
+    class OtherParams(parameter.RayParams):
+        def __init__(self, node_ip_address=None):
+            super().__init__(node_ip_address=node_ip_address)
+
+    monkeypatch.setattr(parameter, "RayParams", OtherParams)
+    assert not lean_head_applies()
