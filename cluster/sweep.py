@@ -4,11 +4,14 @@ concurrently on Ray, one configuration selected by a validation metric.
 The spec's format: ``cluster.sweep_spec``. The whole spec, and every trial's config, is checked
 before any trial starts (exit 2 naming the field, the value and the trial). Trials run on
 ``cluster.trials``' engine (Ray tasks in placement groups, ``--concurrent`` at once at most);
-each is a normal MLflow run (``sweep-<spec>-<values>-seed<k>``) nested under the sweep's
-parent run, tagged ``sweep`` (the spec's name) and ``sweep_trial`` (its configuration's hash
-and seed). Rerunning the same command resumes: trials whose runs finished (and were recorded:
-tag ``sweep_recorded``) are not run again, and the unfinished parent run is continued. A
-trial that fails is recorded (status FAILED, its error in the table) and the others go on.
+each is a normal MLflow run (``sweep-<spec>-<values>-c<index>-<digest>-seed<k>``: the
+configuration's index in the draw or grid and a digest of its exact values make it unique)
+nested under the sweep's parent run, tagged ``sweep`` (the spec's name) and ``sweep_trial``
+(its configuration's hash and seed, and ``-repeat<n>`` for a random search's n-th repeated
+draw of one configuration: each draw is a trial of its own, ``sweep_spec``). Rerunning the
+same command resumes: trials whose runs finished (and were recorded: tag ``sweep_recorded``)
+are not run again, and the unfinished parent run is continued. A trial that fails is recorded
+(status FAILED, its error in the table) and the others go on.
 
 The parent run holds ``sweep.md`` (one row per configuration: mean ± std over its seeds of the
 selection metric and of the test accuracy), ``sweep.csv`` (those rows, then one per trial),
@@ -16,7 +19,8 @@ selection metric and of the test accuracy), ``sweep.csv`` (those rows, then one 
 selected configuration at the first seed: ``python -m cluster run selected.yaml`` reruns it)
 and ``tuning_privacy.json``, the sweep's privacy statement (``privacy.tuning``), printed too.
 Each trial's run holds ``trial_privacy.json`` (its ``TrialPrivacy``), from which a resumed
-sweep rebuilds the statement.
+sweep rebuilds the statement. A trial that started but did not finish (FAILED, KILLED) trained
+on the private data for rounds no accountant recorded: the sweep then states no ε, naming it.
 """
 
 from __future__ import annotations
@@ -41,7 +45,9 @@ from cluster.sweep_spec import (
     configuration,
     format_value,
     label,
+    labels,
     trial_digest,
+    values_digest,
 )
 from cluster.trials import Trial, TrialResult, build_config, calibrate, merged, run_concurrently
 
@@ -54,7 +60,7 @@ class TrialRecord:
     """One trial as the table shows it: run now, or found finished in MLflow (``resumed``)."""
 
     trial: SweepTrial
-    name: str
+    name: str  # unique in the sweep: its key in every table
     digest: str
     status: str = "NOT RUN"
     run_id: str | None = None
@@ -65,6 +71,7 @@ class TrialRecord:
     seconds: float = 0.0
     privacy: dict | None = None  # its TrialPrivacy
     resumed: bool = False
+    repeat: int = 0  # earlier draws of the same configuration and seed (random search)
 
 
 @dataclass
@@ -93,10 +100,17 @@ def plan(path: Path, overrides: list[str]) -> Planned:
     if not NAME.match(spec.name):
         raise ConfigError("SPEC", str(path), "name the spec file with letters, digits, . _ -")
     planned = Planned(spec, [], overrides=list(overrides))
+    drawn: dict[str, int] = {}  # a configuration and seed: how often drawn so far
     for trial in spec.trials():
         config = trial_config(spec, overrides, trial)
-        planned.configs[trial.name(spec.name)] = config
-        planned.records.append(TrialRecord(trial, trial.name(spec.name), trial_digest(config)))
+        name, once = trial.name(spec.name), trial_digest(config)
+        repeat = drawn[once] = drawn.get(once, -1) + 1
+        if name in planned.configs:  # SweepTrial.key makes names unique: a bug otherwise
+            raise AssertionError(f"two trials named {name}")
+        planned.configs[name] = config
+        planned.records.append(
+            TrialRecord(trial, name, trial_digest(config, repeat), repeat=repeat)
+        )
     if planned.records:
         check_selection(spec, planned.configs[planned.records[0].name])
     return planned
@@ -121,7 +135,7 @@ def trial_config(
 
 
 def final_name(spec: SweepSpec, trial: SweepTrial) -> str:
-    return f"sweep-{spec.name}-{trial.label()}-final-seed{trial.seed}"
+    return f"sweep-{spec.name}-{trial.label()}-{values_digest(trial.values)}-final-seed{trial.seed}"
 
 
 def selected_changes(spec: SweepSpec, values: Values) -> dict:
@@ -241,7 +255,10 @@ def fill(record: TrialRecord, result: TrialResult, metric: str, role: str) -> No
     record.metric, record.test_accuracy = final_metric(outcome, metric), outcome.final_accuracy
     record.epsilon = outcome.claim.epsilon_text(outcome.epsilon, outcome.epsilon_vs_server)
     if record.status == "FINISHED":
-        record.privacy = replace(trial_privacy(outcome), role=role).to_dict()
+        privacy = replace(trial_privacy(outcome), role=role)
+        if record.repeat:  # another draw of Q (Papernot–Steinke): not one more seed of the first
+            privacy = replace(privacy, configuration=f"{privacy.configuration}-{record.repeat}")
+        record.privacy = privacy.to_dict()
 
 
 def configurations(records: list[TrialRecord]) -> dict[Values, list[TrialRecord]]:
@@ -251,17 +268,25 @@ def configurations(records: list[TrialRecord]) -> dict[Values, list[TrialRecord]
     return grouped
 
 
+def display_labels(records: list[TrialRecord]) -> dict[Values, str]:
+    """Each configuration's label (``sweep_spec.labels``: distinct where the values are)."""
+    grouped = list(configurations(records))
+    return dict(zip(grouped, labels(grouped), strict=True))
+
+
 def summarize(spec: SweepSpec, records: list[TrialRecord]) -> list[dict]:
-    """One row per configuration; ``selected`` marks the best mean over seeds among those
-    whose every seed finished."""
+    """One row per configuration (its values: repeated draws of it are one row), in the order
+    of ``configurations(records)``; ``selected`` marks the best mean over seeds among those
+    whose every trial finished."""
     rows = []
+    shown = display_labels(records)
     for values, group in configurations(records).items():
         done = [r for r in group if r.status == "FINISHED" and r.metric is not None]
         metric = mean_std([r.metric for r in done]) if done else (None, None)
         tests = [r.test_accuracy for r in done if r.test_accuracy is not None]
         test = mean_std(tests) if tests else (None, None)
         rows.append(
-            {"configuration": label(values), **{f: v for f, v in values},
+            {"configuration": shown[values], **{f: v for f, v in values},
              "trials_finished": len(done), "trials": len(group),
              f"{spec.select.metric}_mean": metric[0], f"{spec.select.metric}_std": metric[1],
              "test_accuracy_mean": test[0], "test_accuracy_std": test[1],
@@ -276,8 +301,10 @@ def summarize(spec: SweepSpec, records: list[TrialRecord]) -> list[dict]:
 
 
 def trial_rows(records: list[TrialRecord], metric: str) -> list[dict]:
+    shown = display_labels(records)
     return [
-        {"trial": r.name, "configuration": r.trial.label(), "seed": r.trial.seed,
+        {"trial": r.name, "configuration": shown[configuration(r.trial.values)],
+         "seed": r.trial.seed,
          "status": r.status, "run_id": r.run_id or "", metric: r.metric,
          "test_accuracy": r.test_accuracy, "epsilon": r.epsilon, "seconds": round(r.seconds, 2),
          "resumed": r.resumed, "error": r.error}
@@ -348,7 +375,7 @@ def selected_yaml(planned: Planned, values: Values) -> str:
     seeds = ", ".join(map(str, spec.seeds))
     head = (
         f"# sweep {spec.name}: selected by the mean {spec.select.metric} ({spec.select.mode}) over "
-        f"seeds {seeds}{' and folds' * spec.cross_validated}: {label(values)}\n"
+        f"seeds {seeds}{' and folds' * spec.cross_validated}: {label(values, exact=True)}\n"
         "# uv run python -m cluster run selected.yaml "
         "[--set seed=K]\n"
     )
@@ -356,11 +383,24 @@ def selected_yaml(planned: Planned, values: Values) -> str:
 
 
 def statement(planned: Planned, records: list[TrialRecord]):
-    from privacy.tuning import TrialPrivacy, tuning_statement
+    from privacy.tuning import TrialPrivacy, TuningStatement, tuning_statement
 
     spec, first = planned.spec, planned.configs[planned.records[0].name]
     trials = [TrialPrivacy.from_dict(r.privacy) for r in records if r.privacy is not None]
-
+    # started (or finished) without a TrialPrivacy: rounds on the private data unaccounted
+    unaccounted = [r for r in records if r.status != "NOT RUN" and r.privacy is None]
+    if unaccounted:
+        named = ", ".join(f"{r.name} {r.status}" for r in unaccounted[:3])
+        more = f" and {len(unaccounted) - 3} more" if len(unaccounted) > 3 else ""
+        one = len(unaccounted) == 1
+        return TuningStatement(
+            None,
+            min((t.delta for t in trials if t.delta is not None), default=None),
+            "none",
+            f"{len(trials) + len(unaccounted)} trials started on the same private data",
+            f"trial{'' if one else 's'} {named}{more}: {'its' if one else 'their'} rounds are "
+            "not accounted (a trial that started trained on the private data)",
+        )
     return tuning_statement(
         trials,
         search=spec.method,
@@ -521,13 +561,11 @@ def _retrain(planned: Planned, parent, concurrent: int) -> None:
 
 
 def _chosen_values(planned: Planned) -> Values | None:
-    """The selected configuration's values (None: nothing could be selected)."""
+    """The selected configuration's exact values (None: nothing could be selected): its row
+    of ``summarize``, in the order of ``configurations``, never looked up by its label."""
     rows = summarize(planned.spec, planned.records)
-    chosen = next((r for r in rows if r["selected"]), None)
-    if chosen is None:
-        return None
     grouped = configurations(planned.records)
-    return next(v for v in grouped if label(v) == chosen["configuration"])
+    return next((v for v, r in zip(grouped, rows, strict=True) if r["selected"]), None)
 
 
 def _finish(planned: Planned, parent, out: Path) -> int:

@@ -17,9 +17,14 @@ Distributions: ``uniform`` (low, high), ``loguniform`` (0 < low < high), ``choic
 Random draws come from one ``numpy`` generator seeded by ``search.seed``: first the number of
 configurations (where drawn), then each configuration's fields in the space's order. Every
 configuration runs once per seed; it is selected by its mean over those seeds of
-``select.metric`` (its last evaluation), never by its best seed. Sweeping
-``data.validation.fold`` is k-fold cross-validation: a configuration's score is then its mean
-over folds and seeds, and the selected one is retrained on all training rows
+``select.metric`` (its last evaluation), never by its best seed. A random search may draw the
+same configuration more than once: each draw is a trial of its own (K draws, as Papernot &
+Steinke count them: its runs, its name, its place in the privacy statement), and the
+selection groups the draws by their values (one row, the mean over every draw and seed).
+Each trial is named by its configuration's index in the draw (or the grid) and a digest of
+its exact values (``SweepTrial.key``): labels, floats to 4 significant figures, are for
+display. Sweeping ``data.validation.fold`` is k-fold cross-validation: a configuration's score
+is then its mean over folds and seeds, and the selected one is retrained on all training rows
 (``data.validation: null``), whose test accuracy is the one reported. ``metric`` is one of
 ``METRICS``; selecting on the test set is allowed, with a warning and the parent run tagged
 ``selected_on_test=true``. Keys starting with ``x-`` are ignored (YAML anchors).
@@ -69,14 +74,23 @@ Values = tuple[tuple[str, Any], ...]  # a configuration: (field, value) in the s
 class SweepTrial:
     values: Values
     seed: int
+    index: int = 0  # its configuration's place in ``SweepSpec.configurations()``
 
     def label(self) -> str:
-        """The configuration's values, readably: ``lr=0.05-rho=0.02``."""
+        """The configuration's values, readably (floats to 4 significant figures, so two
+        configurations may share a label): ``lr=0.05-rho=0.02``. For display only."""
         return label(self.values)
 
+    @property
+    def key(self) -> str:
+        """Unique among the sweep's configurations: the index of its draw (random) or grid
+        point, and a digest of its exact values (``c3-1f0a9e``)."""
+        return f"c{self.index}-{values_digest(self.values)}"
+
     def name(self, sweep: str) -> str:
-        """Its MLflow run's name: ``sweep-<spec>-lr=0.05-rho=0.02-seed1``."""
-        return f"sweep-{sweep}-{self.label()}-seed{self.seed}"
+        """Its MLflow run's name, unique in the sweep (its checkpoint folder where untracked,
+        and its key in every table): ``sweep-<spec>-lr=0.05-rho=0.02-c3-1f0a9e-seed1``."""
+        return f"sweep-{sweep}-{self.label()}-{self.key}-seed{self.seed}"
 
 
 def _short_names(fields: list[str]) -> dict[str, str]:
@@ -94,9 +108,26 @@ def format_value(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def label(values: Values) -> str:
+def label(values: Values, exact: bool = False) -> str:
+    """``lr=0.05-rho=0.02``: floats to 4 significant figures, or (``exact``) as ``repr``."""
     short = _short_names([f for f, _ in values])
-    return "-".join(f"{short[f]}={format_value(v)}" for f, v in values) or "base"
+    text = [repr(v) if exact and isinstance(v, float) else format_value(v) for _, v in values]
+    return "-".join(f"{short[f]}={t}" for (f, _), t in zip(values, text, strict=True)) or "base"
+
+
+def labels(configurations: list[Values]) -> list[str]:
+    """Each configuration's ``label``, exact (``repr`` of its floats) where two would read the
+    same to 4 significant figures: distinct configurations, distinct labels."""
+    short = [label(v) for v in configurations]
+    return [
+        label(v, exact=True) if short.count(text) > 1 else text
+        for v, text in zip(configurations, short, strict=True)
+    ]
+
+
+def values_digest(values: Values) -> str:
+    """Six hex digits of a configuration's exact values."""
+    return _digest([[f, v] for f, v in values])[:6]
 
 
 @dataclass(frozen=True)
@@ -142,7 +173,14 @@ class SweepSpec:
         return [f for f in self.space if f != FOLD]
 
     def trials(self) -> list[SweepTrial]:
-        return [SweepTrial(v, s) for v in self.configurations() for s in self.seeds]
+        """Every configuration at every seed. A random search may draw one configuration more
+        than once: each draw is a trial of its own (its own index, name and runs), as
+        Papernot & Steinke's bound counts K draws; the selection groups by the values."""
+        return [
+            SweepTrial(v, s, index)
+            for index, v in enumerate(self.configurations())
+            for s in self.seeds
+        ]
 
     def digest(self) -> str:
         """What the trials depend on (not the selection): a resumed sweep must match it."""
@@ -155,13 +193,15 @@ def _digest(value: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def trial_digest(config: ExperimentConfig) -> str:
+def trial_digest(config: ExperimentConfig, repeat: int = 0) -> str:
     """A trial's identity in MLflow (tag ``sweep_trial``): its configuration
-    (``privacy.tuning.configuration_key``: without the sections that never change results)
-    and its seed."""
+    (``privacy.tuning.configuration_key``: without the sections that never change results),
+    its seed, and ``repeat``, the number of earlier draws of that configuration in the sweep
+    (a random search's repeated draw is a trial of its own)."""
     from privacy.tuning import configuration_key
 
-    return f"{configuration_key(config.to_dict())}-seed{config.seed}"
+    key = f"{configuration_key(config.to_dict())}-seed{config.seed}"
+    return key + (f"-repeat{repeat}" if repeat else "")
 
 
 def _draw(rng, domain: Any) -> Any:

@@ -91,11 +91,13 @@ def test_grid_and_seeded_random_search(tmp_path, store_root):
     grid = {"algorithm.local.lr": [0.05, 0.1], "algorithm.clip_norm": [0.5, 1.0]}
     planned = plan(_write(tmp_path, "g", {"base": base, "space": grid, "seeds": [3, 7]}), [])
     names = [r.name for r in planned.records]
+    key = [r.trial.key for r in planned.records]
     assert names[:3] == [
-        "sweep-g-lr=0.05-clip_norm=0.5-seed3",
-        "sweep-g-lr=0.05-clip_norm=0.5-seed7",
-        "sweep-g-lr=0.05-clip_norm=1-seed3",
+        f"sweep-g-lr=0.05-clip_norm=0.5-{key[0]}-seed3",
+        f"sweep-g-lr=0.05-clip_norm=0.5-{key[1]}-seed7",
+        f"sweep-g-lr=0.05-clip_norm=1-{key[2]}-seed3",
     ]
+    assert key[0] == key[1] != key[2] and key[2].startswith("c1-")
     assert len(names) == 8 and len({r.digest for r in planned.records}) == 8
     config = planned.configs[names[1]]
     assert (config.seed, config.algorithm.clip_norm, config.tracking.run_name) == (
@@ -123,7 +125,7 @@ def test_selection_is_by_the_mean_over_seeds_never_the_best_seed(tmp_path, store
     )  # the space is not built here: only the records are summarised
 
     def record(value, seed, metric, status="FINISHED"):
-        trial = SweepTrial((("algorithm.local.lr", value),), seed)
+        trial = SweepTrial((("algorithm.local.lr", value),), seed, int(value * 10))
         return TrialRecord(trial, trial.name("s"), "", status, metric=metric, test_accuracy=0.5)
 
     records = [
@@ -135,6 +137,75 @@ def test_selection_is_by_the_mean_over_seeds_never_the_best_seed(tmp_path, store
     assert [r["selected"] for r in rows] == [False, True, False]
     assert rows[0]["validation_accuracy_mean"] == pytest.approx(0.55)
     assert (rows[2]["trials_finished"], rows[2]["trials"]) == (1, 2)
+
+
+def test_a_random_choice_drawn_twice_is_a_trial_of_its_own(tmp_path, store_root):
+    """6 draws of 3 values: 6 trials under 6 names (a repeated draw its own run, tagged
+    ``-repeat<n>``); the selection groups them by value, one row per configuration."""
+    space = {"algorithm.local.lr": [0.01, 0.05, 0.1]}
+    search = {"method": "random", "seed": 0, "num_samples": 6}
+    spec = {"base": _base(store_root, tmp_path), "space": space, "search": search}
+    planned = plan(_write(tmp_path, "rc", spec), [])
+    records = planned.records
+    drawn = [dict(r.trial.values)["algorithm.local.lr"] for r in records]
+    assert len(records) == 6 and len(set(drawn)) < 6  # the repro: values drawn more than once
+    assert len({r.name for r in records}) == 6 and set(planned.configs) == {r.name for r in records}
+    assert len({r.digest for r in records}) == 6
+    assert len({planned.configs[r.name].checkpoint.dir for r in records}) == 1  # tracked: by id
+    for r in records:
+        r.status, r.metric = "FINISHED", {0.01: 0.5, 0.05: 0.7, 0.1: 0.6}[drawn[records.index(r)]]
+    rows = summarize(planned.spec, records)
+    assert sorted(r["trials"] for r in rows) == sorted(drawn.count(v) for v in set(drawn))
+    assert sum(r["selected"] for r in rows) == 1
+
+
+def test_grid_values_alike_to_4_figures_are_distinct_trials_and_selections(tmp_path, store_root):
+    """0.123451 and 0.123459 read 0.1235 both: two trials, two labels, and the selection is the
+    exact value that scored best (selected.yaml too), never the first of that label."""
+    from cluster.sweep import _chosen_values, selected_yaml
+
+    base = _base(store_root, tmp_path)
+    base["tracking"] = {"enabled": False}  # untracked: each trial's checkpoint folder by name
+    space = {"algorithm.local.lr": [0.123451, 0.123459]}
+    planned = plan(_write(tmp_path, "near", {"base": base, "space": space}), [])
+    a, b = planned.records
+    assert a.name != b.name and a.digest != b.digest
+    assert [planned.configs[r.name].algorithm.local.lr for r in (a, b)] == [0.123451, 0.123459]
+    assert planned.configs[a.name].checkpoint.dir != planned.configs[b.name].checkpoint.dir
+    a.status, a.metric, b.status, b.metric = "FINISHED", 0.5, "FINISHED", 0.9
+    rows = summarize(planned.spec, planned.records)
+    assert [r["configuration"] for r in rows] == ["lr=0.123451", "lr=0.123459"]
+    assert [r["selected"] for r in rows] == [False, True]
+    assert _chosen_values(planned) == (("algorithm.local.lr", 0.123459),)
+    chosen = yaml.safe_load(selected_yaml(planned, _chosen_values(planned)))
+    assert chosen["algorithm"]["local"]["lr"] == 0.123459
+
+
+def test_a_trial_that_started_and_did_not_finish_leaves_the_sweep_without_epsilon(
+    tmp_path, store_root
+):
+    """A FAILED or KILLED trial trained on the private data: its rounds are not accounted, so
+    the tuning statement has no ε, and says which trial."""
+    from cluster.sweep import statement
+
+    space = {"algorithm.local.lr": [0.05, 0.1, 0.2]}
+    planned = plan(
+        _write(tmp_path, "st", {"base": _base(store_root, tmp_path), "space": space}), []
+    )
+    done, failed, killed = planned.records
+    done.status, done.privacy = "FINISHED", {
+        "label": done.name, "unit": "client", "dp_valid": True, "delta": 1e-5, "epsilon": 1.0,
+    }  # fmt: skip
+    failed.status, killed.status = "FAILED", "KILLED"
+    tuning = statement(planned, planned.records)
+    assert tuning.epsilon is None and tuning.delta == 1e-5
+    assert f"{failed.name} FAILED" in tuning.reason and f"{killed.name} KILLED" in tuning.reason
+    assert "not accounted" in tuning.line()
+    killed.status = "NOT RUN"  # never started: nothing to account
+    assert (
+        f"trial {failed.name} FAILED: its rounds are not accounted"
+        in statement(planned, planned.records).reason
+    )
 
 
 # ------------------------------------------------------------------------- slow: on Ray
