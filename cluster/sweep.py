@@ -20,7 +20,9 @@ selected configuration at the first seed: ``python -m cluster run selected.yaml`
 and ``tuning_privacy.json``, the sweep's privacy statement (``privacy.tuning``), printed too.
 Each trial's run holds ``trial_privacy.json`` (its ``TrialPrivacy``), from which a resumed
 sweep rebuilds the statement. A trial that started but did not finish (FAILED, KILLED) trained
-on the private data for rounds no accountant recorded: the sweep then states no ε, naming it.
+on the private data for rounds no accountant recorded: the sweep then states no ε, naming it;
+so does a resumed sweep for its earlier attempts' unfinished trials (the parent's child runs
+that no trial holds, ``earlier_attempts``), rerun since.
 """
 
 from __future__ import annotations
@@ -382,15 +384,20 @@ def selected_yaml(planned: Planned, values: Values) -> str:
     return head + yaml.safe_dump(raw, sort_keys=False)
 
 
-def statement(planned: Planned, records: list[TrialRecord]):
+def statement(planned: Planned, records: list[TrialRecord], earlier: list[str] = ()):
+    """The sweep's ``TuningStatement``; none (no ε) where a trial started without finishing,
+    among ``records`` or ``earlier`` (``earlier_attempts``)."""
     from privacy.tuning import TrialPrivacy, TuningStatement, tuning_statement
 
     spec, first = planned.spec, planned.configs[planned.records[0].name]
     trials = [TrialPrivacy.from_dict(r.privacy) for r in records if r.privacy is not None]
     # started (or finished) without a TrialPrivacy: rounds on the private data unaccounted
-    unaccounted = [r for r in records if r.status != "NOT RUN" and r.privacy is None]
+    unaccounted = [
+        *(f"{r.name} {r.status}" for r in records if r.status != "NOT RUN" and r.privacy is None),
+        *earlier,
+    ]
     if unaccounted:
-        named = ", ".join(f"{r.name} {r.status}" for r in unaccounted[:3])
+        named = ", ".join(unaccounted[:3])
         more = f" and {len(unaccounted) - 3} more" if len(unaccounted) > 3 else ""
         one = len(unaccounted) == 1
         return TuningStatement(
@@ -408,6 +415,27 @@ def statement(planned: Planned, records: list[TrialRecord]):
         validation=validation_kind(spec, first),
         delta=None,
     )
+
+
+def earlier_attempts(planned: Planned, parent_run_id: str) -> list[str]:
+    """The parent run's children that no record holds: trials of an earlier attempt at the
+    sweep (resumed) that did not finish, or were not recorded, and were run again. They trained
+    on the private data too, and their rounds are in no trial's privacy."""
+    from mlflow.tracking import MlflowClient
+
+    uri, experiment = planned.tracking
+    client = MlflowClient(uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return []
+    held = {r.run_id for r in planned.all_records() if r.run_id}
+    query = f"tags.mlflow.parentRunId = '{parent_run_id}'"
+    runs = client.search_runs([found.experiment_id], query, max_results=50_000)
+    return [
+        f"{run.info.run_name} {run.info.status} (an earlier attempt, run {run.info.run_id})"
+        for run in runs
+        if run.info.run_id not in held
+    ]
 
 
 def write_outputs(planned: Planned, rows: list[dict], out: Path, tuning) -> list[Path]:
@@ -572,7 +600,8 @@ def _finish(planned: Planned, parent, out: Path) -> int:
     spec, records = planned.spec, planned.records
     rows = summarize(spec, records)
     print(markdown(spec, rows, planned.all_records()))
-    tuning = statement(planned, planned.all_records())
+    earlier = earlier_attempts(planned, parent.run_id) if parent is not None else []
+    tuning = statement(planned, planned.all_records(), earlier)
     chosen = next((r for r in rows if r["selected"]), None)
     reported = _reported_test(planned, chosen)
     if chosen is None:

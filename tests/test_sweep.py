@@ -208,6 +208,35 @@ def test_a_trial_that_started_and_did_not_finish_leaves_the_sweep_without_epsilo
     )
 
 
+def test_a_resumed_sweep_accounts_for_its_earlier_attempts(tmp_path, store_root):
+    """A trial killed (or failed) in an earlier attempt and run again since: its run, a child
+    of the parent run that no trial holds, trained on the private data: no ε."""
+    from cluster.sweep import earlier_attempts, statement
+
+    space = {"algorithm.local.lr": [0.05]}
+    planned = plan(
+        _write(tmp_path, "ea", {"base": _base(store_root, tmp_path), "space": space}), []
+    )
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    planned.tracking = (uri, "sweep")
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("sweep")
+    parent = client.create_run(experiment).info.run_id
+    children = {}
+    for status in ("KILLED", "FINISHED"):
+        run = client.create_run(experiment, tags={"mlflow.parentRunId": parent}, run_name=status)
+        client.set_terminated(run.info.run_id, status)
+        children[status] = run.info.run_id
+    record = planned.records[0]
+    record.status, record.run_id = "FINISHED", children["FINISHED"]  # the rerun
+    record.privacy = {"label": record.name, "unit": "client", "dp_valid": True, "delta": 1e-5,
+                      "epsilon": 1.0}  # fmt: skip
+    earlier = earlier_attempts(planned, parent)
+    assert earlier == [f"KILLED KILLED (an earlier attempt, run {children['KILLED']})"]
+    tuning = statement(planned, planned.records, earlier)
+    assert tuning.epsilon is None and "KILLED KILLED (an earlier attempt" in tuning.reason
+
+
 # ------------------------------------------------------------------------- slow: on Ray
 
 
