@@ -8,7 +8,7 @@
     # search: {method: random, seed: 0, num_samples: 8}
     # search: {method: random, seed: 0, num_trials: {distribution: poisson, mean: 4}}
     #   (or {distribution: truncated_negative_binomial, eta: 1, gamma: 0.25}): the number of
-    #   configurations itself drawn (privacy.tuning.draw_num_trials), as Papernot & Steinke's
+    #   configurations itself drawn (privacy.repeat_select.draw_num_trials), as Papernot & Steinke's
     #   tuning bound needs
     seeds: 2                               # seeds 0, 1; or a list [0, 3, 7]
     select: {metric: validation_accuracy, mode: max}
@@ -151,7 +151,7 @@ class SweepSpec:
             ]
         import numpy as np
 
-        from privacy.tuning import draw_num_trials
+        from privacy.repeat_select import draw_num_trials
 
         rng = np.random.default_rng(self.seed)
         count = self.num_samples
@@ -286,7 +286,7 @@ def _search(search: Any) -> tuple[str, int | None, int | None, dict | None]:
 
 def _num_trials(spec: Any) -> dict:
     """``{distribution: poisson, mean: 4}`` as ``privacy.tuning``'s distribution, checked there."""
-    from privacy.tuning import check_num_trials_distribution
+    from privacy.repeat_select import check_num_trials_distribution
 
     example = "{distribution: truncated_negative_binomial, eta: 1, gamma: 0.25}"
     if not isinstance(spec, dict) or "distribution" not in spec:

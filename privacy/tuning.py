@@ -63,15 +63,20 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 
 import numpy as np
-from dp_accounting.rdp.rdp_privacy_accountant import compute_delta
 
 from privacy.accountant import ADJACENCY, epsilon_from_rdp, rdp_of_history
 from privacy.pld import DEFAULT_MAX_EPSILON, PldAccountant
 from privacy.record_level import RecordLevelAccountant, compose_plds
+from privacy.repeat_select import (
+    check_num_trials_distribution,
+    describe,
+    max_curve,
+    repeat_and_select_rdp,
+    summed_curve,
+)
 
 SEARCHES = ("grid", "random")
 VALIDATIONS = ("private", "public", "none")
-DISTRIBUTIONS = ("poisson", "truncated_negative_binomial")
 ROLES = ("trial", "final")
 # The runtime sections and the seed do not make another configuration (see ``configuration_key``);
 # of the executor's, only the fields that change what is computed do: bf16 changes the results,
@@ -336,7 +341,7 @@ def tuning_statement(
         return TuningStatement(composed, delta, method, assumption, None)
     selected = papernot_steinke_epsilon(trials, num_trials_distribution, delta)
     kind = num_trials_distribution["kind"].replace("_", " ")
-    drawn = _describe(num_trials_distribution)
+    drawn = describe(num_trials_distribution)
     assumption += (
         f"; Papernot–Steinke: the number of configurations drawn from {drawn} "
         "independently of the data, each drawn independently from the space, and only the "
@@ -451,128 +456,7 @@ def composed_pld_epsilon(trials: Sequence[TrialPrivacy], delta: float) -> float:
     return float(compose_plds(plds).get_epsilon_for_delta(delta)) if plds else 0.0
 
 
-def summed_curve(curves) -> tuple[np.ndarray, np.ndarray]:
-    """The sum of RDP curves on their common orders (composition)."""
-    orders = curves[0][0]
-    for other, _ in curves[1:]:
-        orders = np.intersect1d(orders, other)
-    if orders.size == 0:
-        raise ValueError("the trials' RDP curves share no order")
-    total = np.zeros(orders.size)
-    for own, values in curves:
-        total = total + values[np.searchsorted(own, orders)]
-    return orders, total
-
-
-def _max_curve(curves) -> tuple[np.ndarray, np.ndarray]:
-    """The pointwise maximum of RDP curves on their common orders."""
-    orders, _ = summed_curve(curves)
-    stacked = np.stack([values[np.searchsorted(own, orders)] for own, values in curves])
-    return orders, stacked.max(axis=0)
-
-
 # ----------------------------------------------------------------------------- Papernot–Steinke
-
-
-def check_num_trials_distribution(distribution: dict) -> None:
-    """ValueError naming the field, value and fix of a malformed distribution of the number
-    of trials: ``{"kind": "poisson", "mean": μ > 0}`` or ``{"kind":
-    "truncated_negative_binomial", "eta": η > −1, "gamma": γ ∈ (0, 1)}``."""
-    if not isinstance(distribution, dict):
-        raise ValueError(
-            f"num_trials_distribution = {distribution!r}: must be a mapping, e.g. "
-            '{"kind": "poisson", "mean": 4}'
-        )
-    kind = distribution.get("kind")
-    expected = {
-        "poisson": {"kind", "mean"},
-        "truncated_negative_binomial": {"kind", "eta", "gamma"},
-    }
-    if kind not in expected:
-        raise ValueError(
-            f"num_trials_distribution.kind = {kind!r}: must be one of {', '.join(DISTRIBUTIONS)}"
-        )
-    if set(distribution) != expected[kind]:
-        raise ValueError(
-            f"num_trials_distribution = {distribution!r}: {kind} takes exactly the keys "
-            f"{', '.join(sorted(expected[kind]))}"
-        )
-    checks = {
-        "mean": (lambda v: 0 < v < math.inf, "must be a finite number > 0, e.g. 4"),
-        "eta": (lambda v: -1 < v < math.inf, "must be a finite number > -1 (1: geometric)"),
-        "gamma": (lambda v: 0 < v < 1, "must be in (0, 1), e.g. 0.2"),
-    }
-    for name in expected[kind] - {"kind"}:
-        value = distribution[name]
-        test, fix = checks[name]
-        if isinstance(value, bool) or not isinstance(value, int | float) or not test(value):
-            raise ValueError(f"num_trials_distribution.{name} = {value!r}: {fix}")
-
-
-def _describe(distribution: dict) -> str:
-    if distribution["kind"] == "poisson":
-        return f"Poisson(μ = {distribution['mean']:g})"
-    return (
-        f"a truncated negative binomial (η = {distribution['eta']:g}, "
-        f"γ = {distribution['gamma']:g}, E[K] = {expected_num_trials(distribution):.4g})"
-    )
-
-
-def expected_num_trials(distribution: dict) -> float:
-    """E[K]: μ (Poisson); η(1 − γ)/(γ(1 − γ^η)), or (1/γ − 1)/log(1/γ) at η = 0 (truncated
-    negative binomial, Papernot & Steinke 2022, Def. 1)."""
-    if distribution["kind"] == "poisson":
-        return float(distribution["mean"])
-    eta, gamma = float(distribution["eta"]), float(distribution["gamma"])
-    if eta == 0:
-        return (1 / gamma - 1) / math.log(1 / gamma)
-    return eta * (1 - gamma) / (gamma * -math.expm1(eta * math.log(gamma)))
-
-
-def draw_num_trials(distribution: dict, rng: np.random.Generator) -> int:
-    """K drawn from ``distribution`` with ``rng``: Poisson(μ), or the truncated negative
-    binomial by inversion of its cdf (P[K = 1] = (1 − γ)·η/(γ^(−η) − 1), or (1 − γ)/log(1/γ)
-    at η = 0; P[K = k + 1] = P[K = k]·(1 − γ)·(k + η)/(k + 1))."""
-    check_num_trials_distribution(distribution)
-    if distribution["kind"] == "poisson":
-        return int(rng.poisson(distribution["mean"]))
-    eta, gamma = float(distribution["eta"]), float(distribution["gamma"])
-    if eta == 0:
-        pmf = (1 - gamma) / math.log(1 / gamma)
-    else:
-        pmf = (1 - gamma) * eta / math.expm1(-eta * math.log(gamma))
-    u, k, cdf = rng.random(), 1, pmf
-    while cdf < u:
-        pmf *= (1 - gamma) * (k + eta) / (k + 1)
-        k += 1
-        cdf += pmf
-    return k
-
-
-def repeat_and_select_rdp(orders, rdp, distribution: dict) -> np.ndarray:
-    """ε'(λ) at every order > 1 (inf at the others) of the best of K runs of a mechanism with
-    RDP curve ``rdp``: Thm 2 (truncated negative binomial) or Thm 6 (Poisson), module
-    docstring; then lowered to the least ε' at any larger order (RDP is monotone in λ)."""
-    order = np.argsort(orders)
-    orders = np.asarray(orders, dtype=np.float64)[order]
-    rdp = np.asarray(rdp, dtype=np.float64)[order]
-    mean = expected_num_trials(distribution)
-    above = orders > 1
-    out = np.full(orders.size, np.inf)
-    if distribution["kind"] == "poisson":
-        for i in np.flatnonzero(above):
-            eps_hat = math.log1p(1 / (orders[i] - 1))
-            delta_hat, _ = compute_delta(orders, rdp, eps_hat)
-            out[i] = rdp[i] + mean * delta_hat + math.log(mean) / (orders[i] - 1)
-    else:
-        eta, gamma = float(distribution["eta"]), float(distribution["gamma"])
-        hat = orders >= 1
-        constant = (1 + eta) * np.min(
-            (1 - 1 / orders[hat]) * rdp[hat] + math.log(1 / gamma) / orders[hat]
-        )
-        out[above] = rdp[above] + constant + math.log(mean) / (orders[above] - 1)
-    lowered = np.minimum.accumulate(out[::-1])[::-1]
-    return lowered[np.argsort(order)]  # in the caller's order
 
 
 def papernot_steinke_refusal(trials: Sequence[TrialPrivacy]) -> str | None:
@@ -611,7 +495,7 @@ def papernot_steinke_epsilon(
     groups: dict[str, list] = {}
     for trial in searched:
         groups.setdefault(trial.configuration, []).append(trial.curve())
-    orders, one_draw = _max_curve([summed_curve(curves) for curves in groups.values()])
+    orders, one_draw = max_curve([summed_curve(curves) for curves in groups.values()])
     selected = (orders, repeat_and_select_rdp(orders, one_draw, distribution))
     orders, total = summed_curve([selected, *(t.curve() for t in final)])
     return epsilon_from_rdp(orders[orders > 1], total[orders > 1], delta)

@@ -17,22 +17,24 @@ from cluster.experiment import run_experiment
 from privacy.accountant import ADJACENCY, RdpAccountant, epsilon_from_rdp
 from privacy.pld import PldAccountant
 from privacy.record_level import RecordLevelAccountant
+from privacy.repeat_select import (
+    check_num_trials_distribution,
+    draw_num_trials,
+    expected_num_trials,
+    repeat_and_select_rdp,
+    summed_curve,
+)
 from privacy.tuning import (
     HELD_OUT_DIFFER,
     NOT_PRIVATISED,
     PRIVACY_VARIES,
     TrialPrivacy,
-    check_num_trials_distribution,
     compose_trials,
     configuration_key,
-    draw_num_trials,
-    expected_num_trials,
     mechanism_rdp,
     mechanism_trial,
     papernot_steinke_epsilon,
     papernot_steinke_refusal,
-    repeat_and_select_rdp,
-    summed_curve,
     trial_privacy,
     tuning_statement,
 )
