@@ -18,7 +18,8 @@ from mlflow.tracking import MlflowClient
 from benchmarks.sweep import SPACE, tiny_base
 from cluster.checkpoint import load_checkpoint
 from cluster.cli import main
-from cluster.sweep import TrialRecord, plan, summarize
+from cluster.sweep import TrialRecord, plan
+from cluster.sweep_report import summarize
 from cluster.sweep_spec import FOLD, SweepTrial, load
 from cluster.trials import calibrate
 from tests.helpers import run_local
