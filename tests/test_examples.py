@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from algorithms.presets import PAPERS, PRESETS
+from algorithms.papers import PAPERS
+from algorithms.presets import PRESETS
 from cluster.cli import main
 from cluster.config import ConfigError, load_config
 from cluster.config.errors import EXAMPLES_DIR, example_path
