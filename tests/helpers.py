@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from actors.client_host import AUTO_KERNELS, Kernels
 from cluster.config import load_config
 from cluster.executors import LocalExecutor
 from cluster.experiment import open_store
@@ -29,9 +30,9 @@ def small_config(store_root, *overrides: str):
     return load_config(None, [*base, *overrides])
 
 
-def run_local(config, num_hosts: int = 1):
-    """Run ``config`` in process on ``num_hosts`` host threads; returns the Simulation (its
-    state holds the final params)."""
+def run_local(config, num_hosts: int = 1, kernels: Kernels = AUTO_KERNELS):
+    """Run ``config`` in process on ``num_hosts`` host threads computing with ``kernels``;
+    returns the Simulation (its state holds the final params)."""
     store, _ = open_store(config)
     executor = LocalExecutor(
         store,
@@ -40,6 +41,7 @@ def run_local(config, num_hosts: int = 1):
         config.seed,
         num_hosts=num_hosts,
         test_per_client=config.data.test_per_client,
+        kernels=kernels,
     )
     try:
         sim = Simulation(config, store, executor)

@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from helpers import small_config
+from helpers import run_local, small_config
 
 from actors.client_host import Kernels
 from algorithms.dpsgd import (
@@ -24,9 +24,6 @@ from algorithms.layout import ParamLayout
 from algorithms.local import LocalTrainer, ModelObjective
 from algorithms.rng import Purpose, torch_generator
 from algorithms.vectorized import train_clients, vectorizable
-from cluster.executors import LocalExecutor
-from cluster.experiment import open_store
-from cluster.simulation import Simulation
 from models import build_model
 
 TOLERANCE = 1e-6
@@ -247,26 +244,6 @@ RUN_VARIANTS = {
 }
 
 
-def _run(config, vectorize: bool, hosts: int) -> Simulation:
-    """``config`` in process on ``hosts`` host threads, vectorised or one client at a time;
-    the Simulation (its state: the final weights and, for DP-SCAFFOLD, c)."""
-    store, _ = open_store(config)
-    executor = LocalExecutor(
-        store,
-        config.task,
-        config.build_algorithm(),
-        config.seed,
-        num_hosts=hosts,
-        kernels=Kernels(vectorize=vectorize),
-    )
-    try:
-        sim = Simulation(config, store, executor)
-        sim.run()
-    finally:
-        executor.close()
-    return sim
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("variant", sorted(RUN_VARIANTS))
@@ -296,7 +273,7 @@ def test_vectorized_runs_match_sequential_runs_and_epsilon(
         *RUN_VARIANTS[variant],
     )
     runs = {
-        (vectorize, hosts): _run(config, vectorize, hosts)
+        (vectorize, hosts): run_local(config, hosts, Kernels(vectorize=vectorize))
         for vectorize, hosts in ((False, 1), (True, 1), (True, 2))
     }
     assert sum(vectorized) == 2 * 3 * 5  # both vectorised runs: every client of 3 rounds
