@@ -14,7 +14,14 @@ from opacus.accountants import PRVAccountant
 
 from privacy.accountant import RdpAccountant
 from privacy.pld import PldAccountant
-from privacy.pld_runs import SUPPORT_CAP, discretization_for, self_composed, subsampled_gaussian_pld
+from privacy.pld_runs import (
+    MAX_DOUBLINGS,
+    SUPPORT_CAP,
+    _history_support,
+    discretization_for,
+    self_composed,
+    subsampled_gaussian_pld,
+)
 from privacy.prv import PrvAccountant
 
 DELTA = 1e-5
@@ -200,3 +207,28 @@ def test_long_runs_coarsen_the_grid_within_a_bounded_support(sigma, q):
             coarse, exact = pld.get_epsilon_for_delta(DELTA), fine.get_epsilon_for_delta(DELTA)
             assert exact <= coarse <= exact * (1 + 2e-5)
     assert discretization_for(((sigma, q, 10000),), 1e-4) > 1e-4  # it did coarsen
+
+
+def _smallest_fitting_interval(history, finest):
+    """The rule ``discretization_for`` implements, by exhaustive search from ``finest`` up."""
+    runs = [run for run in history if run[0] > 0 and run[1] > 0 and run[2] > 0]
+    for k in range(MAX_DOUBLINGS):
+        if _history_support(runs, finest * 2**k) <= SUPPORT_CAP:
+            return finest * 2**k
+    return finest * 2**MAX_DOUBLINGS
+
+
+@pytest.mark.parametrize(
+    "history",
+    [
+        ((1.0, 0.2, 10),),  # 2e-4
+        ((1.0, 0.2, 1000),),  # 1.6e-3
+        ((1.0, 0.01, 10),),  # 1e-4
+        ((1.0, 0.01, 1000),),  # 2e-4
+        ((1.0, 0.01, 10000),),  # 4e-4: 73k points, so 2e-4 is checked (152k: too wide)
+        ((1.0, 0.01, 100), (1.0, 0.2, 10), (0.0, 0.2, 3)),  # 4e-4
+        ((1.0, 0.2, 0),),  # nothing released: 1e-4
+    ],
+)
+def test_the_interval_search_finds_the_smallest_fitting_interval(history):
+    assert discretization_for(history, 1e-4) == _smallest_fitting_interval(history, 1e-4)
