@@ -27,6 +27,7 @@ from cluster.privacy_plan import (
     privacy_warnings,
 )
 from cluster.records import RoundRecord
+from cluster.run_names import DESCRIPTION_TAG, NAME_TAG, run_description, run_name, run_title
 from cluster.simulation import Simulation, SimulationResult, final_epsilon
 from cluster.tracking_process import TrackingError, TrackingRun, flatten, tracking_uri
 from datasets.locations import Location
@@ -257,7 +258,7 @@ def _start_tracking(
     return TrackingRun.open(
         tracking_uri(),
         config.tracking.experiment,
-        config.tracking.run_name,
+        run_title(config),  # renamed with its id once open (cluster.run_names)
         {**flatten(config.to_dict()), **kernel_params(config)},
         tags,
         class_counts=store.class_counts(),  # the partition report, drawn there
@@ -342,6 +343,7 @@ def _run_rounds(
     try:
         if run is not None:  # it opened while Ray started; a store that refused it ends the
             run.wait_open()  # command here (exit 2), before any round
+            run.set_tags({NAME_TAG: run_name(config, run.run_id)})
             announce_once_open()
         with stop.around_ray():  # the hosts answer through Ray
             sim = Simulation(config, store, executor)
@@ -442,7 +444,14 @@ def _finish_run(
     signal stopped it)."""
     ParamLayout.of(sim.model).load_into(sim.model, result.params)
     eps = final_epsilon(result.history)
-    run.set_tags({"stop_reason": result.stop_reason, "checkpoint": str(checkpoint)})
+    description = run_description(sim.claim, result.history, config.rounds, result.stop_reason, eps)
+    run.set_tags(
+        {
+            "stop_reason": result.stop_reason,
+            "checkpoint": str(checkpoint),
+            DESCRIPTION_TAG: description,
+        }
+    )
     summary = {
         "rounds": len(result.history),
         "stop_reason": result.stop_reason,

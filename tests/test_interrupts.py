@@ -44,12 +44,22 @@ def test_sigint_checkpoints_marks_killed_and_resumes_bit_for_bit(store_root, tmp
     stopped = run_experiment(small_config(store_root, *options), interrupt_after_round_2)
     assert stopped.interrupted and len(stopped.result.history) == 2
     assert stopped.result.stop_reason == "interrupted by SIGINT after round 2"
-    assert tracking.get_run(stopped.run_id).info.status == "KILLED"
+    killed = tracking.get_run(stopped.run_id)
+    assert killed.info.status == "KILLED"
+    assert killed.info.run_name == f"scaffold · synthetic_logreg · s0 · {stopped.run_id[:6]}"
+    assert killed.data.tags["mlflow.note.content"].startswith(
+        "2 of 5 rounds completed (interrupted by SIGINT after round 2) · final test accuracy "
+    )
     saved = load_checkpoint(stopped.checkpoint)
     assert saved["simulation"]["rounds_done"] == 2
     resumed = run_experiment(config_from_dict(saved["config"]), resume=saved)
     assert torch.equal(resumed.result.params, straight.result.params)
-    assert tracking.get_run(stopped.run_id).info.status == "FINISHED"
+    finished = tracking.get_run(stopped.run_id)  # the same run, its name kept, its line new
+    assert finished.info.status == "FINISHED" and finished.info.run_name == killed.info.run_name
+    assert finished.data.tags["mlflow.note.content"].startswith("5 of 5 rounds completed (")
+    assert finished.data.tags["mlflow.note.content"].endswith(" · not private (no noise)")
+    named = tracking.get_run(straight.run_id).info.run_name
+    assert named == f"straight · scaffold · synthetic_logreg · s0 · {straight.run_id[:6]}"
     assert _steps(tracking, stopped.run_id) == [1, 2, 3, 4, 5]
 
 

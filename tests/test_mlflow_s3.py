@@ -179,7 +179,9 @@ def test_a_run_tracked_over_http_puts_every_artifact_in_the_bucket(
     assert experiment.artifact_location.startswith("mlflow-artifacts:/"), experiment
     (run,) = client.search_runs([experiment.experiment_id])
     run_id = run.info.run_id
-    assert run.info.status == "FINISHED" and run.info.run_name == "over-http"
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name.startswith("over-http · dp_fedavg · ")  # cluster.run_names
+    assert run.info.run_name.endswith(f" · {run_id[:6]}")
     assert run.info.artifact_uri.startswith("mlflow-artifacts:/"), run.info.artifact_uri
     assert run.data.params["algorithm.name"] == "dp_fedavg"
     assert run.data.params["rounds"] == str(rounds)

@@ -97,9 +97,13 @@ def test_every_epsilon_comes_from_the_mechanism(store_root, tracking, capsys, ca
     config = load_config("configs/quickstart.yaml", sets)
     (run,) = tracking.search_runs(
         [tracking.get_experiment_by_name("claims").experiment_id],
-        f"tags.mlflow.runName = '{case}'",
+        f"params.tracking.run_name = '{case}'",
     )
     tags, metrics = run.data.tags, run.data.metrics
+    parts = (case, config.algorithm.name, config.task, f"s{config.seed}", run.info.run_id[:6])
+    assert run.info.run_name == " · ".join(parts)  # cluster.run_names
+    description = tags["mlflow.note.content"]
+    assert description.startswith(f"{ROUNDS} of {ROUNDS} rounds completed (")
     with open(tracking.download_artifacts(run.info.run_id, "privacy_report.json")) as f:
         report = json.load(f)
     literal = case in LITERAL
@@ -107,6 +111,7 @@ def test_every_epsilon_comes_from_the_mechanism(store_root, tracking, capsys, ca
     if not private:
         assert "epsilon" not in metrics and tags["privacy.unit"] == "none"
         assert "ε" not in out.replace("ε ∞", "") and report["epsilon"] is None
+        assert description.endswith(" · not private (no noise)")
         return
     assert tags["privacy.dp_valid"] == str(not literal).lower()
     assert tags["privacy.threat_model"] == report["threat_model"]
@@ -120,8 +125,11 @@ def test_every_epsilon_comes_from_the_mechanism(store_root, tracking, capsys, ca
         assert "ε not available" in out and "ε n/a" in out and "privacy spent" not in out
         assert re.search(r"ε\s+\d", out) is None  # no number after any ε on the terminal
         assert epsilon_cell(row) == "n/a (dp_valid=false)"
+        assert description.endswith(f" · no ε: dp_valid=false ({reason})")
         return
     if config.sample_level:
+        assert f"at δ = {report['delta']:g} (" in description
+        assert "; privacy unit: record; threat model: record level" in description
         _check_record_level(config, out, metrics, tags, report)
         return
     # Independently: σ from the config (= the mechanism's), q = m/N, δ = N^-1.1, fixed cohort.
@@ -135,6 +143,8 @@ def test_every_epsilon_comes_from_the_mechanism(store_root, tracking, capsys, ca
     assert [m.value for m in history] == pytest.approx(expected, rel=1e-12)
     assert report["epsilon"] == pytest.approx(expected[-1], rel=1e-12)
     assert f"ε = {expected[-1]:.3f} at δ = {20**-1.1:g}" in out
+    assert f" · ε = {expected[-1]:.3f} at δ = {20**-1.1:g} (client-level, " in description
+    assert f"privacy unit: client; threat model: {tags['privacy.threat_model']}" in description
     assert f"ε {expected[0]:.3f}" in out  # the progress line of round 1
     vs_server = report.get("epsilon_vs_server")
     if config.noise_placement == "client":

@@ -281,7 +281,7 @@ def test_sweep_runs_trials_concurrently_selects_resumes(tmp_path, store_root, mo
         assert json.loads(Path(logged).read_text())["unit"] == "client"
     planned = plan(spec_path, [])
     for run in runs:  # bit for bit the run alone (one in-process host = one Ray actor)
-        config = calibrate(planned.configs[run.info.run_name], lambda line: None)
+        config = calibrate(planned.configs[run.data.params["tracking.run_name"]], lambda line: None)
         alone = run_local(_local(config))
         assert torch.equal(_params(tmp_path / "ck" / f"{run.info.run_id}.pt"), alone.state.params)
     parent = client.get_run(parent_id)

@@ -45,6 +45,16 @@ def test_run_is_logged_with_params_metrics_and_artifacts(store_root, tracking_ur
     assert run.data.tags["privacy.accountant"] == "pld"
     assert run.data.tags["privacy.assumption"] == "poisson-subsampled gaussian"
     assert run.data.tags["privacy.cohort_sampler"] == "poisson"
+    # cluster.run_names: what ran, and its final line as the run's description
+    seed, short_id = config.seed, outcome.run_id[:6]
+    assert run.info.run_name == f"dp_fedavg · synthetic_logreg · s{seed} · {short_id}"
+    accuracy = outcome.final_accuracy
+    assert run.data.tags["mlflow.note.content"] == (
+        f"4 of 4 rounds completed ({outcome.result.stop_reason}) · final test accuracy "
+        f"{accuracy:.4f} (round 4) · ε = {outcome.epsilon:.3f} at δ = {20**-1.1:g} "
+        f"(client-level, pld, poisson sampling); privacy unit: client; threat model: "
+        f"{run.data.tags['privacy.threat_model']}"
+    )
 
     epsilon = client.get_metric_history(outcome.run_id, "epsilon")
     assert [m.step for m in epsilon] == [1, 2, 3, 4]
