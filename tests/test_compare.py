@@ -101,6 +101,12 @@ def test_compare_runs_presets_at_the_same_epsilon(tmp_path, store_root, monkeypa
     children = {r.info.run_id for r in found if r.data.tags.get("mlflow.parentRunId") == parent_id}
     listed = json.loads((out / "children.json").read_text())
     assert set(listed.values()) == children and len(children) == 6
+    for run in found:  # cluster.run_names: the child's own name, then what ran
+        if run.info.run_id in children:
+            p = run.data.params
+            parts = (p["tracking.run_name"], p["algorithm.name"], p["task"], f"s{p['seed']}")
+            assert run.info.run_name == " · ".join((*parts, run.info.run_id[:6]))
+            assert p["tracking.run_name"] == f"spec-{p['algorithm.name']}-seed{p['seed']}"
     assert parent[0].info.status == "FINISHED"
 
 
