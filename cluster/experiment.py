@@ -444,7 +444,9 @@ def _finish_run(
     signal stopped it)."""
     ParamLayout.of(sim.model).load_into(sim.model, result.params)
     eps = final_epsilon(result.history)
-    description = run_description(sim.claim, result.history, config.rounds, result.stop_reason, eps)
+    description = run_description(
+        sim.claim, result.history, config.total_rounds, result.stop_reason, eps
+    )
     run.set_tags(
         {
             "stop_reason": result.stop_reason,

@@ -57,12 +57,13 @@ def run_description(
     stop_reason: str,
     epsilon: float,
 ) -> str:
-    """The run's final line: rounds completed (and why it stopped), final accuracy, privacy."""
+    """The run's final line: rounds completed of those planned (warm-up included) and why it
+    stopped, final accuracy, privacy."""
     evaluated = [r for r in history if r.test_accuracy is not None]
     accuracy = (
         f"final test accuracy {evaluated[-1].test_accuracy:.4f} (round {evaluated[-1].round})"
         if evaluated
         else "no test accuracy"
     )
-    rounds = f"{len(history)} of {planned_rounds} rounds completed ({stop_reason})"
+    rounds = f"{len(history)}/{planned_rounds} rounds ({stop_reason})"
     return SEPARATOR.join([rounds, accuracy, privacy_text(claim, epsilon)])

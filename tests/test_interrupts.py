@@ -48,7 +48,7 @@ def test_sigint_checkpoints_marks_killed_and_resumes_bit_for_bit(store_root, tmp
     assert killed.info.status == "KILLED"
     assert killed.info.run_name == f"scaffold · synthetic_logreg · s0 · {stopped.run_id[:6]}"
     assert killed.data.tags["mlflow.note.content"].startswith(
-        "2 of 5 rounds completed (interrupted by SIGINT after round 2) · final test accuracy "
+        "2/5 rounds (interrupted by SIGINT after round 2) · final test accuracy "
     )
     saved = load_checkpoint(stopped.checkpoint)
     assert saved["simulation"]["rounds_done"] == 2
@@ -56,7 +56,9 @@ def test_sigint_checkpoints_marks_killed_and_resumes_bit_for_bit(store_root, tmp
     assert torch.equal(resumed.result.params, straight.result.params)
     finished = tracking.get_run(stopped.run_id)  # the same run, its name kept, its line new
     assert finished.info.status == "FINISHED" and finished.info.run_name == killed.info.run_name
-    assert finished.data.tags["mlflow.note.content"].startswith("5 of 5 rounds completed (")
+    assert finished.data.tags["mlflow.note.content"].startswith(
+        "5/5 rounds (completed 5 rounds) · "
+    )
     assert finished.data.tags["mlflow.note.content"].endswith(" · not private (no noise)")
     named = tracking.get_run(straight.run_id).info.run_name
     assert named == f"straight · scaffold · synthetic_logreg · s0 · {straight.run_id[:6]}"

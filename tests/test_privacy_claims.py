@@ -103,7 +103,7 @@ def test_every_epsilon_comes_from_the_mechanism(store_root, tracking, capsys, ca
     parts = (case, config.algorithm.name, config.task, f"s{config.seed}", run.info.run_id[:6])
     assert run.info.run_name == " · ".join(parts)  # cluster.run_names
     description = tags["mlflow.note.content"]
-    assert description.startswith(f"{ROUNDS} of {ROUNDS} rounds completed (")
+    assert description.startswith(f"{ROUNDS}/{ROUNDS} rounds (completed {ROUNDS} rounds) · ")
     with open(tracking.download_artifacts(run.info.run_id, "privacy_report.json")) as f:
         report = json.load(f)
     literal = case in LITERAL

@@ -50,7 +50,7 @@ def test_run_is_logged_with_params_metrics_and_artifacts(store_root, tracking_ur
     assert run.info.run_name == f"dp_fedavg · synthetic_logreg · s{seed} · {short_id}"
     accuracy = outcome.final_accuracy
     assert run.data.tags["mlflow.note.content"] == (
-        f"4 of 4 rounds completed ({outcome.result.stop_reason}) · final test accuracy "
+        "4/4 rounds (completed 4 rounds) · final test accuracy "
         f"{accuracy:.4f} (round 4) · ε = {outcome.epsilon:.3f} at δ = {20**-1.1:g} "
         f"(client-level, pld, poisson sampling); privacy unit: client; threat model: "
         f"{run.data.tags['privacy.threat_model']}"
