@@ -27,7 +27,14 @@ from cluster.privacy_plan import (
     privacy_warnings,
 )
 from cluster.records import RoundRecord
-from cluster.run_names import DESCRIPTION_TAG, NAME_TAG, run_description, run_name, run_title
+from cluster.run_names import (
+    DESCRIPTION_TAG,
+    NAME_TAG,
+    run_description,
+    run_name,
+    run_title,
+    stopped_description,
+)
 from cluster.simulation import Simulation, SimulationResult, final_epsilon
 from cluster.tracking_process import TrackingError, TrackingRun, flatten, tracking_uri
 from datasets.locations import Location
@@ -301,13 +308,24 @@ def run_experiment(
             executor = make_executor(config, store, say, verbose)
         except BaseException as error:
             if run is not None:
-                run.abandon(_end_status(error))
+                _abandon(run, error, config, None)
             raise
         try:
             return _run_rounds(config, store, executor, run, resume, on_round, say, stop)
         finally:
             with stop.finishing():
                 executor.close()
+
+
+def _abandon(
+    run: TrackingRun,
+    error: BaseException,
+    config: ExperimentConfig,
+    written: tuple[Location, int] | None,
+) -> None:
+    """End the run that ``error`` stopped before it finished, described by what it kept."""
+    run.set_tags({DESCRIPTION_TAG: stopped_description(error, written, config.total_rounds)})
+    run.abandon(_end_status(error))
 
 
 def _end_status(error: BaseException) -> str:
@@ -423,7 +441,7 @@ def _run_rounds(
         if isinstance(error, Interrupted):  # say where the completed rounds are kept
             error.checkpoint = written
         if run is not None:  # a second Ctrl-C is the user's stop, not a failure
-            run.abandon(_end_status(error))
+            _abandon(run, error, config, written)
         raise
     run_id = run.run_id if run is not None else None
     uri = run.uri if run is not None else None

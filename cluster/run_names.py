@@ -8,7 +8,9 @@ id) and is renamed once its id is known.
 
 Its description (MLflow's ``mlflow.note.content`` tag, shown on the run's page) is set when the
 run ends, stopped or complete: the rounds completed, the final test accuracy, and ε at δ with
-whom it protects (the privacy unit and threat model), or why there is none.
+whom it protects (the privacy unit and threat model), or why there is none. A run that a signal
+stopped before its rounds could end, or that failed, says why and the rounds its last checkpoint
+keeps (``stopped_description``).
 """
 
 from __future__ import annotations
@@ -67,3 +69,19 @@ def run_description(
     )
     rounds = f"{len(history)}/{planned_rounds} rounds ({stop_reason})"
     return SEPARATOR.join([rounds, accuracy, privacy_text(claim, epsilon)])
+
+
+def stopped_description(
+    error: BaseException, written: tuple[object, int] | None, planned_rounds: int
+) -> str:
+    """The line of a run ``error`` ended early: the rounds its last checkpoint ``written``
+    ((path, rounds); None: none) keeps for a resume, and why it stopped."""
+    message = (str(error).splitlines() or [""])[0][:300]
+    if isinstance(error, KeyboardInterrupt):  # a stop signal: the user's, not a failure
+        why = f"stopped: {message or 'interrupted'}"
+    else:
+        why = f"failed: {type(error).__name__}: {message}"
+    if written is None:
+        return f"0/{planned_rounds} rounds kept, no checkpoint ({why})"
+    path, rounds = written
+    return f"{rounds}/{planned_rounds} rounds kept in checkpoint {path} ({why})"

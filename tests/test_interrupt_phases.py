@@ -114,7 +114,11 @@ def test_sigterm_during_ray_start_up_ends_the_run_killed(
     err = capsys.readouterr().err
     _no_traceback(err)
     assert "aborted: interrupted by SIGTERM; no round completed: nothing to resume" in err
-    assert _only_run(tracking).info.status == "KILLED"
+    run = _only_run(tracking)
+    assert run.info.status == "KILLED"
+    assert run.data.tags["mlflow.note.content"] == (  # cluster.run_names
+        "0/5 rounds kept, no checkpoint (stopped: interrupted by SIGTERM)"
+    )
     assert not ray.is_initialized()  # the embedded Ray was shut down
     assert not (tmp_path / "ck").exists()
 
