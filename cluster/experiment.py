@@ -462,16 +462,9 @@ def _finish_run(
     signal stopped it)."""
     ParamLayout.of(sim.model).load_into(sim.model, result.params)
     eps = final_epsilon(result.history)
-    description = run_description(
-        sim.claim, result.history, config.total_rounds, result.stop_reason, eps
-    )
-    run.set_tags(
-        {
-            "stop_reason": result.stop_reason,
-            "checkpoint": str(checkpoint),
-            DESCRIPTION_TAG: description,
-        }
-    )
+    tags = {"stop_reason": result.stop_reason, "checkpoint": str(checkpoint)}
+    line = run_description(sim.claim, result.history, config.total_rounds, result.stop_reason, eps)
+    run.set_tags({**tags, DESCRIPTION_TAG: line})
     summary = {
         "rounds": len(result.history),
         "stop_reason": result.stop_reason,

@@ -16,10 +16,14 @@ keeps (``stopped_description``).
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-from cluster.claim_status import ClaimStatus
 from cluster.config import ExperimentConfig
 from cluster.records import RoundRecord
+
+if TYPE_CHECKING:
+    from cluster.privacy_plan import PrivacyClaim
+    from cluster.sample_claim import SampleLevelClaim
 
 SEPARATOR = " · "
 SHORT_ID = 6  # characters of the run id in its name
@@ -38,7 +42,7 @@ def run_name(config: ExperimentConfig, run_id: str) -> str:
     return f"{run_title(config)}{SEPARATOR}{run_id[:SHORT_ID]}"
 
 
-def privacy_text(claim: ClaimStatus, epsilon: float) -> str:
+def privacy_text(claim: PrivacyClaim | SampleLevelClaim, epsilon: float) -> str:
     """ε at δ and whom it protects; or "no ε: dp_valid=false (why)"; or "not private"."""
     if not claim.private:
         return "not private (no noise)"
@@ -53,7 +57,7 @@ def privacy_text(claim: ClaimStatus, epsilon: float) -> str:
 
 
 def run_description(
-    claim: ClaimStatus,
+    claim: PrivacyClaim | SampleLevelClaim,
     history: list[RoundRecord],
     planned_rounds: int,
     stop_reason: str,
