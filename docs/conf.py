@@ -61,7 +61,9 @@ napoleon_numpy_docstring = False
 
 html_theme = "pydata_sphinx_theme"
 html_title = "dpfl-cluster"
-html_theme_options = {"navigation_depth": 3, "show_toc_level": 2}
+# Collapsed navigation and no copied sources: less to render for each of the ~140 pages.
+html_theme_options = {"navigation_depth": 3, "show_toc_level": 2, "collapse_navigation": True}
+html_copy_source = False
 
 # A reference to a module or object of this project that does not exist fails the build (a
 # stale name after a move, under -W); references to other libraries (the mocked torch, Ray,
