@@ -55,7 +55,7 @@ class AdaptiveClip:
     def client_upload(
         self, pre_clip_norm: float, clip_norm: float, generator: torch.Generator, noise_std: float
     ) -> torch.Tensor:
-        """b − ½, plus N(0, ``noise_std``²) (``client_noise_std``; 0 when the server adds it)."""
+        """b − ½, plus N(0, ``noise_std²``) (``client_noise_std``; 0 when the server adds it)."""
         value = torch.tensor([self.bit(pre_clip_norm, clip_norm) - 0.5], dtype=torch.float64)
         if noise_std:
             value += self.noise_share(generator, noise_std)
@@ -63,7 +63,7 @@ class AdaptiveClip:
 
     @staticmethod
     def noise_share(generator: torch.Generator, noise_std: float) -> torch.Tensor:
-        """One client's N(0, ``noise_std``²) on the count (alone: a dropped client's upload)."""
+        """One client's N(0, ``noise_std²``) on the count (alone: a dropped client's upload)."""
         return noise_std * torch.randn(1, generator=generator, dtype=torch.float64)
 
     # With a noise cohort (k = m/C_n, ``GaussianMechanism.noise_scale``) the count's noise is

@@ -1,7 +1,7 @@
 """Local Update Sparsification (LUS, Cheng et al. 2022): drop the coordinates that matter least.
 
 Before clipping, each coordinate k of the local update Δ is scored by the first-order change of
-the local loss if it were reset, |G_k·Δ_k| with G = ∇f_i(w_K) at the final local weights,
+the local loss if it were reset, ``|G_k·Δ_k|`` with G = ∇f_i(w_K) at the final local weights,
 on all the client's data (``gradient="data"``, default) or on one mini-batch of the trainer's
 batch size drawn from a per-(round, client) stream (``gradient="batch"``) — the paper leaves it
 open (spec 001, [A]); ``ClientContext.local_gradient(kind)`` computes it. Per group of n
@@ -15,7 +15,7 @@ c = 0 keeps everything (the identity).
 
 ``score`` is for the spec's ablation (001 §7 check 4: "the Taylor mask raises the local loss
 less than a random mask; compare also magnitude top-k"): ``taylor`` (the paper, default),
-``magnitude`` (|Δ_k|) or ``random`` (uniform scores from the client's own seeded stream,
+``magnitude`` (``|Δ_k|``) or ``random`` (uniform scores from the client's own seeded stream,
 ``Purpose.LUS_MASK``: a mask independent of the data).
 """
 

@@ -1,30 +1,32 @@
 """Named algorithms: a local trainer, a client update pipeline and a server rule.
 
-| preset          | local trainer | client pipeline                          | paper              |
-|-----------------|---------------|------------------------------------------|--------------------|
-| fedavg          | SGD           | (none)                                   | McMahan et al. 17  |
-| scaffold        | SGD + c − c_i | (none)                                   | Karimireddy 20     |
-| fedsam          | SAM           | (none)                                   | Qu et al. 22       |
-| dp_fedavg       | SGD           | Clip(C) → Noise(σ)                       | McMahan et al. 18  |
-| dp_fedsam       | SAM           | Clip(C) → Noise(σ)                       | Shi et al. 23      |
-| dp_fedsam_topk  | SAM           | Clip → TopK(p) → Noise (dense)           | Shi et al. 23      |
-| fed_smp_topk    | SGD           | TopK(p) → Clip → Noise (dense)           | Hu et al. 22       |
-| fed_smp_randk   | SGD           | RandK(p, shared mask) → Clip → Noise     | Hu et al. 22       |
-|                 |               | (noise on the shared mask)               |                    |
-| dp_fedavg_blur  | SGD + BLUR    | Clip(C) → Noise(σ)                       | Cheng et al. 22    |
-| dp_fedavg_lus   | SGD           | LUS(c) → Clip → Noise                    | Cheng et al. 22    |
-| dp_fedavg_blurs | SGD + BLUR    | LUS(c) → Clip → Noise                    | Cheng et al. 22    |
-| dp_fedpgn       | PGN (β, ρ, g̃) | StripDrift → Clip → Noise; server: +drift | Liu et al. 25      |
-|                 |               | server: g̃ ← −Δ̄/(ηK) broadcast           |                    |
-| dp_fedpgn_ls    | PGN           | as dp_fedpgn; server: A⁻¹ on Δ̄ and g̃      | Liu et al. 25      |
-|                 |               | (or the code's stencil on Δ̄ only)        |                    |
-| dp_fedavg_ls    | SGD           | Clip → Noise; server: A⁻¹ on Δ̄            | Liang et al. 24    |
-| dp_fedavg_sample| DP-SGD        | (none)                                   | Noble et al. 22    |
-| dp_scaffold     | DP-SGD + c−c_i| (none); warm start optional              | Noble et al. 22    |
-| fetchsgd        | one gradient  | Sketch; server: sketch momentum, error   | Rothchild et al. 20|
-|                 |               | feedback, top-k unsketch                 |                    |
-| dpsfl           | one gradient  | Clip → Noise (dense) → Sketch; FetchSGD  | Zhang et al.       |
-| dpsfl_ac        | one gradient  | as dpsfl; C moves with noisy clip bits   | Zhang et al.       |
+::
+
+ | preset          | local trainer | client pipeline                          | paper              |
+ |-----------------|---------------|------------------------------------------|--------------------|
+ | fedavg          | SGD           | (none)                                   | McMahan et al. 17  |
+ | scaffold        | SGD + c − c_i | (none)                                   | Karimireddy 20     |
+ | fedsam          | SAM           | (none)                                   | Qu et al. 22       |
+ | dp_fedavg       | SGD           | Clip(C) → Noise(σ)                       | McMahan et al. 18  |
+ | dp_fedsam       | SAM           | Clip(C) → Noise(σ)                       | Shi et al. 23      |
+ | dp_fedsam_topk  | SAM           | Clip → TopK(p) → Noise (dense)           | Shi et al. 23      |
+ | fed_smp_topk    | SGD           | TopK(p) → Clip → Noise (dense)           | Hu et al. 22       |
+ | fed_smp_randk   | SGD           | RandK(p, shared mask) → Clip → Noise     | Hu et al. 22       |
+ |                 |               | (noise on the shared mask)               |                    |
+ | dp_fedavg_blur  | SGD + BLUR    | Clip(C) → Noise(σ)                       | Cheng et al. 22    |
+ | dp_fedavg_lus   | SGD           | LUS(c) → Clip → Noise                    | Cheng et al. 22    |
+ | dp_fedavg_blurs | SGD + BLUR    | LUS(c) → Clip → Noise                    | Cheng et al. 22    |
+ | dp_fedpgn       | PGN (β, ρ, g̃) | StripDrift → Clip → Noise; server: +drift | Liu et al. 25     |
+ |                 |               | server: g̃ ← −Δ̄/(ηK) broadcast           |                   |
+ | dp_fedpgn_ls    | PGN           | as dp_fedpgn; server: A⁻¹ on Δ̄ and g̃      | Liu et al. 25     |
+ |                 |               | (or the code's stencil on Δ̄ only)        |                   |
+ | dp_fedavg_ls    | SGD           | Clip → Noise; server: A⁻¹ on Δ̄            | Liang et al. 24   |
+ | dp_fedavg_sample| DP-SGD        | (none)                                   | Noble et al. 22    |
+ | dp_scaffold     | DP-SGD + c−c_i| (none); warm start optional              | Noble et al. 22    |
+ | fetchsgd        | one gradient  | Sketch; server: sketch momentum, error   | Rothchild et al. 20|
+ |                 |               | feedback, top-k unsketch                 |                    |
+ | dpsfl           | one gradient  | Clip → Noise (dense) → Sketch; FetchSGD  | Zhang et al.       |
+ | dpsfl_ac        | one gradient  | as dpsfl; C moves with noisy clip bits   | Zhang et al.       |
 
 Every private preset is client-level DP: each client's delta is clipped to L2 norm C (flat, or
 per layer with sensitivity C·√L) and the mean of the m clients carries Gaussian noise of std

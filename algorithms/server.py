@@ -8,10 +8,10 @@
 With uniform weighting m is the *nominal* cohort size (the fixed size, or qN under Poisson
 sampling), not the realised count: a data-independent denominator keeps the sensitivity of Δ̄ at
 C/m. Sample-count weighting (non-private only) divides Σ n_i Δ_i by Σ n_i.
-``denominator="realised"`` divides by the number of uploads |P_t| instead (BLUR+LUS's Alg. 1):
-no ε holds for it (``unaccounted_reason``): |P_t| is released without noise — under Poisson
+``denominator="realised"`` divides by the number of uploads ``|P_t|`` instead (BLUR+LUS's Alg. 1):
+no ε holds for it (``unaccounted_reason``): ``|P_t|`` is released without noise — under Poisson
 sampling it changes with one client's participation, and with any cohort when a client's update
-is dropped — and the noise in Δ̄, σS/|P_t|, reveals it.
+is dropped — and the noise in Δ̄, σS/``|P_t|``, reveals it.
 
 Options, all post-processing of the noisy mean Δ̄ (no privacy cost):
 

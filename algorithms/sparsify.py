@@ -48,7 +48,7 @@ def topk_mask(score: torch.Tensor, segments, fraction: float) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class TopK:
-    """Keep the ⌊p·n⌋ largest-|·| coordinates per layer (or globally); p = 1 is the identity."""
+    """Keep the ⌊p·n⌋ largest-``|·|`` coordinates per layer (or globally); p = 1 is the identity."""
 
     fraction: float
     scope: Literal["layer", "global"] = "layer"

@@ -14,7 +14,7 @@ landscapes can be compared along the same random draws of their own scales.
 The loss is the task's mean cross-entropy on a fixed, seeded subset of rows (the training rows
 by default, as Li et al. and the papers; or the test rows), in eval mode, in float64
 accumulation. ``sharpness`` sums up a slice: the mean loss increase over the grid and at the
-edge (|α| = span, or the square's border), a number to compare runs by.
+edge (``|α|`` = span, or the square's border), a number to compare runs by.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class Slice:
         return float(self.loss[(middle,) * self.loss.ndim])
 
     def sharpness(self) -> dict[str, float]:
-        """Mean loss increase over the grid, and over its edge (|α| = span or the border)."""
+        """Mean loss increase over the grid, and over its edge (``|α|`` = span or the border)."""
         rise = self.loss - self.center_loss
         edge = np.ones_like(rise, dtype=bool)
         edge[(slice(1, -1),) * rise.ndim] = False

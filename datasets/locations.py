@@ -345,7 +345,7 @@ def copy_object(source: ObjectLocation, target: ObjectLocation) -> None:
     machine), with boto3's managed copy: one CopyObject up to ``MULTIPART_COPY_THRESHOLD``
     bytes, above it a multipart copy in ``MULTIPART_COPY_CHUNK`` parts (S3 refuses a single
     copy above 5 GiB; a SCAFFOLD checkpoint at scale exceeds that). ``target`` appears only
-    when the copy completes; a failed multipart copy is aborted. Failures are ``OSError``s, as
+    when the copy completes; a failed multipart copy is aborted. Failures are ``OSError``, as
     pyarrow's are."""
     from boto3.s3.transfer import TransferConfig
     from botocore.exceptions import BotoCoreError, ClientError

@@ -3,28 +3,30 @@
 Every task is classification: the loss is mean cross-entropy and the metrics are loss and top-1
 accuracy. ``sources`` lists the data sources a task accepts (the first is its usual one).
 
-| task               | sources                    | model        | augmentation        |
-|--------------------|----------------------------|--------------|---------------------|
-| synthetic_logreg   | synthetic                  | logreg       | —                   |
-| mnist_cnn          | mnist, mnist_test_split    | mnist_cnn    | —                   |
-| emnist_cnn         | emnist                     | emnist_cnn   | —                   |
-| emnist_logreg      | emnist                     | logreg       | —                   |
-| mnist_pca_mlp      | mnist, mnist_test_split    | mlp_pca60    | — (PCA-60 features) |
-| femnist_cnn        | femnist                    | reddi_cnn    | —                   |
-| cifar10_resnet18   | cifar10                    | resnet18_gn  | crop 32 pad 4, flip |
-| cifar100_resnet18  | cifar100                   | resnet18_gn  | crop 32 pad 4, flip |
-| cifar10_resnet10   | cifar10                    | resnet10_gn  | crop 32 pad 4, flip |
-| cifar100_resnet10  | cifar100                   | resnet10_gn  | crop 32 pad 4, flip |
-| cifar10_resnet18_gn2, cifar100_resnet18_gn2 | cifar10, cifar100 | resnet18_gn2 | crop, flip |
-| femnist_resnet18   | femnist                    | resnet18_gn  | —                   |
-| cifar10_vit_b16, cifar100_vit_b16 | cifar10, cifar100 | vit_b16 | crop 32 pad 4, flip; → 224 |
-| sst2/qqp/mrpc/qnli_roberta_base | sst2, qqp, mrpc, qnli | roberta_base | — (token ids) |
-| cifar10_cnn2       | cifar10                    | reddi_cnn    | crop 32 pad 4, flip |
-| cifar10_resnet9    | cifar10                    | resnet9      | crop 32 pad 4, flip |
-| cifar100_resnet9   | cifar100                   | resnet9      | crop 32 pad 4, flip |
-| cifar10_resnet18_flips_gray, cifar100_resnet18_flips_gray | cifar10, cifar100 | resnet18_gn |
-|                    |  crop 32 pad 4, flip, vertical flip, grayscale p 0.1    |              |
-| emnist_cnn_crop_flips | emnist                  | emnist_cnn   | crop 28 pad 2, flip, v. flip |
+::
+
+ | task               | sources                    | model        | augmentation        |
+ |--------------------|----------------------------|--------------|---------------------|
+ | synthetic_logreg   | synthetic                  | logreg       | —                   |
+ | mnist_cnn          | mnist, mnist_test_split    | mnist_cnn    | —                   |
+ | emnist_cnn         | emnist                     | emnist_cnn   | —                   |
+ | emnist_logreg      | emnist                     | logreg       | —                   |
+ | mnist_pca_mlp      | mnist, mnist_test_split    | mlp_pca60    | — (PCA-60 features) |
+ | femnist_cnn        | femnist                    | reddi_cnn    | —                   |
+ | cifar10_resnet18   | cifar10                    | resnet18_gn  | crop 32 pad 4, flip |
+ | cifar100_resnet18  | cifar100                   | resnet18_gn  | crop 32 pad 4, flip |
+ | cifar10_resnet10   | cifar10                    | resnet10_gn  | crop 32 pad 4, flip |
+ | cifar100_resnet10  | cifar100                   | resnet10_gn  | crop 32 pad 4, flip |
+ | cifar10_resnet18_gn2, cifar100_resnet18_gn2 | cifar10, cifar100 | resnet18_gn2 | crop, flip |
+ | femnist_resnet18   | femnist                    | resnet18_gn  | —                   |
+ | cifar10_vit_b16, cifar100_vit_b16 | cifar10, cifar100 | vit_b16 | crop 32 pad 4, flip; → 224 |
+ | sst2/qqp/mrpc/qnli_roberta_base | sst2, qqp, mrpc, qnli | roberta_base | — (token ids) |
+ | cifar10_cnn2       | cifar10                    | reddi_cnn    | crop 32 pad 4, flip |
+ | cifar10_resnet9    | cifar10                    | resnet9      | crop 32 pad 4, flip |
+ | cifar100_resnet9   | cifar100                   | resnet9      | crop 32 pad 4, flip |
+ | cifar10_resnet18_flips_gray, cifar100_resnet18_flips_gray | cifar10, cifar100 | resnet18_gn |
+ |                    |  crop 32 pad 4, flip, vertical flip, grayscale p 0.1    |              |
+ | emnist_cnn_crop_flips | emnist                  | emnist_cnn   | crop 28 pad 2, flip, v. flip |
 
 ``emnist_cnn`` runs DP-FedSAM's CNN on the 28×28 images (its dense layer follows the input
 size); the authors' code pads to 36 and crops 32×32, which changes only that layer's width.

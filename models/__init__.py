@@ -5,20 +5,20 @@ nn.Module``. Every model returns logits (the softmax lives in the loss), has no 
 BatchNorm, and works with ``torch.func`` per-sample gradients (``functional_call`` + ``vmap`` +
 ``grad``; a model with dropout needs ``vmap(..., randomness="different")`` in training mode).
 
-=============  ==================================================  =====================
-name           model                                               input shape
-=============  ==================================================  =====================
-logreg         multinomial logistic regression (DP-SCAFFOLD)       any; flattened
-emnist_cnn     DP-FedSAM's EMNIST CNN                              (C, H, W) or (H, W)
-reddi_cnn      Reddi et al.'s 2-layer CNN (BLUR+LUS)               (C, H, W) or (H, W)
-mnist_cnn      ``emnist_cnn`` (no spec defines an MNIST CNN)       (C, H, W) or (H, W)
-resnet10_gn    CIFAR ResNet-10, GroupNorm(2) (DP-FedPGN)           (C, H, W)
-resnet18_gn    CIFAR ResNet-18, GroupNorm(32) (DP-FedSAM)          (C, H, W)
-resnet9        FetchSGD's ResNet9, GroupNorm(32) (DPSFL)           (C, H, W)
-mlp_pca60      60 → 200 ReLU → classes (DP-SCAFFOLD, PCA-60 MNIST)  (60,)
-vit_b16        ViT-B/16 at 224×224, timm's keys (DP-FedPGN)         (3, H, W); resized to 224
-roberta_base   RoBERTa-base classifier, HF's keys (DP-FedPGN)      (L,) token ids, L <= 512
-=============  ==================================================  =====================
+=============  ====================================================  =====================
+name           model                                                 input shape
+=============  ====================================================  =====================
+logreg         multinomial logistic regression (DP-SCAFFOLD)         any; flattened
+emnist_cnn     DP-FedSAM's EMNIST CNN                                (C, H, W) or (H, W)
+reddi_cnn      Reddi et al.'s 2-layer CNN (BLUR+LUS)                 (C, H, W) or (H, W)
+mnist_cnn      ``emnist_cnn`` (no spec defines an MNIST CNN)         (C, H, W) or (H, W)
+resnet10_gn    CIFAR ResNet-10, GroupNorm(2) (DP-FedPGN)             (C, H, W)
+resnet18_gn    CIFAR ResNet-18, GroupNorm(32) (DP-FedSAM)            (C, H, W)
+resnet9        FetchSGD's ResNet9, GroupNorm(32) (DPSFL)             (C, H, W)
+mlp_pca60      60 → 200 ReLU → classes (DP-SCAFFOLD, PCA-60 MNIST)   (60,)
+vit_b16        ViT-B/16 at 224×224, timm's keys (DP-FedPGN)          (3, H, W); resized to 224
+roberta_base   RoBERTa-base classifier, HF's keys (DP-FedPGN)        (L,) token ids, L <= 512
+=============  ====================================================  =====================
 
 ``PRETRAINED_LOADERS`` maps the models that start from pretrained weights to a loader
 ``(model, folder)`` reading a local timm / Hugging Face folder (``models.vit``,

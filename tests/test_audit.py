@@ -1,7 +1,8 @@
 """The privacy audit runs the real presets, passes accounted ones and flags broken ones.
 
-Sizes are the documented ones (README, Privacy audit): 1,000 trials per world, dimension 16,
-95% confidence; at that size the audit flags noise scaled by ≤ 0.82 (its reported power).
+Sizes are the documented ones (docs/privacy.md, Privacy audit): 1,000 trials per world,
+dimension 16, 95% confidence; at that size the audit flags noise scaled by ≤ 0.82 (its reported
+power).
 """
 
 import math

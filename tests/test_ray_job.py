@@ -457,7 +457,7 @@ def _stop_and_resume(tmp: Path, env: dict[str, str], ready, spread: bool = False
         "env_vars": {
             "MLFLOW_TRACKING_URI": tracking_uri,
             "DPFL_STORE_ROOT": str(tmp / "shards"),
-            # The grace before SIGKILL (3 s by default), raised as the README says: on a loaded
+            # The grace before SIGKILL (3 s by default), raised as docs/running.md says: on a loaded
             # machine (load 8) the dropped round, checkpoint and MLflow run's end took 3.6 s.
             "RAY_JOB_STOP_WAIT_TIME_S": "20",
         }

@@ -228,7 +228,8 @@ def test_aggregate_epsilon_is_that_of_the_runs_batches_and_adjacency():
 
 
 def test_aggregate_at_the_papers_setting_for_fixed_size_replace_one_batches():
-    """README check value: T = 400, K = 50, l = s = 0.2, σ_g = 60, M = 100, δ = 2.5e-6:
-    0.170 for fixed-size replace-one batches (the add/remove pair at σ_e = 60·√20)."""
+    """Check value of docs/papers/dp-scaffold.md: T = 400, K = 50, l = s = 0.2, σ_g = 60,
+    M = 100, δ = 2.5e-6: 0.170 for fixed-size replace-one batches (the add/remove pair at
+    σ_e = 60·√20)."""
     accountant = RecordLevelAccountant(0.2, 50, "fresh", "replace_one", "aggregate", 100)
     assert accountant.epsilon_of(60.0, 0.2, 400, PAPER_DELTA) == pytest.approx(0.16992, rel=1e-3)

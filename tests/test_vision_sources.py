@@ -39,7 +39,7 @@ from datasets.vision import (
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 SHARED_MNIST = SHARED_DATA / "mnist"
-README_CLASS_COUNTS = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
+MNIST_TEST_CLASS_COUNTS = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
 needs_shared_mnist = pytest.mark.skipif(
     not (SHARED_MNIST / "MNIST" / "raw" / "t10k-images-idx3-ubyte.gz").is_file(),
     reason=f"real MNIST test files not present under {SHARED_MNIST} (no /work/shared checkout)",
@@ -500,7 +500,7 @@ def test_mnist_test_split_on_the_real_files(tmp_path):
     assert train.x.dtype == np.uint8 and train.y.dtype == np.int64
     assert train.group is None and test.group is None
     counts = np.bincount(np.concatenate([train.y, test.y]), minlength=10)
-    assert counts.tolist() == README_CLASS_COUNTS
+    assert counts.tolist() == MNIST_TEST_CLASS_COUNTS
     assert train.y[:3].tolist() == [7, 2, 1]  # the well-known first three test digits
     assert 0 < train.x.mean() < 128 and train.x.max() == 255  # ink is bright, MNIST polarity
 

@@ -1,0 +1,54 @@
+"""The documentation site (docs/) builds with every warning an error, and README.md is short
+and links only to pages that exist."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = REPO / "docs"
+README = REPO / "README.md"
+README_MAX_LINES = 200
+# Markdown links into docs/: [text](docs/PAGE.md) or [text](docs/PAGE.md#anchor)
+DOCS_LINK = re.compile(r"\]\(docs/([^)#]+)\.md(?:#([^)]+))?\)")
+BUILD_TIMEOUT_S = 540
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """The site built from docs/ with ``-W``: a warning (a stale module name, bad docstring
+    markup, a missing page) fails the build."""
+    out = tmp_path_factory.mktemp("site")
+    command = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-j", "2"]
+    command += ["-b", "html", "-d", str(out / "doctrees"), str(DOCS), str(out / "html")]
+    build = subprocess.run(
+        command, cwd=REPO, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S
+    )
+    assert build.returncode == 0, build.stderr[-4000:]
+    return out / "html"
+
+
+def test_the_site_builds_without_warnings(site):
+    assert (site / "index.html").is_file()
+    assert (site / "architecture.html").is_file()
+    # The API reference is generated, module by module, from the packages' docstrings.
+    assert (site / "_generated" / "privacy.accountant.html").is_file()
+
+
+def test_readme_is_short():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines"
+    assert "uv run pytest" in README.read_text()
+
+
+def test_every_docs_link_in_the_readme_is_a_page_of_the_site(site):
+    links = DOCS_LINK.findall(README.read_text())
+    assert links, "README.md links to no page of docs/"
+    for page, anchor in links:
+        html = site / f"{page}.html"
+        assert html.is_file(), f"README.md links to docs/{page}.md, which is no page"
+        if anchor:
+            assert f'id="{anchor}"' in html.read_text(), f"docs/{page}.md has no #{anchor}"
