@@ -146,7 +146,9 @@ def test_a_killed_driver_resumes_bit_for_bit_on_ray(store_root, tmp_path, tracki
     real local Ray: `resume` from the last checkpoint ends bit-identical to an undisturbed run,
     in the same MLflow run, with no metric step logged twice."""
     options = (*RUN, "rounds=8", "checkpoint.every=2")
-    straight = run_experiment(small_config(store_root, *options, f"checkpoint.dir={tmp_path}/a"))
+    straight = run_experiment(  # the reference's params only: no tracking process to start
+        small_config(store_root, *options, f"checkpoint.dir={tmp_path}/a", "tracking.enabled=false")
+    )
     config = small_config(store_root, *options, f"checkpoint.dir={tmp_path}/b")
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(config.to_dict()))
