@@ -36,7 +36,7 @@ def _mlflow_schema(tmp_path_factory):
     return path
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def sqlite_store(_mlflow_schema):
     """``sqlite_store(path)``: a copy of the empty store at ``path`` (what MLflow would create
     there); its tracking URI. For tests where the store is incidental: tests about creating a

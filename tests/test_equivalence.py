@@ -77,7 +77,12 @@ DPSFL_AC = (
 )
 
 
-@pytest.mark.parametrize("algorithm", ["dp_fedavg", "scaffold", "dpsfl_ac"])
+# dp_fedavg runs with the slow tests: its Ray run matching the local one is checked in CI by
+# test_fractional_gpu_actors_are_packed_and_a_stateless_round_survives_a_killed_actor below,
+# the metrics and the bit-for-bit match with threads by the other two algorithms here.
+@pytest.mark.parametrize(
+    "algorithm", [pytest.param("dp_fedavg", marks=pytest.mark.slow), "scaffold", "dpsfl_ac"]
+)
 def test_ray_executor_matches_local_executor(store_root, ray_session, algorithm):
     extra = {"dp_fedavg": DP, "scaffold": ("algorithm.name=scaffold",), "dpsfl_ac": DPSFL_AC}[
         algorithm
@@ -119,8 +124,13 @@ def test_ray_executor_matches_local_executor(store_root, ray_session, algorithm)
             assert torch.equal(value, sim.state.extras[name])
 
 
-def test_fractional_gpu_actors_are_packed_and_run(store_root, ray_session):
-    config = small_config(store_root, *DP, "rounds=2")
+def test_fractional_gpu_actors_are_packed_and_a_stateless_round_survives_a_killed_actor(
+    store_root, ray_session
+):
+    """Two actors of half a CPU and half the logical GPU share it (one pool for both checks:
+    a pool's start-up is most of either's time); one is killed after round 2, Ray restarts it
+    and retries its calls, and the run still matches the local one."""
+    config = small_config(store_root, *DP, "rounds=4")
     store, _ = open_store(config)
     executor = RayExecutor(
         store,
@@ -134,20 +144,6 @@ def test_fractional_gpu_actors_are_packed_and_run(store_root, ray_session):
     try:
         expected = "cuda:0" if torch.cuda.is_available() else "cpu"
         assert executor.devices == [expected, expected]
-        sim = Simulation(config, store, executor)
-        sim.run()
-    finally:
-        executor.close()
-    np.testing.assert_allclose(
-        sim.state.params.numpy(), run_local(config).state.params.numpy(), atol=1e-6, rtol=0
-    )
-
-
-def test_stateless_round_survives_a_killed_actor(store_root, ray_session):
-    config = small_config(store_root, *DP, "rounds=4")
-    store, _ = open_store(config)
-    executor = RayExecutor(store, config.task, config.build_algorithm(), config.seed, 2, 1.0)
-    try:
         sim = Simulation(config, store, executor)
         pid_before = executor.actor_info()[0]["pid"]
 

@@ -150,6 +150,9 @@ def test_a_round_without_client_state_is_dropped_and_resumes_bit_for_bit(
     resumed = run_experiment(config_from_dict(saved["config"]), resume=saved)
     assert torch.equal(resumed.result.params, straight.result.params)
     assert resumed.epsilon == straight.epsilon
+    assert tracking.get_run(run.info.run_id).info.status == "FINISHED"  # the same MLflow run
+    steps = tracking.get_metric_history(run.info.run_id, "seconds_per_round")
+    assert sorted(m.step for m in steps) == [1, 2, 3, 4]  # the dropped round 3 logged once
 
 
 def test_a_round_with_client_state_finishes_before_the_stop(

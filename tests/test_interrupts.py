@@ -33,6 +33,13 @@ def _steps(client, run_id, name="seconds_per_round"):
     return sorted(m.step for m in client.get_metric_history(run_id, name))
 
 
+# Three tracked runs: slow. Its checks are made in CI by test_cli_prints_how_to_resume_and_exits_130
+# (a SIGINT after a round: stop, checkpoint), test_interrupt_phases.py's
+# test_a_round_with_client_state_finishes_before_the_stop (SCAFFOLD: KILLED, the round's
+# checkpoint) and test_a_round_without_client_state_is_dropped_and_resumes_bit_for_bit (the
+# resume: bit for bit, the same MLflow run FINISHED, no step twice), and
+# test_a_killed_driver_resumes_bit_for_bit_on_ray (a resume with client state).
+@pytest.mark.slow
 def test_sigint_checkpoints_marks_killed_and_resumes_bit_for_bit(store_root, tmp_path, tracking):
     options = (*RUN, f"checkpoint.dir={tmp_path}", "checkpoint.every=0")
     straight = run_experiment(small_config(store_root, *options, "tracking.run_name=straight"))
@@ -151,7 +158,9 @@ def test_a_killed_driver_resumes_bit_for_bit_on_ray(store_root, tmp_path, tracki
     real local Ray: `resume` from the last checkpoint ends bit-identical to an undisturbed run,
     in the same MLflow run, with no metric step logged twice."""
     options = (*RUN, "rounds=8", "checkpoint.every=2")
-    straight = run_experiment(small_config(store_root, *options, f"checkpoint.dir={tmp_path}/a"))
+    straight = run_experiment(  # the reference's params only: no tracking process to start
+        small_config(store_root, *options, f"checkpoint.dir={tmp_path}/a", "tracking.enabled=false")
+    )
     config = small_config(store_root, *options, f"checkpoint.dir={tmp_path}/b")
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(config.to_dict()))
