@@ -33,8 +33,8 @@ import time
 from pathlib import Path
 
 from benchmarks.workloads import workload_config
-from cluster.experiment import open_store, run_experiment
-from cluster.ray_runtime import disconnect
+from cluster.runtime.experiment import open_store, run_experiment
+from cluster.runtime.ray_runtime import disconnect
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "scale.json"
 ACTOR_TITLE = b"ray::ClientHostActor"

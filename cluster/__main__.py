@@ -1,7 +1,7 @@
 import os
 import sys
 
-from cluster.cli import main
+from cluster.cli.main import main
 
 code = main()
 if code in (130, 143):  # ended by a signal: a round it dropped may still run on host threads,

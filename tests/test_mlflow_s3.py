@@ -31,16 +31,16 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from cluster.tracking import MlflowTracker
-from cluster.tracking_process import ARTIFACT_TIMEOUT_S, ARTIFACT_TIMEOUT_VARIABLE, _spawn
+from cluster.tracking.process import ARTIFACT_TIMEOUT_S, ARTIFACT_TIMEOUT_VARIABLE, _spawn
+from cluster.tracking.tracker import MlflowTracker
 
 REPO = Path(__file__).resolve().parents[1]
 # `mlflow server` took 25-100 s to answer /health on the 2-core machine under other jobs (load
 # 8-11); the run through the CLI 30-60 s more: the test is marked slow.
 SERVER_START_S = 240
 ARTIFACT_PREFIX = "mlartifacts"
-# What cluster/tracking.py logs for a run of configs/quickstart.yaml (dp_fedavg): MlflowTracker's
-# finish() and the partition report logged when the run opens.
+# What cluster/tracking/tracker.py logs for a run of configs/quickstart.yaml (dp_fedavg):
+# MlflowTracker's finish() and the partition report logged when the run opens.
 RUN_ARTIFACTS = {
     "config.yaml",
     "update_norms.npz",

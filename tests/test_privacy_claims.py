@@ -17,8 +17,8 @@ from mlflow.tracking import MlflowClient
 from opacus.accountants.analysis.rdp import get_privacy_spent
 
 from algorithms.presets import CONTROL_VARIATE_PRESETS, PRESETS, PRIVATE_PRESETS, SKETCH_PRESETS
-from cluster.cli import main
-from cluster.compare import epsilon_cell
+from cluster.analysis.compare import epsilon_cell
+from cluster.cli.main import main
 from cluster.config import load_config
 from privacy.accountant import accountant_class
 from privacy.calibration import epsilon_for

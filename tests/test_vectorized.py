@@ -10,7 +10,7 @@ from algorithms.layout import ParamLayout
 from algorithms.local import LocalTrainer, ModelObjective, SamGradient
 from algorithms.rng import torch_generator
 from algorithms.vectorized import train_clients, vectorizable
-from cluster.experiment import open_store, run_experiment
+from cluster.runtime.experiment import open_store, run_experiment
 from models import build_model
 
 TOLERANCE = 1e-5

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 from cluster.config import ConfigError, DataConfig, ExperimentConfig
 from cluster.config.paths import location_error
 from cluster.config.runtime import ray_endpoint
-from cluster.tracking_process import sqlite_path, tracking_uri
+from cluster.tracking.process import sqlite_path, tracking_uri
 from datasets import locations
 from datasets.locations import Location, LocationError, ObjectLocation
 from datasets.preparation import split_preparation
@@ -341,7 +341,7 @@ def _running_cluster(field: str) -> str:
 def check_machine_fits(config: ExperimentConfig) -> None:
     """An embedded Ray gets this machine's CPUs and GPUs: the actor pool must fit in them
     (``ray_runtime.check_resources`` checks a cluster's, once connected)."""
-    from cluster.ray_runtime import resource_shortfall
+    from cluster.runtime.ray_runtime import resource_shortfall
 
     e = config.executor
     machine = {"CPU": _cpu_count(), "GPU": _gpu_count()}
@@ -494,8 +494,8 @@ def check_no_checkpoint_overwritten(config: ExperimentConfig) -> None:
     one left by an earlier run (it may hold hundreds of rounds), or any other file there (read
     as a checkpoint is read: no code in it runs). Tracked runs are named by their MLflow run
     and never collide."""
-    from cluster.checkpoint import checkpoint_path, load_checkpoint
-    from cluster.tracking_process import flatten
+    from cluster.runtime.checkpoint import checkpoint_path, load_checkpoint
+    from cluster.tracking.process import flatten
 
     path = checkpoint_path(config, None)
     if config.tracking.enabled or not locations.exists(path):

@@ -66,7 +66,7 @@ def build_config(base: dict, overrides: list[str], changes: dict | None, extra: 
     """A run's config as ``compare`` and ``sweep`` build it: ``compare.run_setup`` (a
     non-private preset drops the privacy settings, an unaccounted one runs at its twin's σ),
     then ``changes`` and ``extra`` overrides. Not calibrated yet (``calibrate``)."""
-    from cluster.compare import run_setup
+    from cluster.analysis.compare import run_setup
 
     run_base, run_overrides = run_setup(base, overrides, changes)
     return config_from_dict(run_base, [*run_overrides, *assignments(changes), *extra])
@@ -74,7 +74,7 @@ def build_config(base: dict, overrides: list[str], changes: dict | None, extra: 
 
 def calibrate(config: ExperimentConfig, say: Callable[[str], None]) -> ExperimentConfig:
     """σ or the rounds for the budget (``privacy.calibrate``), as the run will use them."""
-    from cluster.privacy_plan import calibrate_with_message
+    from cluster.claims.privacy_plan import calibrate_with_message
 
     return calibrate_with_message(config, say)
 
@@ -95,7 +95,7 @@ class Trial:
 @dataclass
 class TrialResult:
     trial: Trial
-    outcome: object | None = None  # cluster.experiment.Outcome
+    outcome: object | None = None  # cluster.runtime.experiment.Outcome
     error: str | None = None
     seconds: float = 0.0
     extra: dict = field(default_factory=dict)  # what a caller adds (the sweep's records)
@@ -144,7 +144,7 @@ def run_one(trial: Trial, parent_run_id: str | None, uri: str | None) -> TrialRe
         os.environ["MLFLOW_TRACKING_URI"] = uri  # tracking_uri() reads it at the run's opening
     if uri is not None and uri.startswith(OWN_SERVER):  # tracking_server's: alive, but slow
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", OWN_SERVER_TIMEOUT_S)  # when busy
-    from cluster.experiment import run_experiment
+    from cluster.runtime.experiment import run_experiment
 
     start = time.perf_counter()
     try:
@@ -161,8 +161,8 @@ def run_in_process(
     error ends the command, as a stop signal does once its trial has written its checkpoint."""
     import signal
 
-    from cluster.experiment import run_experiment
-    from cluster.interrupts import Interrupted, StopSignals
+    from cluster.runtime.experiment import run_experiment
+    from cluster.runtime.interrupts import Interrupted, StopSignals
 
     results = []
     for index, trial in enumerate(trials):
@@ -199,7 +199,7 @@ class RayTrials:
         self._running: dict = {}  # object ref → (trial, placement group, start)
 
     def run(self, trials: list[Trial], on_done: Callable[[TrialResult], None]) -> list[TrialResult]:
-        from cluster.interrupts import Interrupted, StopSignals
+        from cluster.runtime.interrupts import Interrupted, StopSignals
 
         stop = StopSignals.active()
         queue, results = list(trials), []
@@ -257,7 +257,7 @@ class RayTrials:
     def _stop(self, stop, not_started: int, results: list, on_done) -> list[TrialResult]:
         """Cancel the running trials, wait for them to end (a second signal: abandon the rounds
         in progress, ``ABANDON_WAIT_S`` at most), then raise ``Interrupted``."""
-        from cluster.interrupts import Interrupted
+        from cluster.runtime.interrupts import Interrupted
 
         running = len(self._running)
         stop.say(
@@ -297,7 +297,7 @@ def start_ray(address: str | None) -> None:
     """``ray_runtime.connect``, tried again where an embedded node missed Ray's start-up
     deadline (30 s, fixed in ``ray._private.node``: on the 2-core machine at load 15-30, 4 of
     7 starts missed it); the failed start is shut down before the next."""
-    from cluster.ray_runtime import connect, disconnect
+    from cluster.runtime.ray_runtime import connect, disconnect
 
     for attempt in range(1, RAY_START_TRIES + 1):
         try:
@@ -320,10 +320,10 @@ def run_concurrently(
     (``tracking_server``). ``on_done(result, uri)``: ``uri`` is where the runs are tracked."""
     import contextlib
 
-    from cluster.interrupts import StopSignals
-    from cluster.ray_runtime import disconnect
-    from cluster.tracking_process import tracking_uri
-    from cluster.tracking_server import single_writer
+    from cluster.runtime.interrupts import StopSignals
+    from cluster.runtime.ray_runtime import disconnect
+    from cluster.tracking.process import tracking_uri
+    from cluster.tracking.server import single_writer
 
     if not trials:
         return []

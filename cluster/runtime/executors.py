@@ -37,8 +37,8 @@ from actors.client_state import ClientStateStore
 from actors.scheduling import balance_round, pin_clients
 from algorithms.aggregate import PartialAggregate
 from algorithms.presets import Algorithm
-from cluster.central_optimum import central_optimum, store_optimum
-from cluster.ray_runtime import ResourceError
+from cluster.runtime.central_optimum import central_optimum, store_optimum
+from cluster.runtime.ray_runtime import ResourceError
 from datasets.store import ShardStore
 from models import draws_from_global_rng
 
@@ -69,7 +69,7 @@ class HostsLost(RuntimeError):
 class HostsUnavailable(ResourceError):
     """Lost hosts that cannot be brought back: no surviving node has room for them, or Ray
     gave up restarting them. The run stops at its last valid point (``Simulation``), where
-    ``cluster.experiment`` writes its checkpoint and says where it is."""
+    ``cluster.runtime.experiment`` writes its checkpoint and says where it is."""
 
 
 class HostPool(ABC):
@@ -146,8 +146,8 @@ class HostPool(ABC):
 
     @abstractmethod
     def central_optimum(self, task: str, weight_decay: float) -> float | None:
-        """F(x*) for ``eval_train`` (``cluster.central_optimum``), found where the hosts are:
-        it reads every client's training rows."""
+        """F(x*) for ``eval_train`` (``cluster.runtime.central_optimum``), found where the hosts
+        are: it reads every client's training rows."""
 
     def client_states(self) -> dict:
         return ClientStateStore.merge(self._call("client_states", [()] * self.num_hosts))
@@ -271,7 +271,7 @@ def actor_options(cpus: float, gpus: float, placement: str) -> dict:
 
 
 def in_trial_group(group, actor_index: int) -> dict:
-    """Ray options placing actor ``actor_index`` of a trial (``cluster.trials``) in its
+    """Ray options placing actor ``actor_index`` of a trial (``cluster.analysis.trials``) in its
     placement group ``group``: bundle 0 is the trial's driver, actor i takes bundle i + 1.
     Outside a placement group (``group`` None): none, ``actor_options`` decides."""
     if group is None:

@@ -1,10 +1,10 @@
 """``python -m cluster sweep SPEC``: a search space over config fields × seeds, trials run
 concurrently on Ray, one configuration selected by a validation metric.
 
-The spec's format: ``cluster.sweep_spec``. The whole spec, and every trial's config, is checked
-before any trial starts (exit 2 naming the field, the value and the trial). Trials run on
-``cluster.trials``' engine (Ray tasks in placement groups, ``--concurrent`` at once at most);
-each is a normal MLflow run (``sweep-<spec>-<values>-c<index>-<digest>-seed<k>``: the
+The spec's format: ``cluster.analysis.sweep_spec``. The whole spec, and every trial's config, is
+checked before any trial starts (exit 2 naming the field, the value and the trial). Trials run on
+``cluster.analysis.trials``' engine (Ray tasks in placement groups, ``--concurrent`` at once at
+most); each is a normal MLflow run (``sweep-<spec>-<values>-c<index>-<digest>-seed<k>``: the
 configuration's index in the draw or grid and a digest of its exact values make it unique)
 nested under the sweep's parent run, tagged ``sweep`` (the spec's name) and ``sweep_trial``
 (its configuration's hash and seed, and ``-repeat<n>`` for a random search's n-th repeated
@@ -38,9 +38,8 @@ from pathlib import Path
 
 import yaml
 
-from cluster.compare import write_csv
-from cluster.config import ConfigError, ExperimentConfig
-from cluster.sweep_report import (
+from cluster.analysis.compare import write_csv
+from cluster.analysis.sweep_report import (
     configurations,
     markdown,
     mean_std_cell,
@@ -48,7 +47,7 @@ from cluster.sweep_report import (
     summarize,
     trial_rows,
 )
-from cluster.sweep_spec import (
+from cluster.analysis.sweep_spec import (
     SweepSpec,
     SweepTrial,
     Values,
@@ -56,7 +55,15 @@ from cluster.sweep_spec import (
     trial_digest,
     values_digest,
 )
-from cluster.trials import Trial, TrialResult, build_config, calibrate, merged, run_concurrently
+from cluster.analysis.trials import (
+    Trial,
+    TrialResult,
+    build_config,
+    calibrate,
+    merged,
+    run_concurrently,
+)
+from cluster.config import ConfigError, ExperimentConfig
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # the spec's stem: it names runs and tags
 RECORDED = "sweep_recorded"
@@ -101,7 +108,7 @@ class Planned:
 
 def plan(path: Path, overrides: list[str]) -> Planned:
     """The spec and every trial's config, checked; a ``ConfigError`` names the trial."""
-    from cluster.sweep_spec import load
+    from cluster.analysis.sweep_spec import load
 
     spec = load(path)
     if not NAME.match(spec.name):
@@ -206,7 +213,7 @@ def parent_run(planned: Planned, uri: str, experiment: str):
     before (resumed), else a new one."""
     from mlflow.tracking import MlflowClient
 
-    from cluster.tracking_process import TrackingRun
+    from cluster.tracking.process import TrackingRun
 
     spec = planned.spec
     found = MlflowClient(uri).get_experiment_by_name(experiment)
@@ -270,8 +277,8 @@ def fill(record: TrialRecord, result: TrialResult, metric: str, role: str) -> No
 
 def selected_yaml(planned: Planned, values: Values) -> str:
     """The selected configuration at the spec's first seed, as ``cluster run`` reads it."""
-    from cluster.compare import run_setup
-    from cluster.trials import assignments
+    from cluster.analysis.compare import run_setup
+    from cluster.analysis.trials import assignments
 
     spec = planned.spec
     changes = selected_changes(spec, values)
@@ -427,7 +434,7 @@ def run(args: argparse.Namespace) -> int:
 def _open_parent(planned: Planned, first: ExperimentConfig):
     import os
 
-    from cluster.tracking_process import tracking_uri
+    from cluster.tracking.process import tracking_uri
 
     # MLflow's INFO lines (a new store's tables) would interleave with the progress; read at
     # its import, here, as the tracking processes have it (``tracking_process._spawn``)

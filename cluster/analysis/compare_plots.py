@@ -1,12 +1,12 @@
 """A comparison's accuracy against communication (DPSFL's Fig. 5): one point per run label.
 
-Each run's communication is the last round's ``communication_bytes`` (``cluster.simulation``):
-every byte so far, both ways, Σ_t (upload_bytes_total_t + download_bytes_t · |cohort_t|), with
-a client's upload its sketch, sparse or dense update and any extra scalar (DPSFL-AC's noisy bit),
-and its download the dense model or the sparse Δ. A label's point is the mean over its seeds of
-those bytes and of the final test accuracy; its error bar the accuracies' standard deviation.
-Labels of one preset (``algorithm.name``) are joined by a line in order of bytes, so the
-compression levels of a preset read as a curve.
+Each run's communication is the last round's ``communication_bytes``
+(``cluster.runtime.simulation``): every byte so far, both ways, Σ_t (upload_bytes_total_t +
+download_bytes_t · |cohort_t|), with a client's upload its sketch, sparse or dense update and any
+extra scalar (DPSFL-AC's noisy bit), and its download the dense model or the sparse Δ. A label's
+point is the mean over its seeds of those bytes and of the final test accuracy; its error bar the
+accuracies' standard deviation. Labels of one preset (``algorithm.name``) are joined by a line in
+order of bytes, so the compression levels of a preset read as a curve.
 """
 
 from __future__ import annotations

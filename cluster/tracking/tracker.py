@@ -1,4 +1,4 @@
-"""One MLflow run, written from the tracking process (``cluster.tracking_process``, DESIGN §8).
+"""One MLflow run, written from the tracking process (``cluster.tracking.process``, DESIGN §8).
 
 Default store: ``sqlite:///mlflow.db`` in the working directory; ``MLFLOW_TRACKING_URI``
 overrides it. Rounds' metrics go in few ``log_batch`` calls (``log_rounds``); artifacts at the
@@ -23,10 +23,10 @@ import yaml
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-from cluster.tracking_process import ARTIFACT_TIMEOUT_VARIABLE, sqlite_path
+from cluster.tracking.process import ARTIFACT_TIMEOUT_VARIABLE, sqlite_path
 
 if TYPE_CHECKING:
-    from cluster.records import RoundRecord
+    from cluster.runtime.records import RoundRecord
 
 # MLflow 3's experiment type: "custom_model_development" is its classic machine-learning view.
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}

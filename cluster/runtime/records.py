@@ -1,5 +1,5 @@
 """What a round reports: plain data, importable without torch (the MLflow tracking process,
-``cluster.tracking_process``, receives these pickled)."""
+``cluster.tracking.process``, receives these pickled)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,12 @@
-"""``python -m cluster sweep``'s options; the sweep itself (``cluster.sweep``, which imports
-torch, Ray and MLflow) is imported when it runs, so that ``sweep --help`` starts at once."""
+"""``python -m cluster sweep``'s options; the sweep itself (``cluster.analysis.sweep``, which
+imports torch, Ray and MLflow) is imported when it runs, so that ``sweep --help`` starts at
+once."""
 
 from __future__ import annotations
 
 import argparse
 
-from cluster.compare_cli import add_set_option
+from cluster.cli.compare import add_set_option
 
 
 def add_parser(commands, help_text: str) -> None:
@@ -13,8 +14,9 @@ def add_parser(commands, help_text: str) -> None:
         "sweep",
         help=help_text,
         description="A search space × seeds, trials concurrently on Ray, one configuration "
-        "selected by the mean over seeds of a validation metric (see cluster/sweep_spec.py for "
-        "the spec format). Rerun the same command to resume: finished trials are not rerun.",
+        "selected by the mean over seeds of a validation metric (see "
+        "cluster/analysis/sweep_spec.py for the spec format). Rerun the same command to resume: "
+        "finished trials are not rerun.",
     )
     p.add_argument("spec", help="sweep YAML (base, space, search, seeds, select)")
     add_set_option(p)
@@ -30,6 +32,6 @@ def add_parser(commands, help_text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cluster.sweep import run as run_sweep
+    from cluster.analysis.sweep import run as run_sweep
 
     return run_sweep(args)

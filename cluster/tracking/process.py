@@ -4,7 +4,7 @@ Importing MLflow and opening its store is ≈ 2.5 s of Python (MLflow's own impo
 mappers; matplotlib for the partition report). On a thread of the driver that code held the
 GIL the training hosts need between their kernels: workload A's first round took 1.8 s instead
 of 0.2 s, and its 30 rounds 8.2 s instead of 5.8 s. Here it runs in ``python -m
-cluster.tracking_process``: the driver never imports MLflow. ``TrackingRun`` (driver side)
+cluster.tracking.process``: the driver never imports MLflow. ``TrackingRun`` (driver side)
 sends the process its calls over a socket pair, in order, and waits only where it needs an
 answer: the run id (which names the checkpoint), ``flush`` before a checkpoint, and the end of
 the run. The process handles the calls one by one (``MlflowTracker``), the rounds' metrics
@@ -44,9 +44,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
 
-    from cluster.records import RoundRecord
+    from cluster.runtime.records import RoundRecord
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 ROUNDS_EVERY_S = 2.0  # rounds' metrics are written together at most this often
 POLL_S = 0.5  # how often a wait checks that the process is still alive
@@ -370,7 +370,7 @@ def _spawn(preload: bool) -> tuple[subprocess.Popen, Connection]:
     ours, theirs = socket.socketpair()
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     process = subprocess.Popen(
-        [sys.executable, "-m", "cluster.tracking_process", str(theirs.fileno())]
+        [sys.executable, "-m", "cluster.tracking.process", str(theirs.fileno())]
         + (["--preload"] if preload else []),
         pass_fds=(theirs.fileno(),),
         stdin=subprocess.DEVNULL,
@@ -397,7 +397,7 @@ def _spawn(preload: bool) -> tuple[subprocess.Popen, Connection]:
 
 
 def _open(uri, experiment, run_name, params, tags, class_counts):
-    from cluster.tracking import MlflowTracker
+    from cluster.tracking.tracker import MlflowTracker
 
     tracker = MlflowTracker(uri, experiment, run_name, params, tags)
     if class_counts is not None:
@@ -409,7 +409,7 @@ def _open(uri, experiment, run_name, params, tags, class_counts):
 
 
 def _resume(uri, run_id):
-    from cluster.tracking import MlflowTracker
+    from cluster.tracking.tracker import MlflowTracker
 
     return MlflowTracker.resume(uri, run_id)
 
@@ -520,7 +520,7 @@ def _preload() -> None:
     imports, and the tracking store's engine (MLflow keeps one per URI; ≈ 0.5 s of CPU for an
     existing SQLite store, which would otherwise run beside Ray's start-up). A SQLite store that
     does not exist yet is left alone: the run may have tracking off, and must not create it."""
-    import cluster.tracking  # noqa: F401
+    import cluster.tracking.tracker  # noqa: F401
     import datasets.partition_report  # noqa: F401
 
     uri = tracking_uri()

@@ -48,12 +48,12 @@ from algorithms.layout import ParamLayout
 from algorithms.presets import Algorithm
 from algorithms.rng import Purpose, stream_seed, torch_generator
 from algorithms.server import ServerContext, ServerState
-from cluster.cohort import sample_cohort
+from cluster.claims.privacy_plan import privacy_claim
 from cluster.config import ExperimentConfig
-from cluster.executors import MAX_RESTARTS, HostsLost, HostsUnavailable
-from cluster.interrupts import RoundDropped, StopSignals
-from cluster.privacy_plan import privacy_claim
-from cluster.records import RoundRecord
+from cluster.runtime.cohort import sample_cohort
+from cluster.runtime.executors import MAX_RESTARTS, HostsLost, HostsUnavailable
+from cluster.runtime.interrupts import RoundDropped, StopSignals
+from cluster.runtime.records import RoundRecord
 from datasets.store import ShardStore
 from datasets.tasks import TASKS
 

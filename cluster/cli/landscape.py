@@ -3,13 +3,13 @@
     python -m cluster landscape checkpoints/RUN.pt [--dims 2] [--steps 21] [--span 1.0]
         [--slices 1] [--split train] [--rows 2000] [--seed 0] [--out DIR] [--no-mlflow]
 
-reads the model a run checkpointed (its config names the store and the task), evaluates the loss
-on a grid along one or two filter-normalised random directions (``cluster.landscape``), prints
+reads the model a run checkpointed (its config names the store and the task), evaluates the loss on
+a grid along one or two filter-normalised random directions (``cluster.analysis.landscape``), prints
 the sharpness (``--slices``: mean ± std over independent slices), writes ``landscape.json`` and
 ``landscape.png`` to ``--out`` (default: ``<checkpoint>-landscape/`` beside it, or in the working
-directory for a checkpoint in an object store) and, when the checkpoint's run was tracked, logs
-both to that MLflow run under ``landscape/``. The same ``--seed`` draws the same Gaussian
-directions for every run of the same model, each normalised to that run's own filters.
+directory for a checkpoint in an object store) and, when the checkpoint's run was tracked, logs both
+to that MLflow run under ``landscape/``. The same ``--seed`` draws the same Gaussian directions for
+every run of the same model, each normalised to that run's own filters.
 """
 
 from __future__ import annotations
@@ -73,10 +73,10 @@ def run(args: argparse.Namespace) -> int:
 
     from actors.client_host import build_model
     from algorithms.layout import ParamLayout
-    from cluster.checkpoint import open_checkpoint
-    from cluster.experiment import open_store
-    from cluster.landscape import filter_normalized_direction, loss_slice
-    from cluster.preflight import check_data
+    from cluster.analysis.landscape import filter_normalized_direction, loss_slice
+    from cluster.runtime.checkpoint import open_checkpoint
+    from cluster.runtime.experiment import open_store
+    from cluster.runtime.preflight import check_data
     from datasets.tasks import TASKS
 
     checkpoint, config = open_checkpoint(args.checkpoint)  # checked: its params fit the model
@@ -199,7 +199,7 @@ def _log_to_run(run_id: str, files: list[Path]) -> None:
     from mlflow.tracking import MlflowClient
 
     from cluster.config import ConfigError
-    from cluster.tracking_process import tracking_uri
+    from cluster.tracking.process import tracking_uri
 
     uri = tracking_uri()
     client = MlflowClient(uri)

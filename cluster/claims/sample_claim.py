@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from algorithms.dpsgd import DpSgdGradient
-from cluster.claim_status import ClaimStatus
+from cluster.claims.claim_status import ClaimStatus
 from privacy.record_level import ASSUMPTIONS, RecordLevelAccountant, methods_for
 
 THREAT_SAMPLE = (

@@ -13,22 +13,22 @@ import torch
 
 from actors.client_host import Kernels
 from algorithms.layout import ParamLayout
-from cluster.checkpoint import checkpoint_path, save_checkpoint
-from cluster.config import ConfigError, ExperimentConfig
-from cluster.config.data import ValidationConfig
-from cluster.executors import HostsUnavailable, LocalExecutor, RayExecutor
-from cluster.interrupts import Interrupted, StopSignals, stop_signals
-from cluster.preflight import check_store_matches, preflight
-from cluster.privacy_plan import (
+from cluster.claims.privacy_plan import (
     PrivacyClaim,
     calibrate_with_message,
     privacy_claim,
     privacy_report,
     privacy_warnings,
 )
-from cluster.records import RoundRecord
-from cluster.simulation import Simulation, SimulationResult, final_epsilon
-from cluster.tracking_process import TrackingError, TrackingRun, flatten, tracking_uri
+from cluster.config import ConfigError, ExperimentConfig
+from cluster.config.data import ValidationConfig
+from cluster.runtime.checkpoint import checkpoint_path, save_checkpoint
+from cluster.runtime.executors import HostsUnavailable, LocalExecutor, RayExecutor
+from cluster.runtime.interrupts import Interrupted, StopSignals, stop_signals
+from cluster.runtime.preflight import check_store_matches, preflight
+from cluster.runtime.records import RoundRecord
+from cluster.runtime.simulation import Simulation, SimulationResult, final_epsilon
+from cluster.tracking.process import TrackingError, TrackingRun, flatten, tracking_uri
 from datasets.locations import Location
 from datasets.partition import PartitionError
 from datasets.sources import build_or_open_store
@@ -121,7 +121,7 @@ def make_executor(
     # machine shares a session directory), another node unpacking the job's working_dir rewrites
     # the package under this driver, and an import that lands in that window is not found.
     import actors.ray_actor  # noqa: F401
-    from cluster.ray_runtime import check_resources, connect
+    from cluster.runtime.ray_runtime import check_resources, connect
 
     stop = StopSignals.active()
     with stop.around_ray() if stop is not None else contextlib.nullcontext():
@@ -281,8 +281,8 @@ def run_experiment(
     (``calibrate=False``). Ray's own log lines reach the terminal only when ``verbose``.
     ``parent_run_id``: the MLflow run this one is listed under (``compare``'s parent run).
 
-    SIGINT/SIGTERM end the run as ``cluster.interrupts`` describes: before the first round an
-    ``Interrupted`` is raised (the MLflow run, if open, ends KILLED); during the rounds the run
+    SIGINT/SIGTERM end the run as ``cluster.runtime.interrupts`` describes: before the first round
+    an ``Interrupted`` is raised (the MLflow run, if open, ends KILLED); during the rounds the run
     stops, writes the last completed round's checkpoint and returns ``interrupted``.
     """
     with stop_signals(say) as stop:

@@ -1,17 +1,17 @@
 """A sweep's results: the table (one row per configuration, the mean ± std over its trials),
-the per-trial rows, their markdown and the per-parameter plot (``cluster.sweep`` writes them to
-the parent run and ``--out``)."""
+the per-trial rows, their markdown and the per-parameter plot (``cluster.analysis.sweep`` writes
+them to the parent run and ``--out``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cluster.compare import mean_std
-from cluster.sweep_spec import SweepSpec, Values, configuration, format_value, labels
+from cluster.analysis.compare import mean_std
+from cluster.analysis.sweep_spec import SweepSpec, Values, configuration, format_value, labels
 
 if TYPE_CHECKING:
-    from cluster.sweep import TrialRecord
+    from cluster.analysis.sweep import TrialRecord
 
 
 def configurations(records: list[TrialRecord]) -> dict[Values, list[TrialRecord]]:

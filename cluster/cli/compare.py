@@ -1,5 +1,6 @@
-"""``python -m cluster compare``'s options; the comparison itself (``cluster.compare``, which
-imports torch and MLflow) is imported when it runs, so that ``compare --help`` starts at once."""
+"""``python -m cluster compare``'s options; the comparison itself (``cluster.analysis.compare``,
+which imports torch and MLflow) is imported when it runs, so that ``compare --help`` starts at
+once."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def add_parser(commands, help_text: str) -> None:
         "compare",
         help=help_text,
         description="Several presets at the same ε over several seeds: one mean ± std table "
-        "(see cluster/compare.py for the spec format).",
+        "(see cluster/analysis/compare.py for the spec format).",
     )
     p.add_argument("spec", help="comparison YAML (base + runs)")
     p.add_argument("--seeds", type=int, default=3)
@@ -49,12 +50,12 @@ def add_parser(commands, help_text: str) -> None:
         default=0,
         metavar="N",
         help="run N runs at once on Ray, each in a placement group of its driver and actors "
-        "(cluster/trials.py); default 0: one after another in this process",
+        "(cluster/analysis/trials.py); default 0: one after another in this process",
     )
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from cluster.compare import run as run_compare
+    from cluster.analysis.compare import run as run_compare
 
     return run_compare(args)

@@ -24,9 +24,9 @@ def add_parser(commands, help_text: str) -> None:
 def preset_row(name: str) -> tuple[str, str, str, str, str]:
     """(preset, paper, privacy unit, accounted, example) of ``name`` from its example config."""
     from algorithms.papers import PAPERS
+    from cluster.claims.privacy_plan import privacy_claim
     from cluster.config import load_config
     from cluster.config.errors import example_path
-    from cluster.privacy_plan import privacy_claim
 
     config = load_config(example_path(name))
     claim = privacy_claim(config, config.build_algorithm())

@@ -39,6 +39,8 @@ from pathlib import Path
 import yaml
 
 from algorithms.presets import PRIVATE_PRESETS
+from cluster.analysis.trials import RunsFailed, assignments
+from cluster.claims.privacy_plan import format_sigma
 from cluster.config import (
     DP_FIELDS,
     AlgorithmConfig,
@@ -47,8 +49,6 @@ from cluster.config import (
     config_from_dict,
     read_yaml_mapping,
 )
-from cluster.privacy_plan import format_sigma
-from cluster.trials import RunsFailed, assignments
 
 
 def load_spec(
@@ -138,7 +138,7 @@ def _at_claimed_sigma(base: dict, overrides: list[str], merged: dict) -> tuple[d
     """An unaccounted run (a paper's literal top-k) at the σ its accounted twin runs with: the
     σ the paper would claim the budget for. It keeps no budget (it has no ε). DPSFL's own
     noise is sized by the paper's formula from the budget's ε (``paper_epsilon``) instead."""
-    from cluster.privacy_plan import calibrated
+    from cluster.claims.privacy_plan import calibrated
 
     kept = [o for o in overrides if o.partition("=")[0].strip() not in BUDGET_KEYS]
     if _paper_sketch_noise(merged):
@@ -383,7 +383,7 @@ def write_outputs(
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out / "compare_accuracy.png", dpi=100)
-    from cluster.compare_plots import accuracy_against_communication
+    from cluster.analysis.compare_plots import accuracy_against_communication
 
     communication = accuracy_against_communication(results, out)  # None: no bytes logged
     paths = [out / "compare.md", out / "compare.csv", out / "compare_accuracy.png"]
@@ -438,10 +438,10 @@ def run(args: argparse.Namespace) -> int:
 def _run_all(
     name: str, base: dict, runs: dict, labels: list[str], args, parent_run_id: str | None
 ) -> dict[str, list]:
-    """Every preset × seed (``cluster.trials``): one after another in this process, or with
+    """Every preset × seed (``cluster.analysis.trials``): one after another in this process, or with
     ``--concurrent N``, N at once on Ray; outcomes by label, in seed order. ``RunsFailed``
     where a concurrent run failed (the others ran to their end)."""
-    from cluster.trials import (
+    from cluster.analysis.trials import (
         Trial,
         build_config,
         calibrate,
@@ -486,7 +486,7 @@ def _run_all(
 def _start_parent_run(name: str, base: dict):
     """The parent MLflow run: each preset × seed run is nested under it (``mlflow.parentRunId``)
     and it holds the table, the figure and ``children.json`` (label-seed → run id)."""
-    from cluster.tracking_process import TrackingRun, tracking_uri
+    from cluster.tracking.process import TrackingRun, tracking_uri
 
     tracking = base.get("tracking") or {}
     if tracking.get("enabled", True) is False:

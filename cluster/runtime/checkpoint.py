@@ -416,8 +416,8 @@ def check_state(path: str | Location, state: dict, config: ExperimentConfig) -> 
 def _state_problem(state: dict, config: ExperimentConfig) -> str | None:
     # Imported here: reading a checkpoint (preflight's overwrite check) needs none of this.
     from algorithms.layout import ParamLayout
-    from cluster.privacy_plan import privacy_claim
-    from cluster.simulation import initial_model, initial_state
+    from cluster.claims.privacy_plan import privacy_claim
+    from cluster.runtime.simulation import initial_model, initial_state
 
     model, params = initial_model(config, *_model_input(config))
     algorithm, fresh = initial_state(config, ParamLayout.of(model), params)
@@ -433,7 +433,7 @@ def _state_problem(state: dict, config: ExperimentConfig) -> str | None:
 def _model_input(config: ExperimentConfig) -> tuple[tuple[int, ...], int]:
     """(row shape, classes) the run's model is built for: a given store's, else what the
     config's data options make (``source_shape``; no data read or generated)."""
-    from cluster.preflight import check_object_store, unreadable_store
+    from cluster.runtime.preflight import check_object_store, unreadable_store
     from datasets.sources import source_shape
     from datasets.store import ShardStore, StoreError
 

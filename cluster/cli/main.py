@@ -9,42 +9,42 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from cluster.interrupts import Interrupted, StopSignals
-from cluster.tracking_process import TrackingError
-from cluster.tracking_process import prestart as prestart_tracking
+from cluster.runtime.interrupts import Interrupted, StopSignals
+from cluster.tracking.process import TrackingError
+from cluster.tracking.process import prestart as prestart_tracking
 
 if TYPE_CHECKING:
-    from cluster.records import RoundRecord
+    from cluster.runtime.records import RoundRecord
 
 # Subcommands in their own modules, imported only when chosen (torch, opacus and mlflow take
 # seconds to import; `--help` and the calculators should not wait for them).
 SUBCOMMANDS = {
     "privacy": (
-        "cluster.privacy_cli",
+        "cluster.cli.privacy",
         "privacy calculator: ε, calibrated σ or max rounds, side by side per accountant",
     ),
     "presets": (
-        "cluster.presets_cli",
+        "cluster.cli.presets",
         "list the algorithm presets: paper, privacy unit, accounted, example config",
     ),
     "audit": (
-        "cluster.audit_cli",
+        "cluster.cli.audit",
         "privacy audit: empirical ε lower bound (canary client) vs the accountant's ε",
     ),
     "partition": (
-        "cluster.partition_cli",
+        "cluster.cli.partition",
         "build a shard store (partitioned dataset) and its partition report",
     ),
     "compare": (
-        "cluster.compare_cli",
+        "cluster.cli.compare",
         "run several presets at the same ε over several seeds; mean ± std table",
     ),
     "sweep": (
-        "cluster.sweep_cli",
+        "cluster.cli.sweep",
         "search a space of config values × seeds, trials concurrently on Ray; select by validation",
     ),
     "landscape": (
-        "cluster.landscape_cli",
+        "cluster.cli.landscape",
         "loss-landscape slices around a checkpoint's model (filter-normalised directions)",
     ),
 }
@@ -105,9 +105,9 @@ def _run(args: argparse.Namespace) -> int:
 def _resume(args: argparse.Namespace) -> int:
     """Continue the run of a checkpoint, checked against its config before any work; exit 0
     at once when its rounds are all done."""
-    from cluster.checkpoint import open_checkpoint
     from cluster.config import ConfigError
-    from cluster.simulation import byte_budget_spent
+    from cluster.runtime.checkpoint import open_checkpoint
+    from cluster.runtime.simulation import byte_budget_spent
 
     print(f"resume {args.checkpoint}", flush=True)
     _start_tracking_process(args.verbose)
@@ -168,16 +168,16 @@ def _execute(config, checkpoint: dict | None, verbose: bool) -> int:
     try:
         return _execute_in_session(config, checkpoint, verbose)
     finally:
-        from cluster.ray_runtime import disconnect
+        from cluster.runtime.ray_runtime import disconnect
 
         with StopSignals.active().finishing():  # a signal now waits for Ray's shutdown
             disconnect()
 
 
 def _execute_in_session(config, checkpoint: dict | None, verbose: bool) -> int:
-    from cluster.experiment import run_experiment
-    from cluster.preflight import check_no_checkpoint_overwritten, preflight
-    from cluster.privacy_plan import calibrate_with_message, privacy_claim
+    from cluster.claims.privacy_plan import calibrate_with_message, privacy_claim
+    from cluster.runtime.experiment import run_experiment
+    from cluster.runtime.preflight import check_no_checkpoint_overwritten, preflight
 
     def say(message: str) -> None:
         print(message, flush=True)
@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         else:  # listed in --help; its options are parsed only when it is the command
             commands.add_parser(name, help=help_text)
     args = parser.parse_args(argv)
-    # SIGINT/SIGTERM from here on end the command cleanly (cluster.interrupts): 130 or 143.
+    # SIGINT/SIGTERM from here on end the command cleanly (cluster.runtime.interrupts): 130 or 143.
     with StopSignals(lambda message: print(message, flush=True)) as stop:
         try:
             code = args.handler(args)
@@ -307,7 +307,7 @@ def _input_errors() -> tuple[type[Exception], ...]:
     """What bad input raises: a config field, a file, a shard store that cannot be read as
     written, the Ray cluster's size."""
     from cluster.config import ConfigError
-    from cluster.ray_runtime import ResourceError
+    from cluster.runtime.ray_runtime import ResourceError
     from datasets.store import StoreError
     from datasets.vision import SourceMissingError
 
