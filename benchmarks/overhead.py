@@ -43,7 +43,7 @@ from torch import nn
 from cluster.config import ExperimentConfig, load_config
 from cluster.runtime.cohort import sample_cohort
 from cluster.runtime.executors import torch_threads
-from cluster.runtime.experiment import open_store
+from cluster.runtime.store import open_store
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "quickstart.yaml"

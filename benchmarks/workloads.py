@@ -69,8 +69,9 @@ from benchmarks.workload_s import loop_timing, plain_dp_sgd_loop
 from cluster.config import ExperimentConfig, config_from_dict, load_config
 from cluster.runtime.cohort import sample_cohort
 from cluster.runtime.executors import torch_threads
-from cluster.runtime.experiment import open_store, run_experiment
+from cluster.runtime.experiment import run_experiment
 from cluster.runtime.ray_runtime import HEAD_PORT_OPTIONS, disconnect
+from cluster.runtime.store import open_store
 from datasets.tasks import TASKS
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,7 +13,8 @@ from test_bad_input import code_payload
 from cluster.cli.main import main
 from cluster.config import ConfigError, config_from_dict
 from cluster.runtime.checkpoint import check_state, open_checkpoint, save_checkpoint
-from cluster.runtime.experiment import open_store, run_experiment
+from cluster.runtime.experiment import run_experiment
+from cluster.runtime.store import open_store
 from datasets.sources import source_shape
 
 SCAFFOLD = ("algorithm.name=scaffold", "rounds=6")

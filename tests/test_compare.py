@@ -123,7 +123,7 @@ def test_paper_and_cpu_configs_validate():
     base, runs = load_spec(Path("configs/cpu/client_level.yaml"), [])
     assert len(runs) == 16 and base["privacy"]["calibrate"] == "sigma"
     # A paper's literal top-k runs at its accounted twin's calibrated σ, with no budget.
-    from cluster.analysis.compare import run_setup
+    from cluster.analysis.run_configs import run_setup
 
     literal_base, overrides = run_setup(base, [], runs["fed_smp_topk_kept"])
     assert literal_base["privacy"]["calibrate"] == "none"
@@ -142,7 +142,7 @@ def test_only_selects_runs_and_names_unknown_ones(tmp_path, capsys):
 
 
 def test_non_private_runs_start_from_the_base_without_privacy():
-    from cluster.analysis.compare import run_setup
+    from cluster.analysis.run_configs import run_setup
 
     base = {
         "algorithm": {"name": "dp_fedavg", "clip_norm": 1.0, "noise_placement": "client"},
@@ -172,7 +172,8 @@ def _flat(tree, prefix=""):
 def test_sketch_spec_runs_the_papers_noise_at_the_budgets_epsilon():
     from pathlib import Path
 
-    from cluster.analysis.compare import load_spec, run_setup
+    from cluster.analysis.compare import load_spec
+    from cluster.analysis.run_configs import run_setup
 
     base, runs = load_spec(Path("configs/cpu/sketch.yaml"), [])
     assert len(runs) == 9 and runs["dpsfl"]["algorithm.sketch_cols"] == 44000  # x- anchor
@@ -226,7 +227,7 @@ def test_a_target_accuracy_outside_0_1_is_refused(tmp_path, capsys):
 def test_a_realised_denominator_runs_at_its_accounted_twins_sigma_with_no_budget(store_root):
     """A comparison at one ε: the realised-denominator run has no ε of its own, so it runs at
     the σ its nominal twin is calibrated to (as the papers' literal top-k variants do)."""
-    from cluster.analysis.compare import run_setup
+    from cluster.analysis.run_configs import run_setup
     from cluster.claims.privacy_plan import calibrated
     from cluster.config import ConfigError, load_config
 
@@ -251,7 +252,7 @@ def test_a_realised_denominator_runs_at_its_accounted_twins_sigma_with_no_budget
 def test_a_median_clip_runs_at_the_sigma_of_the_bases_fixed_clip(store_root, name):
     """The authors' median clips (client level: DP-FedPGN's; sample level: DP-SCAFFOLD's) have
     no ε; in a comparison at one ε they run at the σ the base's fixed clip is calibrated to."""
-    from cluster.analysis.compare import run_setup
+    from cluster.analysis.run_configs import run_setup
     from cluster.claims.privacy_plan import calibrated
     from cluster.config import load_config
 

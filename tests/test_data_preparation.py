@@ -11,7 +11,7 @@ from helpers import run_local, small_config
 
 from cluster.claims.privacy_plan import privacy_warnings
 from cluster.config import ConfigError
-from cluster.runtime.experiment import open_store
+from cluster.runtime.store import open_store
 from datasets.arrays import LabeledArrays
 from datasets.partition import PartitionError
 from datasets.preparation import (

@@ -6,8 +6,8 @@ import torch
 from helpers import run_local, small_config
 
 from cluster.runtime.executors import LocalExecutor, RayExecutor
-from cluster.runtime.experiment import open_store
 from cluster.runtime.simulation import Simulation
+from cluster.runtime.store import open_store
 
 DP = ("algorithm.name=dp_fedavg", "algorithm.clip_norm=0.5", "algorithm.noise_multiplier=1.0")
 

@@ -10,9 +10,9 @@ from helpers import run_local, small_config
 from actors.client_host import ClientHost
 from cluster.config import ConfigError
 from cluster.runtime.executors import LocalExecutor, torch_threads
-from cluster.runtime.experiment import open_store
 from cluster.runtime.preflight import preflight
 from cluster.runtime.simulation import Simulation
+from cluster.runtime.store import open_store
 
 DP = ("algorithm.name=dp_fedavg", "algorithm.clip_norm=0.5", "algorithm.noise_multiplier=1.0")
 

@@ -20,6 +20,7 @@ from mlflow.tracking import MlflowClient
 
 import cluster.runtime.experiment
 import cluster.runtime.ray_runtime
+import cluster.runtime.store
 from cluster.cli.main import main
 from cluster.config import config_from_dict
 from cluster.runtime.checkpoint import load_checkpoint
@@ -81,8 +82,8 @@ def _no_traceback(err: str) -> None:
 def test_sigint_while_the_store_is_built(store_root, tmp_path, tracking, monkeypatch, capsys):
     fresh = tmp_path / "fresh-shards"  # not built yet: the store is built in this run
     path = _config_file(tmp_path, fresh)
-    build = _signal_once(cluster.runtime.experiment, "build_or_open_store", signal.SIGINT)
-    monkeypatch.setattr(cluster.runtime.experiment, "build_or_open_store", build)
+    build = _signal_once(cluster.runtime.store, "build_or_open_store", signal.SIGINT)
+    monkeypatch.setattr(cluster.runtime.store, "build_or_open_store", build)
     assert main(["run", str(path)]) == 130
     err = capsys.readouterr().err
     _no_traceback(err)

@@ -13,7 +13,7 @@ from actors.client_host import build_model
 from algorithms.layout import ParamLayout
 from cluster.analysis.landscape import filter_normalized_direction, loss_slice
 from cluster.cli.main import main
-from cluster.runtime.experiment import open_store
+from cluster.runtime.store import open_store
 from datasets.tasks import TASKS
 from models.cnn import EmnistCnn
 

@@ -15,8 +15,8 @@ from algorithms.server import ServerContext, ServerState
 from algorithms.transforms import ClientContext
 from cluster.config import ConfigError
 from cluster.runtime.executors import LocalExecutor
-from cluster.runtime.experiment import open_store
 from cluster.runtime.simulation import Simulation
+from cluster.runtime.store import open_store
 from models.logreg import LogisticRegression
 
 

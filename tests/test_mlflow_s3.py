@@ -31,7 +31,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from cluster.tracking.process import ARTIFACT_TIMEOUT_S, ARTIFACT_TIMEOUT_VARIABLE, _spawn
+from cluster.tracking.process import _spawn
+from cluster.tracking.settings import ARTIFACT_TIMEOUT_S, ARTIFACT_TIMEOUT_VARIABLE
 from cluster.tracking.tracker import MlflowTracker
 
 REPO = Path(__file__).resolve().parents[1]

@@ -411,7 +411,7 @@ def test_a_checkpoint_dir_these_credentials_cannot_write_is_refused_before_any_w
 def test_a_checkpoint_dir_these_credentials_can_write_passes_and_keeps_no_probe(
     s3, tmp_path, monkeypatch
 ):
-    from cluster.runtime.preflight import check_writable_location
+    from cluster.runtime.storage_checks import check_writable_location
 
     _as_iam_user(s3, monkeypatch, [*READ_ONLY, "s3:PutObject", "s3:DeleteObject"])
     check_writable_location("checkpoint.dir", parse_location(s3.uri("ck")))

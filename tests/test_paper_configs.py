@@ -15,7 +15,7 @@ from test_vision_sources import emnist_arrays, idx_bytes, patch_cifar_md5, write
 
 from cluster.claims.privacy_plan import calibrated
 from cluster.config import load_config
-from cluster.runtime.experiment import open_store
+from cluster.runtime.store import open_store
 
 # The ViT-B/16 configs run in test_transformers.py (a tiny ViT in place of ViT-B/16).
 CIFAR_CONFIGS = sorted(

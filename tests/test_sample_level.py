@@ -16,8 +16,8 @@ from algorithms.local import LocalTrainer, ModelObjective
 from cluster.claims.privacy_plan import calibrate_with_message, calibrated, privacy_claim
 from cluster.config import ConfigError, load_config
 from cluster.runtime.executors import LocalExecutor
-from cluster.runtime.experiment import open_store
 from cluster.runtime.simulation import Simulation
+from cluster.runtime.store import open_store
 from models.logreg import LogisticRegression
 
 SCAFFOLD_DP = (
@@ -366,7 +366,7 @@ def test_train_diagnostics_are_the_objective_and_the_gradient_dissimilarity(stor
     from algorithms.layout import ParamLayout
     from algorithms.local import ModelObjective
     from cluster.runtime.central_optimum import central_optimum
-    from cluster.runtime.experiment import open_store
+    from cluster.runtime.store import open_store
     from datasets.tasks import TASKS
 
     config = small_config(

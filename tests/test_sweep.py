@@ -16,8 +16,8 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from benchmarks.sweep import SPACE, tiny_base
-from cluster.analysis.sweep import TrialRecord, plan
-from cluster.analysis.sweep_report import summarize
+from cluster.analysis.sweep import plan
+from cluster.analysis.sweep_report import TrialRecord, summarize
 from cluster.analysis.sweep_spec import FOLD, SweepTrial, load
 from cluster.analysis.trials import calibrate
 from cluster.cli.main import main

@@ -22,7 +22,7 @@ from benchmarks.workloads import (
     workload_config,
 )
 from cluster.runtime.executors import torch_threads
-from cluster.runtime.experiment import open_store
+from cluster.runtime.store import open_store
 
 TOLERANCE = 1e-5  # max |Δw| after 3 rounds; seen: 0 (A), 1.5e-8 (B)
 

@@ -39,7 +39,9 @@ from pathlib import Path
 import yaml
 
 from cluster.analysis.compare import write_csv
+from cluster.analysis.run_configs import assignments, build_config, merged, run_setup
 from cluster.analysis.sweep_report import (
+    TrialRecord,
     configurations,
     markdown,
     mean_std_cell,
@@ -55,37 +57,11 @@ from cluster.analysis.sweep_spec import (
     trial_digest,
     values_digest,
 )
-from cluster.analysis.trials import (
-    Trial,
-    TrialResult,
-    build_config,
-    calibrate,
-    merged,
-    run_concurrently,
-)
+from cluster.analysis.trials import Trial, TrialResult, calibrate, run_concurrently
 from cluster.config import ConfigError, ExperimentConfig
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # the spec's stem: it names runs and tags
 RECORDED = "sweep_recorded"
-
-
-@dataclass
-class TrialRecord:
-    """One trial as the table shows it: run now, or found finished in MLflow (``resumed``)."""
-
-    trial: SweepTrial
-    name: str  # unique in the sweep: its key in every table
-    digest: str
-    status: str = "NOT RUN"
-    run_id: str | None = None
-    metric: float | None = None  # the selection metric's last evaluation
-    test_accuracy: float | None = None
-    epsilon: str = ""
-    error: str = ""
-    seconds: float = 0.0
-    privacy: dict | None = None  # its TrialPrivacy
-    resumed: bool = False
-    repeat: int = 0  # earlier draws of the same configuration and seed (random search)
 
 
 @dataclass
@@ -277,9 +253,6 @@ def fill(record: TrialRecord, result: TrialResult, metric: str, role: str) -> No
 
 def selected_yaml(planned: Planned, values: Values) -> str:
     """The selected configuration at the spec's first seed, as ``cluster run`` reads it."""
-    from cluster.analysis.compare import run_setup
-    from cluster.analysis.trials import assignments
-
     spec = planned.spec
     changes = selected_changes(spec, values)
     run_base, run_overrides = run_setup(spec.base, planned.overrides, changes)
@@ -434,7 +407,7 @@ def run(args: argparse.Namespace) -> int:
 def _open_parent(planned: Planned, first: ExperimentConfig):
     import os
 
-    from cluster.tracking.process import tracking_uri
+    from cluster.tracking.settings import tracking_uri
 
     # MLflow's INFO lines (a new store's tables) would interleave with the progress; read at
     # its import, here, as the tracking processes have it (``tracking_process._spawn``)

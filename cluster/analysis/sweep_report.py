@@ -1,17 +1,40 @@
 """A sweep's results: the table (one row per configuration, the mean ± std over its trials),
 the per-trial rows, their markdown and the per-parameter plot (``cluster.analysis.sweep`` writes
-them to the parent run and ``--out``)."""
+them to the parent run and ``--out``), from each trial's ``TrialRecord``."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from cluster.analysis.compare import mean_std
-from cluster.analysis.sweep_spec import SweepSpec, Values, configuration, format_value, labels
+from cluster.analysis.sweep_spec import (
+    SweepSpec,
+    SweepTrial,
+    Values,
+    configuration,
+    format_value,
+    labels,
+)
 
-if TYPE_CHECKING:
-    from cluster.analysis.sweep import TrialRecord
+
+@dataclass
+class TrialRecord:
+    """One trial as the table shows it: run now, or found finished in MLflow (``resumed``)."""
+
+    trial: SweepTrial
+    name: str  # unique in the sweep: its key in every table
+    digest: str
+    status: str = "NOT RUN"
+    run_id: str | None = None
+    metric: float | None = None  # the selection metric's last evaluation
+    test_accuracy: float | None = None
+    epsilon: str = ""
+    error: str = ""
+    seconds: float = 0.0
+    privacy: dict | None = None  # its TrialPrivacy
+    resumed: bool = False
+    repeat: int = 0  # earlier draws of the same configuration and seed (random search)
 
 
 def configurations(records: list[TrialRecord]) -> dict[Values, list[TrialRecord]]:

@@ -31,9 +31,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-import yaml
-
-from cluster.config import ConfigError, ExperimentConfig, apply_override, config_from_dict
+from cluster.config import ConfigError, ExperimentConfig
 
 DRIVER_CPU = 0.25  # a trial's driver: aggregation, noise, accounting, the tracking calls
 POLL_S = 0.2  # how often the engine looks for finished trials and stop signals
@@ -42,34 +40,6 @@ ABANDON_WAIT_S = 60.0  # after a second stop signal: how long running trials may
 # on 2 cores it took over the 4 s a try that ``tracking_process.HTTP_RETRY_BUDGET`` gives a
 # remote server (both trials of a test failed so): a try gets a minute there.
 OWN_SERVER, OWN_SERVER_TIMEOUT_S = "http://127.0.0.1:", "60"
-
-
-def assignments(changes: dict | None) -> list[str]:
-    """``{key: value}`` as ``--set`` overrides (values written as YAML)."""
-    return [
-        f"{key}={yaml.safe_dump(value, default_flow_style=True).strip()}"
-        for key, value in (changes or {}).items()
-    ]
-
-
-def merged(base: dict, overrides: list[str]) -> dict:
-    """``base`` with ``overrides`` applied (a copy)."""
-    import copy
-
-    raw = copy.deepcopy(base)
-    for assignment in overrides:
-        apply_override(raw, assignment)
-    return raw
-
-
-def build_config(base: dict, overrides: list[str], changes: dict | None, extra: list[str]):
-    """A run's config as ``compare`` and ``sweep`` build it: ``compare.run_setup`` (a
-    non-private preset drops the privacy settings, an unaccounted one runs at its twin's σ),
-    then ``changes`` and ``extra`` overrides. Not calibrated yet (``calibrate``)."""
-    from cluster.analysis.compare import run_setup
-
-    run_base, run_overrides = run_setup(base, overrides, changes)
-    return config_from_dict(run_base, [*run_overrides, *assignments(changes), *extra])
 
 
 def calibrate(config: ExperimentConfig, say: Callable[[str], None]) -> ExperimentConfig:
@@ -322,8 +292,8 @@ def run_concurrently(
 
     from cluster.runtime.interrupts import StopSignals
     from cluster.runtime.ray_runtime import disconnect
-    from cluster.tracking.process import tracking_uri
     from cluster.tracking.server import single_writer
+    from cluster.tracking.settings import tracking_uri
 
     if not trials:
         return []

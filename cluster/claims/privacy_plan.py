@@ -27,6 +27,7 @@ from algorithms.presets import Algorithm
 from cluster.claims.claim_status import ClaimStatus
 from cluster.claims.sample_claim import SampleLevelClaim, sample_level_claim
 from cluster.config import ConfigError, ExperimentConfig
+from cluster.runtime.store import open_store
 from datasets.preparation import outside_dp_notes
 from privacy.accountant import (
     ADJACENCY,
@@ -250,8 +251,6 @@ def _calibrated_sigma(
 def _sample_level_accounting(config: ExperimentConfig, client_sizes):
     """(accountant factory, δ) of a sample-level config; opens its store for the sizes."""
     if client_sizes is None:
-        from cluster.runtime.experiment import open_store
-
         client_sizes = open_store(config)[0].client_sizes
     algorithm = config._build_algorithm(1.0)  # structure only; σ is the search variable
     claim = sample_level_claim(config, algorithm, client_sizes)

@@ -75,8 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from algorithms.layout import ParamLayout
     from cluster.analysis.landscape import filter_normalized_direction, loss_slice
     from cluster.runtime.checkpoint import open_checkpoint
-    from cluster.runtime.experiment import open_store
-    from cluster.runtime.preflight import check_data
+    from cluster.runtime.store import check_data, open_store
     from datasets.tasks import TASKS
 
     checkpoint, config = open_checkpoint(args.checkpoint)  # checked: its params fit the model
@@ -199,7 +198,7 @@ def _log_to_run(run_id: str, files: list[Path]) -> None:
     from mlflow.tracking import MlflowClient
 
     from cluster.config import ConfigError
-    from cluster.tracking.process import tracking_uri
+    from cluster.tracking.settings import tracking_uri
 
     uri = tracking_uri()
     client = MlflowClient(uri)

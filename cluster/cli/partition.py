@@ -78,7 +78,7 @@ def _out_location(out: str) -> Location:
     """``--out`` parsed, holding no store yet (``_refuse_existing_store``), and writable (an
     object store: reachable, a probe object written and deleted); else a ``ConfigError``."""
     from cluster.config import ConfigError
-    from cluster.runtime.preflight import check_object_store, check_writable_location
+    from cluster.runtime.storage_checks import check_object_store, check_writable_location
 
     try:
         location = locations.parse_location(out)

@@ -433,7 +433,8 @@ def _state_problem(state: dict, config: ExperimentConfig) -> str | None:
 def _model_input(config: ExperimentConfig) -> tuple[tuple[int, ...], int]:
     """(row shape, classes) the run's model is built for: a given store's, else what the
     config's data options make (``source_shape``; no data read or generated)."""
-    from cluster.runtime.preflight import check_object_store, unreadable_store
+    from cluster.runtime.storage_checks import check_object_store
+    from cluster.runtime.store import unreadable_store
     from datasets.sources import source_shape
     from datasets.store import ShardStore, StoreError
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import statistics
 from collections.abc import Callable
@@ -20,52 +19,20 @@ from cluster.claims.privacy_plan import (
     privacy_report,
     privacy_warnings,
 )
-from cluster.config import ConfigError, ExperimentConfig
+from cluster.config import ExperimentConfig
 from cluster.config.data import ValidationConfig
 from cluster.runtime.checkpoint import checkpoint_path, save_checkpoint
 from cluster.runtime.executors import HostsUnavailable, LocalExecutor, RayExecutor
 from cluster.runtime.interrupts import Interrupted, StopSignals, stop_signals
-from cluster.runtime.preflight import check_store_matches, preflight
+from cluster.runtime.preflight import preflight
 from cluster.runtime.records import RoundRecord
 from cluster.runtime.simulation import Simulation, SimulationResult, final_epsilon
-from cluster.tracking.process import TrackingError, TrackingRun, flatten, tracking_uri
+from cluster.runtime.store import open_store
+from cluster.tracking.process import TrackingError, TrackingRun, flatten
+from cluster.tracking.settings import tracking_uri
 from datasets.locations import Location
-from datasets.partition import PartitionError
-from datasets.sources import build_or_open_store
 from datasets.store import ShardStore
 from datasets.tasks import TASKS
-from datasets.validation import validation_store
-
-
-def open_store(config: ExperimentConfig) -> tuple[ShardStore, bool]:
-    """The run's store: ``data.store`` as given, or built from the config on first use; with
-    ``data.validation``, the store derived from it with the validation rows held out
-    (``datasets.validation``). A partition, validation split or per-client test set its rows
-    cannot give is a ``ConfigError`` (a store is written only after its split is drawn)."""
-    d = config.data
-    try:
-        if d.store is not None:
-            store, built = ShardStore.open(d.store), False
-            check_store_matches(store, d)
-        else:
-            store, built = build_or_open_store(
-                d.resolved_store_root(),
-                *config.store_parameters,
-                data_root=d.resolved_data_root(),
-                download=d.download,
-            )
-        if d.validation is not None:
-            store = validation_store(store, d.validation.describe(), d.num_clients, config.seed)
-        if d.test_per_client:  # every host draws these: a failure here, not in an actor
-            store.matched_test_sets(d.test_per_client, config.seed)
-    except PartitionError as error:  # bad input that only the data's rows could reveal
-        field = f"data.{error.field}"
-        value = functools.reduce(getattr, field.split(".")[1:], d)
-        kept = {"test_per_client": "", "validation": "; no validation store was written"}.get(
-            error.field.split(".")[0], "; no store was written"
-        )
-        raise ConfigError(field, value, f"{error}{kept}") from None
-    return store, built
 
 
 def kernels(config: ExperimentConfig) -> Kernels:

@@ -13,19 +13,16 @@ written and deleted under the prefix (``datasets.locations.check_writable``).
 from __future__ import annotations
 
 import os
-import re
 import socket
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from cluster.config import ConfigError, DataConfig, ExperimentConfig
-from cluster.config.paths import location_error
+from cluster.config import ConfigError, ExperimentConfig
 from cluster.config.runtime import ray_endpoint
-from cluster.tracking.process import sqlite_path, tracking_uri
+from cluster.runtime.storage_checks import check_writable_dir, check_writable_location
+from cluster.runtime.store import check_data
+from cluster.tracking.settings import sqlite_path, tracking_uri
 from datasets import locations
-from datasets.locations import Location, LocationError, ObjectLocation
-from datasets.preparation import split_preparation
-from datasets.store import ShardStore, StoreError
 
 CONNECT_TIMEOUT_S = 3.0
 
@@ -60,124 +57,6 @@ def preflight(config: ExperimentConfig) -> None:
     elif config.executor.gpus_per_actor > 0:  # the local hosts share this machine's GPU
         check_machine_fits(config)
     check_writable_location("checkpoint.dir", config.checkpoint_dir)
-
-
-def check_data(config: ExperimentConfig) -> None:
-    """``data.store`` opens and is intact; else the store the config keys is intact if built,
-    or its root can take it and the raw files it would be built from are there (or can be
-    downloaded into a writable ``data.root``)."""
-    from datasets.sources import existing_store_path
-    from datasets.vision import SOURCE_NAMES
-
-    d = config.data
-    location = d.store
-    if location is None:
-        root = d.resolved_store_root()
-        check_object_store("data.store_root", root)
-        try:
-            built = existing_store_path(root, *config.store_parameters)
-        except OSError as error:  # e.g. a name longer than the filesystem allows
-            raise _unusable("data.store_root", root, error) from None
-        if built is None:  # built on first use, under the root
-            check_writable_location("data.store_root", root)
-            if d.source in SOURCE_NAMES:
-                _check_raw_files(config)
-            elif d.source == "synthetic":
-                check_synthetic_fits(config)
-            return
-        location = str(built)
-    else:
-        check_object_store("data.store", d.store_location())
-    try:
-        store = ShardStore.open(location)
-        store.check()
-    except StoreError as error:
-        raise unreadable_store(location, error, _rebuild_fix(d)) from None
-    check_store_matches(store, d)
-
-
-def unreadable_store(location: str, error: StoreError, fix: str) -> ConfigError:
-    """The ``ConfigError`` of the store at ``location`` that ``error`` could not read: naming
-    ``data.store`` and ``fix`` (restore or rebuild it), or, where its object store refused
-    these credentials, the AWS variables (rebuilding would not help)."""
-    if not error.denied:
-        return ConfigError("data.store", location, f"{error.problem}; {fix}")
-    return ConfigError(
-        "AWS_ACCESS_KEY_ID",
-        os.environ.get("AWS_ACCESS_KEY_ID") or "(unset)",
-        f"these credentials may not read the shard store {location} ({error.problem}) at "
-        f"{locations.endpoint()}; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or "
-        "AWS_PROFILE) to credentials with s3:GetObject on it (for data.store)",
-    )
-
-
-def _check_raw_files(config: ExperimentConfig) -> None:
-    """A vision source's files are in ``data.root``, or it can take them (``data.download``)."""
-    from datasets.vision import check_present
-
-    root = config.data.resolved_data_root()
-    if config.data.download:
-        check_writable_dir("data.root", root)
-    else:
-        refuse_pseudo_filesystem("data.root", root)
-        check_present(config.data.source, root, **_source_files_options(config))
-
-
-def check_store_matches(store: ShardStore, d: DataConfig) -> None:
-    """The store holds the configured source and number of clients (with
-    ``data.validation.clients``, the held-out ones too: ``DataConfig.partitioned_clients``)."""
-    source = store.manifest["source"]["name"]
-    if store.num_clients != d.partitioned_clients or source != d.source:
-        held_out = d.partitioned_clients - d.num_clients
-        clients = (
-            f"data.num_clients={store.num_clients}"
-            if not held_out
-            else f"data.num_clients (+ {held_out} held out by data.validation.clients) to "
-            f"{store.num_clients} in all"
-        )
-        raise ConfigError(
-            "data.store",
-            store.location,
-            f"it holds {store.num_clients} clients of {source!r}; set {clients} and "
-            f"data.source={source}",
-        )
-
-
-def check_synthetic_fits(config: ExperimentConfig) -> None:
-    """The synthetic data fits this machine's memory while it is generated: the float32 rows,
-    one float64 block of users and one user's logits (``datasets.synthetic``)."""
-    from datasets.synthetic import CHUNK_USERS
-
-    d, s = config.data, config.data.synthetic
-    rows = d.num_clients * s.samples_per_user
-    need = (
-        rows * (4 * s.num_features + 8)
-        + min(d.num_clients, CHUNK_USERS) * s.samples_per_user * s.num_features * 8
-        + s.samples_per_user * s.num_classes * 8
-    )
-    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if need > have:
-        raise ConfigError(
-            "data.synthetic",
-            f"{d.num_clients} users × {s.samples_per_user} samples × {s.num_features} features, "
-            f"{s.num_classes} classes",
-            f"generating it needs about {need / 2**30:.3g} GiB, this machine has "
-            f"{have / 2**30:.3g} GiB: lower data.num_clients or data.synthetic's "
-            "samples_per_user, num_features or num_classes",
-        )
-
-
-def _source_files_options(config: ExperimentConfig) -> dict:
-    """The options that decide which raw files a vision source reads."""
-    options, _ = split_preparation(config.data.source_options())
-    options.pop("pca_components", None)
-    return options
-
-
-def _rebuild_fix(d: DataConfig) -> str:
-    if d.store is not None:
-        return "rebuild it with `uv run python -m cluster partition ...` or remove data.store"
-    return "delete that directory and run again: the store is rebuilt from the same parameters"
 
 
 def check_tracking_uri() -> None:
@@ -365,119 +244,6 @@ def _gpu_count() -> int:
     import torch
 
     return torch.cuda.device_count()
-
-
-def check_object_store(field: str, location: Location) -> None:
-    """For an object-store ``location``: credentials, its endpoint and its bucket are there
-    (``locations.check_access``); nothing to check for a local path."""
-    if isinstance(location, ObjectLocation):
-        try:
-            locations.check_access(location)
-        except LocationError as error:
-            raise location_error(field, str(location), error) from None
-
-
-def check_writable_location(field: str, location: Location) -> None:
-    """A local directory that can be written (``check_writable_dir``), or an object-store
-    prefix whose bucket can be reached (``check_object_store``) and under which these
-    credentials may write and delete (``locations.check_writable``: a probe object, written
-    and deleted with the same short timeouts)."""
-    if not isinstance(location, ObjectLocation):
-        check_writable_dir(field, location)
-        return
-    check_object_store(field, location)
-    try:
-        locations.check_writable(location)
-    except LocationError as error:
-        raise location_error(field, str(location), error) from None
-
-
-def check_writable_dir(field: str, path: Path) -> None:
-    """``path`` is, or can be created as, a directory this process may write (nothing created),
-    on a filesystem that holds files (``refuse_pseudo_filesystem``)."""
-    refuse_pseudo_filesystem(field, path)
-    try:
-        existing = next(p for p in (path, *path.parents) if p.exists())
-    except OSError as error:  # e.g. a name longer than the filesystem allows
-        raise _unusable(field, path, error) from None
-    if not existing.is_dir():
-        raise ConfigError(
-            field, str(path), f"{existing} is a file, not a directory; choose another directory"
-        )
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(field, str(path), f"{existing} is not writable; choose another directory")
-
-
-def _unusable(field: str, path: Path, error: OSError) -> ConfigError:
-    return ConfigError(field, str(path), f"unusable ({error.strerror}); choose another directory")
-
-
-# Kernel pseudo-filesystems: os.access calls /proc writable for root, yet no file can be created
-# there. The roots are refused by name too (where /proc/self/mounts does not exist, and /dev
-# may be a tmpfs in a container).
-PSEUDO_ROOTS = ("/proc", "/sys", "/dev")
-PSEUDO_FILESYSTEMS = frozenset(
-    {
-        "autofs",
-        "binfmt_misc",
-        "bpf",
-        "cgroup",
-        "cgroup2",
-        "configfs",
-        "debugfs",
-        "devpts",
-        "devtmpfs",
-        "efivarfs",
-        "fusectl",
-        "hugetlbfs",
-        "mqueue",
-        "nsfs",
-        "proc",
-        "pstore",
-        "securityfs",
-        "selinuxfs",
-        "sysfs",
-        "tracefs",
-    }
-)
-
-
-def refuse_pseudo_filesystem(field: str, path: Path) -> None:
-    """A ``ConfigError`` when ``path`` (symlinks resolved) lies under ``PSEUDO_ROOTS`` or on a
-    mount of a type in ``PSEUDO_FILESYSTEMS``."""
-    real = os.path.realpath(path)
-    mount, kind = _mount_of(real)
-    root = next((r for r in PSEUDO_ROOTS if _is_within(real, r)), None)
-    if root is not None or kind in PSEUDO_FILESYSTEMS:
-        where = root or f"{mount} ({kind})"
-        raise ConfigError(
-            field,
-            str(path),
-            f"{real} is in {where}, a kernel pseudo-filesystem, not storage; choose a "
-            "directory on a disk",
-        )
-
-
-def _mount_of(path: str) -> tuple[str, str]:
-    """(mount point, filesystem type) of the mount ``path`` lies on, from /proc/self/mounts
-    (the last of stacked mounts wins); ("", "") where that is unreadable."""
-    try:
-        lines = Path("/proc/self/mounts").read_text().splitlines()
-    except OSError:
-        return "", ""
-    found = ("", "")
-    for line in lines:
-        fields = line.split()
-        if len(fields) < 3:
-            continue
-        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1])
-        if _is_within(path, point) and len(point) >= len(found[0]):
-            found = (point, fields[2])
-    return found
-
-
-def _is_within(path: str, directory: str) -> bool:
-    return path == directory or path.startswith(directory.rstrip("/") + "/")
 
 
 def _connect_or_fail(field: str, value: str, host: str, port: int, fix: str) -> None:

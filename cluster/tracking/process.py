@@ -41,13 +41,19 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cluster.tracking.settings import (
+    ARTIFACT_TIMEOUT_S,
+    ARTIFACT_TIMEOUT_VARIABLE,
+    sqlite_path,
+    tracking_uri,
+)
+
 if TYPE_CHECKING:
     import numpy as np
 
     from cluster.runtime.records import RoundRecord
 
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 ROUNDS_EVERY_S = 2.0  # rounds' metrics are written together at most this often
 POLL_S = 0.5  # how often a wait checks that the process is still alive
 OPEN_WAIT_S = 60.0  # the longest wait for the run's opening (a healthy store takes ≈ 1 s)
@@ -66,29 +72,7 @@ HTTP_RETRY_BUDGET = {
     "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0.5",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "4",
 }
-# An artifact upload to a tracking server (``mlflow-artifacts:/``) is answered only once the
-# server has stored the file at its destination (S3 behind an ``--artifacts-destination
-# s3://…``): its first upload also sets up its S3 client (every 4 s try of the partition report
-# timed out on a loaded 2-core machine) and a model's lasts as long as the server's own upload.
-# Each try of an upload gets ARTIFACT_TIMEOUT_S, unless the user set MLFLOW_HTTP_REQUEST_TIMEOUT
-# (that, then) or ARTIFACT_TIMEOUT_VARIABLE; a hung server is given up ≈ 4 min into the upload.
-ARTIFACT_TIMEOUT_VARIABLE = "DPFL_MLFLOW_ARTIFACT_TIMEOUT"
-ARTIFACT_TIMEOUT_S = "60"
 _SUMMARY_CHARS = 400  # of MLflow's message, in the driver's one-paragraph error
-
-
-def tracking_uri() -> str:
-    """Where runs are tracked: ``$MLFLOW_TRACKING_URI``, else (unset or empty, as MLflow reads
-    it) the local SQLite file. Here, in a module that imports neither MLflow nor torch: the
-    driver checks it before Ray starts, the tracking process before the driver's run is
-    configured."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
-
-
-def sqlite_path(uri: str) -> Path | None:
-    """The database file of a ``sqlite:///relative.db`` or ``sqlite:////absolute.db`` URI."""
-    prefix = "sqlite:///"
-    return Path(uri[len(prefix) :]) if uri.startswith(prefix) else None
 
 
 class TrackingError(RuntimeError):

@@ -34,7 +34,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from cluster.tracking.process import sqlite_path
+from cluster.tracking.settings import sqlite_path
 
 START_WAIT_S = 300.0  # ≈ 10 s; 135 s measured on a 2-core machine at load 16
 STOP_WAIT_S = 30.0

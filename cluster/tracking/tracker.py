@@ -23,7 +23,7 @@ import yaml
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-from cluster.tracking.process import ARTIFACT_TIMEOUT_VARIABLE, sqlite_path
+from cluster.tracking.settings import ARTIFACT_TIMEOUT_VARIABLE, sqlite_path
 
 if TYPE_CHECKING:
     from cluster.runtime.records import RoundRecord
