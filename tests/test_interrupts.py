@@ -110,7 +110,7 @@ def test_stop_signals_act_by_phase():
 
 
 def test_cli_prints_how_to_resume_and_exits_130(store_root, tmp_path, capsys, monkeypatch):
-    import cluster.cli.main as cli
+    import cluster.cli.run as cli
 
     real = cli._progress_line
 

@@ -28,7 +28,7 @@ import yaml
 from helpers import run_local, small_config
 from mlflow.tracking import MlflowClient
 
-import cluster.cli.main
+import cluster.cli.run
 import cluster.tracking.process as tracking_process
 from cluster.cli.main import main
 from cluster.config import ConfigError
@@ -146,7 +146,7 @@ def _refused(argv: list[str], workdir: Path, capsys, expect: tuple[str, ...]) ->
 @pytest.mark.parametrize("case", PREFLIGHT_CASES, ids=list(PREFLIGHT_CASES))
 def test_a_store_tracking_cannot_use_is_refused_before_any_work(case, cli_env, monkeypatch, capsys):
     prepare, environment, expect = PREFLIGHT_CASES[case]
-    monkeypatch.setattr(cluster.cli.main, "prestart_tracking", lambda: None)  # no MLflow import
+    monkeypatch.setattr(cluster.cli.run, "prestart_tracking", lambda: None)  # no MLflow import
     monkeypatch.setenv("MLFLOW_TRACKING_URI", prepare(cli_env))
     for name, value in environment.items():
         monkeypatch.setenv(name, value)
@@ -174,7 +174,7 @@ def _unwritable(directory: Path):
 
 @pytest.mark.timeout(60)
 def test_an_unwritable_database_directory_is_refused_before_any_work(cli_env, monkeypatch, capsys):
-    monkeypatch.setattr(cluster.cli.main, "prestart_tracking", lambda: None)
+    monkeypatch.setattr(cluster.cli.run, "prestart_tracking", lambda: None)
     locked = cli_env / "locked"
     locked.mkdir()
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{locked / 'mlflow.db'}")
