@@ -31,8 +31,8 @@ from cluster.claims.privacy_plan import privacy_claim
 from cluster.cli.main import main
 from cluster.config import config_from_dict
 from cluster.runtime.checkpoint import FORMAT_VERSION, checkpoint_path, save_checkpoint
+from cluster.runtime.initial_state import initial_model, initial_state
 from cluster.runtime.records import RoundRecord
-from cluster.runtime.simulation import initial_model, initial_state
 from datasets.sources import build_store, source_shape, store_path
 
 BASE = {

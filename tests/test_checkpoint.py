@@ -12,7 +12,8 @@ from test_bad_input import code_payload
 
 from cluster.cli.main import main
 from cluster.config import ConfigError, config_from_dict
-from cluster.runtime.checkpoint import check_state, open_checkpoint, save_checkpoint
+from cluster.runtime.checkpoint import open_checkpoint, save_checkpoint
+from cluster.runtime.checkpoint_match import check_state
 from cluster.runtime.experiment import run_experiment
 from cluster.runtime.store import open_store
 from datasets.sources import source_shape

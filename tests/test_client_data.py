@@ -6,7 +6,7 @@ from helpers import small_config
 
 from actors.client_data import ClientDataCache
 from actors.client_host import Broadcast, ClientHost
-from cluster.runtime.simulation import initial_params
+from cluster.runtime.initial_state import initial_params
 from cluster.runtime.store import open_store
 
 

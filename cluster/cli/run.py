@@ -73,7 +73,7 @@ def _resume(args: argparse.Namespace) -> int:
     at once when its rounds are all done."""
     from cluster.config import ConfigError
     from cluster.runtime.checkpoint import open_checkpoint
-    from cluster.runtime.simulation import byte_budget_spent
+    from cluster.runtime.round_metrics import byte_budget_spent
 
     print(f"resume {args.checkpoint}", flush=True)
     _start_tracking_process(args.verbose)

@@ -26,7 +26,8 @@ from cluster.runtime.executors import HostsUnavailable, LocalExecutor, RayExecut
 from cluster.runtime.interrupts import Interrupted, StopSignals, stop_signals
 from cluster.runtime.preflight import preflight
 from cluster.runtime.records import RoundRecord
-from cluster.runtime.simulation import Simulation, SimulationResult, final_epsilon
+from cluster.runtime.round_metrics import final_epsilon
+from cluster.runtime.simulation import Simulation, SimulationResult
 from cluster.runtime.store import open_store
 from cluster.tracking.process import TrackingError, TrackingRun, flatten
 from cluster.tracking.settings import tracking_uri

@@ -37,25 +37,23 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-import numpy as np
 import torch
 
 from actors.client_host import Broadcast
 from actors.client_state import ClientStateStore
-from algorithms.aggregate import PartialAggregate
 from algorithms.client import upload_bytes
 from algorithms.layout import ParamLayout
-from algorithms.presets import Algorithm
-from algorithms.rng import Purpose, stream_seed, torch_generator
+from algorithms.rng import Purpose, torch_generator
 from algorithms.server import ServerContext, ServerState
 from cluster.claims.privacy_plan import privacy_claim
 from cluster.config import ExperimentConfig
 from cluster.runtime.cohort import sample_cohort
 from cluster.runtime.executors import MAX_RESTARTS, HostsLost, HostsUnavailable
+from cluster.runtime.initial_state import initial_params, initial_state
 from cluster.runtime.interrupts import RoundDropped, StopSignals
 from cluster.runtime.records import RoundRecord
+from cluster.runtime.round_metrics import byte_budget_spent, round_metrics
 from datasets.store import ShardStore
-from datasets.tasks import TASKS
 
 
 @dataclass
@@ -82,69 +80,6 @@ class SimulationResult:
     history: list[RoundRecord]
     stop_reason: str
     recoveries: list[Recovery] = field(default_factory=list)
-
-
-def initial_params(
-    config: ExperimentConfig, store: ShardStore
-) -> tuple[torch.nn.Module, torch.Tensor]:
-    """The model for the store's rows and its initial flat parameters (``initial_model``)."""
-    manifest = store.manifest
-    return initial_model(config, tuple(manifest["x_shape"]), manifest["num_classes"])
-
-
-def initial_model(
-    config: ExperimentConfig, x_shape: tuple[int, ...], num_classes: int
-) -> tuple[torch.nn.Module, torch.Tensor]:
-    """The task's model for rows of ``x_shape`` in ``num_classes`` classes and its initial flat
-    parameters, seeded by (seed, MODEL_INIT), then those of ``data.pretrained`` loaded (all
-    but the classifier head)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(stream_seed(config.seed, Purpose.MODEL_INIT))
-        model = TASKS[config.task].model(x_shape, num_classes)
-    TASKS[config.task].load_pretrained(model, config.data.pretrained_folder())
-    return model, ParamLayout.flatten(model)
-
-
-def initial_state(
-    config: ExperimentConfig, layout: ParamLayout, params: torch.Tensor
-) -> tuple[Algorithm, ServerState]:
-    """The config's algorithm bound to the model's ``layout``, and the server state at round 0
-    (``params`` and the algorithm's extras: SCAFFOLD's c, momentum, sketches, …)."""
-    algorithm = config.build_algorithm().bind(layout)
-    return algorithm, ServerState(params, algorithm.initial_extras(params))
-
-
-# Per-client stats whose round mean is logged under another name.
-STAT_METRICS = {
-    "alpha": "mean_alpha",
-    "post_clip_norm": "mean_post_clip_norm",
-    "client_clip_norm": "mean_client_clip_norm",
-}
-
-
-def round_metrics(total: PartialAggregate) -> dict[str, float]:
-    """Diagnostics from the per-client scalars of one round."""
-    reports = [r for r in total.reports if not r.dropped]
-    metrics = {"clients": float(total.count), "dropped_updates": float(total.dropped)}
-    if reports:
-        norms = np.array([r.pre_clip_norm for r in reports])
-        metrics["mean_pre_clip_norm"] = float(norms.mean())
-        with np.errstate(invalid="ignore"):  # an ∞ norm (a diverged client) interpolates to nan
-            for q in (10, 50, 90):
-                metrics[f"pre_clip_norm_p{q}"] = float(np.percentile(norms, q))
-        clipped = np.array([r.clipped for r in reports])
-        if not np.isnan(clipped).all():
-            metrics["clip_fraction"] = float(np.nanmean(clipped))
-        for name in dict.fromkeys(k for r in reports for k in r.stats):  # α_i, kept fraction, …
-            values = [r.stats[name] for r in reports if name in r.stats]
-            metrics[STAT_METRICS.get(name, name)] = float(np.mean(values))
-            if name == "upload_bytes":  # and what the whole cohort sent this round
-                metrics["upload_bytes_total"] = float(np.sum(values))
-        trained = [r for r in reports if math.isfinite(r.train_loss)]  # not warm-up reports
-        if trained:
-            metrics["train_loss"] = float(np.mean([r.train_loss for r in trained]))
-            metrics["train_accuracy"] = float(np.mean([r.train_accuracy for r in trained]))
-    return metrics
 
 
 class Simulation:
@@ -545,25 +480,3 @@ def _wait_check(stop: StopSignals | None) -> Callable[[], None] | None:
             raise RoundDropped
 
     return check
-
-
-def byte_budget_spent(
-    config: ExperimentConfig, metrics: dict[str, float] | None, rounds_done: int
-) -> str | None:
-    """The stop reason once the cumulative ``communication_bytes`` in ``metrics``, the metrics
-    of round ``rounds_done`` (None: no round yet), has reached ``config.stop_at_bytes`` (None:
-    below it, or no budget). The round that reaches it is the run's last: it is evaluated,
-    and no round follows."""
-    budget = config.stop_at_bytes
-    spent = (metrics or {}).get("communication_bytes", 0.0)
-    if budget is None or spent < budget:
-        return None
-    return (
-        f"communication budget spent: {spent:,.0f} bytes up and down after round {rounds_done} "
-        f"(stop_at_bytes = {budget:,.0f})"
-    )
-
-
-def final_epsilon(history: list[RoundRecord]) -> float:
-    eps = [r.epsilon for r in history if r.epsilon is not None]
-    return eps[-1] if eps else math.inf
