@@ -16,7 +16,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from benchmarks.sweep import SPACE, tiny_base
-from cluster.analysis.sweep import plan
+from cluster.analysis.sweep_plan import plan
 from cluster.analysis.sweep_report import TrialRecord, summarize
 from cluster.analysis.sweep_spec import FOLD, SweepTrial, load
 from cluster.analysis.trials import calibrate
@@ -212,7 +212,8 @@ def test_a_trial_that_started_and_did_not_finish_leaves_the_sweep_without_epsilo
 def test_a_resumed_sweep_accounts_for_its_earlier_attempts(tmp_path, store_root):
     """A trial killed (or failed) in an earlier attempt and run again since: its run, a child
     of the parent run that no trial holds, trained on the private data: no ε."""
-    from cluster.analysis.sweep import earlier_attempts, statement
+    from cluster.analysis.sweep import statement
+    from cluster.analysis.sweep_runs import earlier_attempts
 
     space = {"algorithm.local.lr": [0.05]}
     planned = plan(

@@ -22,7 +22,7 @@ Each trial's run holds ``trial_privacy.json`` (its ``TrialPrivacy``), from which
 sweep rebuilds the statement. A trial that started but did not finish (FAILED, KILLED) trained
 on the private data for rounds no accountant recorded: the sweep then states no ε, naming it;
 so does a resumed sweep for its earlier attempts' unfinished trials (the parent's child runs
-that no trial holds, ``earlier_attempts``), rerun since.
+that no trial holds, ``sweep_runs.earlier_attempts``), rerun since.
 """
 
 from __future__ import annotations
@@ -33,13 +33,20 @@ import math
 import re
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from cluster.analysis.compare import write_csv
-from cluster.analysis.run_configs import assignments, build_config, merged, run_setup
+from cluster.analysis.run_configs import assignments, merged, run_setup
+from cluster.analysis.sweep_plan import (
+    Planned,
+    final_name,
+    plan,
+    selected_changes,
+    trial_config,
+    validation_kind,
+)
 from cluster.analysis.sweep_report import (
     TrialRecord,
     configurations,
@@ -49,174 +56,16 @@ from cluster.analysis.sweep_report import (
     summarize,
     trial_rows,
 )
+from cluster.analysis.sweep_runs import earlier_attempts, find_finished, parent_run, record_trial
 from cluster.analysis.sweep_spec import (
     SweepSpec,
     SweepTrial,
     Values,
     label,
     trial_digest,
-    values_digest,
 )
 from cluster.analysis.trials import Trial, TrialResult, calibrate, run_concurrently
 from cluster.config import ConfigError, ExperimentConfig
-
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # the spec's stem: it names runs and tags
-RECORDED = "sweep_recorded"
-
-
-@dataclass
-class Planned:
-    """The checked sweep: its spec, each trial's record and config (not calibrated)."""
-
-    spec: SweepSpec
-    records: list[TrialRecord]
-    configs: dict[str, ExperimentConfig] = field(default_factory=dict)  # by trial name
-    overrides: list[str] = field(default_factory=list)  # --set
-    final: TrialRecord | None = None  # cross-validation: the selection retrained on all rows
-    tracking: tuple[str, str] | None = None  # (tracking URI, experiment) where runs are found
-
-    def all_records(self) -> list[TrialRecord]:
-        return self.records + ([self.final] if self.final is not None else [])
-
-
-# ------------------------------------------------------------------------------ planning
-
-
-def plan(path: Path, overrides: list[str]) -> Planned:
-    """The spec and every trial's config, checked; a ``ConfigError`` names the trial."""
-    from cluster.analysis.sweep_spec import load
-
-    spec = load(path)
-    if not NAME.match(spec.name):
-        raise ConfigError("SPEC", str(path), "name the spec file with letters, digits, . _ -")
-    planned = Planned(spec, [], overrides=list(overrides))
-    drawn: dict[str, int] = {}  # a configuration and seed: how often drawn so far
-    for trial in spec.trials():
-        config = trial_config(spec, overrides, trial)
-        name, once = trial.name(spec.name), trial_digest(config)
-        repeat = drawn[once] = drawn.get(once, -1) + 1
-        if name in planned.configs:  # SweepTrial.key makes names unique: a bug otherwise
-            raise AssertionError(f"two trials named {name}")
-        planned.configs[name] = config
-        planned.records.append(
-            TrialRecord(trial, name, trial_digest(config, repeat), repeat=repeat)
-        )
-    if planned.records:
-        check_selection(spec, planned.configs[planned.records[0].name])
-    return planned
-
-
-def trial_config(
-    spec: SweepSpec, overrides: list[str], trial: SweepTrial, changes: dict | None = None
-) -> ExperimentConfig:
-    """``trial``'s config (its values; or ``changes``, with its name and seed)."""
-    name = trial.name(spec.name) if changes is None else final_name(spec, trial)
-    extra = [f"seed={trial.seed}", f"tracking.run_name={json.dumps(name)}"]
-    raw = merged(spec.base, overrides)
-    if (raw.get("tracking") or {}).get("enabled", True) is False:  # an untracked checkpoint is
-        directory = (raw.get("checkpoint") or {}).get("dir") or "checkpoints"  # named by seed
-        extra.append(f"checkpoint.dir={json.dumps(f'{directory}/{name}')}")
-    try:
-        return build_config(spec.base, overrides, changes or dict(trial.values), extra)
-    except ConfigError as error:
-        raise ConfigError(
-            error.field_path, error.value, f"{error.fix} (trial {trial.label()}, seed {trial.seed})"
-        ) from None
-
-
-def final_name(spec: SweepSpec, trial: SweepTrial) -> str:
-    return f"sweep-{spec.name}-{trial.label()}-{values_digest(trial.values)}-final-seed{trial.seed}"
-
-
-def selected_changes(spec: SweepSpec, values: Values) -> dict:
-    """The selected configuration's overrides; after cross-validation, on all training rows."""
-    return dict(values) | ({"data.validation": None} if spec.cross_validated else {})
-
-
-def check_selection(spec: SweepSpec, config: ExperimentConfig) -> None:
-    if not spec.select.on_test and config.data.validation is None:
-        raise ConfigError(
-            "select.metric",
-            spec.select.metric,
-            "the base config holds out no validation data: set data.validation (e.g. "
-            "{fraction: 0.1}) or select on test_accuracy (a warning, the run tagged)",
-        )
-
-
-def validation_kind(spec: SweepSpec, config: ExperimentConfig) -> str:
-    """What ``privacy.tuning.tuning_statement`` calls the selection's data."""
-    if spec.select.on_test:
-        return "none"
-    return "public" if config.data.validation.kind == "clients" else "private"
-
-
-# ------------------------------------------------------------------------------ MLflow
-
-
-def find_finished(planned: Planned, records: list[TrialRecord]) -> None:
-    """Mark the ``records`` whose runs finished and were recorded (a resumed sweep)."""
-    from mlflow.tracking import MlflowClient
-
-    uri, experiment = planned.tracking
-    client = MlflowClient(uri)
-    found = client.get_experiment_by_name(experiment)
-    if found is None:
-        return
-    query = f"tags.sweep = '{planned.spec.name}' and tags.{RECORDED} = 'true'"
-    runs = client.search_runs([found.experiment_id], query + " and attributes.status = 'FINISHED'")
-    by_digest = {run.data.tags.get("sweep_trial"): run for run in runs}
-    metric = planned.spec.select.metric
-    for record in records:
-        run = by_digest.get(record.digest)
-        if run is None:
-            continue
-        tags, metrics = run.data.tags, run.data.metrics
-        record.status, record.run_id, record.resumed = "FINISHED", run.info.run_id, True
-        record.metric, record.test_accuracy = metrics.get(metric), metrics.get("test_accuracy")
-        record.epsilon, record.seconds = tags.get("sweep_epsilon", ""), float(tags["sweep_seconds"])
-        record.privacy = _read_json(client, run.info.run_id, "trial_privacy.json")
-
-
-def _read_json(client, run_id: str, artifact: str) -> dict:
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="sweep-") as tmp:
-        return json.loads(Path(client.download_artifacts(run_id, artifact, tmp)).read_text())
-
-
-def parent_run(planned: Planned, uri: str, experiment: str):
-    """The sweep's parent run: the last one of this spec (its digest) if a sweep of it ran
-    before (resumed), else a new one."""
-    from mlflow.tracking import MlflowClient
-
-    from cluster.tracking.process import TrackingRun
-
-    spec = planned.spec
-    found = MlflowClient(uri).get_experiment_by_name(experiment)
-    if found is not None:
-        query = f"tags.sweep_parent = '{spec.name}' and tags.sweep_digest = '{spec.digest()}'"
-        runs = MlflowClient(uri).search_runs([found.experiment_id], query, max_results=1)
-        if runs:
-            return TrackingRun.resume(uri, runs[0].info.run_id)
-    params = {"space": json.dumps(spec.space), "seeds": str(list(spec.seeds))}
-    params |= {"search": spec.method, "select": f"{spec.select.mode} {spec.select.metric}"}
-    tags = {"sweep_parent": spec.name, "sweep_digest": spec.digest()}
-    return TrackingRun.open(uri, experiment, f"sweep-{spec.name}", params, tags)
-
-
-def record_trial(record: TrialRecord, uri: str | None, spec_name: str) -> None:
-    """Tag a finished trial's run and log its ``trial_privacy.json`` (through ``uri``, the
-    sweep's one writer): what a resumed sweep finds it by."""
-    if uri is None or record.run_id is None or record.status != "FINISHED":
-        return
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(uri)
-    client.log_dict(record.run_id, record.privacy, "trial_privacy.json")
-    tags = {"sweep": spec_name, "sweep_trial": record.digest, "sweep_epsilon": record.epsilon}
-    for key, value in (tags | {"sweep_seconds": f"{record.seconds:.3f}", RECORDED: "true"}).items():
-        client.set_tag(record.run_id, key, value)
-
 
 # ------------------------------------------------------------------------------ results
 
@@ -298,27 +147,6 @@ def statement(planned: Planned, records: list[TrialRecord], earlier: list[str] =
         validation=validation_kind(spec, first),
         delta=None,
     )
-
-
-def earlier_attempts(planned: Planned, parent_run_id: str) -> list[str]:
-    """The parent run's children that no record holds: trials of an earlier attempt at the
-    sweep (resumed) that did not finish, or were not recorded, and were run again. They trained
-    on the private data too, and their rounds are in no trial's privacy."""
-    from mlflow.tracking import MlflowClient
-
-    uri, experiment = planned.tracking
-    client = MlflowClient(uri)
-    found = client.get_experiment_by_name(experiment)
-    if found is None:
-        return []
-    held = {r.run_id for r in planned.all_records() if r.run_id}
-    query = f"tags.mlflow.parentRunId = '{parent_run_id}'"
-    runs = client.search_runs([found.experiment_id], query, max_results=50_000)
-    return [
-        f"{run.info.run_name} {run.info.status} (an earlier attempt, run {run.info.run_id})"
-        for run in runs
-        if run.info.run_id not in held
-    ]
 
 
 def write_outputs(planned: Planned, rows: list[dict], out: Path, tuning) -> list[Path]:
