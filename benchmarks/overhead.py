@@ -238,7 +238,7 @@ def _actor_info(host_actor) -> dict:
 def run_ray(config: ExperimentConfig, store, num_actors: int) -> dict:
     import ray
 
-    from cluster.runtime.executors import RayExecutor
+    from cluster.runtime.ray_executor import RayExecutor
     from cluster.runtime.ray_runtime import PROJECT_ROOT, check_resources
 
     e = config.executor

@@ -5,7 +5,8 @@ import pytest
 import torch
 from helpers import run_local, small_config
 
-from cluster.runtime.executors import LocalExecutor, RayExecutor
+from cluster.runtime.executors import LocalExecutor
+from cluster.runtime.ray_executor import RayExecutor
 from cluster.runtime.simulation import Simulation
 from cluster.runtime.store import open_store
 

@@ -201,7 +201,8 @@ def test_a_placement_that_cannot_be_is_refused_naming_the_field(store_root, over
 def test_actor_options_spread_or_pack_and_never_retry_a_call():
     """Ray restarts a lost actor, but never retries its call: a restarted actor holds no
     client state, and only the driver knows what to restore (``Simulation``)."""
-    from cluster.runtime.executors import MAX_RESTARTS, actor_options
+    from cluster.runtime.executors import MAX_RESTARTS
+    from cluster.runtime.ray_executor import actor_options
 
     spread, pack = actor_options(1, 0, "spread"), actor_options(0.5, 0.25, "pack")
     assert spread["scheduling_strategy"] == "SPREAD" and pack["scheduling_strategy"] == "DEFAULT"

@@ -18,8 +18,9 @@ from test_multinode import DP_FEDAVG, DP_SCAFFOLD
 import cluster.runtime.experiment as experiment
 from actors.client_state import ClientStateStore
 from cluster.runtime.checkpoint import load_checkpoint, open_checkpoint
-from cluster.runtime.executors import HostsLost, HostsUnavailable, RayExecutor
+from cluster.runtime.executors import HostsLost, HostsUnavailable
 from cluster.runtime.experiment import run_experiment
+from cluster.runtime.ray_executor import RayExecutor
 
 ray = pytest.importorskip("ray")
 

@@ -22,8 +22,8 @@ class ExecutorConfig:
     gpus_per_actor: float = 0.0
     address: str | None = None  # Ray address; None = $RAY_ADDRESS or an embedded Ray
     # Where Ray puts the actors: pack = Ray's default (fill a node before the next), spread =
-    # one per node in turn (Ray's SPREAD strategy: cluster.runtime.executors.actor_options). Never
-    # changes what is computed: results are bit-identical either way.
+    # one per node in turn (Ray's SPREAD strategy: cluster.runtime.ray_executor.actor_options).
+    # Never changes what is computed: results are bit-identical either way.
     placement: Literal["pack", "spread"] = "pack"
     # Train each actor's clients of a round as vmapped batches where that is the same
     # computation (algorithms/vectorized.py): true wherever possible; auto where it is also

@@ -22,9 +22,10 @@ from cluster.claims.privacy_plan import (
 from cluster.config import ExperimentConfig
 from cluster.config.data import ValidationConfig
 from cluster.runtime.checkpoint import checkpoint_path, save_checkpoint
-from cluster.runtime.executors import HostsUnavailable, LocalExecutor, RayExecutor
+from cluster.runtime.executors import HostsUnavailable, LocalExecutor
 from cluster.runtime.interrupts import Interrupted, StopSignals, stop_signals
 from cluster.runtime.preflight import preflight
+from cluster.runtime.ray_executor import RayExecutor
 from cluster.runtime.records import RoundRecord
 from cluster.runtime.round_metrics import final_epsilon
 from cluster.runtime.simulation import Simulation, SimulationResult
