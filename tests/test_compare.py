@@ -115,7 +115,7 @@ def test_paper_and_cpu_configs_validate():
     from pathlib import Path
 
     from cluster.analysis.compare import load_spec
-    from cluster.claims.privacy_plan import calibrated
+    from cluster.claims.calibration import calibrated
     from cluster.config import load_config
 
     for path in sorted(Path("configs/papers").glob("*.yaml")):
@@ -228,7 +228,7 @@ def test_a_realised_denominator_runs_at_its_accounted_twins_sigma_with_no_budget
     """A comparison at one ε: the realised-denominator run has no ε of its own, so it runs at
     the σ its nominal twin is calibrated to (as the papers' literal top-k variants do)."""
     from cluster.analysis.run_configs import run_setup
-    from cluster.claims.privacy_plan import calibrated
+    from cluster.claims.calibration import calibrated
     from cluster.config import ConfigError, load_config
 
     base = {
@@ -253,7 +253,7 @@ def test_a_median_clip_runs_at_the_sigma_of_the_bases_fixed_clip(store_root, nam
     """The authors' median clips (client level: DP-FedPGN's; sample level: DP-SCAFFOLD's) have
     no ε; in a comparison at one ε they run at the σ the base's fixed clip is calibrated to."""
     from cluster.analysis.run_configs import run_setup
-    from cluster.claims.privacy_plan import calibrated
+    from cluster.claims.calibration import calibrated
     from cluster.config import load_config
 
     base = {

@@ -26,7 +26,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import cluster.claims.privacy_plan
+import cluster.claims.calibration
 import cluster.runtime.preflight
 from algorithms.presets import PRESETS
 from cluster.cli.main import _input_errors, main
@@ -214,7 +214,7 @@ def test_the_command_line_exits_0_or_2_before_any_work(raw, checked_world, monke
     def stop(*_args, **_kwargs):
         raise WorkWouldStart
 
-    monkeypatch.setattr(cluster.claims.privacy_plan, "calibrate_with_message", stop)
+    monkeypatch.setattr(cluster.claims.calibration, "calibrate_with_message", stop)
     path = checked_world / "config.yaml"
     path.write_text(yaml.safe_dump(raw))
     before = sorted(p.name for p in Path(checked_world).iterdir())

@@ -13,7 +13,7 @@ import torch
 from helpers import run_local
 from test_vision_sources import emnist_arrays, idx_bytes, patch_cifar_md5, write_cifar
 
-from cluster.claims.privacy_plan import calibrated
+from cluster.claims.calibration import calibrated
 from cluster.config import load_config
 from cluster.runtime.store import open_store
 

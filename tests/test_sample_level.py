@@ -13,7 +13,8 @@ from algorithms.client import client_round
 from algorithms.dpsgd import DpSgdGradient
 from algorithms.layout import ParamLayout
 from algorithms.local import LocalTrainer, ModelObjective
-from cluster.claims.privacy_plan import calibrate_with_message, calibrated, privacy_claim
+from cluster.claims.calibration import calibrate_with_message, calibrated
+from cluster.claims.privacy_plan import privacy_claim
 from cluster.config import ConfigError, load_config
 from cluster.runtime.executors import LocalExecutor
 from cluster.runtime.simulation import Simulation

@@ -12,7 +12,7 @@ import torch
 from helpers import run_local
 from torch.func import functional_call, grad, vmap
 
-from cluster.claims.privacy_plan import calibrated
+from cluster.claims.calibration import calibrated
 from cluster.config import ConfigError, load_config
 from datasets.glue import GLUE_TASKS, GlueFormatError, load_glue, read_glue_tsv
 from datasets.tasks import TASKS, Task

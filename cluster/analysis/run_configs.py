@@ -91,7 +91,7 @@ def _at_claimed_sigma(base: dict, overrides: list[str], merged: dict) -> tuple[d
     """An unaccounted run (a paper's literal top-k) at the σ its accounted twin runs with: the
     σ the paper would claim the budget for. It keeps no budget (it has no ε). DPSFL's own
     noise is sized by the paper's formula from the budget's ε (``paper_epsilon``) instead."""
-    from cluster.claims.privacy_plan import calibrated
+    from cluster.claims.calibration import calibrated
 
     kept = [o for o in overrides if o.partition("=")[0].strip() not in BUDGET_KEYS]
     if _paper_sketch_noise(merged):

@@ -44,7 +44,7 @@ OWN_SERVER, OWN_SERVER_TIMEOUT_S = "http://127.0.0.1:", "60"
 
 def calibrate(config: ExperimentConfig, say: Callable[[str], None]) -> ExperimentConfig:
     """σ or the rounds for the budget (``privacy.calibrate``), as the run will use them."""
-    from cluster.claims.privacy_plan import calibrate_with_message
+    from cluster.claims.calibration import calibrate_with_message
 
     return calibrate_with_message(config, say)
 

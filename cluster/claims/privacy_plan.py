@@ -1,4 +1,5 @@
-"""What a run's ε rests on: the mechanism that runs, the accountant, calibration, the report.
+"""What a run's ε rests on: the mechanism that runs, the accountant, the report (the config
+calibrated to its budget: ``cluster.claims.calibration``).
 
 ``PrivacyClaim`` is the one object every ε of a run comes from (terminal lines, MLflow metrics
 and tags, the privacy report, compare tables). It reads σ, the sensitivity, the placement and
@@ -15,10 +16,7 @@ papers' numbers come from running what they account: a Poisson cohort.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import math
-import time
 from dataclasses import dataclass
 
 from algorithms.adaptive_clip import AdaptiveClip
@@ -26,31 +24,29 @@ from algorithms.mechanism import GaussianMechanism
 from algorithms.presets import Algorithm
 from cluster.claims.claim_status import ClaimStatus
 from cluster.claims.sample_claim import SampleLevelClaim, sample_level_claim
-from cluster.config import ConfigError, ExperimentConfig
-from cluster.runtime.store import open_store
+from cluster.config import ExperimentConfig
 from datasets.preparation import outside_dp_notes
 from privacy.accountant import (
     ADJACENCY,
     accountant_class,
     accountants_for,
 )
-from privacy.adaptive_clipping import effective_noise_multiplier, update_noise_multiplier
+from privacy.adaptive_clipping import effective_noise_multiplier
 from privacy.calibration import (
     as_run_accountant,
-    calibrate_sigma,
     ceil_significant,
     epsilon_for,
-    max_rounds,
 )
 from privacy.participation import epsilon_vs_server
 
 
 def accountant_factory(config: ExperimentConfig):
     """A zero-argument factory of the run's accountant."""
-    return _factory(config.accountant_name, config.sampling_assumption)
+    return factory_for(config.accountant_name, config.sampling_assumption)
 
 
-def _factory(name: str, assumption: str):
+def factory_for(name: str, assumption: str):
+    """A zero-argument factory of the accountant ``name`` under the sampling ``assumption``."""
     return as_run_accountant(accountant_class(name, assumption))
 
 
@@ -112,7 +108,7 @@ class PrivacyClaim(ClaimStatus):
 
     def new_accountant(self):
         """A fresh accountant for this claim (None when there is no ε to account)."""
-        return _factory(self.accountant_name, self.assumption)() if self.dp_valid else None
+        return factory_for(self.accountant_name, self.assumption)() if self.dp_valid else None
 
     def charge(self, accountant, round_index: int) -> None:
         """Charge round ``round_index`` to the run's accountant: one q-subsampled Gaussian."""
@@ -238,109 +234,6 @@ def count_noise_on_sum(algorithm: Algorithm, config: ExperimentConfig) -> float 
     return AdaptiveClip.accounted_noise(
         algorithm.adaptive_clip.count_noise, config.noise_cohort_size
     )
-
-
-@functools.lru_cache(maxsize=64)
-def _calibrated_sigma(
-    target: float, delta: float, q: float, rounds: int, accountant: str, assumption: str
-) -> float:
-    """Memoised: a comparison calibrates every run × seed to one budget, seconds each with PLD."""
-    return calibrate_sigma(target, delta, q, rounds, _factory(accountant, assumption))
-
-
-def _sample_level_accounting(config: ExperimentConfig, client_sizes):
-    """(accountant factory, δ) of a sample-level config; opens its store for the sizes."""
-    if client_sizes is None:
-        client_sizes = open_store(config)[0].client_sizes
-    algorithm = config._build_algorithm(1.0)  # structure only; σ is the search variable
-    claim = sample_level_claim(config, algorithm, client_sizes)
-    return claim.factory(), claim.delta
-
-
-def calibrated(config: ExperimentConfig, client_sizes=None) -> ExperimentConfig:
-    """``config`` with σ or the number of rounds set by ``privacy.calibrate`` (else unchanged).
-
-    Sample level: σ_g or T for the run's record-level accountant over all the rounds it
-    charges (warm-up included). Config validation has already refused calibration for an
-    unaccounted preset."""
-    p = config.privacy
-    if p.calibrate == "none":
-        return config
-    q, delta = config.accounting_sample_rate, config.delta
-    if config.sample_level:  # its accountants (DP-SCAFFOLD's "paper" among them) are its own
-        factory, delta = _sample_level_accounting(config, client_sizes)
-        extra = config.warmup_rounds
-    else:
-        factory, extra = accountant_factory(config), 0
-    if p.calibrate == "sigma":
-        try:
-            if config.sample_level:
-                sigma = calibrate_sigma(p.target_epsilon, delta, q, config.total_rounds, factory)
-            else:
-                sigma = _calibrated_sigma(
-                    p.target_epsilon,
-                    delta,
-                    q,
-                    config.rounds,
-                    config.accountant_name,
-                    config.sampling_assumption,
-                )
-        except ValueError as error:
-            raise ConfigError("privacy.target_epsilon", p.target_epsilon, str(error)) from error
-        count_noise = count_noise_on_sum(config._build_algorithm(1.0), config)
-        if count_noise is not None:  # the budget is σ_eff; the updates get what is left
-            if sigma >= 2 * count_noise:
-                per_client = count_noise / math.sqrt(config.noise_cohort_size)
-                raise ConfigError(
-                    "algorithm.clip_count_noise",
-                    per_client,
-                    f"on the count of {config.noise_cohort_size} clients the bits' noise "
-                    f"σ_b√C_n = {count_noise:.4g} costs more than the whole budget "
-                    f"(σ = {sigma:.4g} needs more than σ/2); raise clip_count_noise above "
-                    f"{ceil_significant(sigma / (2 * math.sqrt(config.noise_cohort_size)))}",
-                )
-            sigma = update_noise_multiplier(sigma, count_noise)
-        algorithm = dataclasses.replace(config.algorithm, noise_multiplier=sigma)
-        return dataclasses.replace(config, algorithm=algorithm)
-    sigma = config.algorithm.noise_multiplier
-    count_noise = count_noise_on_sum(config._build_algorithm(sigma), config)
-    if count_noise is not None:
-        sigma = effective_noise_multiplier(sigma, count_noise)
-    rounds = max_rounds(sigma, q, delta, p.target_epsilon, factory, limit=10**6) - extra
-    if rounds <= 0:
-        raise ConfigError(
-            "privacy.target_epsilon",
-            p.target_epsilon,
-            f"even one round at σ={sigma:g}, q={q:g} exceeds it at δ={delta:g}; raise the "
-            "budget or algorithm.noise_multiplier",
-        )
-    return dataclasses.replace(config, rounds=rounds)
-
-
-def calibration_line(
-    before: ExperimentConfig, after: ExperimentConfig, seconds: float, delta: float
-) -> str:
-    what = (
-        f"σ = {format_sigma(after.algorithm.noise_multiplier)}"
-        if before.privacy.calibrate == "sigma"
-        else f"{after.rounds} rounds"
-    )
-    return (
-        f"calibrated {what} for ε ≤ {after.privacy.target_epsilon:g} at δ = {delta:g}, "
-        f"q = {after.accounting_sample_rate:g} ({after.accountant_name}, {seconds:.1f} s)"
-    )
-
-
-def calibrate_with_message(config: ExperimentConfig, say=print) -> ExperimentConfig:
-    if config.privacy.calibrate == "none":
-        return config
-    start = time.perf_counter()
-    after = calibrated(config)
-    seconds = time.perf_counter() - start
-    # A sample-level run's default δ is over its records, not its clients.
-    delta = _sample_level_accounting(after, None)[1] if after.sample_level else after.delta
-    say(calibration_line(config, after, seconds, delta))
-    return after
 
 
 def privacy_warnings(config: ExperimentConfig, client_sizes) -> list[str]:

@@ -71,7 +71,7 @@ def audit_config(
 ) -> AuditResult:
     """Audit the configured preset's mechanism at the σ it runs with (calibrated if asked)."""
     from algorithms.presets import SKETCH_PRESETS
-    from cluster.claims.privacy_plan import calibrated
+    from cluster.claims.calibration import calibrated
     from privacy.audit import audit_round
     from privacy.audit_sketch import audit_sketch_round
 
@@ -93,7 +93,7 @@ def audit_config(
 
 def run(args: argparse.Namespace) -> int:
     from algorithms.presets import PRIVATE_PRESETS
-    from cluster.claims.privacy_plan import calibrated
+    from cluster.claims.calibration import calibrated
     from cluster.config import ConfigError, load_config
     from privacy.audit_sample import audit_sample_round
 

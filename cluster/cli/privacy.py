@@ -118,7 +118,7 @@ def _client_level(args: argparse.Namespace) -> None:
             lambda cls: epsilon_for(args.sigma, args.q, args.rounds, args.delta, cls),
         )
     elif args.target_epsilon is not None and args.rounds is not None:
-        # As a run calibrates (``privacy_plan.calibrated``), printed rounded up: the σ shown
+        # As a run calibrates (``cluster.claims.calibration``), printed rounded up: the σ shown
         # meets the target itself (1.110337 would print as 1.11, which gives ε 8.004 > 8).
         header, compute = (
             "σ",

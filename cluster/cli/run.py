@@ -141,7 +141,8 @@ def _execute(config, checkpoint: dict | None, verbose: bool) -> int:
 
 
 def _execute_in_session(config, checkpoint: dict | None, verbose: bool) -> int:
-    from cluster.claims.privacy_plan import calibrate_with_message, privacy_claim
+    from cluster.claims.calibration import calibrate_with_message
+    from cluster.claims.privacy_plan import privacy_claim
     from cluster.runtime.experiment import run_experiment
     from cluster.runtime.preflight import check_no_checkpoint_overwritten, preflight
 

@@ -196,7 +196,7 @@ class ExperimentConfig:
                 "algorithm.noise_multiplier",
                 None,
                 "not calibrated yet: pass the config through "
-                "cluster.claims.privacy_plan.calibrated() first (run_experiment does)",
+                "cluster.claims.calibration.calibrated() first (run_experiment does)",
             )
         return self._build_algorithm(a.noise_multiplier)
 

@@ -12,9 +12,9 @@ import torch
 
 from actors.client_host import Kernels
 from algorithms.layout import ParamLayout
+from cluster.claims.calibration import calibrate_with_message
 from cluster.claims.privacy_plan import (
     PrivacyClaim,
-    calibrate_with_message,
     privacy_claim,
     privacy_report,
     privacy_warnings,

@@ -1,6 +1,6 @@
 """The run's shard store: checked before any work (``check_data``), opened or built when the run
 starts (``open_store``). Its client sizes are also what a sample-level privacy claim is
-computed from (``cluster.claims.privacy_plan``)."""
+computed from (``cluster.claims.calibration``)."""
 
 from __future__ import annotations
 
