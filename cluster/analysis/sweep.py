@@ -238,7 +238,7 @@ def _open_parent(planned: Planned, first: ExperimentConfig):
     from cluster.tracking.settings import tracking_uri
 
     # MLflow's INFO lines (a new store's tables) would interleave with the progress; read at
-    # its import, here, as the tracking processes have it (``tracking_process._spawn``)
+    # its import, here, as the tracking processes have it (``cluster.tracking.process._spawn``)
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
 
     planned.tracking = (tracking_uri(), first.tracking.experiment)

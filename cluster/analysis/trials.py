@@ -21,7 +21,7 @@ run KILLED. Tune's search spaces, trial bookkeeping and resume (by its own exper
 are not needed either: the sweep samples its own seeded space and resumes from MLflow.
 
 Trials write to one MLflow store at once: a SQLite store gets one writer, an ``mlflow server``
-on loopback in front of it (``tracking_server``), for the whole run of trials.
+on loopback in front of it (``cluster.tracking.server``), for the whole run of trials.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ from cluster.config import ConfigError, ExperimentConfig
 DRIVER_CPU = 0.25  # a trial's driver: aggregation, noise, accounting, the tracking calls
 POLL_S = 0.2  # how often the engine looks for finished trials and stop signals
 ABANDON_WAIT_S = 60.0  # after a second stop signal: how long running trials may take to end
-# The sweep's own MLflow server (``tracking_server``) answers a log_batch in ms, but at load 20
-# on 2 cores it took over the 4 s a try that ``tracking_process.HTTP_RETRY_BUDGET`` gives a
-# remote server (both trials of a test failed so): a try gets a minute there.
+# The sweep's own MLflow server (``cluster.tracking.server``) answers a log_batch in ms, but at
+# load 20 on 2 cores it took over the 4 s a try that ``cluster.tracking.process.HTTP_RETRY_BUDGET``
+# gives a remote server (both trials of a test failed so): a try gets a minute there.
 OWN_SERVER, OWN_SERVER_TIMEOUT_S = "http://127.0.0.1:", "60"
 
 
@@ -112,7 +112,7 @@ def run_one(trial: Trial, parent_run_id: str | None, uri: str | None) -> TrialRe
     """One trial, here (in a Ray task's worker, or in process): its outcome or its error."""
     if uri is not None:
         os.environ["MLFLOW_TRACKING_URI"] = uri  # tracking_uri() reads it at the run's opening
-    if uri is not None and uri.startswith(OWN_SERVER):  # tracking_server's: alive, but slow
+    if uri is not None and uri.startswith(OWN_SERVER):  # cluster.tracking.server's: alive, but slow
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", OWN_SERVER_TIMEOUT_S)  # when busy
     from cluster.runtime.experiment import run_experiment
 
@@ -287,7 +287,8 @@ def run_concurrently(
 ) -> list[TrialResult]:
     """``trials`` on Ray (``RayTrials``): the cluster of their ``executor.address`` (an
     embedded Ray where none), each checked to fit first; tracked runs through one writer
-    (``tracking_server``). ``on_done(result, uri)``: ``uri`` is where the runs are tracked."""
+    (``cluster.tracking.server``). ``on_done(result, uri)``: ``uri`` is where the runs are
+    tracked."""
     import contextlib
 
     from cluster.runtime.interrupts import StopSignals

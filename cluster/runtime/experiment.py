@@ -201,8 +201,8 @@ def _start_tracking(
 ) -> TrackingRun | None:
     """The experiment's MLflow run, None when tracking is off. A new one opens in the tracking
     process while Ray and the actors start (``run_experiment`` waits for it before round 1);
-    ``run_id`` resumed is waited for (``tracking_process.OPEN_WAIT_S`` at most), so that a run
-    the store does not hold ends the command (``ConfigError``) before any training."""
+    ``run_id`` resumed is waited for (``cluster.tracking.process.OPEN_WAIT_S`` at most), so that a
+    run the store does not hold ends the command (``ConfigError``) before any training."""
     if not config.tracking.enabled:
         return None
     if run_id is not None:

@@ -1,7 +1,7 @@
 """One writer for concurrent runs: an ``mlflow server`` on loopback in front of a SQLite store.
 
-Each run writes through a tracking process of its own (``tracking_process``); trials that run
-at once would be as many SQLite writers, each holding the database's one write lock in turn
+Each run writes through a tracking process of its own (``cluster.tracking.process``); trials that
+run at once would be as many SQLite writers, each holding the database's one write lock in turn
 (and waiting, then failing with "database is locked", when one holds it long). For the length
 of a sweep (or ``compare --concurrent``) a SQLite store is served instead by one ``mlflow
 server`` process, with one worker, listening on 127.0.0.1 only: the trials' runs talk to it
