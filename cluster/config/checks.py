@@ -1,6 +1,6 @@
-"""``validate``: every check of the whole experiment before any work starts, section by
-section; here those of ``data:``, ``cohort:``, ``privacy:`` and the runtime sections that read
-other sections too (a section's own checks stay with its schema)."""
+"""``validate``: every check of the whole experiment before any work starts. Here too the checks
+of ``data:``, ``cohort:``, ``privacy:`` and the runtime sections that read other sections (the
+algorithm's: ``algorithm_checks``); a section's checks of itself stay with its schema."""
 
 from __future__ import annotations
 
