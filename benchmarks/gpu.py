@@ -51,9 +51,9 @@ from actors.kernel_table import row
 from benchmarks import write_report
 from benchmarks.workloads import plain_loop
 from cluster.config import ExperimentConfig, load_config
-from cluster.experiment import make_executor
-from cluster.ray_runtime import disconnect
-from cluster.simulation import Simulation
+from cluster.runtime.experiment import make_executor
+from cluster.runtime.ray_runtime import disconnect
+from cluster.runtime.simulation import Simulation
 from datasets.arrays import LabeledArrays
 from datasets.locations import parse_location
 from datasets.store import ShardStore, write_store

@@ -40,9 +40,9 @@ from pathlib import Path
 import torch
 
 from benchmarks import write_report
-from cluster.checkpoint import load_checkpoint
 from cluster.config import load_config
-from cluster.experiment import run_experiment
+from cluster.runtime.checkpoint import load_checkpoint
+from cluster.runtime.experiment import run_experiment
 from tests.fixtures_ray_cluster import DriverReport, LocalCluster, drive_embedded, local_cluster
 
 DP_FEDAVG = ["algorithm.name=dp_fedavg", "algorithm.clip_norm=0.5", "algorithm.noise_multiplier=1"]

@@ -40,10 +40,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from cluster.cohort import sample_cohort
 from cluster.config import ExperimentConfig, load_config
-from cluster.executors import torch_threads
-from cluster.experiment import open_store
+from cluster.runtime.cohort import sample_cohort
+from cluster.runtime.executors import torch_threads
+from cluster.runtime.store import open_store
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "quickstart.yaml"
@@ -184,7 +184,7 @@ def run_plain(config: ExperimentConfig, store) -> dict:
 
 
 def run_simulation(config: ExperimentConfig, store, executor, setup: float, **extra) -> dict:
-    from cluster.simulation import Simulation
+    from cluster.runtime.simulation import Simulation
 
     t0 = time.perf_counter()
     sim = Simulation(config, store, executor)
@@ -219,7 +219,7 @@ def run_simulation(config: ExperimentConfig, store, executor, setup: float, **ex
 
 
 def run_local(config: ExperimentConfig, store) -> dict:
-    from cluster.executors import LocalExecutor
+    from cluster.runtime.executors import LocalExecutor
 
     t0 = time.perf_counter()
     executor = LocalExecutor(store, config.task, config.build_algorithm(), config.seed)
@@ -238,13 +238,13 @@ def _actor_info(host_actor) -> dict:
 def run_ray(config: ExperimentConfig, store, num_actors: int) -> dict:
     import ray
 
-    from cluster.executors import RayExecutor
-    from cluster.ray_runtime import PROJECT_ROOT, check_resources
+    from cluster.runtime.ray_executor import RayExecutor
+    from cluster.runtime.ray_runtime import PROJECT_ROOT, check_resources
 
     e = config.executor
     t0 = time.perf_counter()
-    # The same embedded start-up as cluster.ray_runtime.connect, but address="local" so that a
-    # Ray cluster someone else started on this machine is never joined by accident. On an
+    # The same embedded start-up as cluster.runtime.ray_runtime.connect, but address="local"
+    # so that a Ray cluster someone else started on this machine is never joined by accident. On an
     # overloaded machine the raylet can miss its start-up deadline: retry once before failing.
     for attempt in (1, 2):
         try:
@@ -334,7 +334,7 @@ def microbench(config: ExperimentConfig, store, repeats: int) -> dict:
     from algorithms.layout import ParamLayout
     from algorithms.local import ModelObjective
     from algorithms.rng import Purpose, torch_generator
-    from cluster.executors import LocalExecutor
+    from cluster.runtime.executors import LocalExecutor
     from privacy.accountant import RdpAccountant
 
     algorithm = config.build_algorithm()

@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 
 from benchmarks.workloads import EXECUTORS, plain_loop, workload_config
-from cluster.experiment import open_store, run_experiment
+from cluster.runtime.experiment import run_experiment
+from cluster.runtime.store import open_store
 
 TASKS = Path("/proc/self/task")
 

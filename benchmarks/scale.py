@@ -33,8 +33,9 @@ import time
 from pathlib import Path
 
 from benchmarks.workloads import workload_config
-from cluster.experiment import open_store, run_experiment
-from cluster.ray_runtime import disconnect
+from cluster.runtime.experiment import run_experiment
+from cluster.runtime.ray_runtime import disconnect
+from cluster.runtime.store import open_store
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "scale.json"
 ACTOR_TITLE = b"ray::ClientHostActor"

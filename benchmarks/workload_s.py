@@ -27,8 +27,8 @@ from actors.client_host import build_model, evaluate_batches
 from algorithms.layout import ParamLayout
 from algorithms.local import ModelObjective
 from algorithms.rng import Purpose, stream_seed, torch_generator
-from cluster.cohort import sample_cohort
 from cluster.config import ExperimentConfig
+from cluster.runtime.cohort import sample_cohort
 from datasets.tasks import TASKS
 
 

@@ -66,11 +66,12 @@ from torch import nn
 from actors.client_host import build_model
 from algorithms.rng import Purpose, stream_seed, torch_generator
 from benchmarks.workload_s import loop_timing, plain_dp_sgd_loop
-from cluster.cohort import sample_cohort
 from cluster.config import ExperimentConfig, config_from_dict, load_config
-from cluster.executors import torch_threads
-from cluster.experiment import open_store, run_experiment
-from cluster.ray_runtime import HEAD_PORT_OPTIONS, disconnect
+from cluster.runtime.cohort import sample_cohort
+from cluster.runtime.executors import torch_threads
+from cluster.runtime.experiment import run_experiment
+from cluster.runtime.ray_runtime import HEAD_PORT_OPTIONS, disconnect
+from cluster.runtime.store import open_store
 from datasets.tasks import TASKS
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -161,7 +161,7 @@ def configuration_key(config_dict: dict) -> str:
 
 
 def trial_privacy(outcome) -> TrialPrivacy:
-    """The privacy of a finished run (``cluster.experiment.Outcome``): its claim's mechanism
+    """The privacy of a finished run (``cluster.runtime.experiment.Outcome``): its claim's mechanism
     over the rounds it charged, its own ε, and its RDP curve."""
     claim, config = outcome.claim, outcome.config
     validation = config.data.validation

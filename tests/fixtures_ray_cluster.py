@@ -9,7 +9,7 @@ raylet does). What the harness pins down:
   and each worker node has a custom resource naming it (``worker_a``, ``worker_b``), which
   ``node_name`` reads back from a node id that an actor reports.
 * Loopback only: the nodes are started with Ray's single-node address rule switched on
-  (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, see ``cluster.ray_runtime.loopback_node``), so
+  (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, see ``cluster.runtime.ray_runtime.loopback_node``), so
   every node's IP is 127.0.0.1 and its servers listen on loopback; nothing outside this machine
   is contacted. The nodes' processes keep the variable (a job's driver resolves its node's
   address by the same rule), and so do the drivers ``drive`` starts.
@@ -40,7 +40,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cluster.ray_runtime import PROJECT_ROOT, loopback_node, prepend_pythonpath
+from cluster.runtime.ray_runtime import PROJECT_ROOT, loopback_node, prepend_pythonpath
 
 HEALTH_PERIOD_MS = 500
 HEALTH_TIMEOUT_MS = 1000
@@ -55,7 +55,7 @@ SYSTEM_CONFIG = {
     "health_check_period_ms": HEALTH_PERIOD_MS,
     "health_check_timeout_ms": HEALTH_TIMEOUT_MS,
     "health_check_failure_threshold": HEALTH_FAILURES,
-    # the embedded Ray's quicker object-store connection (cluster.ray_runtime)
+    # the embedded Ray's quicker object-store connection (cluster.runtime.ray_runtime)
     "raylet_client_connect_timeout_milliseconds": 100,
     "raylet_client_num_connect_attempts": 100,
 }
@@ -184,7 +184,7 @@ class DriverReport:
     params: torch.Tensor
     epsilons: list
     test_accuracies: list
-    recoveries: list  # cluster.simulation.Recovery
+    recoveries: list  # cluster.runtime.simulation.Recovery
     node_ids: list[str]  # each actor's node (the last it ran on)
     killed_at: float | None  # time.monotonic() of the SIGKILL, in the driver
     lines: list[str]
@@ -202,8 +202,8 @@ def _drive(request: dict) -> None:
     import ray
 
     from cluster.config import load_config
-    from cluster.executors import HostsUnavailable
-    from cluster.experiment import run_experiment
+    from cluster.runtime.executors import HostsUnavailable
+    from cluster.runtime.experiment import run_experiment
 
     if request["address"] is not None:  # else run_experiment starts an embedded Ray
         with loopback_node():

@@ -8,9 +8,9 @@ import torch
 
 from actors.client_host import AUTO_KERNELS, Kernels
 from cluster.config import load_config
-from cluster.executors import LocalExecutor
-from cluster.experiment import open_store
-from cluster.simulation import Simulation
+from cluster.runtime.executors import LocalExecutor
+from cluster.runtime.simulation import Simulation
+from cluster.runtime.store import open_store
 
 
 def small_config(store_root, *overrides: str):

@@ -12,8 +12,8 @@ import pytest
 from helpers import small_config
 
 from algorithms.presets import CLIENT_LEVEL_PRESETS, SKETCH_PRESETS
-from cluster.audit_cli import audit_config
-from cluster.cli import main
+from cluster.cli.audit import audit_config
+from cluster.cli.main import main
 from privacy.audit import clopper_pearson, detectable_noise_scale, epsilon_from_rates
 from privacy.audit_sample import audit_sample_round
 

@@ -3,7 +3,7 @@
 Each case must end with exit code 2 and one paragraph on stderr naming the file or field, the
 value and the fix: no traceback, no Ray started, nothing written (the working directory, the
 store root and the MLflow location are byte-for-byte as before). The cases run in process
-through ``cluster.cli.main`` (the same code path as ``python -m cluster``); one runs as a real
+through ``cluster.cli.main.main`` (the same code path as ``python -m cluster``); one runs as a real
 subprocess to check the exit code and stderr of the real command.
 """
 
@@ -27,12 +27,12 @@ import torch
 import yaml
 
 from algorithms.layout import ParamLayout
-from cluster.checkpoint import FORMAT_VERSION, checkpoint_path, save_checkpoint
-from cluster.cli import main
+from cluster.claims.privacy_plan import privacy_claim
+from cluster.cli.main import main
 from cluster.config import config_from_dict
-from cluster.privacy_plan import privacy_claim
-from cluster.records import RoundRecord
-from cluster.simulation import initial_model, initial_state
+from cluster.runtime.checkpoint import FORMAT_VERSION, checkpoint_path, save_checkpoint
+from cluster.runtime.initial_state import initial_model, initial_state
+from cluster.runtime.records import RoundRecord
 from datasets.sources import build_store, source_shape, store_path
 
 BASE = {

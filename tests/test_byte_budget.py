@@ -7,10 +7,10 @@ import pytest
 import torch
 from helpers import small_config
 
-from cluster.checkpoint import open_checkpoint
-from cluster.cli import main
+from cluster.cli.main import main
 from cluster.config import ConfigError
-from cluster.experiment import run_experiment
+from cluster.runtime.checkpoint import open_checkpoint
+from cluster.runtime.experiment import run_experiment
 
 # dp_fedavg on the 410-parameter logistic model, 5 clients a round: each downloads the float32
 # model and uploads a float32 update, 2·5·410·4 bytes a round.

@@ -10,10 +10,12 @@ from helpers import small_config
 from mlflow.tracking import MlflowClient
 from test_bad_input import code_payload
 
-from cluster.checkpoint import check_state, open_checkpoint, save_checkpoint
-from cluster.cli import main
+from cluster.cli.main import main
 from cluster.config import ConfigError, config_from_dict
-from cluster.experiment import open_store, run_experiment
+from cluster.runtime.checkpoint import open_checkpoint, save_checkpoint
+from cluster.runtime.checkpoint_match import check_state
+from cluster.runtime.experiment import run_experiment
+from cluster.runtime.store import open_store
 from datasets.sources import source_shape
 
 SCAFFOLD = ("algorithm.name=scaffold", "rounds=6")

@@ -77,7 +77,7 @@ def test_help_and_argument_errors_do_not_import_the_heavy_libraries():
     Ray or MLflow (seconds each to import): checked structurally, not timed."""
     probe = (
         "import sys, contextlib, io\n"
-        "from cluster.cli import main\n"
+        "from cluster.cli.main import main\n"
         "for argv in ([], ['run'], ['resume'], ['privacy'], ['audit'], ['partition'], "
         "['compare']):\n"
         "    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"

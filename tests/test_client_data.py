@@ -6,8 +6,8 @@ from helpers import small_config
 
 from actors.client_data import ClientDataCache
 from actors.client_host import Broadcast, ClientHost
-from cluster.experiment import open_store
-from cluster.simulation import initial_params
+from cluster.runtime.initial_state import initial_params
+from cluster.runtime.store import open_store
 
 
 def test_cache_loads_on_demand_and_evicts_least_recently_used(store_root):

@@ -393,8 +393,8 @@ def test_top_k_keeps_at_least_its_share_of_each_layers_energy(seed):
     ],
 )
 def test_paper_configs_claim_the_papers_epsilon(path, epsilon):
+    from cluster.claims.privacy_plan import privacy_claim
     from cluster.config import load_config
-    from cluster.privacy_plan import privacy_claim
 
     config = load_config(path)
     claim = privacy_claim(config, config.build_algorithm())

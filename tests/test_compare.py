@@ -7,7 +7,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from cluster.cli import main
+from cluster.cli.main import main
 
 
 def test_compare_runs_presets_at_the_same_epsilon(tmp_path, store_root, monkeypatch, capfd):
@@ -101,7 +101,7 @@ def test_compare_runs_presets_at_the_same_epsilon(tmp_path, store_root, monkeypa
     children = {r.info.run_id for r in found if r.data.tags.get("mlflow.parentRunId") == parent_id}
     listed = json.loads((out / "children.json").read_text())
     assert set(listed.values()) == children and len(children) == 6
-    for run in found:  # cluster.run_names: the child's own name, then what ran
+    for run in found:  # cluster.runtime.run_names: the child's own name, then what ran
         if run.info.run_id in children:
             p = run.data.params
             parts = (p["tracking.run_name"], p["algorithm.name"], p["task"], f"s{p['seed']}")
@@ -120,16 +120,16 @@ def test_a_bad_run_is_rejected_before_any_work(tmp_path, capsys):
 def test_paper_and_cpu_configs_validate():
     from pathlib import Path
 
-    from cluster.compare import load_spec
+    from cluster.analysis.compare import load_spec
+    from cluster.claims.calibration import calibrated
     from cluster.config import load_config
-    from cluster.privacy_plan import calibrated
 
     for path in sorted(Path("configs/papers").glob("*.yaml")):
         calibrated(load_config(path)).build_algorithm()
     base, runs = load_spec(Path("configs/cpu/client_level.yaml"), [])
     assert len(runs) == 16 and base["privacy"]["calibrate"] == "sigma"
     # A paper's literal top-k runs at its accounted twin's calibrated σ, with no budget.
-    from cluster.compare import run_setup
+    from cluster.analysis.run_configs import run_setup
 
     literal_base, overrides = run_setup(base, [], runs["fed_smp_topk_kept"])
     assert literal_base["privacy"]["calibrate"] == "none"
@@ -148,7 +148,7 @@ def test_only_selects_runs_and_names_unknown_ones(tmp_path, capsys):
 
 
 def test_non_private_runs_start_from_the_base_without_privacy():
-    from cluster.compare import run_setup
+    from cluster.analysis.run_configs import run_setup
 
     base = {
         "algorithm": {"name": "dp_fedavg", "clip_norm": 1.0, "noise_placement": "client"},
@@ -178,7 +178,8 @@ def _flat(tree, prefix=""):
 def test_sketch_spec_runs_the_papers_noise_at_the_budgets_epsilon():
     from pathlib import Path
 
-    from cluster.compare import load_spec, run_setup
+    from cluster.analysis.compare import load_spec
+    from cluster.analysis.run_configs import run_setup
 
     base, runs = load_spec(Path("configs/cpu/sketch.yaml"), [])
     assert len(runs) == 9 and runs["dpsfl"]["algorithm.sketch_cols"] == 44000  # x- anchor
@@ -192,9 +193,9 @@ def _outcome(rounds, evaluated, accuracy=lambda t: t / 100):
     """An Outcome whose history evaluates the given rounds at ``accuracy(round)``."""
     from types import SimpleNamespace
 
-    from cluster.experiment import Outcome
-    from cluster.records import RoundRecord
-    from cluster.simulation import SimulationResult
+    from cluster.runtime.experiment import Outcome
+    from cluster.runtime.records import RoundRecord
+    from cluster.runtime.simulation import SimulationResult
 
     history = [
         RoundRecord(
@@ -232,9 +233,9 @@ def test_a_target_accuracy_outside_0_1_is_refused(tmp_path, capsys):
 def test_a_realised_denominator_runs_at_its_accounted_twins_sigma_with_no_budget(store_root):
     """A comparison at one ε: the realised-denominator run has no ε of its own, so it runs at
     the σ its nominal twin is calibrated to (as the papers' literal top-k variants do)."""
-    from cluster.compare import run_setup
+    from cluster.analysis.run_configs import run_setup
+    from cluster.claims.calibration import calibrated
     from cluster.config import ConfigError, load_config
-    from cluster.privacy_plan import calibrated
 
     base = {
         "data": {"num_clients": 20, "store_root": str(store_root)},
@@ -257,9 +258,9 @@ def test_a_realised_denominator_runs_at_its_accounted_twins_sigma_with_no_budget
 def test_a_median_clip_runs_at_the_sigma_of_the_bases_fixed_clip(store_root, name):
     """The authors' median clips (client level: DP-FedPGN's; sample level: DP-SCAFFOLD's) have
     no ε; in a comparison at one ε they run at the σ the base's fixed clip is calibrated to."""
-    from cluster.compare import run_setup
+    from cluster.analysis.run_configs import run_setup
+    from cluster.claims.calibration import calibrated
     from cluster.config import load_config
-    from cluster.privacy_plan import calibrated
 
     base = {
         "data": {"num_clients": 20, "store_root": str(store_root)},
@@ -284,7 +285,7 @@ def test_a_median_clip_runs_at_the_sigma_of_the_bases_fixed_clip(store_root, nam
 
 def test_a_spec_is_refused_whole_before_any_run(tmp_path, capsys):
     """A label that cannot name a run, or a key given twice, is refused before the first run."""
-    from cluster.cli import main
+    from cluster.cli.main import main
 
     spec = tmp_path / "spec.yaml"
     spec.write_text("base: {task: synthetic_logreg}\nruns:\n  a/b: {algorithm.name: fedavg}\n")
@@ -298,7 +299,7 @@ def test_a_spec_is_refused_whole_before_any_run(tmp_path, capsys):
 def test_paired_interval_matches_a_hand_computed_t_interval():
     """d = (1, 3, 2, 4, 0) points: mean 2, s = √2.5 = 1.5811, t(0.975, 4) = 2.776445 (tables),
     half-width 2.776445 · 1.5811 / √5 = 1.9632."""
-    from cluster.compare import paired_t_interval
+    from cluster.analysis.compare import paired_t_interval
 
     low, high = paired_t_interval([0.01, 0.03, 0.02, 0.04, 0.00])
     assert low == pytest.approx(0.02 - 0.019632, abs=1e-6)
@@ -307,7 +308,7 @@ def test_paired_interval_matches_a_hand_computed_t_interval():
 
 
 def test_compare_table_gives_each_runs_paired_interval_and_warns_on_few_last_tenth_evaluations():
-    from cluster.compare import last_tenth_warnings, markdown, summarize
+    from cluster.analysis.compare import last_tenth_warnings, markdown, summarize
 
     def runs(offset):  # 5 seeds, final accuracy 0.5 + seed/100 + offset(seed)
         return [_outcome(20, (10, 20), lambda t, k=k: 0.5 + k / 100 + offset(k)) for k in range(5)]

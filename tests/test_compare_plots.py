@@ -1,17 +1,17 @@
-"""compare's accuracy-against-communication figure (cluster/compare_plots.py)."""
+"""compare's accuracy-against-communication figure (cluster/analysis/compare_plots.py)."""
 
 import math
 from types import SimpleNamespace
 
 import pytest
 
-from cluster.compare_plots import (
+from cluster.analysis.compare_plots import (
     COMMUNICATION_PLOT,
     CommunicationPoint,
     accuracy_against_communication,
     communication_points,
 )
-from cluster.records import RoundRecord
+from cluster.runtime.records import RoundRecord
 
 
 def _outcome(preset: str, accuracy: float | None, communicated: list[float] | None):

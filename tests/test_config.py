@@ -2,10 +2,10 @@
 
 import pytest
 
+from cluster.claims.privacy_plan import privacy_warnings
 from cluster.config import ConfigError, load_config
 from cluster.config.runtime import ray_endpoint
-from cluster.preflight import ray_address
-from cluster.privacy_plan import privacy_warnings
+from cluster.runtime.preflight import ray_address
 from datasets.preparation import outside_dp_notes
 
 DP = ["algorithm.name=dp_fedavg", "algorithm.clip_norm=1.0", "algorithm.noise_multiplier=1.0"]

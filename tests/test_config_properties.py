@@ -1,7 +1,7 @@
 """Property tests of the checks the command line runs before any work: parse the YAML, build the
 typed config (``config_from_dict``), ``validate`` it, ``preflight`` it. Whatever a config file
 or its values hold, the outcome is a config that passed or one of the errors the CLI turns into
-exit 2 (``cluster.cli._input_errors``): never another exception (exit 1), never a hang.
+exit 2 (``cluster.cli.main._input_errors``): never another exception (exit 1), never a hang.
 
 Two strategies: (a) the schema, every field of ``ExperimentConfig`` by its annotation, hostile
 numbers (NaN, ±inf, huge, tiny, negative) and junk (wrong types, nested lists and mappings)
@@ -26,12 +26,12 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import cluster.preflight
-import cluster.privacy_plan
+import cluster.claims.calibration
+import cluster.runtime.preflight
 from algorithms.presets import PRESETS
-from cluster.cli import _input_errors, main
+from cluster.cli.main import _input_errors, main
 from cluster.config import ConfigError, ExperimentConfig, config_from_dict, load_config
-from cluster.preflight import preflight
+from cluster.runtime.preflight import preflight
 from datasets.partition import PARTITION_METHODS
 from datasets.sources import SOURCES
 from datasets.tasks import TASKS
@@ -165,7 +165,7 @@ def checked_world(tmp_path, monkeypatch):
     def nothing_answers(field: str, value: str, host: str, port: int, fix: str) -> None:
         raise ConfigError(field, value, f"nothing answers at {host}:{port} (not tried); {fix}")
 
-    monkeypatch.setattr(cluster.preflight, "_connect_or_fail", nothing_answers)
+    monkeypatch.setattr(cluster.runtime.preflight, "_connect_or_fail", nothing_answers)
     return tmp_path
 
 
@@ -205,7 +205,7 @@ def test_any_yaml_document_is_accepted_or_refused_with_exit_2(text, checked_worl
 @settings(PROPERTY, max_examples=20)
 @given(raw=schema_configs())
 def test_the_command_line_exits_0_or_2_before_any_work(raw, checked_world, monkeypatch, capsys):
-    """``cluster.cli.main`` on a generated file: exit 2, or the point where work would begin
+    """``cluster.cli.main.main`` on a generated file: exit 2, or the point where work would begin
     (the σ calibration after preflight) is reached; no traceback, nothing written."""
 
     class WorkWouldStart(Exception):
@@ -214,7 +214,7 @@ def test_the_command_line_exits_0_or_2_before_any_work(raw, checked_world, monke
     def stop(*_args, **_kwargs):
         raise WorkWouldStart
 
-    monkeypatch.setattr(cluster.privacy_plan, "calibrate_with_message", stop)
+    monkeypatch.setattr(cluster.claims.calibration, "calibrate_with_message", stop)
     path = checked_world / "config.yaml"
     path.write_text(yaml.safe_dump(raw))
     before = sorted(p.name for p in Path(checked_world).iterdir())

@@ -9,9 +9,9 @@ import pyarrow as pa
 import pytest
 from helpers import run_local, small_config
 
+from cluster.claims.privacy_plan import privacy_warnings
 from cluster.config import ConfigError
-from cluster.experiment import open_store
-from cluster.privacy_plan import privacy_warnings
+from cluster.runtime.store import open_store
 from datasets.arrays import LabeledArrays
 from datasets.partition import PartitionError
 from datasets.preparation import (

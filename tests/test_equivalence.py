@@ -5,9 +5,10 @@ import pytest
 import torch
 from helpers import run_local, small_config
 
-from cluster.executors import LocalExecutor, RayExecutor
-from cluster.experiment import open_store
-from cluster.simulation import Simulation
+from cluster.runtime.executors import LocalExecutor
+from cluster.runtime.ray_executor import RayExecutor
+from cluster.runtime.simulation import Simulation
+from cluster.runtime.store import open_store
 
 DP = ("algorithm.name=dp_fedavg", "algorithm.clip_norm=0.5", "algorithm.noise_multiplier=1.0")
 

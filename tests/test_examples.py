@@ -7,7 +7,7 @@ import pytest
 
 from algorithms.papers import PAPERS
 from algorithms.presets import PRESETS
-from cluster.cli import main
+from cluster.cli.main import main
 from cluster.config import ConfigError, load_config
 from cluster.config.errors import EXAMPLES_DIR, example_path
 

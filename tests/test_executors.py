@@ -9,10 +9,10 @@ from helpers import run_local, small_config
 
 from actors.client_host import ClientHost
 from cluster.config import ConfigError
-from cluster.executors import LocalExecutor, torch_threads
-from cluster.experiment import open_store
-from cluster.preflight import preflight
-from cluster.simulation import Simulation
+from cluster.runtime.executors import LocalExecutor, torch_threads
+from cluster.runtime.preflight import preflight
+from cluster.runtime.simulation import Simulation
+from cluster.runtime.store import open_store
 
 DP = ("algorithm.name=dp_fedavg", "algorithm.clip_norm=0.5", "algorithm.noise_multiplier=1.0")
 
@@ -41,7 +41,7 @@ def test_local_hosts_train_a_round_at_the_same_time(store_root, monkeypatch):
 
 
 def test_hosts_of_a_model_with_dropout_take_turns(store_root, monkeypatch):
-    import cluster.executors as executors
+    import cluster.runtime.executors as executors
     from models import draws_from_global_rng
     from models.cnn import EmnistCnn, ReddiCnn
 
@@ -112,7 +112,7 @@ def test_the_local_executor_gives_the_caller_its_thread_count_back(store_root):
     """``executor.cpus_per_actor`` is the hosts' intra-op thread count while the executor is
     open; torch's count is process-wide, so a notebook or benchmark calling ``run_experiment``
     keeps its own afterwards."""
-    from cluster.experiment import make_executor
+    from cluster.runtime.experiment import make_executor
 
     config = small_config(store_root, *DP, "executor.cpus_per_actor=1")
     store, _ = open_store(config)
@@ -201,7 +201,8 @@ def test_a_placement_that_cannot_be_is_refused_naming_the_field(store_root, over
 def test_actor_options_spread_or_pack_and_never_retry_a_call():
     """Ray restarts a lost actor, but never retries its call: a restarted actor holds no
     client state, and only the driver knows what to restore (``Simulation``)."""
-    from cluster.executors import MAX_RESTARTS, actor_options
+    from cluster.runtime.executors import MAX_RESTARTS
+    from cluster.runtime.ray_executor import actor_options
 
     spread, pack = actor_options(1, 0, "spread"), actor_options(0.5, 0.25, "pack")
     assert spread["scheduling_strategy"] == "SPREAD" and pack["scheduling_strategy"] == "DEFAULT"

@@ -3,7 +3,7 @@
 Every process it starts (GCS, raylet, autoscaler monitor, dashboard head, dashboard and
 runtime-env agents, workers, the run's actors) and the driver itself listen on loopback only
 (docs/security.md). Ray 2.60 puts all of them on loopback once the node IP is a loopback
-address (``cluster.ray_runtime._loopback_node``). Before that, the gRPC servers of the GCS,
+address (``cluster.runtime.ray_runtime.loopback_node``). Before that, the gRPC servers of the GCS,
 the raylet, the agents, the workers and the driver listened on ``::`` (all interfaces, IPv4
 included), the metrics endpoints on ``0.0.0.0`` and the agents' HTTP servers on the machine's
 address.
@@ -118,8 +118,8 @@ def test_the_embedded_ray_and_its_actors_listen_on_loopback_only(store_root, tmp
     every one be closed)."""
     from ray._private import ray_constants
 
-    from cluster.experiment import run_experiment
-    from cluster.ray_runtime import connect, disconnect
+    from cluster.runtime.experiment import run_experiment
+    from cluster.runtime.ray_runtime import connect, disconnect
     from tests.helpers import small_config
 
     marker = uuid.uuid4().hex

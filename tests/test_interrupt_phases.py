@@ -2,7 +2,7 @@
 MLflow run KILLED where the signal cut its rounds short, and the last completed round's
 checkpoint whole on disk.
 
-Each case runs the real command in process (``cluster.cli.main``) and sends the signal from
+Each case runs the real command in process (``cluster.cli.main.main``) and sends the signal from
 inside the phase (a wrapper around the function that does that phase's work), so the test waits
 for a state, never for a fixed time.
 """
@@ -18,13 +18,14 @@ import yaml
 from helpers import small_config
 from mlflow.tracking import MlflowClient
 
-import cluster.experiment
-import cluster.ray_runtime
-from cluster.checkpoint import load_checkpoint
-from cluster.cli import main
+import cluster.runtime.experiment
+import cluster.runtime.ray_runtime
+import cluster.runtime.store
+from cluster.cli.main import main
 from cluster.config import config_from_dict
-from cluster.executors import HostPool
-from cluster.experiment import run_experiment
+from cluster.runtime.checkpoint import load_checkpoint
+from cluster.runtime.executors import HostPool
+from cluster.runtime.experiment import run_experiment
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -81,8 +82,8 @@ def _no_traceback(err: str) -> None:
 def test_sigint_while_the_store_is_built(store_root, tmp_path, tracking, monkeypatch, capsys):
     fresh = tmp_path / "fresh-shards"  # not built yet: the store is built in this run
     path = _config_file(tmp_path, fresh)
-    build = _signal_once(cluster.experiment, "build_or_open_store", signal.SIGINT)
-    monkeypatch.setattr(cluster.experiment, "build_or_open_store", build)
+    build = _signal_once(cluster.runtime.store, "build_or_open_store", signal.SIGINT)
+    monkeypatch.setattr(cluster.runtime.store, "build_or_open_store", build)
     assert main(["run", str(path)]) == 130
     err = capsys.readouterr().err
     _no_traceback(err)
@@ -116,7 +117,7 @@ def test_sigterm_during_ray_start_up_ends_the_run_killed(
     assert "aborted: interrupted by SIGTERM; no round completed: nothing to resume" in err
     run = _only_run(tracking)
     assert run.info.status == "KILLED"
-    assert run.data.tags["mlflow.note.content"] == (  # cluster.run_names
+    assert run.data.tags["mlflow.note.content"] == (  # cluster.runtime.run_names
         "0/5 rounds kept, no checkpoint (stopped: interrupted by SIGTERM)"
     )
     assert not ray.is_initialized()  # the embedded Ray was shut down
@@ -178,8 +179,8 @@ def test_a_second_signal_waits_for_the_final_checkpoint(
     monkeypatch.setattr(
         HostPool, "run_round", _signal_once(HostPool, "run_round", signal.SIGINT, _at_round(2))
     )
-    save = _signal_once(cluster.experiment, "save_checkpoint", signal.SIGINT)
-    monkeypatch.setattr(cluster.experiment, "save_checkpoint", save)
+    save = _signal_once(cluster.runtime.experiment, "save_checkpoint", signal.SIGINT)
+    monkeypatch.setattr(cluster.runtime.experiment, "save_checkpoint", save)
     assert main(["run", str(path)]) == 130
     out = capsys.readouterr()
     _no_traceback(out.err)
@@ -196,9 +197,9 @@ def test_a_signal_after_the_last_round_keeps_the_finished_run(
     still says a signal came."""
     path = _config_file(tmp_path, store_root, "rounds=3")
     if phase == "final checkpoint":
-        target, name = cluster.experiment, "save_checkpoint"
+        target, name = cluster.runtime.experiment, "save_checkpoint"
     else:
-        target, name = cluster.ray_runtime, "disconnect"
+        target, name = cluster.runtime.ray_runtime, "disconnect"
     monkeypatch.setattr(target, name, _signal_once(target, name, signal.SIGINT))
     assert main(["run", str(path)]) == 130
     out = capsys.readouterr()

@@ -13,11 +13,11 @@ import yaml
 from helpers import small_config
 from mlflow.tracking import MlflowClient
 
-from cluster.checkpoint import load_checkpoint
-from cluster.cli import main
+from cluster.cli.main import main
 from cluster.config import config_from_dict
-from cluster.experiment import run_experiment
-from cluster.interrupts import Interrupted, RoundDropped, StopSignals
+from cluster.runtime.checkpoint import load_checkpoint
+from cluster.runtime.experiment import run_experiment
+from cluster.runtime.interrupts import Interrupted, RoundDropped, StopSignals
 
 RUN = ("algorithm.name=scaffold", "rounds=5", "tracking.enabled=true")  # with client state
 
@@ -129,7 +129,7 @@ def test_stop_signals_act_by_phase():
 
 
 def test_cli_prints_how_to_resume_and_exits_130(store_root, tmp_path, capsys, monkeypatch):
-    import cluster.cli as cli
+    import cluster.cli.run as cli
 
     real = cli._progress_line
 

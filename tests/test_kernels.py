@@ -10,7 +10,8 @@ from actors.kernel_table import TABLE, choose
 from algorithms.layout import ParamLayout
 from algorithms.local import LocalTrainer, ModelObjective, _nhwc
 from algorithms.rng import torch_generator
-from cluster.experiment import kernel_params, open_store
+from cluster.runtime.experiment import kernel_params
+from cluster.runtime.store import open_store
 from models import MODELS, build_model
 
 CPU, GPU = torch.device("cpu"), torch.device("cuda")

@@ -1,4 +1,5 @@
-"""Loss-landscape slices (cluster/landscape.py; the DP-FedSAM and DP-FedPGN flatness figures)."""
+"""Loss-landscape slices (cluster/analysis/landscape.py; the DP-FedSAM and DP-FedPGN flatness
+figures)."""
 
 import json
 
@@ -10,9 +11,9 @@ from mlflow.tracking import MlflowClient
 
 from actors.client_host import build_model
 from algorithms.layout import ParamLayout
-from cluster.cli import main
-from cluster.experiment import open_store
-from cluster.landscape import filter_normalized_direction, loss_slice
+from cluster.analysis.landscape import filter_normalized_direction, loss_slice
+from cluster.cli.main import main
+from cluster.runtime.store import open_store
 from datasets.tasks import TASKS
 from models.cnn import EmnistCnn
 

@@ -4,7 +4,7 @@ import numpy as np
 import torch
 from helpers import run_local, small_config
 
-from cluster.experiment import open_store
+from cluster.runtime.store import open_store
 
 SETUP = ("data.num_clients=30", "data.synthetic.samples_per_user=300", "cohort.size=10")
 

@@ -14,9 +14,9 @@ from algorithms.presets import ClientDP, dp_fedpgn
 from algorithms.server import ServerContext, ServerState
 from algorithms.transforms import ClientContext
 from cluster.config import ConfigError
-from cluster.executors import LocalExecutor
-from cluster.experiment import open_store
-from cluster.simulation import Simulation
+from cluster.runtime.executors import LocalExecutor
+from cluster.runtime.simulation import Simulation
+from cluster.runtime.store import open_store
 from models.logreg import LogisticRegression
 
 

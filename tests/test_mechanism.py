@@ -17,8 +17,13 @@ from algorithms.layout import ParamLayout
 from algorithms.mechanism import GaussianMechanism, UploadSupport
 from algorithms.presets import CLIENT_LEVEL_PRESETS, SKETCH_PRESETS
 from algorithms.transforms import ClientContext, Clip
+from cluster.claims.privacy_plan import (
+    ceil_significant,
+    format_sigma,
+    privacy_claim,
+    privacy_report,
+)
 from cluster.config import ConfigError
-from cluster.privacy_plan import ceil_significant, format_sigma, privacy_claim, privacy_report
 
 LAYOUT = ParamLayout(("a", "b", "c"), ((12,), (8,), (4,)), (0, 12, 20, 24))
 D, M, REPS, SIGMA, C = 24, 5, 400, 1.3, 0.5

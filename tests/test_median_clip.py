@@ -147,7 +147,7 @@ def test_blur_takes_its_radius_from_blur_bound_and_poisson_cohorts_are_refused(s
 
 
 def test_the_audit_refuses_a_median_clip(tmp_path, capsys):
-    from cluster.cli import main
+    from cluster.cli.main import main
 
     sets = [*MEDIAN, "algorithm.clip_norm=null", "algorithm.noise_placement=client"]
     sets += ["cohort.sampling=fixed", f"data.store_root={tmp_path}"]

@@ -15,7 +15,7 @@ import pytest
 from helpers import small_config
 from mlflow.tracking import MlflowClient
 
-from cluster.experiment import run_experiment
+from cluster.runtime.experiment import run_experiment
 
 psycopg = pytest.importorskip("psycopg", reason="psycopg is needed to reach PostgreSQL")
 if shutil.which("initdb") is None or shutil.which("pg_ctl") is None:

@@ -31,16 +31,17 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from cluster.tracking import MlflowTracker
-from cluster.tracking_process import ARTIFACT_TIMEOUT_S, ARTIFACT_TIMEOUT_VARIABLE, _spawn
+from cluster.tracking.process import _spawn
+from cluster.tracking.settings import ARTIFACT_TIMEOUT_S, ARTIFACT_TIMEOUT_VARIABLE
+from cluster.tracking.tracker import MlflowTracker
 
 REPO = Path(__file__).resolve().parents[1]
 # `mlflow server` took 25-100 s to answer /health on the 2-core machine under other jobs (load
 # 8-11); the run through the CLI 30-60 s more: the test is marked slow.
 SERVER_START_S = 240
 ARTIFACT_PREFIX = "mlartifacts"
-# What cluster/tracking.py logs for a run of configs/quickstart.yaml (dp_fedavg): MlflowTracker's
-# finish() and the partition report logged when the run opens.
+# What cluster/tracking/tracker.py logs for a run of configs/quickstart.yaml (dp_fedavg):
+# MlflowTracker's finish() and the partition report logged when the run opens.
 RUN_ARTIFACTS = {
     "config.yaml",
     "update_norms.npz",
@@ -180,7 +181,7 @@ def test_a_run_tracked_over_http_puts_every_artifact_in_the_bucket(
     (run,) = client.search_runs([experiment.experiment_id])
     run_id = run.info.run_id
     assert run.info.status == "FINISHED"
-    assert run.info.run_name.startswith("over-http · dp_fedavg · ")  # cluster.run_names
+    assert run.info.run_name.startswith("over-http · dp_fedavg · ")  # cluster.runtime.run_names
     assert run.info.run_name.endswith(f" · {run_id[:6]}")
     assert run.info.artifact_uri.startswith("mlflow-artifacts:/"), run.info.artifact_uri
     assert run.data.params["algorithm.name"] == "dp_fedavg"

@@ -19,7 +19,7 @@ import pytest
 from helpers import small_config
 from mlflow.tracking import MlflowClient
 
-from cluster.experiment import run_experiment
+from cluster.runtime.experiment import run_experiment
 
 CHROMIUM = next(
     (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None

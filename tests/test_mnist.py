@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from helpers import run_local, small_config
 
-from cluster.cli import main
+from cluster.cli.main import main
 from cluster.config import ConfigError
-from cluster.experiment import open_store
+from cluster.runtime.store import open_store
 from datasets.store import ShardStore
 
 MNIST_ROOT = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"

@@ -10,8 +10,8 @@ import pytest
 import torch
 from helpers import small_config
 
-from cluster.checkpoint import load_checkpoint
-from cluster.experiment import run_experiment
+from cluster.runtime.checkpoint import load_checkpoint
+from cluster.runtime.experiment import run_experiment
 from tests.fixtures_ray_cluster import drive_embedded
 
 pytest.importorskip("ray")

@@ -10,8 +10,8 @@ import pytest
 import torch
 from helpers import small_config
 
-from cluster.checkpoint import load_checkpoint
-from cluster.experiment import run_experiment
+from cluster.runtime.checkpoint import load_checkpoint
+from cluster.runtime.experiment import run_experiment
 from tests.test_multinode import DP_SCAFFOLD, RAY, assert_recovered
 
 pytest.importorskip("ray")

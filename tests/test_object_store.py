@@ -26,11 +26,11 @@ from helpers import small_config
 from test_bad_input import checkpoint_payload
 
 from actors.scheduling import pin_clients
-from cluster.checkpoint import load_checkpoint, open_checkpoint, save_checkpoint
-from cluster.cli import main
+from cluster.cli.landscape import _default_out
+from cluster.cli.main import main
 from cluster.config import ConfigError
-from cluster.experiment import run_experiment
-from cluster.landscape_cli import _default_out
+from cluster.runtime.checkpoint import load_checkpoint, open_checkpoint, save_checkpoint
+from cluster.runtime.experiment import run_experiment
 from datasets import locations
 from datasets.locations import ObjectLocation, parse_location
 from datasets.sources import build_store, existing_store_path, store_path
@@ -411,7 +411,7 @@ def test_a_checkpoint_dir_these_credentials_cannot_write_is_refused_before_any_w
 def test_a_checkpoint_dir_these_credentials_can_write_passes_and_keeps_no_probe(
     s3, tmp_path, monkeypatch
 ):
-    from cluster.preflight import check_writable_location
+    from cluster.runtime.storage_checks import check_writable_location
 
     _as_iam_user(s3, monkeypatch, [*READ_ONLY, "s3:PutObject", "s3:DeleteObject"])
     check_writable_location("checkpoint.dir", parse_location(s3.uri("ck")))

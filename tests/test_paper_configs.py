@@ -13,9 +13,9 @@ import torch
 from helpers import run_local
 from test_vision_sources import emnist_arrays, idx_bytes, patch_cifar_md5, write_cifar
 
+from cluster.claims.calibration import calibrated
 from cluster.config import load_config
-from cluster.experiment import open_store
-from cluster.privacy_plan import calibrated
+from cluster.runtime.store import open_store
 
 # The ViT-B/16 configs run in test_transformers.py (a tiny ViT in place of ViT-B/16).
 CIFAR_CONFIGS = sorted(

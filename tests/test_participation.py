@@ -3,7 +3,7 @@
 import pytest
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
-from cluster.cli import main
+from cluster.cli.main import main
 from privacy.participation import epsilon_vs_server, gaussian_epsilon, participation_delta
 
 

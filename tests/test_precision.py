@@ -14,7 +14,7 @@ from algorithms.layout import ParamLayout
 from algorithms.local import LocalTrainer, ModelObjective, autocast_dtype
 from algorithms.rng import torch_generator
 from cluster.config import ConfigError, load_config
-from cluster.experiment import open_store
+from cluster.runtime.store import open_store
 from models import build_model
 
 BF16 = torch.bfloat16

@@ -17,8 +17,8 @@ from mlflow.tracking import MlflowClient
 from opacus.accountants.analysis.rdp import get_privacy_spent
 
 from algorithms.presets import CONTROL_VARIATE_PRESETS, PRESETS, PRIVATE_PRESETS, SKETCH_PRESETS
-from cluster.cli import main
-from cluster.compare import epsilon_cell
+from cluster.analysis.compare import epsilon_cell
+from cluster.cli.main import main
 from cluster.config import load_config
 from privacy.accountant import accountant_class
 from privacy.calibration import epsilon_for
@@ -121,7 +121,7 @@ def test_every_epsilon_comes_from_the_mechanism(store_root, tracking, capsys, ca
     )
     tags, metrics = run.data.tags, run.data.metrics
     parts = (case, config.algorithm.name, config.task, f"s{config.seed}", run.info.run_id[:6])
-    assert run.info.run_name == " · ".join(parts)  # cluster.run_names
+    assert run.info.run_name == " · ".join(parts)  # cluster.runtime.run_names
     description = tags["mlflow.note.content"]
     assert description.startswith(f"{ROUNDS}/{ROUNDS} rounds (completed {ROUNDS} rounds) · ")
     with open(tracking.download_artifacts(run.info.run_id, "privacy_report.json")) as f:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from cluster.cli import main
+from cluster.cli.main import main
 from privacy.calibration import max_rounds
 from privacy.record_level import RecordLevelAccountant
 
@@ -33,7 +33,7 @@ def test_a_calibrated_sigma_is_printed_rounded_up_and_meets_the_target(capsys, m
     """σ = 1.110337 meets ε* = 8 (RDP, q 0.1, T 300, δ 0.002), and its nearest 4-digit value
     1.11 does not (ε 8.004): the calculator prints 1.111, the σ a run calibrates rounded up.
     The RDP rows only (the tight accountants' calibrations take seconds each)."""
-    import cluster.privacy_cli as privacy_cli
+    import cluster.cli.privacy as privacy_cli
     from privacy.accountant import RdpAccountant, WorRdpAccountant
     from privacy.calibration import as_run_accountant, calibrate_sigma, epsilon_for
 

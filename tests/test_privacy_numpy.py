@@ -65,7 +65,7 @@ def test_prv_of_heterogeneous_rounds_equals_opacus():
 def test_calculator_default_rows_do_not_import_torch():
     script = (
         "import sys\n"
-        "from cluster.cli import main\n"
+        "from cluster.cli.main import main\n"
         "code = main(['privacy', '--sigma', '1', '--q', '0.1', '--rounds', '10', '--delta', "
         "'1e-5'])\n"
         "assert code == 0, code\n"

@@ -8,8 +8,9 @@ from helpers import run_local, small_config
 
 from algorithms.aggregate import PartialAggregate
 from algorithms.server import MeanServerRule, ServerContext
+from cluster.claims.calibration import calibrated
+from cluster.claims.privacy_plan import privacy_claim
 from cluster.config import ConfigError
-from cluster.privacy_plan import calibrated, privacy_claim
 from privacy.accountant import RdpAccountant, WorRdpAccountant, accountant_class
 from privacy.calibration import epsilon_for
 from privacy.pld import PldAccountant

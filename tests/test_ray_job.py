@@ -44,7 +44,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cluster.ray_runtime import HEAD_PORT_OPTIONS
+from cluster.runtime.ray_runtime import HEAD_PORT_OPTIONS
 
 ROOT = Path(__file__).resolve().parents[1]
 # The venv's own CLI first (the test runs as `uv run pytest`), then whatever is on PATH.
@@ -435,9 +435,9 @@ def _stop_and_resume(tmp: Path, env: dict[str, str], ready, spread: bool = False
     the first job's logs. ``spread``: its actors placed with ``executor.placement=spread``."""
     from mlflow.tracking import MlflowClient
 
-    from cluster.checkpoint import load_checkpoint
     from cluster.config import load_config
-    from cluster.experiment import run_experiment
+    from cluster.runtime.checkpoint import load_checkpoint
+    from cluster.runtime.experiment import run_experiment
 
     rounds = 25
     tracking_uri = f"sqlite:///{tmp / 'mlflow.db'}"

@@ -9,7 +9,7 @@ def test_the_embedded_ray_retries_its_object_store_connection_every_100_ms():
     on 2 cores). The embedded instance is started with 100 ms retries, as many attempts more:
     what the GCS hands every process of the cluster."""
     ray = pytest.importorskip("ray")
-    from cluster.ray_runtime import EMBEDDED_SYSTEM_CONFIG, connect
+    from cluster.runtime.ray_runtime import EMBEDDED_SYSTEM_CONFIG, connect
 
     if ray.is_initialized():
         ray.shutdown()
@@ -31,7 +31,7 @@ def test_the_embedded_ray_starts_without_the_monitors_and_the_dashboard_head():
     ray = pytest.importorskip("ray")
     from ray._private import ray_constants
 
-    from cluster.ray_runtime import connect
+    from cluster.runtime.ray_runtime import connect
 
     if ray.is_initialized():
         ray.shutdown()
@@ -57,7 +57,7 @@ def test_lean_head_sets_the_node_parameters_for_its_block_only(verbose):
     pytest.importorskip("ray")
     from ray._private import node, parameter
 
-    from cluster.ray_runtime import lean_head
+    from cluster.runtime.ray_runtime import lean_head
 
     params, api_server = parameter.RayParams, node.Node.start_api_server
     with lean_head(keep_log_monitor=verbose):
@@ -75,7 +75,7 @@ def test_lean_head_leaves_ray_as_it_is_where_its_private_api_differs(monkeypatch
     pytest.importorskip("ray")
     from ray._private import node, parameter
 
-    from cluster.ray_runtime import lean_head, lean_head_applies
+    from cluster.runtime.ray_runtime import lean_head, lean_head_applies
 
     assert lean_head_applies()  # the Ray this project locks
 

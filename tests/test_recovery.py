@@ -15,11 +15,12 @@ import torch
 from helpers import run_local, small_config
 from test_multinode import DP_FEDAVG, DP_SCAFFOLD
 
-import cluster.experiment as experiment
+import cluster.runtime.experiment as experiment
 from actors.client_state import ClientStateStore
-from cluster.checkpoint import load_checkpoint, open_checkpoint
-from cluster.executors import HostsLost, HostsUnavailable, RayExecutor
-from cluster.experiment import run_experiment
+from cluster.runtime.checkpoint import load_checkpoint, open_checkpoint
+from cluster.runtime.executors import HostsLost, HostsUnavailable
+from cluster.runtime.experiment import run_experiment
+from cluster.runtime.ray_executor import RayExecutor
 
 ray = pytest.importorskip("ray")
 

@@ -13,11 +13,12 @@ from algorithms.client import client_round
 from algorithms.dpsgd import DpSgdGradient
 from algorithms.layout import ParamLayout
 from algorithms.local import LocalTrainer, ModelObjective
+from cluster.claims.calibration import calibrate_with_message, calibrated
+from cluster.claims.privacy_plan import privacy_claim
 from cluster.config import ConfigError, load_config
-from cluster.executors import LocalExecutor
-from cluster.experiment import open_store
-from cluster.privacy_plan import calibrate_with_message, calibrated, privacy_claim
-from cluster.simulation import Simulation
+from cluster.runtime.executors import LocalExecutor
+from cluster.runtime.simulation import Simulation
+from cluster.runtime.store import open_store
 from models.logreg import LogisticRegression
 
 SCAFFOLD_DP = (
@@ -365,8 +366,8 @@ def test_train_diagnostics_are_the_objective_and_the_gradient_dissimilarity(stor
     from actors.client_host import build_model
     from algorithms.layout import ParamLayout
     from algorithms.local import ModelObjective
-    from cluster.central_optimum import central_optimum
-    from cluster.experiment import open_store
+    from cluster.runtime.central_optimum import central_optimum
+    from cluster.runtime.store import open_store
     from datasets.tasks import TASKS
 
     config = small_config(

@@ -31,11 +31,11 @@ from algorithms.sketch import (
 )
 from algorithms.transforms import ClientContext
 from benchmarks.sketch import sensitivity_report
-from cluster.audit_cli import audit_config
-from cluster.checkpoint import load_checkpoint, open_checkpoint, save_checkpoint
-from cluster.cli import main
+from cluster.cli.audit import audit_config
+from cluster.cli.main import main
 from cluster.config import ConfigError
-from cluster.experiment import run_experiment
+from cluster.runtime.checkpoint import load_checkpoint, open_checkpoint, save_checkpoint
+from cluster.runtime.experiment import run_experiment
 from models.resnet9 import ResNet9
 
 SKETCH = CountSketch(20_000, 5, 2_000, 42)
@@ -323,7 +323,7 @@ def test_dpsfl_ac_moves_c_logs_bytes_and_resumes_bit_for_bit(store_root, tmp_pat
     assert resumed.result.history[-1].metrics["clip_norm"] == clip_norms[-1]
     # A checkpoint from before the cubic bucket hash holds sketches of other buckets.
     with monkeypatch.context() as patch:
-        patch.setattr("cluster.checkpoint.HASH_FAMILY", "linear-buckets")
+        patch.setattr("cluster.runtime.checkpoint.HASH_FAMILY", "linear-buckets")
         save_checkpoint(tmp_path / "linear.pt", saved["simulation"], saved["config"], None)
     with pytest.raises(ConfigError, match="hashed with the linear-buckets count-sketch hash"):
         load_checkpoint(tmp_path / "linear.pt")
@@ -354,7 +354,7 @@ def test_compression_spec_scales_the_papers_levels_to_the_models_size():
     5%: k rounded to hundreds) for the MNIST CNN's d, fetchsgd at the same sizes as dpsfl."""
     from pathlib import Path
 
-    from cluster.compare import load_spec
+    from cluster.analysis.compare import load_spec
     from datasets.tasks import TASKS
 
     base, runs = load_spec(Path("configs/cpu/sketch_compression.yaml"), [])
@@ -520,7 +520,7 @@ def test_privacy_calculator_prints_the_papers_rho_and_counter_noise(capsys):
 def test_report_gives_the_sums_noise_when_every_upload_carries_it_whole(store_root):
     """The paper variant's clients each add the whole noise (local placement): the sum of m
     uploads carries √m times the per-upload std, and the report says so."""
-    from cluster.privacy_plan import privacy_claim, privacy_report
+    from cluster.claims.privacy_plan import privacy_claim, privacy_report
 
     config = small_config(store_root, *DPSFL, "algorithm.sketch_noise=paper", "cohort.size=4")
     claim = privacy_claim(

@@ -16,12 +16,12 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from benchmarks.sweep import SPACE, tiny_base
-from cluster.checkpoint import load_checkpoint
-from cluster.cli import main
-from cluster.sweep import TrialRecord, plan
-from cluster.sweep_report import summarize
-from cluster.sweep_spec import FOLD, SweepTrial, load
-from cluster.trials import calibrate
+from cluster.analysis.sweep_plan import plan
+from cluster.analysis.sweep_report import TrialRecord, summarize
+from cluster.analysis.sweep_spec import FOLD, SweepTrial, load
+from cluster.analysis.trials import calibrate
+from cluster.cli.main import main
+from cluster.runtime.checkpoint import load_checkpoint
 from tests.helpers import run_local
 
 
@@ -163,7 +163,7 @@ def test_a_random_choice_drawn_twice_is_a_trial_of_its_own(tmp_path, store_root)
 def test_grid_values_alike_to_4_figures_are_distinct_trials_and_selections(tmp_path, store_root):
     """0.123451 and 0.123459 read 0.1235 both: two trials, two labels, and the selection is the
     exact value that scored best (selected.yaml too), never the first of that label."""
-    from cluster.sweep import _chosen_values, selected_yaml
+    from cluster.analysis.sweep import _chosen_values, selected_yaml
 
     base = _base(store_root, tmp_path)
     base["tracking"] = {"enabled": False}  # untracked: each trial's checkpoint folder by name
@@ -187,7 +187,7 @@ def test_a_trial_that_started_and_did_not_finish_leaves_the_sweep_without_epsilo
 ):
     """A FAILED or KILLED trial trained on the private data: its rounds are not accounted, so
     the tuning statement has no ε, and says which trial."""
-    from cluster.sweep import statement
+    from cluster.analysis.sweep import statement
 
     space = {"algorithm.local.lr": [0.05, 0.1, 0.2]}
     planned = plan(
@@ -212,7 +212,8 @@ def test_a_trial_that_started_and_did_not_finish_leaves_the_sweep_without_epsilo
 def test_a_resumed_sweep_accounts_for_its_earlier_attempts(tmp_path, store_root):
     """A trial killed (or failed) in an earlier attempt and run again since: its run, a child
     of the parent run that no trial holds, trained on the private data: no ε."""
-    from cluster.sweep import earlier_attempts, statement
+    from cluster.analysis.sweep import statement
+    from cluster.analysis.sweep_runs import earlier_attempts
 
     space = {"algorithm.local.lr": [0.05]}
     planned = plan(
@@ -390,7 +391,7 @@ def test_ctrl_c_stops_every_running_trial_cleanly(tmp_path, store_root):
 def test_cross_validation_averages_the_folds_and_retrains_on_all_rows():
     """DP-SCAFFOLD's η₀ by 5-fold CV: a configuration is η₀ alone (its score the mean over the
     folds), and the selected one is retrained with data.validation: null."""
-    from cluster.sweep import selected_yaml
+    from cluster.analysis.sweep import selected_yaml
 
     planned = plan(Path("configs/cpu/sweep_dpscaffold_cv.yaml"), [])
     assert len(planned.records) == 15 and planned.spec.cross_validated

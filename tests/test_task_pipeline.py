@@ -8,7 +8,7 @@ import numpy as np
 from helpers import run_local, small_config
 from test_vision_sources import femnist_writers, patch_cifar_md5, write_cifar, write_femnist_file
 
-from cluster.cli import main
+from cluster.cli.main import main
 from datasets.store import ShardStore
 
 

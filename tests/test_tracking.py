@@ -7,7 +7,7 @@ import pytest
 from helpers import small_config
 from mlflow.tracking import MlflowClient
 
-from cluster.experiment import run_experiment
+from cluster.runtime.experiment import run_experiment
 
 
 @pytest.fixture
@@ -45,7 +45,7 @@ def test_run_is_logged_with_params_metrics_and_artifacts(store_root, tracking_ur
     assert run.data.tags["privacy.accountant"] == "pld"
     assert run.data.tags["privacy.assumption"] == "poisson-subsampled gaussian"
     assert run.data.tags["privacy.cohort_sampler"] == "poisson"
-    # cluster.run_names: what ran, and its final line as the run's description
+    # cluster.runtime.run_names: what ran, and its final line as the run's description
     seed, short_id = config.seed, outcome.run_id[:6]
     assert run.info.run_name == f"dp_fedavg · synthetic_logreg · s{seed} · {short_id}"
     accuracy = outcome.final_accuracy
@@ -104,8 +104,8 @@ def test_the_tracking_process_writes_rounds_in_order_and_raises_its_error_at_the
 ):
     """Rounds are handed on without waiting and written in order; a write that fails is raised
     at the next call that waits (flush), later writes are skipped, and the run still ends."""
-    from cluster.records import RoundRecord
-    from cluster.tracking_process import TrackingError, TrackingRun
+    from cluster.runtime.records import RoundRecord
+    from cluster.tracking.process import TrackingError, TrackingRun
 
     run = TrackingRun.open(tracking_uri, "test-process", "r", {"a": "1"}, {"t": "x"})
     for step in (1, 2, 3):
@@ -131,8 +131,8 @@ def test_rounds_are_written_together_and_a_refused_batch_keeps_the_rounds_before
     """The tracking process writes the rounds it has received in few ``log_batch`` calls (each is
     an SQLite transaction): within MLflow's 1,000-metric limit, each round stamped with its own
     time. A batch with a bad round is retried round by round: the rounds before it are kept."""
-    from cluster.records import RoundRecord
-    from cluster.tracking import MlflowTracker
+    from cluster.runtime.records import RoundRecord
+    from cluster.tracking.tracker import MlflowTracker
 
     tracker = MlflowTracker(tracking_uri, "test-batches", "r", {}, {})
     calls = []
@@ -182,7 +182,7 @@ def test_serve_writes_rounds_together_and_before_it_exits(monkeypatch):
     import time
     from multiprocessing.connection import Connection
 
-    import cluster.tracking_process as tp
+    import cluster.tracking.process as tp
 
     writes = []
 
@@ -226,8 +226,8 @@ def test_the_tracking_process_writes_rounds_without_being_asked(tracking_uri):
     ``ROUNDS_EVERY_S``: the MLflow UI follows a long run as it goes."""
     import time
 
-    from cluster.records import RoundRecord
-    from cluster.tracking_process import ROUNDS_EVERY_S, TrackingRun
+    from cluster.runtime.records import RoundRecord
+    from cluster.tracking.process import ROUNDS_EVERY_S, TrackingRun
 
     run = TrackingRun.open(tracking_uri, "test-live", "r", {}, {})
     run_id = run._open_reply()[0]
@@ -243,7 +243,7 @@ def test_the_tracking_process_writes_rounds_without_being_asked(tracking_uri):
 def test_a_prestarted_process_opens_an_existing_store_and_never_creates_one(tmp_path, monkeypatch):
     """Started ahead of its run, the tracking process opens the store it will write to (MLflow
     keeps the engine): an existing SQLite store, never a new one, since the run may not track."""
-    from cluster.tracking_process import _preload
+    from cluster.tracking.process import _preload
 
     db = tmp_path / "mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
@@ -274,11 +274,11 @@ def test_the_driver_never_imports_mlflow(store_root, tracking_uri):
 
     script = f"""
 import sys
-import cluster.tracking_process as tracking_process
+import cluster.tracking.process as tracking_process
 tracking_process.prestart()
 prestarted = tracking_process._prestarted[0]
 from helpers import small_config
-from cluster.experiment import run_experiment
+from cluster.runtime.experiment import run_experiment
 config = small_config({str(store_root)!r}, "rounds=2", "tracking.enabled=true",
                       "tracking.experiment=test-no-mlflow")
 outcome = run_experiment(config)

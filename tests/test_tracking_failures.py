@@ -28,14 +28,14 @@ import yaml
 from helpers import run_local, small_config
 from mlflow.tracking import MlflowClient
 
-import cluster.cli
-import cluster.tracking_process as tracking_process
-from cluster.checkpoint import load_checkpoint, save_checkpoint
-from cluster.cli import main
+import cluster.cli.run
+import cluster.tracking.process as tracking_process
+from cluster.cli.main import main
 from cluster.config import ConfigError
-from cluster.preflight import check_tracking_uri
-from cluster.records import RoundRecord
-from cluster.tracking_process import (
+from cluster.runtime.checkpoint import load_checkpoint, save_checkpoint
+from cluster.runtime.preflight import check_tracking_uri
+from cluster.runtime.records import RoundRecord
+from cluster.tracking.process import (
     HTTP_RETRY_BUDGET,
     TrackingError,
     TrackingRun,
@@ -146,7 +146,7 @@ def _refused(argv: list[str], workdir: Path, capsys, expect: tuple[str, ...]) ->
 @pytest.mark.parametrize("case", PREFLIGHT_CASES, ids=list(PREFLIGHT_CASES))
 def test_a_store_tracking_cannot_use_is_refused_before_any_work(case, cli_env, monkeypatch, capsys):
     prepare, environment, expect = PREFLIGHT_CASES[case]
-    monkeypatch.setattr(cluster.cli, "prestart_tracking", lambda: None)  # no MLflow import
+    monkeypatch.setattr(cluster.cli.run, "prestart_tracking", lambda: None)  # no MLflow import
     monkeypatch.setenv("MLFLOW_TRACKING_URI", prepare(cli_env))
     for name, value in environment.items():
         monkeypatch.setenv(name, value)
@@ -174,7 +174,7 @@ def _unwritable(directory: Path):
 
 @pytest.mark.timeout(60)
 def test_an_unwritable_database_directory_is_refused_before_any_work(cli_env, monkeypatch, capsys):
-    monkeypatch.setattr(cluster.cli, "prestart_tracking", lambda: None)
+    monkeypatch.setattr(cluster.cli.run, "prestart_tracking", lambda: None)
     locked = cli_env / "locked"
     locked.mkdir()
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{locked / 'mlflow.db'}")
@@ -296,7 +296,7 @@ def test_after_a_stop_signal_the_tracking_process_waits_for_the_driver_a_bounded
     grace (``SIGNAL_GRACE_S``, 600 s; 1 s here), with code 143."""
     ours, theirs = socket.socketpair()
     script = (
-        "import sys, cluster.tracking_process as t; t.SIGNAL_GRACE_S = 1.0; t.main(sys.argv[1:])"
+        "import sys, cluster.tracking.process as t; t.SIGNAL_GRACE_S = 1.0; t.main(sys.argv[1:])"
     )
     process = subprocess.Popen(
         [sys.executable, "-c", script, str(theirs.fileno())],

@@ -1,4 +1,4 @@
-"""``cluster.tracking_server`` without an MLflow server (fast): another process answering on
+"""``cluster.tracking.server`` without an MLflow server (fast): another process answering on
 the port is never taken for ours, an exit is seen before any health check (a taken port is
 retried), and stopping ends the server's whole process group."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.tracking_server import TrackingServerError, _wait_healthy, stop
+from cluster.tracking.server import TrackingServerError, _wait_healthy, stop
 
 
 class _Health(http.server.BaseHTTPRequestHandler):

@@ -12,8 +12,8 @@ import torch
 from helpers import run_local
 from torch.func import functional_call, grad, vmap
 
+from cluster.claims.calibration import calibrated
 from cluster.config import ConfigError, load_config
-from cluster.privacy_plan import calibrated
 from datasets.glue import GLUE_TASKS, GlueFormatError, load_glue, read_glue_tsv
 from datasets.tasks import TASKS, Task
 from datasets.tokenizer import RobertaTokenizer
@@ -420,7 +420,7 @@ def test_tiny_roberta_federated_rounds_from_pretrained(tmp_path, store_root, tin
     assert len(sim.history) == 2 and torch.isfinite(sim.state.params).all()
     assert all(r.test_accuracy is not None for r in sim.history)
     # round 0 started from the pretrained encoder: the initial model held its weights
-    from cluster.simulation import initial_model
+    from cluster.runtime.initial_state import initial_model
 
     model, _ = initial_model(config, (8,), 2)
     torch.testing.assert_close(

@@ -13,7 +13,7 @@ import pytest
 from dp_accounting.rdp.rdp_privacy_accountant import _compute_rdp_repeat_and_select
 from scipy import optimize, stats
 
-from cluster.experiment import run_experiment
+from cluster.runtime.experiment import run_experiment
 from privacy.accountant import ADJACENCY, RdpAccountant, epsilon_from_rdp
 from privacy.pld import PldAccountant
 from privacy.record_level import RecordLevelAccountant

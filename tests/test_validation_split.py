@@ -6,10 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from cluster.claims.privacy_plan import privacy_claim
 from cluster.config import ConfigError
-from cluster.executors import LocalExecutor
-from cluster.experiment import open_store, run_experiment, validation_tags
-from cluster.privacy_plan import privacy_claim
+from cluster.runtime.executors import LocalExecutor
+from cluster.runtime.experiment import run_experiment, validation_tags
+from cluster.runtime.store import open_store
 from datasets.validation import held_out_clients, held_out_rows
 from tests.helpers import run_local, small_config
 

@@ -10,7 +10,8 @@ from algorithms.layout import ParamLayout
 from algorithms.local import LocalTrainer, ModelObjective, SamGradient
 from algorithms.rng import torch_generator
 from algorithms.vectorized import train_clients, vectorizable
-from cluster.experiment import open_store, run_experiment
+from cluster.runtime.experiment import run_experiment
+from cluster.runtime.store import open_store
 from models import build_model
 
 TOLERANCE = 1e-5

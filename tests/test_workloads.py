@@ -21,8 +21,8 @@ from benchmarks.workloads import (
     run_workload,
     workload_config,
 )
-from cluster.executors import torch_threads
-from cluster.experiment import open_store
+from cluster.runtime.executors import torch_threads
+from cluster.runtime.store import open_store
 
 TOLERANCE = 1e-5  # max |Δw| after 3 rounds; seen: 0 (A), 1.5e-8 (B)
 

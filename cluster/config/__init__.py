@@ -3,15 +3,19 @@
 Everything is validated before any work starts. A ``ConfigError`` names the field, the bad value
 and the fix, e.g. ``algorithm.clip_norm = -1.0: the clip norm C must be > 0 (e.g. 1.0)``.
 
-One module per section of the YAML, each holding its schema and, below it, its checks:
+One module per section of the YAML, each holding its schema and, below it, the checks that
+read that section alone:
 
 - ``data``: ``data:`` (source, clients, partition, files);
-- ``algorithm``: ``algorithm:`` (preset, local trainer, clipping, noise, preset options), with
-  the checks of the families with their own rules in ``families`` (sample level, top-k, sketch);
+- ``algorithm``: ``algorithm:`` (preset, local trainer, clipping, noise, preset options);
 - ``accounting``: ``cohort:`` and ``privacy:``;
 - ``runtime``: ``executor:``, ``checkpoint:``, ``tracking:``;
-- ``experiment``: the whole, its derived quantities, the preset it builds, ``validate``;
-- ``loading``: YAML and ``--set`` into the typed config.
+- ``experiment``: the whole, its derived quantities, the preset it builds.
+
+Above them, the checks that read the whole experiment: ``algorithm_checks`` (with those of the
+families with their own rules in ``families``: sample level, top-k, sketch) and ``checks``
+(the other sections, and ``validate``, which runs them all); then ``loading``: YAML and
+``--set`` into the typed, validated config.
 """
 
 from cluster.config.accounting import CohortConfig, PrivacyConfig
@@ -21,9 +25,10 @@ from cluster.config.algorithm import (
     AlgorithmConfig,
     LocalConfig,
 )
-from cluster.config.data import DataConfig, PartitionConfig, SyntheticConfig, validate_data
+from cluster.config.checks import validate, validate_data
+from cluster.config.data import DataConfig, PartitionConfig, SyntheticConfig
 from cluster.config.errors import ConfigError
-from cluster.config.experiment import ExperimentConfig, validate
+from cluster.config.experiment import ExperimentConfig
 from cluster.config.loading import (
     apply_override,
     config_from_dict,

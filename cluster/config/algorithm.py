@@ -7,9 +7,8 @@ signatures hold the papers' defaults); null here means "the preset's default".
 from __future__ import annotations
 
 import inspect
-import math
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from algorithms.presets import (
     CONTROL_VARIATE_PRESETS,
@@ -21,15 +20,7 @@ from algorithms.presets import (
     SKETCH_PRESETS,
     presets_taking,
 )
-from cluster.config.errors import ConfigError, positive, start_from
-from cluster.config.families import (
-    validate_noise_support,
-    validate_sample_level,
-    validate_sketch,
-)
-
-if TYPE_CHECKING:
-    from cluster.config.experiment import ExperimentConfig
+from cluster.config.errors import ConfigError, start_from
 
 
 @dataclass
@@ -138,155 +129,7 @@ DP_FIELDS = ("clip_norm", "noise_multiplier", *DP_OPTION_FIELDS, "adjacency", "c
 # ----------------------------------------------------------------------------- checks
 
 
-def validate_algorithm(c: ExperimentConfig) -> None:
-    a, local = c.algorithm, c.algorithm.local
-    positive("algorithm.local.lr", local.lr, "0.1")
-    positive("algorithm.local.batch_size", local.batch_size, "32")
-    if (local.local_steps is None) == (local.local_epochs is None):
-        raise ConfigError(
-            "algorithm.local.local_steps",
-            local.local_steps,
-            "set exactly one of local_steps and local_epochs (the other to null)",
-        )
-    if local.local_steps is not None:
-        positive("algorithm.local.local_steps", local.local_steps, "10")
-    if local.local_epochs is not None:
-        positive("algorithm.local.local_epochs", local.local_epochs, "1")
-    if not 0 <= local.momentum < 1:
-        raise ConfigError("algorithm.local.momentum", local.momentum, "must be in [0, 1)")
-    if local.weight_decay < 0:
-        raise ConfigError("algorithm.local.weight_decay", local.weight_decay, "must be >= 0")
-    if local.max_grad_norm is not None:
-        positive("algorithm.local.max_grad_norm", local.max_grad_norm, "10 (or null: none)")
-        if a.name in SAMPLE_LEVEL_PRESETS | SKETCH_PRESETS:
-            raise ConfigError(
-                "algorithm.local.max_grad_norm",
-                local.max_grad_norm,
-                f"{a.name}'s clients clip their gradients already (per example, or the batch "
-                "gradient they sketch): remove it" + start_from(a.name),
-            )
-    if not 0 < local.lr_decay <= 1:
-        raise ConfigError(
-            "algorithm.local.lr_decay",
-            local.lr_decay,
-            "must be in (0, 1]: round t uses lr·lr_decay^t (1 = constant, the papers use 0.998)",
-        )
-    positive("algorithm.server_lr", a.server_lr, "1.0")
-    if a.local.batch_sampling == "poisson" and not c.sample_level:
-        raise ConfigError(
-            "algorithm.local.batch_sampling",
-            "poisson",
-            "Poisson batches are for the sample-level presets (dp_fedavg_sample, dp_scaffold); "
-            "use epoch or fresh",
-        )
-    if a.name in PRIVATE_PRESETS:
-        if a.clip_rule == "median":
-            if a.clip_norm is not None:
-                raise ConfigError(
-                    "algorithm.clip_norm",
-                    a.clip_norm,
-                    "clip_rule median picks C from the data (each batch's per-example norms, or "
-                    "each client's per-tensor update norms); remove clip_norm",
-                )
-            if not c.sample_level:
-                validate_client_median(c)
-        elif a.clip_norm is None or not a.clip_norm > 0:
-            raise ConfigError(
-                "algorithm.clip_norm",
-                a.clip_norm,
-                "the clip norm C must be > 0 (e.g. 1.0; .inf disables clipping)"
-                + start_from(a.name),
-            )
-        sigma_is_calibrated = c.privacy.calibrate == "sigma" and a.noise_multiplier is None
-        if c.paper_sketch_noise:
-            sigma_is_calibrated = True  # σ comes from paper_epsilon (checked with the sketch)
-        if not sigma_is_calibrated and (a.noise_multiplier is None or a.noise_multiplier < 0):
-            raise ConfigError(
-                "algorithm.noise_multiplier",
-                a.noise_multiplier,
-                "the noise multiplier σ must be >= 0 (e.g. 1.0)" + start_from(a.name),
-            )
-        noised = sigma_is_calibrated or a.noise_multiplier > 0
-        if noised and a.clip_norm is not None and math.isinf(a.clip_norm):
-            raise ConfigError(
-                "algorithm.clip_norm",
-                a.clip_norm,
-                "noise needs a finite clip norm to bound sensitivity; set C > 0",
-            )
-        if a.weighting != "uniform":
-            raise ConfigError(
-                "algorithm.weighting",
-                a.weighting,
-                "DP needs uniform weighting (sample counts are private); use uniform",
-            )
-        if c.sample_level:
-            validate_sample_level(c)
-        elif (
-            c.noise_placement == "client"
-            and c.cohort.sampling == "poisson"
-            and not c.paper_sketch_noise  # DPSFL's own noise: every client, whole (local)
-        ):
-            raise ConfigError(
-                "algorithm.noise_placement",
-                c.noise_placement,
-                "client-placed noise sums to σC only over a fixed-size cohort; use "
-                + (
-                    "cohort.sampling: fixed (clip_rule median needs client-placed noise)"
-                    if a.clip_rule == "median"
-                    else "cohort.sampling: fixed or noise_placement: server"
-                ),
-            )
-        if not c.sample_level:
-            validate_noise_support(c)
-    else:
-        for name in ("clip_norm", "noise_multiplier"):
-            if getattr(a, name) is not None:
-                raise ConfigError(
-                    f"algorithm.{name}",
-                    getattr(a, name),
-                    f"{a.name} is non-private; remove it or use dp_fedavg" + start_from(a.name),
-                )
-    _validate_preset_options(a)
-    if a.name in SKETCH_PRESETS:
-        validate_sketch(c)
-
-
-def validate_client_median(c) -> None:
-    """``clip_rule: median`` at client level (the DP-FedPGN authors' code): every tensor of a
-    client's update clipped to the median of its per-tensor norms, noise scaled to that median
-    by the client itself."""
-    a = c.algorithm
-    if a.name in SKETCH_PRESETS:
-        raise ConfigError(
-            "algorithm.clip_rule",
-            a.clip_rule,
-            f"{a.name} clips its batch gradient flat before sketching; the median rule is for "
-            "model updates clipped per layer: remove it",
-        )
-    if a.clip_scope == "flat":
-        raise ConfigError(
-            "algorithm.clip_scope",
-            a.clip_scope,
-            "clip_rule median clips each tensor to the median of the client's per-tensor norms: "
-            "set clip_scope: layer (or leave it unset)",
-        )
-    if a.name in presets_taking("blur_bound") and a.blur_bound is None:
-        raise ConfigError(
-            "algorithm.blur_bound",
-            None,
-            "BLUR's radius defaults to the clip norm, which clip_rule median does not have: "
-            "set it (e.g. the C of the fixed-clip run, 0.3)",
-        )
-    if c.noise_placement == "server":
-        raise ConfigError(
-            "algorithm.noise_placement",
-            c.noise_placement,
-            "clip_rule median scales each client's noise to its own median, which only the "
-            "client knows: use noise_placement: client (the authors' code)",
-        )
-
-
-def _validate_preset_options(a: AlgorithmConfig) -> None:
+def validate_preset_options(a: AlgorithmConfig) -> None:
     accepted = inspect.signature(PRESETS[a.name]).parameters
     for name, value in a.preset_options().items():
         if name not in accepted:

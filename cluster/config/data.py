@@ -4,18 +4,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from cluster.config.errors import ConfigError, positive
+from cluster.config.errors import ConfigError
 from cluster.config.paths import configured_path, resolved_path
-from datasets.glue import DEFAULT_MAX_LENGTH, GLUE_SOURCES, folder_problem
+from datasets.glue import DEFAULT_MAX_LENGTH, GLUE_SOURCES
 from datasets.locations import Location, LocationError, parse_location
-from datasets.tasks import TASKS
-from datasets.vision import EMNIST_SPLITS
-from models import PRETRAINED_LOADERS
-
-if TYPE_CHECKING:
-    from cluster.config.experiment import ExperimentConfig
 
 
 @dataclass
@@ -176,57 +169,6 @@ class DataConfig:
 # ----------------------------------------------------------------------------- checks
 
 
-def validate_data(c: ExperimentConfig) -> None:
-    s, p = c.data.synthetic, c.data.partition
-    c.data.configured_store_root()  # a malformed URI is refused with the config
-    c.data.store_location()
-    if c.data.split is not None and (
-        c.data.source != "emnist" or c.data.split not in EMNIST_SPLITS
-    ):
-        raise ConfigError(
-            "data.split",
-            c.data.split,
-            f"only for source emnist, one of {', '.join(EMNIST_SPLITS)}; remove it otherwise",
-        )
-    if c.data.test_per_client is not None and c.data.test_per_client < 1:
-        raise ConfigError(
-            "data.test_per_client", c.data.test_per_client, "must be >= 1 (e.g. 100) or null"
-        )
-    if c.data.pca_components is not None and (
-        c.data.source not in ("mnist", "mnist_test_split") or c.data.pca_components < 1
-    ):
-        raise ConfigError(
-            "data.pca_components",
-            c.data.pca_components,
-            "only for sources mnist and mnist_test_split, >= 1 (DP-SCAFFOLD: 60)",
-        )
-    validate_preparation(c.data)
-    validate_pretrained(c)
-    if c.data.only_digits and c.data.source != "femnist":
-        raise ConfigError("data.only_digits", True, "only for source femnist; remove it")
-    if c.data.source == "synthetic":
-        for name in ("alpha", "beta"):
-            if getattr(s, name) < 0:
-                raise ConfigError(f"data.synthetic.{name}", getattr(s, name), "must be >= 0")
-        positive("data.synthetic.samples_per_user", s.samples_per_user, "5000")
-        positive("data.synthetic.num_features", s.num_features, "40")
-        if s.num_classes < 2:
-            raise ConfigError("data.synthetic.num_classes", s.num_classes, "must be >= 2")
-        if not 0 <= s.label_noise <= 1:
-            raise ConfigError("data.synthetic.label_noise", s.label_noise, "must be in [0, 1]")
-        train_rows = round(s.train_fraction * s.samples_per_user)  # each user's, as generated
-        if not 0 < train_rows < s.samples_per_user:
-            raise ConfigError(
-                "data.synthetic.train_fraction",
-                s.train_fraction,
-                f"must leave each user at least one training and one test row of its "
-                f"{s.samples_per_user} (samples_per_user); e.g. 0.8",
-            )
-    validate_partition(p)
-    if c.data.validation is not None:
-        validate_validation(c.data.validation, c.data.num_clients)
-
-
 def validate_validation(v: ValidationConfig, num_clients: int) -> None:
     """One of fraction, clients, folds (with fold), each in range."""
     chosen = [name for name in ("fraction", "clients", "folds") if getattr(v, name) is not None]
@@ -294,38 +236,6 @@ def validate_preparation(d: DataConfig) -> None:
             d.test_per_client,
             "data.client_test_fraction already gives every client its own held-out test rows; "
             "remove one of the two",
-        )
-
-
-def validate_pretrained(c: ExperimentConfig) -> None:
-    """``data.pretrained``: a folder inside data.root, for a model that loads one (or a GLUE
-    source, whose tokenizer it holds); ``data.max_length``: GLUE sources only."""
-    d = c.data
-    if d.pretrained is not None:
-        problem = folder_problem(d.pretrained)
-        if problem is not None:
-            raise ConfigError("data.pretrained", d.pretrained, problem)
-        model = TASKS[c.task].model_name
-        if model not in PRETRAINED_LOADERS and d.source not in GLUE_SOURCES:
-            raise ConfigError(
-                "data.pretrained",
-                d.pretrained,
-                f"task {c.task}'s model {model} loads no pretrained weights (those that do: "
-                f"{', '.join(sorted(PRETRAINED_LOADERS))}); remove it",
-            )
-    if d.source in GLUE_SOURCES and d.pretrained is None:
-        raise ConfigError(
-            "data.pretrained",
-            None,
-            f"source {d.source} is tokenised by the pretrained folder's vocab.json + merges.txt: "
-            "name that folder inside data.root (e.g. roberta-base)",
-        )
-    if d.max_length is not None and (d.source not in GLUE_SOURCES or not 3 <= d.max_length <= 512):
-        raise ConfigError(
-            "data.max_length",
-            d.max_length,
-            f"only for sources {', '.join(GLUE_SOURCES)}, in [3, 512] (e.g. 128); "
-            "remove it otherwise",
         )
 
 

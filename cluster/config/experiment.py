@@ -1,5 +1,5 @@
-"""The whole experiment: its sections, the quantities derived from them, the preset it builds,
-and ``validate``, which runs every section's checks before any work starts."""
+"""The whole experiment: its sections, the quantities derived from them and the preset it
+builds (``cluster.config.checks.validate`` checks it)."""
 
 from __future__ import annotations
 
@@ -19,20 +19,15 @@ from algorithms.presets import (
     ClientDP,
     SampleDP,
 )
-from cluster.config.accounting import CohortConfig, PrivacyConfig, validate_cohort, validate_privacy
-from cluster.config.algorithm import AlgorithmConfig, validate_algorithm
-from cluster.config.data import DataConfig, validate_data
-from cluster.config.errors import ConfigError, check_seed, choice, positive
-from cluster.config.families import validate_warm_start
+from cluster.config.accounting import CohortConfig, PrivacyConfig
+from cluster.config.algorithm import AlgorithmConfig
+from cluster.config.data import DataConfig
+from cluster.config.errors import ConfigError
 from cluster.config.runtime import (
     CheckpointConfig,
     ExecutorConfig,
     TrackingConfig,
-    validate_runtime,
 )
-from datasets.partition import PARTITION_METHODS
-from datasets.sources import SOURCES
-from datasets.tasks import TASKS
 from privacy.accountant import assumption_for_sampler, default_accountant
 from privacy.record_level import methods_for
 
@@ -201,7 +196,7 @@ class ExperimentConfig:
                 "algorithm.noise_multiplier",
                 None,
                 "not calibrated yet: pass the config through "
-                "cluster.privacy_plan.calibrated() first (run_experiment does)",
+                "cluster.claims.calibration.calibrated() first (run_experiment does)",
             )
         return self._build_algorithm(a.noise_multiplier)
 
@@ -267,30 +262,3 @@ class ExperimentConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def validate(c: ExperimentConfig) -> None:
-    """Every check that can fail before any data is built or any actor is started."""
-    choice("task", c.task, TASKS, "task")
-    choice("data.source", c.data.source, SOURCES, "data source")
-    if c.data.source not in TASKS[c.task].sources:
-        raise ConfigError(
-            "data.source",
-            c.data.source,
-            f"task {c.task} reads {' or '.join(TASKS[c.task].sources)} data",
-        )
-    choice("data.partition.method", c.data.partition.method, PARTITION_METHODS, "partition")
-    choice("algorithm.name", c.algorithm.name, PRESETS, "algorithm")
-    check_seed("seed", c.seed)
-    check_seed("algorithm.sketch_seed", c.algorithm.sketch_seed)
-    positive("rounds", c.rounds, "100")
-    positive("eval_every", c.eval_every, "1")
-    if c.stop_at_bytes is not None:
-        positive("stop_at_bytes", c.stop_at_bytes, "2e9: bytes up and down, all clients, or null")
-    positive("data.num_clients", c.data.num_clients, "100")
-    validate_data(c)
-    validate_algorithm(c)
-    validate_cohort(c)
-    validate_warm_start(c)
-    validate_privacy(c)
-    validate_runtime(c)

@@ -20,8 +20,9 @@ from typing import Any, Literal
 
 import yaml
 
+from cluster.config.checks import validate
 from cluster.config.errors import ConfigError, short_repr
-from cluster.config.experiment import ExperimentConfig, validate
+from cluster.config.experiment import ExperimentConfig
 
 MAX_CONFIG_BYTES = 1 << 20  # a config is a few kB; this bounds what a wrong path makes us read
 _PASS_A_FILE = "pass a YAML config file, e.g. configs/quickstart.yaml"

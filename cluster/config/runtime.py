@@ -7,14 +7,11 @@ import ipaddress
 import os
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-from cluster.config.errors import ConfigError, positive
+from cluster.config.errors import ConfigError
 from cluster.config.paths import configured_path, resolve
 from datasets.locations import Location
-
-if TYPE_CHECKING:
-    from cluster.config.experiment import ExperimentConfig
 
 
 @dataclass
@@ -25,8 +22,8 @@ class ExecutorConfig:
     gpus_per_actor: float = 0.0
     address: str | None = None  # Ray address; None = $RAY_ADDRESS or an embedded Ray
     # Where Ray puts the actors: pack = Ray's default (fill a node before the next), spread =
-    # one per node in turn (Ray's SPREAD strategy: cluster.executors.actor_options). Never
-    # changes what is computed: results are bit-identical either way.
+    # one per node in turn (Ray's SPREAD strategy: cluster.runtime.ray_executor.actor_options).
+    # Never changes what is computed: results are bit-identical either way.
     placement: Literal["pack", "spread"] = "pack"
     # Train each actor's clients of a round as vmapped batches where that is the same
     # computation (algorithms/vectorized.py): true wherever possible; auto where it is also
@@ -75,71 +72,6 @@ class TrackingConfig:
 
 # ----------------------------------------------------------------------------- checks
 
-
-def validate_runtime(c: ExperimentConfig) -> None:
-    e = c.executor
-    positive("executor.num_actors", e.num_actors, "2")
-    if not RESOURCE_UNIT <= e.cpus_per_actor <= MAX_RESOURCE:
-        raise ConfigError(
-            "executor.cpus_per_actor",
-            e.cpus_per_actor,
-            f"must be in [{RESOURCE_UNIT}, {MAX_RESOURCE}] (Ray's smallest share of a CPU, and "
-            "the most torch threads a host starts), e.g. 1",
-        )
-    g = e.gpus_per_actor
-    if not (g == 0 or RESOURCE_UNIT <= g <= 1 or (g == int(g) and g <= MAX_RESOURCE)):
-        raise ConfigError(
-            "executor.gpus_per_actor",
-            g,
-            f"must be 0, a fraction in [{RESOURCE_UNIT}, 1] or a whole number of GPUs up to "
-            f"{MAX_RESOURCE}, e.g. 0.25",
-        )
-    if e.address is not None:
-        ray_endpoint("executor.address", e.address)
-    if e.kind == "local" and e.placement != "pack":
-        raise ConfigError(
-            "executor.placement",
-            e.placement,
-            "places Ray actors on nodes; the local executor has one process: set "
-            "executor.kind=ray, or remove executor.placement",
-        )
-    if e.precision == "bf16" and c.sample_level:
-        raise ConfigError(
-            "executor.precision",
-            e.precision,
-            f"{c.algorithm.name}'s per-example gradients (algorithms/dpsgd.py) would run in "
-            "bf16 on some paths only: the vectorised one and the sequential one for models of "
-            "nn.Linear layers go through the autocast forward, the sequential one for other "
-            "models (expanded, vmap_grad: a CNN, a median clip, a warm start, vectorize=false) "
-            "calls the model in float32, so the precision would depend on the model and the "
-            "kernels; bf16 DP-SGD is not validated (its clip and noise would stay float32): set "
-            "executor.precision=float32",
-        )
-    check_name("tracking.experiment", c.tracking.experiment)
-    if c.tracking.run_name is not None:
-        check_name("tracking.run_name", c.tracking.run_name)
-    if e.num_actors > c.data.num_clients:
-        raise ConfigError(
-            "executor.num_actors",
-            e.num_actors,
-            f"more actors than the {c.data.num_clients} clients; lower it",
-        )
-    persistent = c.checkpoint.configured_path().is_absolute() or c.data.store_is_absolute
-    if in_ray_job() and not persistent:
-        raise ConfigError(
-            "checkpoint.dir",
-            c.checkpoint.dir,
-            "this Ray job runs in a temporary copy of the working directory, deleted when the "
-            "job ends, and so would its checkpoints and shards: set DPFL_CHECKPOINT_DIR or "
-            "DPFL_STORE_ROOT to an absolute path (--runtime-env-json '{\"env_vars\": {...}}'), "
-            "or checkpoint.dir to one",
-        )
-    if c.checkpoint.every < 0:
-        raise ConfigError("checkpoint.every", c.checkpoint.every, "must be >= 0 (0: at the end)")
-
-
-RESOURCE_UNIT = 0.0001  # Ray refuses a fractional resource finer than this
-MAX_RESOURCE = 1024
 
 NAME_MAX_BYTES = 100
 

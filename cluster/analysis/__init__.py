@@ -1,0 +1,2 @@
+"""Analyses over many runs or around one: comparisons, sweeps and their trials, loss
+landscapes."""

@@ -1,0 +1,359 @@
+"""``python -m cluster sweep SPEC``: a search space over config fields × seeds, trials run
+concurrently on Ray, one configuration selected by a validation metric.
+
+The spec's format: ``cluster.analysis.sweep_spec``. The whole spec, and every trial's config, is
+checked before any trial starts (exit 2 naming the field, the value and the trial). Trials run on
+``cluster.analysis.trials``' engine (Ray tasks in placement groups, ``--concurrent`` at once at
+most); each is a normal MLflow run (``sweep-<spec>-<values>-c<index>-<digest>-seed<k>``: the
+configuration's index in the draw or grid and a digest of its exact values make it unique)
+nested under the sweep's parent run, tagged ``sweep`` (the spec's name) and ``sweep_trial``
+(its configuration's hash and seed, and ``-repeat<n>`` for a random search's n-th repeated
+draw of one configuration: each draw is a trial of its own, ``sweep_spec``). Rerunning the
+same command resumes: trials whose runs finished (and were recorded: tag ``sweep_recorded``)
+are not run again, and the unfinished parent run is continued. A trial that fails is recorded
+(status FAILED, its error in the table) and the others go on.
+
+The parent run holds ``sweep.md`` (one row per configuration: mean ± std over its seeds of the
+selection metric and of the test accuracy), ``sweep.csv`` (those rows, then one per trial),
+``sweep_params.png`` (the selection metric against each swept field), ``selected.yaml`` (the
+selected configuration at the first seed: ``python -m cluster run selected.yaml`` reruns it)
+and ``tuning_privacy.json``, the sweep's privacy statement (``privacy.tuning``), printed too.
+Each trial's run holds ``trial_privacy.json`` (its ``TrialPrivacy``), from which a resumed
+sweep rebuilds the statement. A trial that started but did not finish (FAILED, KILLED) trained
+on the private data for rounds no accountant recorded: the sweep then states no ε, naming it;
+so does a resumed sweep for its earlier attempts' unfinished trials (the parent's child runs
+that no trial holds, ``sweep_runs.earlier_attempts``), rerun since.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from cluster.analysis.compare import write_csv
+from cluster.analysis.run_configs import assignments, merged, run_setup
+from cluster.analysis.sweep_plan import (
+    Planned,
+    final_name,
+    plan,
+    selected_changes,
+    trial_config,
+    validation_kind,
+)
+from cluster.analysis.sweep_report import (
+    TrialRecord,
+    configurations,
+    markdown,
+    mean_std_cell,
+    plot_parameters,
+    summarize,
+    trial_rows,
+)
+from cluster.analysis.sweep_runs import earlier_attempts, find_finished, parent_run, record_trial
+from cluster.analysis.sweep_spec import (
+    SweepSpec,
+    SweepTrial,
+    Values,
+    label,
+    trial_digest,
+)
+from cluster.analysis.trials import Trial, TrialResult, calibrate, run_concurrently
+from cluster.config import ConfigError, ExperimentConfig
+
+# ------------------------------------------------------------------------------ results
+
+
+def final_metric(outcome, name: str) -> float | None:
+    """``name``'s last evaluation in the run's history (None: never evaluated)."""
+    for record in reversed(outcome.result.history):
+        value = getattr(record, name, None) if name in ("test_accuracy", "test_loss") else None
+        value = record.metrics.get(name) if value is None else value
+        if value is not None:
+            return float(value)
+    return None
+
+
+def fill(record: TrialRecord, result: TrialResult, metric: str, role: str) -> None:
+    """``record`` from its run's ``result``; its privacy as ``role`` ("trial" or "final")."""
+    from dataclasses import replace
+
+    from privacy.tuning import trial_privacy
+
+    record.status, record.error, record.seconds = result.status, result.error or "", result.seconds
+    outcome = result.outcome
+    if outcome is None:
+        return
+    record.run_id = outcome.run_id
+    record.metric, record.test_accuracy = final_metric(outcome, metric), outcome.final_accuracy
+    record.epsilon = outcome.claim.epsilon_text(outcome.epsilon, outcome.epsilon_vs_server)
+    if record.status == "FINISHED":
+        privacy = replace(trial_privacy(outcome), role=role)
+        if record.repeat:  # another draw of Q (Papernot–Steinke): not one more seed of the first
+            privacy = replace(privacy, configuration=f"{privacy.configuration}-{record.repeat}")
+        record.privacy = privacy.to_dict()
+
+
+def selected_yaml(planned: Planned, values: Values) -> str:
+    """The selected configuration at the spec's first seed, as ``cluster run`` reads it."""
+    spec = planned.spec
+    changes = selected_changes(spec, values)
+    run_base, run_overrides = run_setup(spec.base, planned.overrides, changes)
+    raw = merged(run_base, [*run_overrides, *assignments(changes), f"seed={spec.seeds[0]}"])
+    seeds = ", ".join(map(str, spec.seeds))
+    head = (
+        f"# sweep {spec.name}: selected by the mean {spec.select.metric} ({spec.select.mode}) over "
+        f"seeds {seeds}{' and folds' * spec.cross_validated}: {label(values, exact=True)}\n"
+        "# uv run python -m cluster run selected.yaml "
+        "[--set seed=K]\n"
+    )
+    return head + yaml.safe_dump(raw, sort_keys=False)
+
+
+def statement(planned: Planned, records: list[TrialRecord], earlier: list[str] = ()):
+    """The sweep's ``TuningStatement``; none (no ε) where a trial started without finishing,
+    among ``records`` or ``earlier`` (``earlier_attempts``)."""
+    from privacy.tuning import TrialPrivacy, TuningStatement, tuning_statement
+
+    spec, first = planned.spec, planned.configs[planned.records[0].name]
+    trials = [TrialPrivacy.from_dict(r.privacy) for r in records if r.privacy is not None]
+    # started (or finished) without a TrialPrivacy: rounds on the private data unaccounted
+    unaccounted = [
+        *(f"{r.name} {r.status}" for r in records if r.status != "NOT RUN" and r.privacy is None),
+        *earlier,
+    ]
+    if unaccounted:
+        named = ", ".join(unaccounted[:3])
+        more = f" and {len(unaccounted) - 3} more" if len(unaccounted) > 3 else ""
+        one = len(unaccounted) == 1
+        return TuningStatement(
+            None,
+            min((t.delta for t in trials if t.delta is not None), default=None),
+            "none",
+            f"{len(trials) + len(unaccounted)} trials started on the same private data",
+            f"trial{'' if one else 's'} {named}{more}: {'its' if one else 'their'} rounds are "
+            "not accounted (a trial that started trained on the private data)",
+        )
+    return tuning_statement(
+        trials,
+        search=spec.method,
+        num_trials_distribution=spec.num_trials,
+        validation=validation_kind(spec, first),
+        delta=None,
+    )
+
+
+def write_outputs(planned: Planned, rows: list[dict], out: Path, tuning) -> list[Path]:
+    spec, records = planned.spec, planned.records
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / n for n in ("sweep.md", "sweep.csv", "sweep_params.png", "tuning_privacy.json")]
+    paths[0].write_text(markdown(spec, rows, planned.all_records()) + "\n")
+    write_csv([*rows, *trial_rows(planned.all_records(), spec.select.metric)], paths[1])
+    plot_parameters(spec, records, paths[2])
+    paths[3].write_text(json.dumps(tuning.__dict__, indent=1) + "\n")
+    values = _chosen_values(planned)
+    if values is not None:
+        paths.append(out / "selected.yaml")
+        paths[-1].write_text(selected_yaml(planned, values))
+    return paths
+
+
+# ------------------------------------------------------------------------------ progress
+
+
+class Progress:
+    """One line per finished trial; on a terminal also a bar over the trials, redrawn below."""
+
+    def __init__(self, total: int, done: int):
+        self.total, self.done, self.start = total, done, time.perf_counter()
+        self.bar = sys.stdout.isatty()
+
+    def finished(self, record: TrialRecord, metric: str) -> None:
+        self.done += 1
+        value = "—" if record.metric is None else f"{record.metric:.4f}"
+        line = f"[{self.done}/{self.total}] {record.name}: {record.status}"
+        if record.status == "FINISHED":
+            acc = "—" if record.test_accuracy is None else f"{record.test_accuracy:.4f}"
+            line += f", {metric} {value}, test acc {acc}, {record.epsilon}"
+        elif record.error:
+            line += f": {record.error}"
+        self.say(f"{line}, {record.seconds:.0f} s")
+
+    def say(self, line: str) -> None:
+        if self.bar:
+            sys.stdout.write("\r\033[K")
+        print(line, flush=True)
+        if self.bar:
+            filled = 30 * self.done // max(self.total, 1)
+            sys.stdout.write(
+                f"[{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total} trials, "
+                f"{time.perf_counter() - self.start:.0f} s"
+            )
+            sys.stdout.flush()
+
+
+# ------------------------------------------------------------------------------ the command
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        planned = plan(Path(args.spec), args.set)
+        if args.concurrent < 0:
+            raise ConfigError("--concurrent", args.concurrent, "0 (as many as fit) or more")
+    except (ConfigError, OSError, yaml.YAMLError) as error:
+        print(f"sweep: {error}", file=sys.stderr)
+        return 2
+    spec, records = planned.spec, planned.records
+    if not records:  # a Poisson draw of 0 configurations
+        print(f"sweep {spec.name}: the draw of the number of trials gave 0: nothing to run")
+        return 0
+    if spec.select.on_test:
+        print(
+            f"sweep: warning: selecting on {spec.select.metric}: the test set then tunes the "
+            "model and no longer measures it (the parent run is tagged selected_on_test=true)",
+            file=sys.stderr,
+        )
+    first = planned.configs[records[0].name]
+    parent = _open_parent(planned, first) if first.tracking.enabled else None
+    try:
+        _run_records(planned, parent, args.concurrent, records, "trial")
+        if spec.cross_validated:
+            _retrain(planned, parent, args.concurrent)
+    except BaseException as error:
+        if parent is not None:
+            parent.abandon("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
+        raise
+    return _finish(planned, parent, Path(args.out or f"sweeps/{spec.name}"))
+
+
+def _open_parent(planned: Planned, first: ExperimentConfig):
+    import os
+
+    from cluster.tracking.settings import tracking_uri
+
+    # MLflow's INFO lines (a new store's tables) would interleave with the progress; read at
+    # its import, here, as the tracking processes have it (``cluster.tracking.process._spawn``)
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+
+    planned.tracking = (tracking_uri(), first.tracking.experiment)
+    find_finished(planned, planned.records)
+    parent = parent_run(planned, *planned.tracking)
+    parent.wait_open()
+    return parent
+
+
+def _run_records(
+    planned: Planned, parent, concurrent: int, records: list[TrialRecord], role: str
+) -> None:
+    """Run the ``records`` not finished before, as ``role`` ("trial", or "final")."""
+    spec = planned.spec
+    todo = [r for r in records if r.status != "FINISHED"]
+    skipped = len(records) - len(todo)
+    print(
+        f"sweep {spec.name}: {len(records)} {role} run(s), {skipped} finished before (resumed), "
+        f"{len(todo)} to run" + (f", {concurrent} at once at most" if concurrent else ""),
+        flush=True,
+    )
+    said: set[str] = set()
+
+    def say_once(line: str) -> None:  # a calibration line once, not once per trial
+        key = re.sub(r", [0-9.]+ s\)$", ")", line)  # without its time
+        if key not in said:
+            said.add(key)
+            print(line, flush=True)
+
+    by_name = {r.name: r for r in todo}
+    trials = [Trial(r.name, calibrate(planned.configs[r.name], say_once)) for r in todo]
+    progress = Progress(len(records), skipped)
+
+    def on_done(result: TrialResult, uri: str | None) -> None:
+        record = by_name[result.trial.name]
+        fill(record, result, spec.select.metric, role)
+        record_trial(record, uri, spec.name)
+        progress.finished(record, spec.select.metric)
+
+    run_concurrently(trials, concurrent, parent and parent.run_id, on_done)
+    if progress.bar:
+        print()
+
+
+def _retrain(planned: Planned, parent, concurrent: int) -> None:
+    """After cross-validation: the selected configuration once more, on all training rows
+    (``data.validation: null``) at the first seed; its test accuracy is the one reported."""
+    spec = planned.spec
+    chosen = _chosen_values(planned)
+    if chosen is None:
+        return
+    trial = SweepTrial(chosen, spec.seeds[0])
+    config = trial_config(spec, planned.overrides, trial, selected_changes(spec, chosen))
+    planned.final = TrialRecord(trial, final_name(spec, trial), trial_digest(config))
+    planned.configs[planned.final.name] = config
+    if planned.tracking is not None:
+        find_finished(planned, [planned.final])
+    _run_records(planned, parent, concurrent, [planned.final], "final")
+
+
+def _chosen_values(planned: Planned) -> Values | None:
+    """The selected configuration's exact values (None: nothing could be selected): its row
+    of ``summarize``, in the order of ``configurations``, never looked up by its label."""
+    rows = summarize(planned.spec, planned.records)
+    grouped = configurations(planned.records)
+    return next((v for v, r in zip(grouped, rows, strict=True) if r["selected"]), None)
+
+
+def _finish(planned: Planned, parent, out: Path) -> int:
+    spec, records = planned.spec, planned.records
+    rows = summarize(spec, records)
+    print(markdown(spec, rows, planned.all_records()))
+    earlier = earlier_attempts(planned, parent.run_id) if parent is not None else []
+    tuning = statement(planned, planned.all_records(), earlier)
+    chosen = next((r for r in rows if r["selected"]), None)
+    reported = _reported_test(planned, chosen)
+    if chosen is None:
+        print("sweep: no configuration finished every trial: nothing selected", file=sys.stderr)
+    else:  # the test metric of the selected configuration, reported once
+        metric = spec.select.metric
+        print(
+            f"selected: {chosen['configuration']} ({metric} "
+            f"{mean_std_cell(chosen[f'{metric}_mean'], chosen[f'{metric}_std'])} over "
+            f"{chosen['trials']} trials); its test accuracy: {reported}"
+        )
+    print(tuning.line())
+    paths = write_outputs(planned, rows, out, tuning)
+    print(f"wrote {', '.join(str(p) for p in paths)}")
+    if parent is not None:
+        children = {r.name: r.run_id for r in planned.all_records() if r.run_id}
+        (out / "children.json").write_text(json.dumps(children, indent=1) + "\n")
+        parent.set_tags(_parent_tags(spec, chosen, reported, tuning))
+        parent.log_files([*paths, out / "children.json"], "sweep")
+        parent.end()
+    failed = [r for r in planned.all_records() if r.status != "FINISHED"]
+    return 1 if failed else 0
+
+
+def _reported_test(planned: Planned, chosen: dict | None) -> str:
+    """The selected configuration's test accuracy: the retrained run's after
+    cross-validation, else the mean ± std over its trials."""
+    final = planned.final
+    if final is not None:
+        value = "—" if final.test_accuracy is None else f"{final.test_accuracy:.4f}"
+        return f"{value} (retrained on all training rows: {final.name}, {final.status})"
+    if chosen is None:
+        return "—"
+    return mean_std_cell(chosen["test_accuracy_mean"], chosen["test_accuracy_std"])
+
+
+def _parent_tags(spec: SweepSpec, chosen: dict | None, reported: str, tuning) -> dict[str, str]:
+    tags = {"selected_on_test": str(spec.select.on_test).lower(), "tuning_privacy": tuning.line()}
+    if chosen is not None:
+        tags["selected"] = chosen["configuration"]
+        tags["selected_test_accuracy"] = reported
+    if tuning.epsilon is not None and math.isfinite(tuning.epsilon):
+        tags["tuning_epsilon"] = f"{tuning.epsilon:.6g}"
+    return tags

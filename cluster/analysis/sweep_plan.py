@@ -1,0 +1,99 @@
+"""A sweep planned before any trial starts: its spec, and every trial's config built and
+checked (``plan``); a ``ConfigError`` names the trial."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cluster.analysis.run_configs import build_config, merged
+from cluster.analysis.sweep_report import TrialRecord
+from cluster.analysis.sweep_spec import SweepSpec, SweepTrial, Values, trial_digest, values_digest
+from cluster.config import ConfigError, ExperimentConfig
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # the spec's stem: it names runs and tags
+
+
+@dataclass
+class Planned:
+    """The checked sweep: its spec, each trial's record and config (not calibrated)."""
+
+    spec: SweepSpec
+    records: list[TrialRecord]
+    configs: dict[str, ExperimentConfig] = field(default_factory=dict)  # by trial name
+    overrides: list[str] = field(default_factory=list)  # --set
+    final: TrialRecord | None = None  # cross-validation: the selection retrained on all rows
+    tracking: tuple[str, str] | None = None  # (tracking URI, experiment) where runs are found
+
+    def all_records(self) -> list[TrialRecord]:
+        return self.records + ([self.final] if self.final is not None else [])
+
+
+def plan(path: Path, overrides: list[str]) -> Planned:
+    """The spec and every trial's config, checked; a ``ConfigError`` names the trial."""
+    from cluster.analysis.sweep_spec import load
+
+    spec = load(path)
+    if not NAME.match(spec.name):
+        raise ConfigError("SPEC", str(path), "name the spec file with letters, digits, . _ -")
+    planned = Planned(spec, [], overrides=list(overrides))
+    drawn: dict[str, int] = {}  # a configuration and seed: how often drawn so far
+    for trial in spec.trials():
+        config = trial_config(spec, overrides, trial)
+        name, once = trial.name(spec.name), trial_digest(config)
+        repeat = drawn[once] = drawn.get(once, -1) + 1
+        if name in planned.configs:  # SweepTrial.key makes names unique: a bug otherwise
+            raise AssertionError(f"two trials named {name}")
+        planned.configs[name] = config
+        planned.records.append(
+            TrialRecord(trial, name, trial_digest(config, repeat), repeat=repeat)
+        )
+    if planned.records:
+        check_selection(spec, planned.configs[planned.records[0].name])
+    return planned
+
+
+def trial_config(
+    spec: SweepSpec, overrides: list[str], trial: SweepTrial, changes: dict | None = None
+) -> ExperimentConfig:
+    """``trial``'s config (its values; or ``changes``, with its name and seed)."""
+    name = trial.name(spec.name) if changes is None else final_name(spec, trial)
+    extra = [f"seed={trial.seed}", f"tracking.run_name={json.dumps(name)}"]
+    raw = merged(spec.base, overrides)
+    if (raw.get("tracking") or {}).get("enabled", True) is False:  # an untracked checkpoint is
+        directory = (raw.get("checkpoint") or {}).get("dir") or "checkpoints"  # named by seed
+        extra.append(f"checkpoint.dir={json.dumps(f'{directory}/{name}')}")
+    try:
+        return build_config(spec.base, overrides, changes or dict(trial.values), extra)
+    except ConfigError as error:
+        raise ConfigError(
+            error.field_path, error.value, f"{error.fix} (trial {trial.label()}, seed {trial.seed})"
+        ) from None
+
+
+def final_name(spec: SweepSpec, trial: SweepTrial) -> str:
+    return f"sweep-{spec.name}-{trial.label()}-{values_digest(trial.values)}-final-seed{trial.seed}"
+
+
+def selected_changes(spec: SweepSpec, values: Values) -> dict:
+    """The selected configuration's overrides; after cross-validation, on all training rows."""
+    return dict(values) | ({"data.validation": None} if spec.cross_validated else {})
+
+
+def check_selection(spec: SweepSpec, config: ExperimentConfig) -> None:
+    if not spec.select.on_test and config.data.validation is None:
+        raise ConfigError(
+            "select.metric",
+            spec.select.metric,
+            "the base config holds out no validation data: set data.validation (e.g. "
+            "{fraction: 0.1}) or select on test_accuracy (a warning, the run tagged)",
+        )
+
+
+def validation_kind(spec: SweepSpec, config: ExperimentConfig) -> str:
+    """What ``privacy.tuning.tuning_statement`` calls the selection's data."""
+    if spec.select.on_test:
+        return "none"
+    return "public" if config.data.validation.kind == "clients" else "private"

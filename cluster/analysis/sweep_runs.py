@@ -1,0 +1,99 @@
+"""A sweep's MLflow runs: its parent run, the tags and ``trial_privacy.json`` a finished trial
+is recorded with, and what a resumed sweep finds by them (its finished trials, the unfinished
+ones of earlier attempts)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from cluster.analysis.sweep_plan import Planned
+from cluster.analysis.sweep_report import TrialRecord
+
+RECORDED = "sweep_recorded"
+
+
+def find_finished(planned: Planned, records: list[TrialRecord]) -> None:
+    """Mark the ``records`` whose runs finished and were recorded (a resumed sweep)."""
+    from mlflow.tracking import MlflowClient
+
+    uri, experiment = planned.tracking
+    client = MlflowClient(uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return
+    query = f"tags.sweep = '{planned.spec.name}' and tags.{RECORDED} = 'true'"
+    runs = client.search_runs([found.experiment_id], query + " and attributes.status = 'FINISHED'")
+    by_digest = {run.data.tags.get("sweep_trial"): run for run in runs}
+    metric = planned.spec.select.metric
+    for record in records:
+        run = by_digest.get(record.digest)
+        if run is None:
+            continue
+        tags, metrics = run.data.tags, run.data.metrics
+        record.status, record.run_id, record.resumed = "FINISHED", run.info.run_id, True
+        record.metric, record.test_accuracy = metrics.get(metric), metrics.get("test_accuracy")
+        record.epsilon, record.seconds = tags.get("sweep_epsilon", ""), float(tags["sweep_seconds"])
+        record.privacy = _read_json(client, run.info.run_id, "trial_privacy.json")
+
+
+def _read_json(client, run_id: str, artifact: str) -> dict:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="sweep-") as tmp:
+        return json.loads(Path(client.download_artifacts(run_id, artifact, tmp)).read_text())
+
+
+def parent_run(planned: Planned, uri: str, experiment: str):
+    """The sweep's parent run: the last one of this spec (its digest) if a sweep of it ran
+    before (resumed), else a new one."""
+    from mlflow.tracking import MlflowClient
+
+    from cluster.tracking.process import TrackingRun
+
+    spec = planned.spec
+    found = MlflowClient(uri).get_experiment_by_name(experiment)
+    if found is not None:
+        query = f"tags.sweep_parent = '{spec.name}' and tags.sweep_digest = '{spec.digest()}'"
+        runs = MlflowClient(uri).search_runs([found.experiment_id], query, max_results=1)
+        if runs:
+            return TrackingRun.resume(uri, runs[0].info.run_id)
+    params = {"space": json.dumps(spec.space), "seeds": str(list(spec.seeds))}
+    params |= {"search": spec.method, "select": f"{spec.select.mode} {spec.select.metric}"}
+    tags = {"sweep_parent": spec.name, "sweep_digest": spec.digest()}
+    return TrackingRun.open(uri, experiment, f"sweep-{spec.name}", params, tags)
+
+
+def record_trial(record: TrialRecord, uri: str | None, spec_name: str) -> None:
+    """Tag a finished trial's run and log its ``trial_privacy.json`` (through ``uri``, the
+    sweep's one writer): what a resumed sweep finds it by."""
+    if uri is None or record.run_id is None or record.status != "FINISHED":
+        return
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    client.log_dict(record.run_id, record.privacy, "trial_privacy.json")
+    tags = {"sweep": spec_name, "sweep_trial": record.digest, "sweep_epsilon": record.epsilon}
+    for key, value in (tags | {"sweep_seconds": f"{record.seconds:.3f}", RECORDED: "true"}).items():
+        client.set_tag(record.run_id, key, value)
+
+
+def earlier_attempts(planned: Planned, parent_run_id: str) -> list[str]:
+    """The parent run's children that no record holds: trials of an earlier attempt at the
+    sweep (resumed) that did not finish, or were not recorded, and were run again. They trained
+    on the private data too, and their rounds are in no trial's privacy."""
+    from mlflow.tracking import MlflowClient
+
+    uri, experiment = planned.tracking
+    client = MlflowClient(uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return []
+    held = {r.run_id for r in planned.all_records() if r.run_id}
+    query = f"tags.mlflow.parentRunId = '{parent_run_id}'"
+    runs = client.search_runs([found.experiment_id], query, max_results=50_000)
+    return [
+        f"{run.info.run_name} {run.info.status} (an earlier attempt, run {run.info.run_id})"
+        for run in runs
+        if run.info.run_id not in held
+    ]

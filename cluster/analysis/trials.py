@@ -1,0 +1,316 @@
+"""Run many experiments ("trials") at once on Ray: the engine of ``sweep`` and ``compare
+--concurrent``.
+
+Each trial is one ``run_experiment`` in a Ray task of its own, inside a placement group that
+reserves the trial's driver and its actors together: bundle 0 is the driver (a fraction of a
+CPU, ``DRIVER_CPU``: it only aggregates and accounts), bundles 1..n its actors
+(``executor.cpus_per_actor``/``gpus_per_actor`` each; ``RayExecutor`` puts actor i in bundle
+i + 1). A trial with ``executor.kind: local`` trains in its driver, which then reserves the
+hosts' CPUs itself. As many trials run at once as the cluster's CPUs/GPUs hold
+(``concurrent`` caps it further): two single-actor trials on 2 CPUs where the actor takes
+0.75 CPU (``executor.cpus_per_actor``; torch still gives it one thread), so that a trial
+reserves one CPU in all.
+
+Plain Ray tasks, not Ray Tune: a Tune function trainable runs in a thread of its trial actor
+(``ray.tune.trainable.function_trainable``'s ``RunnerThread``), where a run cannot install its
+stop-signal handlers, and Tune's own SIGINT handler ends trials by killing their actors: a
+stopped trial would leave no checkpoint and an MLflow run that stays RUNNING. A task runs on
+its worker's main thread, so ``ray.cancel`` (which interrupts that thread as a SIGINT would)
+stops a trial the way Ctrl-C stops ``cluster run``: after its round, with its checkpoint, its
+run KILLED. Tune's search spaces, trial bookkeeping and resume (by its own experiment folder)
+are not needed either: the sweep samples its own seeded space and resumes from MLflow.
+
+Trials write to one MLflow store at once: a SQLite store gets one writer, an ``mlflow server``
+on loopback in front of it (``cluster.tracking.server``), for the whole run of trials.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from cluster.config import ConfigError, ExperimentConfig
+
+DRIVER_CPU = 0.25  # a trial's driver: aggregation, noise, accounting, the tracking calls
+POLL_S = 0.2  # how often the engine looks for finished trials and stop signals
+ABANDON_WAIT_S = 60.0  # after a second stop signal: how long running trials may take to end
+# The sweep's own MLflow server (``cluster.tracking.server``) answers a log_batch in ms, but at
+# load 20 on 2 cores it took over the 4 s a try that ``cluster.tracking.process.HTTP_RETRY_BUDGET``
+# gives a remote server (both trials of a test failed so): a try gets a minute there.
+OWN_SERVER, OWN_SERVER_TIMEOUT_S = "http://127.0.0.1:", "60"
+
+
+def calibrate(config: ExperimentConfig, say: Callable[[str], None]) -> ExperimentConfig:
+    """σ or the rounds for the budget (``privacy.calibrate``), as the run will use them."""
+    from cluster.claims.calibration import calibrate_with_message
+
+    return calibrate_with_message(config, say)
+
+
+class RunsFailed(RuntimeError):
+    """Runs that did not finish, each ``name: status error`` (``compare --concurrent``)."""
+
+    def __init__(self, lines: list[str]):
+        super().__init__(f"{len(lines)} run(s) did not finish: " + "; ".join(lines))
+
+
+@dataclass(frozen=True)
+class Trial:
+    name: str  # its MLflow run's name, and how progress lines call it
+    config: ExperimentConfig  # calibrated: as it runs
+
+
+@dataclass
+class TrialResult:
+    trial: Trial
+    outcome: object | None = None  # cluster.runtime.experiment.Outcome
+    error: str | None = None
+    seconds: float = 0.0
+    extra: dict = field(default_factory=dict)  # what a caller adds (the sweep's records)
+
+    @property
+    def status(self) -> str:
+        """FINISHED, KILLED (a stop signal ended it) or FAILED (its error)."""
+        if self.outcome is None:
+            return "FAILED" if self.error is not None else "KILLED"
+        return "KILLED" if self.outcome.interrupted else "FINISHED"
+
+
+def bundles(config: ExperimentConfig) -> list[dict[str, float]]:
+    """The trial's placement-group bundles: its driver, then one per actor."""
+    e = config.executor
+    actor = {"CPU": e.cpus_per_actor} | ({"GPU": e.gpus_per_actor} if e.gpus_per_actor else {})
+    if e.kind == "local":  # the hosts train in the driver's process
+        return [{name: amount * e.num_actors for name, amount in actor.items()}]
+    return [{"CPU": DRIVER_CPU}, *[dict(actor) for _ in range(e.num_actors)]]
+
+
+def check_fits(trials: Iterable[Trial], total: dict[str, float]) -> None:
+    """A trial whose bundles the cluster cannot hold would wait for good: refused first."""
+    for trial in trials:
+        for resource in ("CPU", "GPU"):
+            need = sum(b.get(resource, 0.0) for b in bundles(trial.config))
+            if need > total.get(resource, 0.0) + 1e-9:
+                e = trial.config.executor
+                raise ConfigError(
+                    "executor",
+                    f"{e.num_actors} actors × {e.cpus_per_actor:g} CPU, {e.gpus_per_actor:g} GPU",
+                    f"trial {trial.name} needs {need:g} {resource} (its driver "
+                    f"{DRIVER_CPU:g} CPU and its actors) but the Ray cluster has "
+                    f"{total.get(resource, 0.0):g}; lower executor.num_actors or "
+                    "executor.cpus_per_actor / gpus_per_actor",
+                )
+
+
+def _error_text(error: BaseException) -> str:
+    return " ".join(f"{type(error).__name__}: {error}".split())[:500]
+
+
+def run_one(trial: Trial, parent_run_id: str | None, uri: str | None) -> TrialResult:
+    """One trial, here (in a Ray task's worker, or in process): its outcome or its error."""
+    if uri is not None:
+        os.environ["MLFLOW_TRACKING_URI"] = uri  # tracking_uri() reads it at the run's opening
+    if uri is not None and uri.startswith(OWN_SERVER):  # cluster.tracking.server's: alive, but slow
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", OWN_SERVER_TIMEOUT_S)  # when busy
+    from cluster.runtime.experiment import run_experiment
+
+    start = time.perf_counter()
+    try:
+        outcome = run_experiment(trial.config, calibrate=False, parent_run_id=parent_run_id)
+    except Exception as error:  # recorded; the other trials go on
+        return TrialResult(trial, error=_error_text(error), seconds=time.perf_counter() - start)
+    return TrialResult(trial, outcome, seconds=time.perf_counter() - start)
+
+
+def run_in_process(
+    trials: list[Trial], parent_run_id: str | None, on_done: Callable[[TrialResult], None]
+) -> list[TrialResult]:
+    """Trials one after another in this process (``compare`` without ``--concurrent``): an
+    error ends the command, as a stop signal does once its trial has written its checkpoint."""
+    import signal
+
+    from cluster.runtime.experiment import run_experiment
+    from cluster.runtime.interrupts import Interrupted, StopSignals
+
+    results = []
+    for index, trial in enumerate(trials):
+        start = time.perf_counter()
+        outcome = run_experiment(trial.config, calibrate=False, parent_run_id=parent_run_id)
+        if outcome.interrupted:
+            active = StopSignals.active()  # None where no command installed them
+            raise Interrupted(
+                active.signum if active is not None else signal.SIGINT,
+                f"{trial.name}: {outcome.result.stop_reason} (checkpoint {outcome.checkpoint}); "
+                f"the {len(trials) - index - 1} runs after it were not started",
+            )
+        results.append(TrialResult(trial, outcome, seconds=time.perf_counter() - start))
+        on_done(results[-1])
+    return results
+
+
+class RayTrials:
+    """Trials as Ray tasks in placement groups (see the module doc), at most ``concurrent`` at
+    once (0: as many as the cluster holds). ``on_done`` is called in this thread as each ends.
+
+    A first stop signal (``StopSignals`` in its rounds phase) cancels every running trial: each
+    stops after its round and writes its checkpoint; no new trial starts, and ``run`` raises
+    ``Interrupted`` once they have ended. A second one cancels them again (each abandons its
+    round) and waits ``ABANDON_WAIT_S`` at most."""
+
+    def __init__(self, concurrent: int, parent_run_id: str | None, uri: str | None):
+        import ray
+
+        self._ray = ray
+        self.concurrent = concurrent
+        self.parent_run_id, self.uri = parent_run_id, uri
+        self._remote = ray.remote(run_one)
+        self._running: dict = {}  # object ref → (trial, placement group, start)
+
+    def run(self, trials: list[Trial], on_done: Callable[[TrialResult], None]) -> list[TrialResult]:
+        from cluster.runtime.interrupts import Interrupted, StopSignals
+
+        stop = StopSignals.active()
+        queue, results = list(trials), []
+        try:
+            while queue or self._running:
+                if stop is not None and stop.reason is not None:
+                    return self._stop(stop, len(queue), results, on_done)
+                while queue and (not self.concurrent or len(self._running) < self.concurrent):
+                    self._submit(queue.pop(0))
+                for result in self._finished(POLL_S):
+                    results.append(result)
+                    on_done(result)
+        except Interrupted:
+            self._cancel_all()
+            raise
+        return results
+
+    def _submit(self, trial: Trial) -> None:
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        shape = bundles(trial.config)
+        group = placement_group(shape, strategy="PACK")
+        driver = shape[0]
+        ref = self._remote.options(
+            num_cpus=driver["CPU"],
+            num_gpus=driver.get("GPU", 0),
+            max_retries=0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(group, 0),
+        ).remote(trial, self.parent_run_id, self.uri)
+        self._running[ref] = (trial, group, time.perf_counter())
+
+    def _finished(self, timeout: float) -> list[TrialResult]:
+        if not self._running:
+            return []
+        done, _ = self._ray.wait(list(self._running), num_returns=1, timeout=timeout)
+        return [self._collect(ref) for ref in done]
+
+    def _collect(self, ref) -> TrialResult:
+        from ray.exceptions import RayError
+
+        trial, group, start = self._running.pop(ref)
+        try:
+            result = self._ray.get(ref)
+        except RayError as error:  # cancelled (KILLED), or its worker died (FAILED)
+            cancelled = isinstance(error, self._ray.exceptions.TaskCancelledError)
+            cause = getattr(error, "cause", None)
+            stopped = cancelled or isinstance(cause, KeyboardInterrupt)
+            result = TrialResult(trial, error=None if stopped else _error_text(error))
+            result.seconds = time.perf_counter() - start
+        finally:
+            self._ray.util.remove_placement_group(group)  # and any actor left in it
+        return result
+
+    def _stop(self, stop, not_started: int, results: list, on_done) -> list[TrialResult]:
+        """Cancel the running trials, wait for them to end (a second signal: abandon the rounds
+        in progress, ``ABANDON_WAIT_S`` at most), then raise ``Interrupted``."""
+        from cluster.runtime.interrupts import Interrupted
+
+        running = len(self._running)
+        stop.say(
+            f"sweep: stopping {running} running trial(s) after their round (each writes its "
+            f"checkpoint); {not_started} not started"
+        )
+        self._cancel_all()
+        deadline = None
+        while self._running:
+            try:
+                stop.check_round()
+            except Interrupted:
+                if deadline is None:  # the second signal: the trials abandon their rounds
+                    self._cancel_all()
+                    deadline = time.monotonic() + ABANDON_WAIT_S
+            if deadline is not None and time.monotonic() > deadline:
+                for ref in self._running:
+                    self._ray.cancel(ref, force=True)
+            for result in self._finished(POLL_S):
+                results.append(result)
+                on_done(result)
+        raise Interrupted(
+            stop.signum,
+            f"{stop.reason}: {running} trial(s) stopped, {not_started} not started; rerun the "
+            "same command to resume",
+        )
+
+    def _cancel_all(self) -> None:
+        for ref in self._running:
+            self._ray.cancel(ref)
+
+
+RAY_START_TRIES = 3
+
+
+def start_ray(address: str | None) -> None:
+    """``ray_runtime.connect``, tried again where an embedded node missed Ray's start-up
+    deadline (30 s, fixed in ``ray._private.node``: on the 2-core machine at load 15-30, 4 of
+    7 starts missed it); the failed start is shut down before the next."""
+    from cluster.runtime.ray_runtime import connect, disconnect
+
+    for attempt in range(1, RAY_START_TRIES + 1):
+        try:
+            connect(address)
+            return
+        except Exception as error:
+            if "timed out during startup" not in str(error) or attempt == RAY_START_TRIES:
+                raise
+            disconnect()
+
+
+def run_concurrently(
+    trials: list[Trial],
+    concurrent: int,
+    parent_run_id: str | None,
+    on_done: Callable[[TrialResult, str | None], None],
+) -> list[TrialResult]:
+    """``trials`` on Ray (``RayTrials``): the cluster of their ``executor.address`` (an
+    embedded Ray where none), each checked to fit first; tracked runs through one writer
+    (``cluster.tracking.server``). ``on_done(result, uri)``: ``uri`` is where the runs are
+    tracked."""
+    import contextlib
+
+    from cluster.runtime.interrupts import StopSignals
+    from cluster.runtime.ray_runtime import disconnect
+    from cluster.tracking.server import single_writer
+    from cluster.tracking.settings import tracking_uri
+
+    if not trials:
+        return []
+    stop = StopSignals.active()
+    tracked = any(t.config.tracking.enabled for t in trials)
+    try:
+        with stop.around_ray() if stop is not None else contextlib.nullcontext():
+            start_ray(trials[0].config.executor.address)  # first: the server has no such deadline
+            import ray
+
+            check_fits(trials, ray.cluster_resources())
+        writer = single_writer(tracking_uri()) if tracked else contextlib.nullcontext(None)
+        with writer as uri:
+            engine = RayTrials(concurrent, parent_run_id, uri)
+            with stop.rounds() if stop is not None else contextlib.nullcontext():
+                return engine.run(trials, lambda result: on_done(result, uri))
+    finally:
+        with stop.finishing() if stop is not None else contextlib.nullcontext():
+            disconnect()

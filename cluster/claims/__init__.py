@@ -1,0 +1,2 @@
+"""What a run claims about its privacy: the plan (accountant, calibration, report) and the
+client- and sample-level claims."""

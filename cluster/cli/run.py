@@ -1,0 +1,236 @@
+"""``python -m cluster run CONFIG`` and ``python -m cluster resume CHECKPOINT``: one experiment,
+from its config or from the checkpoint of an earlier run, with its progress on the terminal."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import TYPE_CHECKING
+
+from cluster.runtime.interrupts import Interrupted, StopSignals
+from cluster.tracking.process import prestart as prestart_tracking
+
+if TYPE_CHECKING:
+    from cluster.runtime.records import RoundRecord
+
+
+def _progress_line(record: RoundRecord, total: int, claim) -> str:
+    parts = [f"round {record.round:>4}/{total}"]
+    if record.metrics.get("warmup"):
+        parts.append("warm-up (c_i⁰)")
+    if claim.private:
+        parts.append(claim.epsilon_text(record.epsilon, record.metrics.get("epsilon_vs_server")))
+    if record.test_accuracy is not None:
+        parts.append(f"acc {record.test_accuracy:.4f}")
+    if "clip_fraction" in record.metrics:
+        parts.append(f"clipped {record.metrics['clip_fraction']:.2f}")
+    parts.append(f"{record.seconds:.2f} s/round")
+    return " | ".join(parts)
+
+
+# What a resumed run may change: how and how long it runs, never what it computes.
+RESUMABLE_PREFIXES = (
+    "rounds",
+    "eval_every",
+    "eval_train",
+    "stop_at_bytes",
+    "executor.",
+    "checkpoint.",
+)
+
+
+def _overrides(args: argparse.Namespace) -> list[str]:
+    overrides = list(args.set)
+    if args.executor:
+        overrides.append(f"executor.kind={args.executor}")
+    if args.address:
+        # JSON is YAML: the address stays a string (`[::1]:6379` is no list, `yes` no bool)
+        overrides.append(f"executor.address={json.dumps(args.address)}")
+    return overrides
+
+
+def _start_tracking_process(verbose: bool) -> None:
+    """Start the MLflow process now: its imports run on another core while this one imports
+    torch. It inherits the environment as it is here (quiet MLflow, unless ``verbose``)."""
+    if verbose:
+        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "INFO")  # read when MLflow is imported
+    prestart_tracking()
+
+
+def _run(args: argparse.Namespace) -> int:
+    # First line before the heavy imports (torch alone takes seconds): the user sees it started.
+    print(f"run {args.config}" + "".join(f" --set {a}" for a in _overrides(args)), flush=True)
+    _start_tracking_process(args.verbose)
+    from cluster.config import load_config
+
+    return _execute(load_config(args.config, _overrides(args)), None, args.verbose)
+
+
+def _resume(args: argparse.Namespace) -> int:
+    """Continue the run of a checkpoint, checked against its config before any work; exit 0
+    at once when its rounds are all done."""
+    from cluster.config import ConfigError
+    from cluster.runtime.checkpoint import open_checkpoint
+    from cluster.runtime.round_metrics import byte_budget_spent
+
+    print(f"resume {args.checkpoint}", flush=True)
+    _start_tracking_process(args.verbose)
+    overrides = _overrides(args)
+    for assignment in overrides:
+        if not assignment.startswith(RESUMABLE_PREFIXES):
+            raise ConfigError(
+                "--set",
+                assignment,
+                "a resumed run keeps its config; only "
+                "rounds, eval_every, eval_train, stop_at_bytes, executor.* and checkpoint.* "
+                "may change",
+            )
+    checkpoint, config = open_checkpoint(args.checkpoint, overrides)
+    done = checkpoint["simulation"]["rounds_done"]
+    if _rounds_left(config, done) == 0:
+        print(
+            f"nothing to do: {args.checkpoint} has completed all {config.rounds} rounds"
+            f"{_after_warmup(config)}; continue it with --set rounds=N, N > {config.rounds}"
+        )
+        return 0
+    history = checkpoint["simulation"]["history"]
+    spent = byte_budget_spent(config, history[-1]["metrics"] if history else None, len(history))
+    if spent is not None:
+        print(
+            f"nothing to do: {args.checkpoint}: {spent}; continue it with --set "
+            "stop_at_bytes=B, B above the bytes spent"
+        )
+        return 0
+    print(f"resuming after round {done} from {args.checkpoint}", flush=True)
+    return _execute(config, checkpoint, args.verbose)
+
+
+def _rounds_left(config, done: int) -> int:
+    """Rounds a resume after ``done`` completed rounds runs; a ``ConfigError`` when ``rounds``
+    is below the rounds done (``done`` counts warm-up rounds, ``rounds`` may not)."""
+    from cluster.config import ConfigError
+
+    left = config.total_rounds - done
+    if left < 0:
+        trained = config.rounds - left
+        raise ConfigError(
+            "rounds",
+            config.rounds,
+            f"the checkpoint has completed {trained} rounds{_after_warmup(config)}, more than "
+            f"it asks for; continue it with --set rounds=N, N > {trained}",
+        )
+    return left
+
+
+def _after_warmup(config) -> str:
+    """The warm-up rounds the driver runs before ``rounds`` (DP-SCAFFOLD-warm), if any."""
+    warmup = config.total_rounds - config.rounds
+    return f" after {warmup} warm-up rounds" if warmup else ""
+
+
+def _execute(config, checkpoint: dict | None, verbose: bool) -> int:
+    try:
+        return _execute_in_session(config, checkpoint, verbose)
+    finally:
+        from cluster.runtime.ray_runtime import disconnect
+
+        with StopSignals.active().finishing():  # a signal now waits for Ray's shutdown
+            disconnect()
+
+
+def _execute_in_session(config, checkpoint: dict | None, verbose: bool) -> int:
+    from cluster.claims.calibration import calibrate_with_message
+    from cluster.claims.privacy_plan import privacy_claim
+    from cluster.runtime.experiment import run_experiment
+    from cluster.runtime.preflight import check_no_checkpoint_overwritten, preflight
+
+    def say(message: str) -> None:
+        print(message, flush=True)
+
+    if checkpoint is None:
+        preflight(config)  # before the σ search: a missing file fails at once
+        check_no_checkpoint_overwritten(config)
+        config = calibrate_with_message(config, say)
+
+    a = config.algorithm
+    print(
+        f"{a.name} on {config.task}: {config.data.num_clients} clients, cohort "
+        f"{config.cohort.size} ({config.cohort.sampling}), {config.rounds} rounds, executor "
+        f"{config.executor.kind}",
+        flush=True,
+    )
+    claim = privacy_claim(config, config.build_algorithm())
+    try:
+        outcome = run_experiment(
+            config,
+            lambda r: print(_progress_line(r, config.total_rounds, claim), flush=True),
+            checkpoint,
+            say,
+            calibrate=False,
+            verbose=verbose,
+        )
+    except Interrupted as error:  # before the first round, or a second signal mid-round
+        print(f"aborted: {error}; {_what_is_kept(error, checkpoint)}", file=sys.stderr)
+        return error.exit_code
+    result, config = outcome.result, outcome.config
+    if outcome.interrupted:  # run_experiment said where its checkpoint is
+        return StopSignals.active().exit_code  # 130 for SIGINT (Ctrl-C), 143 for SIGTERM
+    print(f"done: {result.stop_reason}")
+    if outcome.final_accuracy is not None:
+        print(f"final test accuracy {outcome.final_accuracy:.4f}")
+    if outcome.claim.private:
+        print(outcome.privacy_line())
+    more = "rounds=N" if config.stop_at_bytes is None else "rounds=N or stop_at_bytes=B"
+    print(
+        f"checkpoint: {outcome.checkpoint} (continue with: uv run python -m cluster resume "
+        f"{outcome.checkpoint} --set {more})"
+    )
+    if outcome.run_id:
+        print(f"MLflow run {outcome.run_id} in {outcome.tracking_uri}")
+        if not outcome.tracking_uri.startswith("http"):
+            print(f"browse it with: uv run mlflow ui --backend-store-uri {outcome.tracking_uri}")
+        print(f"run page: {outcome.run_page}")
+    return 0
+
+
+def _what_is_kept(error: Interrupted, resumed: dict | None) -> str:
+    """Where the rounds an aborted run completed are kept."""
+    written = getattr(error, "checkpoint", None)
+    if written is not None:
+        path, rounds = written
+        return f"round {rounds}'s checkpoint: {path} (uv run python -m cluster resume {path})"
+    if resumed is not None:
+        done = resumed["simulation"]["rounds_done"]
+        return f"the checkpoint resumed from is unchanged (round {done})"
+    return "no round completed: nothing to resume"
+
+
+def _add_execution_options(parser: argparse.ArgumentParser, set_help: str) -> None:
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
+    parser.add_argument("--executor", choices=["local", "ray"], help="override executor.kind")
+    parser.add_argument(
+        "--address", help="Ray cluster address (default: $RAY_ADDRESS or an embedded Ray)"
+    )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also show Ray's own log lines and the workers' output (default: only the run's "
+        "progress; Ray's logs stay in the log directory printed at start)",
+    )
+
+
+def add_run_parsers(commands) -> None:
+    """The ``run`` and ``resume`` subcommands."""
+    run = commands.add_parser("run", help="run one experiment from a YAML config")
+    run.add_argument("config", help="experiment YAML, e.g. configs/quickstart.yaml")
+    _add_execution_options(run, "override a config field, e.g. --set rounds=10 (repeatable)")
+    run.set_defaults(handler=_run)
+    resume = commands.add_parser("resume", help="continue a run from its checkpoint")
+    resume.add_argument("checkpoint", help="checkpoint file written by a run")
+    _add_execution_options(
+        resume,
+        "change rounds, eval_every, eval_train, stop_at_bytes, executor.* or checkpoint.* only",
+    )
+    resume.set_defaults(handler=_resume)

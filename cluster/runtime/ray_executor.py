@@ -1,0 +1,250 @@
+"""``RayExecutor``: the hosts as Ray actors (``actors.ray_actor``), placed per actor
+(``actor_options``) or in a trial's placement group (``in_trial_group``), and brought back
+after a loss of hosts (``await_hosts``)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from actors.client_host import AUTO_KERNELS, Kernels
+from algorithms.presets import Algorithm
+from cluster.runtime.central_optimum import store_optimum
+from cluster.runtime.executors import (
+    MAX_RESTARTS,
+    POLL_S,
+    Call,
+    HostPool,
+    HostsLost,
+    HostsUnavailable,
+)
+from datasets.store import ShardStore
+
+# How long lost actors may take to be running again, somewhere ($DPFL_RESTART_TIMEOUT_S: an
+# autoscaling cluster may need minutes to add a node).
+RESTART_TIMEOUT_S = float(os.environ.get("DPFL_RESTART_TIMEOUT_S", "120"))
+
+
+PING_S = 5.0  # how long a restarted actor may take to answer its first call
+
+
+def actor_options(cpus: float, gpus: float, placement: str) -> dict:
+    """Ray options of one host actor.
+
+    ``placement``: ``pack`` leaves Ray's default strategy (fill the driver's node, then the
+    next), ``spread`` gives every actor Ray's ``SPREAD`` strategy (each on the node with the
+    fewest of them that has room). A placement group would reserve the pool's bundles once;
+    when a node dies Ray 2.60 reschedules its bundles (the group goes to RESCHEDULING) and the
+    actors in them restart only once a new bundle is placed, which a STRICT_SPREAD group with
+    more bundles than surviving nodes never is: the run would hang where a per-actor strategy
+    restarts the actor on any surviving node with room. So: SPREAD, no placement group.
+
+    Every actor may be restarted ``MAX_RESTARTS`` times, but its calls are never retried by Ray
+    (``max_task_retries=0``): a restarted actor has lost its clients' states (SCAFFOLD's c_i),
+    and only the driver knows what to restore first (``Simulation``'s roll-back).
+    """
+    return {
+        "num_cpus": cpus,
+        "num_gpus": gpus,
+        "max_restarts": MAX_RESTARTS,
+        "max_task_retries": 0,
+        "scheduling_strategy": "SPREAD" if placement == "spread" else "DEFAULT",
+    }
+
+
+def in_trial_group(group, actor_index: int) -> dict:
+    """Ray options placing actor ``actor_index`` of a trial (``cluster.analysis.trials``) in its
+    placement group ``group``: bundle 0 is the trial's driver, actor i takes bundle i + 1.
+    Outside a placement group (``group`` None): none, ``actor_options`` decides."""
+    if group is None:
+        return {}
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    return {"scheduling_strategy": PlacementGroupSchedulingStrategy(group, actor_index + 1)}
+
+
+class RayExecutor(HostPool):
+    """The hosts as Ray actors, placed by ``placement`` (``actor_options``). A call that loses
+    an actor (its node or process died) raises ``HostsLost``; ``await_hosts`` then waits until
+    Ray has restarted it, on a surviving node, reading its clients' shards from the store."""
+
+    def __init__(
+        self,
+        store: ShardStore,
+        task: str,
+        algorithm: Algorithm,
+        seed: int,
+        num_actors: int,
+        cpus_per_actor: float = 1.0,
+        gpus_per_actor: float = 0.0,
+        test_per_client: int | None = None,
+        kernels: Kernels = AUTO_KERNELS,
+        placement: str = "pack",
+    ):
+        import ray
+        from ray.util import get_current_placement_group
+
+        from actors.ray_actor import ClientHostActor
+
+        super().__init__(store, algorithm, num_actors)
+        self._ray = ray
+        self._store_location = store.location
+        options = actor_options(cpus_per_actor, gpus_per_actor, placement)
+        group = get_current_placement_group()  # a trial's, or None
+        self.actors = [
+            ClientHostActor.options(**{**options, **in_trial_group(group, actor_index)}).remote(
+                cpus_per_actor,
+                gpus_per_actor,
+                (actor_index, num_actors),
+                store_path=store.location,
+                test_per_client=test_per_client,
+                kernels=kernels,
+                task=task,
+                algorithm=algorithm,
+                seed=seed,
+            )
+            for actor_index in range(num_actors)
+        ]
+        self.placement = self.actor_info()
+        self.devices = [info["device"] for info in self.placement]
+
+    def actor_info(self) -> list[dict]:
+        """Each actor's ``info()``: process, device, node id and node IP."""
+        return self._ray.get([actor.info.remote() for actor in self.actors])
+
+    def describe_placement(self) -> str:
+        """One line: how many nodes the actors are on, and each actor's node."""
+        nodes = {info["node_id"] for info in self.placement}
+        where = ", ".join(
+            f"{index} on {info['node_id'][:8]} ({info['node_ip']}, pid {info['pid']})"
+            for index, info in enumerate(self.placement)
+        )
+        return f"actors on {len(nodes)} node{'s' if len(nodes) > 1 else ''}: {where}"
+
+    @property
+    def can_lose_hosts(self) -> bool:
+        return True
+
+    def _share(self, value: Any) -> Any:
+        return self._ray.put(value)
+
+    def central_optimum(self, task: str, weight_decay: float) -> float | None:
+        """A Ray task beside actor 0 (its node reads the store; soft: anywhere if that node is
+        gone), taking no CPU of the pool: the hosts' rounds go on meanwhile."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        near = NodeAffinitySchedulingStrategy(self.placement[0]["node_id"], soft=True)
+        remote = self._ray.remote(store_optimum).options(num_cpus=0, scheduling_strategy=near)
+        return self._ray.get(remote.remote(self._store_location, task, weight_decay))
+
+    def _call(
+        self, method: str, calls: list[Call], check: Callable[[], None] | None = None
+    ) -> list:
+        busy = [index for index, args in enumerate(calls) if args is not None]
+        futures = [getattr(self.actors[index], method).remote(*calls[index]) for index in busy]
+        pending = futures if check is not None else []
+        while pending:
+            _, pending = self._ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
+            if pending:
+                check()
+        return self._answers(busy, futures)
+
+    def _answers(self, hosts: list[int], futures: list) -> list:
+        """The calls' results in host order; ``HostsLost`` naming every host that died, or that
+        Ray restarted since its last call (it refuses with ``ClientStatesLost``: its node died
+        while it had nothing to do, e.g. between rounds)."""
+        from ray.exceptions import ObjectLostError, RayActorError, RayTaskError
+
+        answers, lost, cause = [], [], None
+        for host, future in zip(hosts, futures, strict=True):
+            try:
+                answers.append(self._ray.get(future))
+            except (RayActorError, ObjectLostError) as error:  # a result on a lost node too
+                lost.append(host)
+                cause = cause or error
+            except RayTaskError as error:
+                refusal = _states_lost(error)
+                if refusal is None:
+                    raise
+                lost.append(host)
+                cause = cause or refusal  # its message, not Ray's process title
+        if lost:
+            raise HostsLost(lost, cause)
+        return answers
+
+    def await_hosts(
+        self, timeout_s: float | None = None, check: Callable[[], None] | None = None
+    ) -> None:
+        """Wait until every actor answers again (Ray restarts lost ones on a node with room);
+        ``placement`` is updated. ``HostsUnavailable`` when an actor is dead for good (its
+        restarts spent) or not running within ``timeout_s`` (``RESTART_TIMEOUT_S``): no
+        surviving node can host it. ``check`` is polled every ``POLL_S`` meanwhile: what it
+        raises ends the wait (a stop signal)."""
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        timeout_s = RESTART_TIMEOUT_S if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
+        waiting = set(range(len(self.actors)))
+        while waiting:
+            if check is not None:
+                check()
+            for index in sorted(waiting):
+                state = self._actor_state(index)
+                if state["State"] == "DEAD":
+                    raise HostsUnavailable(
+                        f"executor: actor {index} cannot be restarted (Ray restarted it "
+                        f"{state.get('NumRestarts', '?')} times, at most {MAX_RESTARTS}); "
+                        "resume the run once the cluster is healthy"
+                    )
+                if state["State"] != "ALIVE":
+                    continue
+                try:
+                    self.placement[index] = self._ray.get(
+                        self.actors[index].info.remote(), timeout=PING_S
+                    )
+                    waiting.discard(index)
+                except (RayActorError, GetTimeoutError):  # still on the dead node, for the GCS
+                    pass
+            if waiting and time.monotonic() > deadline:
+                raise HostsUnavailable(self._unplaceable(sorted(waiting), timeout_s))
+            if waiting:
+                time.sleep(POLL_S)
+
+    def _actor_state(self, index: int) -> dict:
+        """The GCS's record of actor ``index`` (State, NumRestarts, DeathCause, ...)."""
+        from ray._private.state import actors  # what RuntimeContext itself reads; no public API
+
+        return actors(actor_id=self.actors[index]._actor_id.hex()) or {"State": "DEAD"}
+
+    def _unplaceable(self, waiting: list[int], timeout_s: float) -> str:
+        free = self._ray.available_resources()
+        nodes = sum(node["Alive"] for node in self._ray.nodes())
+        return (
+            f"executor: actors {waiting} lost with their node could not be restarted within "
+            f"{timeout_s:g} s: no surviving node has room for them ({nodes} nodes alive, free "
+            f"CPU {free.get('CPU', 0):g}, GPU {free.get('GPU', 0):g}): add a node (or lower "
+            "executor.num_actors / cpus_per_actor) and resume the run"
+        )
+
+    def close(self) -> None:
+        """Kill the actors and drop their handles now, while this Ray session lasts: a handle
+        released after ``ray.shutdown`` is released in the next session, where actor ids start
+        again from the same numbers (job 01000000 on a fresh cluster) and it would take a
+        reference off that session's actor of the same id, which then dies."""
+        for actor in self.actors:
+            self._ray.kill(actor)
+        self.actors = []
+
+
+def _states_lost(error: BaseException) -> BaseException | None:
+    """A restarted actor's refusal (``ClientStatesLost``) that a failed call raised, or None.
+    Ray raises it as a ``RayTaskError`` whose ``cause`` it is (and which is also an instance
+    of the cause's class)."""
+    from actors.ray_actor import ClientStatesLost
+
+    cause = getattr(error, "cause", None)
+    if isinstance(cause, ClientStatesLost):
+        return cause
+    return error if isinstance(error, ClientStatesLost) else None

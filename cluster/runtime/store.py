@@ -1,0 +1,172 @@
+"""The run's shard store: checked before any work (``check_data``), opened or built when the run
+starts (``open_store``). Its client sizes are also what a sample-level privacy claim is
+computed from (``cluster.claims.calibration``)."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+from cluster.config import ConfigError, DataConfig, ExperimentConfig
+from cluster.runtime.storage_checks import (
+    check_object_store,
+    check_writable_dir,
+    check_writable_location,
+    refuse_pseudo_filesystem,
+    unusable,
+)
+from datasets import locations
+from datasets.partition import PartitionError
+from datasets.preparation import split_preparation
+from datasets.sources import build_or_open_store
+from datasets.store import ShardStore, StoreError
+from datasets.validation import validation_store
+
+
+def open_store(config: ExperimentConfig) -> tuple[ShardStore, bool]:
+    """The run's store: ``data.store`` as given, or built from the config on first use; with
+    ``data.validation``, the store derived from it with the validation rows held out
+    (``datasets.validation``). A partition, validation split or per-client test set its rows
+    cannot give is a ``ConfigError`` (a store is written only after its split is drawn)."""
+    d = config.data
+    try:
+        if d.store is not None:
+            store, built = ShardStore.open(d.store), False
+            check_store_matches(store, d)
+        else:
+            store, built = build_or_open_store(
+                d.resolved_store_root(),
+                *config.store_parameters,
+                data_root=d.resolved_data_root(),
+                download=d.download,
+            )
+        if d.validation is not None:
+            store = validation_store(store, d.validation.describe(), d.num_clients, config.seed)
+        if d.test_per_client:  # every host draws these: a failure here, not in an actor
+            store.matched_test_sets(d.test_per_client, config.seed)
+    except PartitionError as error:  # bad input that only the data's rows could reveal
+        field = f"data.{error.field}"
+        value = functools.reduce(getattr, field.split(".")[1:], d)
+        kept = {"test_per_client": "", "validation": "; no validation store was written"}.get(
+            error.field.split(".")[0], "; no store was written"
+        )
+        raise ConfigError(field, value, f"{error}{kept}") from None
+    return store, built
+
+
+def check_data(config: ExperimentConfig) -> None:
+    """``data.store`` opens and is intact; else the store the config keys is intact if built,
+    or its root can take it and the raw files it would be built from are there (or can be
+    downloaded into a writable ``data.root``)."""
+    from datasets.sources import existing_store_path
+    from datasets.vision import SOURCE_NAMES
+
+    d = config.data
+    location = d.store
+    if location is None:
+        root = d.resolved_store_root()
+        check_object_store("data.store_root", root)
+        try:
+            built = existing_store_path(root, *config.store_parameters)
+        except OSError as error:  # e.g. a name longer than the filesystem allows
+            raise unusable("data.store_root", root, error) from None
+        if built is None:  # built on first use, under the root
+            check_writable_location("data.store_root", root)
+            if d.source in SOURCE_NAMES:
+                _check_raw_files(config)
+            elif d.source == "synthetic":
+                check_synthetic_fits(config)
+            return
+        location = str(built)
+    else:
+        check_object_store("data.store", d.store_location())
+    try:
+        store = ShardStore.open(location)
+        store.check()
+    except StoreError as error:
+        raise unreadable_store(location, error, _rebuild_fix(d)) from None
+    check_store_matches(store, d)
+
+
+def unreadable_store(location: str, error: StoreError, fix: str) -> ConfigError:
+    """The ``ConfigError`` of the store at ``location`` that ``error`` could not read: naming
+    ``data.store`` and ``fix`` (restore or rebuild it), or, where its object store refused
+    these credentials, the AWS variables (rebuilding would not help)."""
+    if not error.denied:
+        return ConfigError("data.store", location, f"{error.problem}; {fix}")
+    return ConfigError(
+        "AWS_ACCESS_KEY_ID",
+        os.environ.get("AWS_ACCESS_KEY_ID") or "(unset)",
+        f"these credentials may not read the shard store {location} ({error.problem}) at "
+        f"{locations.endpoint()}; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or "
+        "AWS_PROFILE) to credentials with s3:GetObject on it (for data.store)",
+    )
+
+
+def _check_raw_files(config: ExperimentConfig) -> None:
+    """A vision source's files are in ``data.root``, or it can take them (``data.download``)."""
+    from datasets.vision import check_present
+
+    root = config.data.resolved_data_root()
+    if config.data.download:
+        check_writable_dir("data.root", root)
+    else:
+        refuse_pseudo_filesystem("data.root", root)
+        check_present(config.data.source, root, **_source_files_options(config))
+
+
+def check_store_matches(store: ShardStore, d: DataConfig) -> None:
+    """The store holds the configured source and number of clients (with
+    ``data.validation.clients``, the held-out ones too: ``DataConfig.partitioned_clients``)."""
+    source = store.manifest["source"]["name"]
+    if store.num_clients != d.partitioned_clients or source != d.source:
+        held_out = d.partitioned_clients - d.num_clients
+        clients = (
+            f"data.num_clients={store.num_clients}"
+            if not held_out
+            else f"data.num_clients (+ {held_out} held out by data.validation.clients) to "
+            f"{store.num_clients} in all"
+        )
+        raise ConfigError(
+            "data.store",
+            store.location,
+            f"it holds {store.num_clients} clients of {source!r}; set {clients} and "
+            f"data.source={source}",
+        )
+
+
+def check_synthetic_fits(config: ExperimentConfig) -> None:
+    """The synthetic data fits this machine's memory while it is generated: the float32 rows,
+    one float64 block of users and one user's logits (``datasets.synthetic``)."""
+    from datasets.synthetic import CHUNK_USERS
+
+    d, s = config.data, config.data.synthetic
+    rows = d.num_clients * s.samples_per_user
+    need = (
+        rows * (4 * s.num_features + 8)
+        + min(d.num_clients, CHUNK_USERS) * s.samples_per_user * s.num_features * 8
+        + s.samples_per_user * s.num_classes * 8
+    )
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > have:
+        raise ConfigError(
+            "data.synthetic",
+            f"{d.num_clients} users × {s.samples_per_user} samples × {s.num_features} features, "
+            f"{s.num_classes} classes",
+            f"generating it needs about {need / 2**30:.3g} GiB, this machine has "
+            f"{have / 2**30:.3g} GiB: lower data.num_clients or data.synthetic's "
+            "samples_per_user, num_features or num_classes",
+        )
+
+
+def _source_files_options(config: ExperimentConfig) -> dict:
+    """The options that decide which raw files a vision source reads."""
+    options, _ = split_preparation(config.data.source_options())
+    options.pop("pca_components", None)
+    return options
+
+
+def _rebuild_fix(d: DataConfig) -> str:
+    if d.store is not None:
+        return "rebuild it with `uv run python -m cluster partition ...` or remove data.store"
+    return "delete that directory and run again: the store is rebuilt from the same parameters"
