@@ -142,6 +142,8 @@ def test_a_round_without_client_state_is_dropped_and_resumes_bit_for_bit(
     assert "interrupted by SIGINT during round 3 (dropped): checkpoint" in out.out
     run = _only_run(tracking)
     assert run.info.status == "KILLED"
+    description = run.data.tags["mlflow.note.content"]  # cluster.runtime.run_names
+    assert description.startswith("2/4 rounds (interrupted by SIGINT during round 3 (dropped)) · ")
     saved = _checkpoint(tmp_path)
     assert saved["simulation"]["rounds_done"] == 2
     # the accountant as after round 2: round 3's charge was taken back
@@ -154,6 +156,11 @@ def test_a_round_without_client_state_is_dropped_and_resumes_bit_for_bit(
     assert tracking.get_run(run.info.run_id).info.status == "FINISHED"  # the same MLflow run
     steps = tracking.get_metric_history(run.info.run_id, "seconds_per_round")
     assert sorted(m.step for m in steps) == [1, 2, 3, 4]  # the dropped round 3 logged once
+    finished = tracking.get_run(run.info.run_id)  # keeps its name; its line is the whole run's
+    assert finished.info.run_name == run.info.run_name
+    assert finished.data.tags["mlflow.note.content"].startswith(
+        "4/4 rounds (completed 4 rounds) · "
+    )
 
 
 def test_a_round_with_client_state_finishes_before_the_stop(
@@ -167,7 +174,10 @@ def test_a_round_with_client_state_finishes_before_the_stop(
     out = capsys.readouterr()
     _no_traceback(out.err)
     assert "interrupted by SIGTERM after round 3: checkpoint" in out.out
-    assert _only_run(tracking).info.status == "KILLED"
+    run = _only_run(tracking)
+    assert run.info.status == "KILLED"
+    description = run.data.tags["mlflow.note.content"]  # cluster.runtime.run_names
+    assert description.startswith("3/5 rounds (interrupted by SIGTERM after round 3) · ")
     assert _checkpoint(tmp_path)["simulation"]["rounds_done"] == 3
 
 

@@ -277,7 +277,7 @@ def run_experiment(
             executor = make_executor(config, store, say, verbose)
         except BaseException as error:
             if run is not None:
-                _abandon(run, error, config, None)
+                _abandon(run, error, config, None, resume)
             raise
         try:
             return _run_rounds(config, store, executor, run, resume, on_round, say, stop)
@@ -291,9 +291,13 @@ def _abandon(
     error: BaseException,
     config: ExperimentConfig,
     written: tuple[Location, int] | None,
+    resume: dict | None,
 ) -> None:
-    """End the run that ``error`` stopped before it finished, described by what it kept."""
-    run.set_tags({DESCRIPTION_TAG: stopped_description(error, written, config.total_rounds)})
+    """End the run that ``error`` stopped before it finished, described by what it kept: the
+    checkpoint it ``written`` last, else the one it resumed from (``resume``), unchanged."""
+    resumed_rounds = resume["simulation"]["rounds_done"] if resume is not None else None
+    line = stopped_description(error, written, config.total_rounds, resumed_rounds)
+    run.set_tags({DESCRIPTION_TAG: line})
     run.abandon(_end_status(error))
 
 
@@ -410,7 +414,7 @@ def _run_rounds(
         if isinstance(error, Interrupted):  # say where the completed rounds are kept
             error.checkpoint = written
         if run is not None:  # a second Ctrl-C is the user's stop, not a failure
-            _abandon(run, error, config, written)
+            _abandon(run, error, config, written, resume)
         raise
     run_id = run.run_id if run is not None else None
     uri = run.uri if run is not None else None

@@ -42,18 +42,24 @@ def run_name(config: ExperimentConfig, run_id: str) -> str:
     return f"{run_title(config)}{SEPARATOR}{run_id[:SHORT_ID]}"
 
 
-def privacy_text(claim: PrivacyClaim | SampleLevelClaim, epsilon: float) -> str:
-    """ε at δ and whom it protects; or "no ε: dp_valid=false (why)"; or "not private"."""
+def privacy_text(claim: PrivacyClaim | SampleLevelClaim, epsilon: float, rounds: int) -> str:
+    """ε at δ after ``rounds`` released rounds and whom it protects (with ε against a server
+    that sees each upload, where the noise is the clients'); or "no ε: dp_valid=false (why)";
+    or "not private"."""
     if not claim.private:
         return "not private (no noise)"
     if not claim.dp_valid:
         return f"no ε: dp_valid=false ({claim.unaccounted_reason})"
     unit = claim.tags()["privacy.unit"]
-    value = f"{epsilon:.3f}" if math.isfinite(epsilon) else "∞"
-    return (
-        f"ε = {value} at δ = {claim.delta:g} ({claim.accounting_text}); privacy unit: {unit}; "
-        f"threat model: {claim.threat_model}"
-    )
+    if rounds == 0:  # nothing was released (e.g. the budget refused round 1)
+        spent = "ε = 0 (no round released)"
+    else:
+        value = f"{epsilon:.3f}" if math.isfinite(epsilon) else "∞"
+        spent = f"ε = {value} at δ = {claim.delta:g} ({claim.accounting_text})"
+        vs_server = claim.epsilon_vs_server(rounds)
+        if vs_server is not None:
+            spent += f", against a server that sees each upload ε = {vs_server:.4g}"
+    return f"{spent}; privacy unit: {unit}; threat model: {claim.threat_model}"
 
 
 def run_description(
@@ -72,19 +78,29 @@ def run_description(
         else "no test accuracy"
     )
     rounds = f"{len(history)}/{planned_rounds} rounds ({stop_reason})"
-    return SEPARATOR.join([rounds, accuracy, privacy_text(claim, epsilon)])
+    return SEPARATOR.join([rounds, accuracy, privacy_text(claim, epsilon, len(history))])
 
 
 def stopped_description(
-    error: BaseException, written: tuple[object, int] | None, planned_rounds: int
+    error: BaseException,
+    written: tuple[object, int] | None,
+    planned_rounds: int,
+    resumed_rounds: int | None = None,
 ) -> str:
     """The line of a run ``error`` ended early: the rounds its last checkpoint ``written``
-    ((path, rounds); None: none) keeps for a resume, and why it stopped."""
+    ((path, rounds); None: none this time) keeps for a resume, and why it stopped. A resumed
+    run (``resumed_rounds``: the rounds of the checkpoint it resumed from) that wrote none
+    still has that checkpoint, unchanged."""
     message = (str(error).splitlines() or [""])[0][:300]
     if isinstance(error, KeyboardInterrupt):  # a stop signal: the user's, not a failure
         why = f"stopped: {message or 'interrupted'}"
     else:
         why = f"failed: {type(error).__name__}: {message}"
+    if written is None and resumed_rounds is not None:
+        return (
+            f"{resumed_rounds}/{planned_rounds} rounds kept in the checkpoint it resumed from, "
+            f"unchanged ({why})"
+        )
     if written is None:
         return f"0/{planned_rounds} rounds kept, no checkpoint ({why})"
     path, rounds = written
