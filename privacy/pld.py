@@ -21,7 +21,7 @@ of the runs before the last one. ε after one more round then costs one self-com
 most 2¹⁷ points, one composition and one ε look-up: 0.03-0.05 s at q = 0.2, σ = 1 for every T
 from 1 to 10,000 once the caches are warm (1e-4 throughout: 0.3 s at T = 1, 1.4 s at
 T = 1,000), plus a one-off 0.1-0.8 s per interval the run reaches (dp-accounting's
-construction, which ``privacy.pld_numpy`` does 19–30× faster: benchmarks/NOTES.md). Only the
+construction, which ``privacy.pld_numpy`` does with 23–31× less CPU: benchmarks/NOTES.md). Only the
 first ε after ``load_state_dict`` composes the whole history (100 distinct runs of 10 rounds:
 59–65 s, the next round's ε 0.23 s). The composed PLD is memoised,
 so ``epsilon_after`` followed by ``step`` with the same (σ, q) and ``epsilon`` composes once. ε

@@ -19,7 +19,7 @@ repeat needlessly:
   a coarse probe interval, so that it builds the one-round PLD at the interval it picks and
   rarely at a finer one (not at every finer one: 1.7 + 0.57 s wasted at q = 0.1, σ = 0.95,
   T = 200, where 4·10⁻⁴ is picked, with dp-accounting's construction; ``privacy.pld_numpy``'s
-  is 19–30× faster, benchmarks/NOTES.md).
+  takes 23–31× less CPU, benchmarks/NOTES.md).
 
 ``discretization_for`` decides from the run history alone (the Chernoff support, O(40) per run), so
 ε stays a deterministic function of the merged (σ, q, rounds) history and a resumed accountant
