@@ -62,7 +62,7 @@ class Pld:
         """The PLD of both mechanisms applied (each direction's pmfs convolved)."""
         if len(self.pmfs) == len(other.pmfs) == 1:
             return Pld((composed(self.pmfs[0], other.pmfs[0]),))
-        pairs = zip(_both(self), _both(other), strict=True)
+        pairs = zip(_remove_and_add(self), _remove_and_add(other), strict=True)
         return Pld(tuple(composed(mine, theirs) for mine, theirs in pairs))
 
     def epsilon(self, delta: float) -> float:
@@ -70,7 +70,8 @@ class Pld:
         return max(epsilon_for_delta(pmf, delta) for pmf in self.pmfs)
 
 
-def _both(pld: Pld) -> tuple[LossPmf, LossPmf]:
+def _remove_and_add(pld: Pld) -> tuple[LossPmf, LossPmf]:
+    """(remove, add) pmfs; the same pmf twice where the PLD is symmetric."""
     return (pld.pmfs[0], pld.pmfs[-1])
 
 
@@ -90,7 +91,7 @@ def _log_add(a, b):
 
 def _remove_loss(x: float, sigma: float, q: float) -> float:
     """The remove direction's loss at x: ln(1 − q + q·e^ℓ), ℓ = (−1/2 − x)/σ² the Gaussian's."""
-    loss = 1.0 * (-0.5 * 1.0 - x) / sigma**2
+    loss = (-0.5 - x) / sigma**2
     if q == 1.0:
         return loss
     if loss == 0:
@@ -98,39 +99,39 @@ def _remove_loss(x: float, sigma: float, q: float) -> float:
     return _log_add(loss + np.log(q), np.log(1 - q))
 
 
-def _remove_inverse(losses: np.ndarray, sigma: float, q: float) -> np.ndarray:
-    """The largest x whose remove-direction loss is at least each loss (all > ln(1 − q)).
-
-    ℓ = ln(1 + (e^L − 1)/q) = ln(e^L/q − (1/q − 1)) inverts L = ln(1 − q + q·e^ℓ), and
-    x = −1/2 − σ²ℓ inverts the Gaussian's ℓ; at L = ln(1 − q) (ℓ = −∞) x = ∞.
-    """
+def _unsubsampled(losses: np.ndarray, q: float) -> np.ndarray:
+    """The Gaussian's loss ℓ under each subsampled loss L = ln(1 − q + q·e^ℓ) > ln(1 − q):
+    ℓ = ln(a·e^L + c) with a = 1/q, c = 1 − 1/q < 0, i.e. ln(a·e^L) + ln(1 − e^(ln(−c) −
+    ln(a·e^L))); at L = 0 ln(a + c), the rounding of 0 that dp-accounting's formula gives."""
     if q == 1.0:
-        return -0.5 * 1.0 - losses * sigma**2 / 1.0
+        return losses
     a, c = 1 / q, 1 - 1 / q
     shifted = losses + np.log(a)
     with np.errstate(divide="ignore", invalid="ignore"):
-        gaussian = np.where(
+        return np.where(
             losses == 0, np.log(a + c), shifted + np.log1p(-np.exp(np.log(-c) - shifted))
         )
-        x = -0.5 * 1.0 - gaussian * sigma**2 / 1.0
+
+
+def _remove_inverse(losses: np.ndarray, sigma: float, q: float) -> np.ndarray:
+    """The largest x whose remove-direction loss is at least each loss (all > ln(1 − q)):
+    x = −1/2 − σ²ℓ inverts the Gaussian's ℓ = (−1/2 − x)/σ²; at L = ln(1 − q) (ℓ = −∞), ∞."""
+    x = -0.5 - _unsubsampled(losses, q) * sigma**2
+    if q == 1.0:
+        return x
     return np.where(_isclose(losses, math.log(1 - q)), np.inf, x)
 
 
 def _add_inverse(losses: np.ndarray, sigma: float, q: float) -> np.ndarray:
     """The largest x whose add-direction loss is at least each loss (all < −ln(1 − q)).
 
-    The add loss at x is minus the remove loss at −x, so x = 1 + (the remove inverse at −L)
-    with the Gaussian's inverse shifted by the sensitivity; at L = −ln(1 − q) x = −∞.
+    The add loss at x is minus the remove loss at −x, so the Gaussian's loss is −ℓ(−L) and x
+    its inverse shifted by the sensitivity: 1 + (−1/2 + σ²ℓ(−L)); at L = −ln(1 − q), −∞.
     """
+    gaussian = -_unsubsampled(-losses, q)
+    x = 1.0 + (-0.5 - gaussian * sigma**2)
     if q == 1.0:
-        return 1.0 + (-0.5 * 1.0 - losses * sigma**2 / 1.0)
-    a, c = 1 / q, 1 - 1 / q
-    shifted = -losses + np.log(a)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        gaussian = -np.where(
-            losses == 0, np.log(a + c), shifted + np.log1p(-np.exp(np.log(-c) - shifted))
-        )
-        x = 1.0 + (-0.5 * 1.0 - gaussian * sigma**2 / 1.0)
+        return x
     return np.where(_isclose(losses, -math.log(1 - q)), -np.inf, x)
 
 
