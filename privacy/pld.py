@@ -13,15 +13,17 @@ rounds, in order: the identity PLD, then for each (σ, q, count) of the merged h
 ``from_gaussian_mechanism(σ, sampling_prob=q).self_compose(count)``, at the interval that
 ``privacy.pld_runs.discretization_for`` picks for the history: 1e-4 (dp-accounting's default)
 while the composed PLD fits 2¹⁷ points, else 1e-4·2ᵏ for the smallest k at which it does. At
-that interval the value is bit-identical to ``PLDAccountant``'s (test). The accountant calls the
-``privacy_loss_distribution`` primitives itself so that it can cache: the one-round PLD and its
-Chernoff moments once per distinct (σ, q, interval) (``privacy.pld_runs``), and the PLD of the
-runs before the last one. ε after one more round then costs one self-composition of at most 2¹⁷
-points, one composition and one ε look-up: 0.03-0.05 s at q = 0.2, σ = 1 for every T from 1 to
-10,000 once the caches are warm (1e-4 throughout: 0.3 s at T = 1, 1.4 s at T = 1,000), plus a
-one-off 0.1-0.8 s per interval the run reaches. Only the first ε after ``load_state_dict``
-composes the whole history (100 distinct runs of 10 rounds: 59–65 s, the next round's ε
-0.23 s). The composed PLD is memoised,
+that interval the value is bit-identical to ``PLDAccountant``'s (tests). The accountant computes
+with ``privacy.pld_numpy``, a NumPy port of those ``privacy_loss_distribution`` steps (without
+dp-accounting, whose import pulls in ``scipy.stats``), so that it can cache: the one-round PLD
+and its Chernoff moments once per distinct (σ, q, interval) (``privacy.pld_runs``), and the PLD
+of the runs before the last one. ε after one more round then costs one self-composition of at
+most 2¹⁷ points, one composition and one ε look-up: 0.03-0.05 s at q = 0.2, σ = 1 for every T
+from 1 to 10,000 once the caches are warm (1e-4 throughout: 0.3 s at T = 1, 1.4 s at
+T = 1,000), plus a one-off 0.1-0.8 s per interval the run reaches (dp-accounting's
+construction, which ``privacy.pld_numpy`` does with 23–31× less CPU: benchmarks/NOTES.md). Only the
+first ε after ``load_state_dict`` composes the whole history (100 distinct runs of 10 rounds:
+59–65 s, the next round's ε 0.23 s). The composed PLD is memoised,
 so ``epsilon_after`` followed by ``step`` with the same (σ, q) and ``epsilon`` composes once. ε
 is a deterministic function of the merged (σ, q, rounds) history (the interval is one too), so an
 accountant rebuilt with ``load_state_dict`` continues with bit-identical values.
@@ -52,9 +54,8 @@ from __future__ import annotations
 
 import math
 
-from dp_accounting.pld import privacy_loss_distribution as pld_lib
-
-from privacy.pld_runs import Runs, discretization_for, self_composed, subsampled_gaussian_pld
+from privacy.pld_numpy import Pld, identity
+from privacy.pld_runs import Runs, discretization_for, self_composed
 from privacy.rdp import rdp_epsilon
 
 DEFAULT_VALUE_DISCRETIZATION_INTERVAL = 1e-4
@@ -89,9 +90,9 @@ def coarse_pld_epsilon(history: Runs, delta: float) -> float:
     for sigma, q, rounds in history:
         if q == 0.0 or rounds == 0:
             continue
-        run = subsampled_gaussian_pld(sigma, q, interval).self_compose(rounds)
-        pld = run if pld is None else pld.compose(run)
-    return 0.0 if pld is None else float(pld.get_epsilon_for_delta(delta))
+        run = self_composed(sigma, q, interval, rounds)
+        pld = run if pld is None else pld.composed_with(run)
+    return 0.0 if pld is None else pld.epsilon(delta)
 
 
 class HistoryAccountant:
@@ -194,10 +195,10 @@ class PldAccountant(HistoryAccountant):
         self.value_discretization_interval = float(value_discretization_interval)
         # PLD of history[:_closed_runs] at interval _closed_interval; only runs before the
         # last (still growing) one.
-        self._closed: pld_lib.PrivacyLossDistribution | None = None
+        self._closed: Pld | None = None
         self._closed_runs = 0
         self._closed_interval = self.value_discretization_interval
-        self._memo: dict[Runs, tuple[float, pld_lib.PrivacyLossDistribution | None]] = {}
+        self._memo: dict[Runs, tuple[float, Pld | None]] = {}
 
     # -- composition ---------------------------------------------------------------------------
 
@@ -212,8 +213,8 @@ class PldAccountant(HistoryAccountant):
             return base
         run = self_composed(sigma, q, interval, rounds)
         if base is None:
-            base = pld_lib.identity(value_discretization_interval=interval)
-        return base.compose(run)
+            base = identity(interval)
+        return base.composed_with(run)
 
     def _remember(self, history: Runs, interval: float, pld) -> None:
         if len(self._memo) >= _MEMO_SIZE:
@@ -245,7 +246,7 @@ class PldAccountant(HistoryAccountant):
 
     def _compute(self, history: Runs, delta: float) -> float:
         pld = self._pld(history)
-        return 0.0 if pld is None else float(pld.get_epsilon_for_delta(delta))
+        return 0.0 if pld is None else pld.epsilon(delta)
 
     # -- the RdpAccountant interface -----------------------------------------------------------
 

@@ -20,7 +20,6 @@ import math
 import numpy as np
 from scipy import integrate
 from scipy.fft import irfft, rfft
-from scipy.signal import convolve
 from scipy.special import erfc
 
 from privacy.rdp import rdp_epsilon
@@ -130,6 +129,12 @@ def _self_composed(pmf: np.ndarray, grid: _Grid, times: int) -> tuple[np.ndarray
 
 def _convolved(parts: list[tuple[np.ndarray, _Grid]]) -> tuple[np.ndarray, _Grid]:
     """Neighbours convolved pairwise until one is left (an odd last one waits a level)."""
+    if len(parts) == 1:
+        return parts[0]
+    # Imported here: scipy.signal imports scipy.stats (~1 s of CPU), which a history of one
+    # run (the privacy calculator's) never needs.
+    from scipy.signal import convolve
+
     while len(parts) > 1:
         level = [parts.pop()] if len(parts) % 2 == 1 else []
         for (left, grid), (right, other) in zip(parts[:-1:2], parts[1::2], strict=True):

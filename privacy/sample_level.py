@@ -101,7 +101,6 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.privacy_accountant import NeighboringRelation as NeighborRel
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 
-from privacy.pld_runs import subsampled_gaussian_pld
 from privacy.search import largest_meeting
 
 ADJACENCIES = ("add_remove", "replace_one")
@@ -141,8 +140,9 @@ def _inner_pld(
 ) -> pld_lib.PrivacyLossDistribution:
     """PLD_K: K local steps of the s-Poisson-subsampled Gaussian.
 
-    add/remove: ``privacy.pld``'s PLD of one s-subsampled Gaussian release at interval h (the
-    client-level round's mechanism, applied to records). replace-one: dp-accounting's
+    add/remove: dp-accounting's PLD of one s-subsampled Gaussian release at interval h (the
+    client-level round's mechanism, applied to records: ``privacy.pld_numpy`` computes the
+    same one without dp-accounting). replace-one: dp-accounting's
     ``REPLACE_ONE`` relation, which with sensitivity 1 compares a record's contribution −1
     against +1 (2 apart): in units of C, the replaced record moves the clipped sum by up to 2
     and the noise std is 2σ_g (noise 2Cσ_g). Either is self-composed K times.
@@ -155,7 +155,11 @@ def _inner_pld(
             neighboring_relation=NeighborRel.REPLACE_ONE,
         )
     else:
-        step = subsampled_gaussian_pld(noise_multiplier, data_rate, interval)
+        step = pld_lib.from_gaussian_mechanism(
+            standard_deviation=noise_multiplier,
+            value_discretization_interval=interval,
+            sampling_prob=data_rate,
+        )
     return step.self_compose(local_steps)
 
 

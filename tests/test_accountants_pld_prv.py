@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from dp_accounting import dp_event
 from dp_accounting.pld import PLDAccountant
+from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from opacus.accountants import PRVAccountant
 
 from privacy.accountant import RdpAccountant
@@ -20,7 +21,6 @@ from privacy.pld_runs import (
     _history_support,
     discretization_for,
     self_composed,
-    subsampled_gaussian_pld,
 )
 from privacy.prv import PrvAccountant
 
@@ -188,10 +188,12 @@ def test_privacy_package_does_not_import_ray_or_mlflow():
 @pytest.mark.parametrize("rounds", [1, 7, 100])
 def test_self_composition_with_cached_moments_is_the_librarys(rounds):
     ours = self_composed(1.0, 0.2, 1e-4, rounds)
-    theirs = subsampled_gaussian_pld(1.0, 0.2, 1e-4).self_compose(rounds)
-    for a, b in ((ours._pmf_remove, theirs._pmf_remove), (ours._pmf_add, theirs._pmf_add)):
-        assert a._lower_loss == b._lower_loss and a._infinity_mass == b._infinity_mass
-        assert (a._probs == b._probs).all()
+    theirs = pld_lib.from_gaussian_mechanism(
+        1.0, value_discretization_interval=1e-4, sampling_prob=0.2
+    ).self_compose(rounds)
+    for a, b in zip(ours.pmfs, (theirs._pmf_remove, theirs._pmf_add), strict=True):
+        assert a.lower == b._lower_loss and a.infinity == b._infinity_mass
+        assert (a.probs == b._probs).all()
 
 
 @pytest.mark.parametrize(("sigma", "q"), [(1.0, 0.2), (1.0, 0.01)])
@@ -201,10 +203,10 @@ def test_long_runs_coarsen_the_grid_within_a_bounded_support(sigma, q):
     for rounds in (10, 100, 1000, 10000):
         interval = discretization_for(((sigma, q, rounds),), 1e-4)
         pld = self_composed(sigma, q, interval, rounds)
-        assert max(pld._pmf_remove.size, pld._pmf_add.size) <= SUPPORT_CAP
+        assert max(len(pmf.probs) for pmf in pld.pmfs) <= SUPPORT_CAP
         if rounds == 1000 and interval > 1e-4:  # compare with the uncapped grid
-            fine = subsampled_gaussian_pld(sigma, q, 1e-4).self_compose(rounds)
-            coarse, exact = pld.get_epsilon_for_delta(DELTA), fine.get_epsilon_for_delta(DELTA)
+            fine = self_composed(sigma, q, 1e-4, rounds)
+            coarse, exact = pld.epsilon(DELTA), fine.epsilon(DELTA)
             assert exact <= coarse <= exact * (1 + 2e-5)
     assert discretization_for(((sigma, q, 10000),), 1e-4) > 1e-4  # it did coarsen
 

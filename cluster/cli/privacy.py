@@ -7,8 +7,9 @@ import functools
 import math
 import sys
 
-# The accountants (NumPy/SciPy, dp-accounting: no torch, tests/test_privacy_numpy.py) are
-# imported when a calculation runs, so that `privacy --help` starts at once.
+# The accountants (client level: NumPy/SciPy only, no torch, dp-accounting or scipy.stats,
+# tests/test_privacy_numpy.py; sample level: dp-accounting) are imported when a calculation
+# runs, so that `privacy --help` starts at once.
 
 
 def _rows() -> list[tuple[str, str, str]]:
