@@ -36,7 +36,6 @@ from privacy.pld_numpy import Pld
 SUPPORT_CAP = 2**17  # points per direction of a composed PLD before the interval doubles
 MAX_DOUBLINGS = 12
 PROBE_DOUBLINGS = 6  # discretization_for's first, cheap estimate: at finest·2⁶
-RATIO_SLACK = 0.15  # a finer interval is checked where its support could be < 2/1.15 × this one's
 
 Runs = tuple[tuple[float, float, int], ...]  # merged (σ, q, rounds) history
 
@@ -85,25 +84,19 @@ def discretization_for(history: Runs, finest: float) -> float:
     """The interval ``finest``·2ᵏ, smallest k, at which the history's PLD fits ``SUPPORT_CAP``
     (``finest``·2^``MAX_DOUBLINGS`` where none below does).
 
-    The support shrinks as the interval grows, about as 1/interval (×2.0–2.13 per doubling
-    where it is near the cap). Each exact support costs a one-round PLD at that interval
-    (≈1.7 s at q = 0.1, σ = 0.95, 10⁻⁴ with dp-accounting, half that per doubling), so the
-    search starts from the estimate of ``_estimated_doublings``, climbs while the exact support
-    does not fit, and only checks a finer interval exactly where it could fit: where the support
-    at k is at most ``SUPPORT_CAP``·(1 + ``RATIO_SLACK``)/2. The answer is the exhaustive
-    search's from k = 0 wherever one doubling at least divides the support by
-    2/(1 + ``RATIO_SLACK``) ≈ 1.74 (tests/test_accountants_pld_prv.py checks it against the
-    exhaustive search).
+    The support never grows with the interval (it shrinks about as 1/interval). Each exact
+    support costs a one-round PLD at that interval (the finest the dearest), so the search
+    starts from the cheap estimate of ``_estimated_doublings``, climbs while the exact support
+    does not fit, then steps down while the next finer interval fits. Since the support is
+    monotone, that is the exhaustive search's answer from k = 0, whatever the history
+    (tests/test_accountants_pld_prv.py checks it against the exhaustive search, including a
+    history whose support shrinks by far less than 2 per doubling).
     """
     runs = [(sigma, q, t) for sigma, q, t in history if q > 0.0 and sigma > 0.0 and t > 0]
     k = _estimated_doublings(runs, finest)
     while k < MAX_DOUBLINGS and _history_support(runs, finest * 2**k) > SUPPORT_CAP:
         k += 1
-    while (
-        k > 0
-        and _history_support(runs, finest * 2**k) <= SUPPORT_CAP * (1 + RATIO_SLACK) / 2
-        and _history_support(runs, finest * 2 ** (k - 1)) <= SUPPORT_CAP
-    ):
+    while k > 0 and _history_support(runs, finest * 2 ** (k - 1)) <= SUPPORT_CAP:
         k -= 1
     return finest * 2**k
 

@@ -230,6 +230,9 @@ def _smallest_fitting_interval(history, finest):
         ((1.0, 0.01, 10000),),  # 4e-4: 73k points, so 2e-4 is checked (152k: too wide)
         ((1.0, 0.01, 100), (1.0, 0.2, 10), (0.0, 0.2, 3)),  # 4e-4
         ((1.0, 0.2, 0),),  # nothing released: 1e-4
+        # 15,000 one-round runs of 3 points at every interval: a support that shrinks by far
+        # less than 2 per doubling near the cap (the review's counter-example to a slack rule)
+        ((1.0, 0.2, 1000),) + ((50.0, 1e-4, 1), (49.0, 1e-4, 1)) * 7500,
     ],
 )
 def test_the_interval_search_finds_the_smallest_fitting_interval(history):
