@@ -182,7 +182,7 @@ def test_serve_writes_rounds_together_and_before_it_exits(monkeypatch):
     import time
     from multiprocessing.connection import Connection
 
-    import cluster.tracking.process as tp
+    import cluster.tracking.service as tp
 
     writes = []
 
@@ -227,7 +227,8 @@ def test_the_tracking_process_writes_rounds_without_being_asked(tracking_uri):
     import time
 
     from cluster.runtime.records import RoundRecord
-    from cluster.tracking.process import ROUNDS_EVERY_S, TrackingRun
+    from cluster.tracking.process import TrackingRun
+    from cluster.tracking.service import ROUNDS_EVERY_S
 
     run = TrackingRun.open(tracking_uri, "test-live", "r", {}, {})
     run_id = run._open_reply()[0]
@@ -243,7 +244,7 @@ def test_the_tracking_process_writes_rounds_without_being_asked(tracking_uri):
 def test_a_prestarted_process_opens_an_existing_store_and_never_creates_one(tmp_path, monkeypatch):
     """Started ahead of its run, the tracking process opens the store it will write to (MLflow
     keeps the engine): an existing SQLite store, never a new one, since the run may not track."""
-    from cluster.tracking.process import _preload
+    from cluster.tracking.service import _preload
 
     db = tmp_path / "mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")

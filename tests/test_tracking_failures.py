@@ -296,7 +296,7 @@ def test_after_a_stop_signal_the_tracking_process_waits_for_the_driver_a_bounded
     grace (``SIGNAL_GRACE_S``, 600 s; 1 s here), with code 143."""
     ours, theirs = socket.socketpair()
     script = (
-        "import sys, cluster.tracking.process as t; t.SIGNAL_GRACE_S = 1.0; t.main(sys.argv[1:])"
+        "import sys, cluster.tracking.service as t; t.SIGNAL_GRACE_S = 1.0; t.main(sys.argv[1:])"
     )
     process = subprocess.Popen(
         [sys.executable, "-c", script, str(theirs.fileno())],

@@ -1,5 +1,5 @@
 """What a round reports: plain data, importable without torch (the MLflow tracking process,
-``cluster.tracking.process``, receives these pickled)."""
+``cluster.tracking.service``, receives these pickled)."""
 
 from __future__ import annotations
 

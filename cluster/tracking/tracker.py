@@ -1,4 +1,4 @@
-"""One MLflow run, written from the tracking process (``cluster.tracking.process``, DESIGN §8).
+"""One MLflow run, written from the tracking process (``cluster.tracking.service``, DESIGN §8).
 
 Default store: ``sqlite:///mlflow.db`` in the working directory; ``MLFLOW_TRACKING_URI``
 overrides it. Rounds' metrics go in few ``log_batch`` calls (``log_rounds``); artifacts at the
