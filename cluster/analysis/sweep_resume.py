@@ -109,18 +109,12 @@ def _continuation(run, config: ExperimentConfig) -> Resumption | str:
     return Resumption(run_id, path, checkpoint["simulation"]["rounds_done"])
 
 
-def _first_difference(saved: dict, wanted: dict, prefix: str = "") -> str | None:
+def _first_difference(saved: dict, wanted: dict) -> str | None:
     """The first dotted field whose value differs between two config dicts (None: equal)."""
-    for key in sorted(saved.keys() | wanted.keys(), key=str):
-        name = f"{prefix}{key}"
-        a, b = saved.get(key), wanted.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            inner = _first_difference(a, b, f"{name}.")
-            if inner is not None:
-                return inner
-        elif key not in saved or key not in wanted or a != b:
-            return name
-    return None
+    from cluster.tracking.process import flatten
+
+    a, b = flatten(saved), flatten(wanted)
+    return next((key for key in sorted(a.keys() | b.keys()) if a.get(key) != b.get(key)), None)
 
 
 def resume_killed(
