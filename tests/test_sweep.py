@@ -453,7 +453,7 @@ def _child_runs(client, experiment: str) -> list:
     return client.search_runs([found.experiment_id], query)
 
 
-STOPPED_ROUNDS = 150  # a trial's rounds: enough that both are mid-run when the SIGINT comes
+STOPPED_ROUNDS = 500  # a trial's rounds: both mid-run at the SIGINT (with 150, one had ended)
 
 
 @pytest.mark.slow

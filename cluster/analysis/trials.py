@@ -268,8 +268,11 @@ class RayTrials:
         )
 
     def _cancel_all(self) -> None:
+        """Interrupt each running trial's task (its stop handler ends it: ``run_experiment``).
+        Not recursively: that would cancel the actor calls of the round it waits on, which then
+        raise ``TaskCancelledError`` in the trial, its run ending FAILED without a checkpoint."""
         for ref in self._running:
-            self._ray.cancel(ref)
+            self._ray.cancel(ref, recursive=False)
 
 
 RAY_START_TRIES = 3
