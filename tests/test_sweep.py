@@ -239,6 +239,99 @@ def test_a_resumed_sweep_accounts_for_its_earlier_attempts(tmp_path, store_root)
     assert tuning.epsilon is None and "KILLED KILLED (an earlier attempt" in tuning.reason
 
 
+def _child_run(client, experiment, parent, config, status, start, params=None) -> str:
+    """A run of ``config`` (its params, or ``params``) under ``parent``, ended ``status``."""
+    from mlflow.entities import Param
+
+    from cluster.tracking.process import flatten
+
+    tags = {"mlflow.parentRunId": parent}
+    run_id = client.create_run(experiment, start, tags, config.tracking.run_name).info.run_id
+    logged = [Param(k, v) for k, v in (params or flatten(config.to_dict())).items()]
+    for first in range(0, len(logged), 100):
+        client.log_batch(run_id, params=logged[first : first + 100])
+    client.set_terminated(run_id, status)
+    return run_id
+
+
+def test_a_rerun_resumes_a_killed_trial_only_from_its_own_matching_checkpoint(
+    tmp_path, store_root, sqlite_store
+):
+    """Under the sweep's parent run, a KILLED run whose params are the trial's and whose
+    checkpoint is that run's, of the trial's config, is continued; a KILLED run without a
+    checkpoint, with another run's checkpoint, with another config's, or whose params differ, is
+    not (the trial runs from round 0; a line says why), nor a FAILED run or one under another
+    parent. The continued run is no earlier attempt; the others stay ones (no ε)."""
+    from dataclasses import replace
+
+    from cluster.analysis.sweep_resume import resume_killed
+    from cluster.analysis.sweep_runs import earlier_attempts
+    from cluster.analysis.trials import Trial
+    from cluster.runtime.checkpoint import checkpoint_path, save_checkpoint
+    from cluster.tracking.process import flatten
+
+    space = {"algorithm.local.lr": [0.05, 0.1, 0.2, 0.3, 0.4, 0.5]}
+    planned = plan(
+        _write(tmp_path, "rk", {"base": _base(store_root, tmp_path), "space": space}), []
+    )
+    trials = [Trial(r.name, calibrate(planned.configs[r.name], lambda line: None))
+              for r in planned.records]  # fmt: skip
+    resumed, missing, other_run, other_config, other_params, failed = trials
+    uri = sqlite_store(tmp_path / "mlflow.db")
+    planned.tracking = (uri, "sweep")
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("sweep")
+    parent, elsewhere = (client.create_run(experiment).info.run_id for _ in range(2))
+
+    def run(trial, status="KILLED", start=2, under=parent, params=None) -> str:
+        return _child_run(client, experiment, under, trial.config, status, start, params)
+
+    def checkpoint(trial, run_id, config=None) -> Path:
+        path = checkpoint_path(trial.config, run_id)
+        save_checkpoint(path, state, (config or trial.config).to_dict(), run_id)
+        return path
+
+    config = resumed.config
+    state = run_local(_local(replace(config, rounds=1))).state_dict()  # a round of the trial
+    older = run(resumed, start=1)
+    ids = {t.name: run(t) for t in (resumed, missing, other_run, other_config)}
+    changed = flatten(other_params.config.to_dict()) | {"algorithm.clip_norm": "0.7"}
+    ids[other_params.name] = run(other_params, params=changed)
+    ids[failed.name] = run(failed, status="FAILED")
+    elsewhere_id = run(resumed, under=elsewhere, start=3)
+    path = checkpoint(resumed, ids[resumed.name])
+    checkpoint(resumed, elsewhere_id)
+    checkpoint_path(config, ids[other_run.name]).write_bytes(path.read_bytes())
+    checkpoint(other_config, ids[other_config.name], other_run.config)
+    for trial in (other_params, failed):
+        checkpoint(trial, ids[trial.name])
+
+    said = []
+    after = resume_killed(trials, planned.tracking, parent, said.append)
+    assert [t.resume for t in after] == [path, None, None, None, None, None]
+    assert [t.config for t in after] == [t.config for t in trials]
+    why = {
+        older: f"the trial resumes its newer run {ids[resumed.name]}",
+        ids[missing.name]: f"no checkpoint at {checkpoint_path(config, ids[missing.name])}",
+        ids[other_run.name]: f"continues run {ids[resumed.name]}, not this one",
+        ids[other_config.name]: "written for another config (algorithm.local.lr differs)",
+        ids[other_params.name]: "its param algorithm.clip_norm is '0.7', the trial's is '0.5'",
+    }
+    for run_id, reason in why.items():
+        assert any(f"KILLED run {run_id} is not resumed (" in line and reason in line
+                   for line in said), (run_id, said)  # fmt: skip
+    continued = f"{resumed.name}: resuming its KILLED run {ids[resumed.name]} after round 1 "
+    assert f"{continued}from {path}" in said
+    assert f"{missing.name}: runs again from round 0" in said
+    assert not any(failed.name in line or elsewhere_id in line for line in said)
+    assert len(said) == len(why) + 1 + 4  # a line per refused run, the resumed, the reruns
+
+    for record, trial in zip(planned.records, trials, strict=True):  # as the rerun holds them
+        record.run_id = ids[trial.name] if trial is resumed else None
+    earlier = {line.split("run ")[-1].rstrip(")") for line in earlier_attempts(planned, parent)}
+    assert earlier == set(ids.values()) - {ids[resumed.name]} | {older}
+
+
 # ------------------------------------------------------------------------- slow: on Ray
 
 
@@ -360,16 +453,24 @@ def _child_runs(client, experiment: str) -> list:
     return client.search_runs([found.experiment_id], query)
 
 
+STOPPED_ROUNDS = 500  # a trial's rounds: both mid-run at the SIGINT (with 150, one had ended)
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(1200)
-def test_ctrl_c_stops_every_running_trial_cleanly(tmp_path, store_root):
+@pytest.mark.timeout(2400)
+def test_ctrl_c_stops_every_running_trial_cleanly_and_a_rerun_resumes_them(tmp_path, store_root):
     """SIGINT to the sweep: both running trials stop after their round, each writes its
-    checkpoint and ends its run KILLED; the sweep exits 130."""
+    checkpoint and ends its run KILLED; the sweep exits 130. Rerun, the sweep continues both runs
+    from their checkpoints: no other run, every round logged once and charged in the run's
+    accountant, each trial's final parameters those of its config run uninterrupted, and (its
+    validation on held-out clients) the sweep states an ε."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    base = _base(store_root, tmp_path) | {"rounds": 500, "eval_every": 1}
+    base = _base(store_root, tmp_path) | {"rounds": STOPPED_ROUNDS, "eval_every": 1}
+    base["data"]["validation"] = {"clients": 0.2}  # public validation: the sweep has an ε
     spec = _write(tmp_path, "stop", {"base": base, "space": {"algorithm.local.lr": [0.05, 0.2]}})
     env = os.environ | {"MLFLOW_TRACKING_URI": uri}
-    command = [sys.executable, "-m", "cluster", "sweep", str(spec), "--out", str(tmp_path / "o")]
+    out = tmp_path / "o"
+    command = [sys.executable, "-m", "cluster", "sweep", str(spec), "--out", str(out)]
     sweep = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     client = MlflowClient(uri)
     deadline = time.monotonic() + 900
@@ -384,8 +485,34 @@ def test_ctrl_c_stops_every_running_trial_cleanly(tmp_path, store_root):
     assert "stopping 2 running trial(s)" in printed
     runs = _child_runs(client, "sweep")
     assert [r.info.status for r in runs] == ["KILLED", "KILLED"], printed
+    done = {
+        r.info.run_id: load_checkpoint(tmp_path / "ck" / f"{r.info.run_id}.pt")["simulation"][
+            "rounds_done"
+        ]
+        for r in runs
+    }
+    assert all(0 < rounds < STOPPED_ROUNDS for rounds in done.values()), done
+
+    rerun = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    printed = rerun.stdout.decode()
+    assert rerun.returncode == 0, printed
+    for run_id, rounds in done.items():
+        assert f"resuming its KILLED run {run_id} after round {rounds} from " in printed, printed
+    assert "tuning privacy: ε = " in printed, printed
+    assert json.loads((out / "tuning_privacy.json").read_text())["epsilon"] > 0
+    runs = _child_runs(client, "sweep")
+    assert {r.info.run_id: r.info.status for r in runs} == dict.fromkeys(done, "FINISHED")
+    planned = plan(spec, [])
     for run in runs:
-        assert (tmp_path / "ck" / f"{run.info.run_id}.pt").is_file()
+        run_id = run.info.run_id
+        steps = [m.step for m in client.get_metric_history(run_id, "test_accuracy")]
+        assert sorted(steps) == list(range(1, STOPPED_ROUNDS + 1))
+        logged = client.download_artifacts(run_id, "trial_privacy.json", str(tmp_path))
+        (charged,) = json.loads(Path(logged).read_text())["mechanism"]["runs"]
+        assert charged[2] == STOPPED_ROUNDS
+        config = calibrate(planned.configs[run.data.params["tracking.run_name"]], lambda line: None)
+        alone = run_local(_local(config))  # uninterrupted
+        assert torch.equal(_params(tmp_path / "ck" / f"{run_id}.pt"), alone.state.params)
 
 
 def test_cross_validation_averages_the_folds_and_retrains_on_all_rows():

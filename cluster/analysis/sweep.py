@@ -10,7 +10,8 @@ nested under the sweep's parent run, tagged ``sweep`` (the spec's name) and ``sw
 (its configuration's hash and seed, and ``-repeat<n>`` for a random search's n-th repeated
 draw of one configuration: each draw is a trial of its own, ``sweep_spec``). Rerunning the
 same command resumes: trials whose runs finished (and were recorded: tag ``sweep_recorded``)
-are not run again, and the unfinished parent run is continued. A trial that fails is recorded
+are not run again, trials a stop signal killed continue their runs from their checkpoints,
+and the unfinished parent run is continued. A trial that fails is recorded
 (status FAILED, its error in the table) and the others go on.
 
 The parent run holds ``sweep.md`` (one row per configuration: mean ± std over its seeds of the
@@ -20,9 +21,12 @@ selected configuration at the first seed: ``python -m cluster run selected.yaml`
 and ``tuning_privacy.json``, the sweep's privacy statement (``privacy.tuning``), printed too.
 Each trial's run holds ``trial_privacy.json`` (its ``TrialPrivacy``), from which a resumed
 sweep rebuilds the statement. A trial that started but did not finish (FAILED, KILLED) trained
-on the private data for rounds no accountant recorded: the sweep then states no ε, naming it;
-so does a resumed sweep for its earlier attempts' unfinished trials (the parent's child runs
-that no trial holds, ``sweep_runs.earlier_attempts``), rerun since.
+on the private data for rounds no accountant recorded: the sweep then states no ε, naming it.
+A resumed sweep continues a KILLED trial's run from its checkpoint where the run and the
+checkpoint match the trial (``sweep_resume``): all its rounds are then in that run's accountant.
+Any other unfinished run of an earlier attempt (the parent's child runs that no trial holds,
+``sweep_runs.earlier_attempts``: FAILED, or KILLED without a matching checkpoint), rerun from
+round 0 since, leaves the sweep without an ε too.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from cluster.analysis.sweep_report import (
     summarize,
     trial_rows,
 )
+from cluster.analysis.sweep_resume import resume_killed
 from cluster.analysis.sweep_runs import earlier_attempts, find_finished, parent_run, record_trial
 from cluster.analysis.sweep_spec import (
     SweepSpec,
@@ -270,6 +275,8 @@ def _run_records(
 
     by_name = {r.name: r for r in todo}
     trials = [Trial(r.name, calibrate(planned.configs[r.name], say_once)) for r in todo]
+    if parent is not None:  # a rerun: its KILLED trials continue from their checkpoints
+        trials = resume_killed(trials, planned.tracking, parent.run_id, _say(spec.name))
     progress = Progress(len(records), skipped)
 
     def on_done(result: TrialResult, uri: str | None) -> None:
@@ -281,6 +288,11 @@ def _run_records(
     run_concurrently(trials, concurrent, parent and parent.run_id, on_done)
     if progress.bar:
         print()
+
+
+def _say(sweep: str):
+    """A line of the sweep's, printed at once."""
+    return lambda line: print(f"sweep {sweep}: {line}", flush=True)
 
 
 def _retrain(planned: Planned, parent, concurrent: int) -> None:

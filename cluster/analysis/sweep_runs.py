@@ -80,8 +80,9 @@ def record_trial(record: TrialRecord, uri: str | None, spec_name: str) -> None:
 
 def earlier_attempts(planned: Planned, parent_run_id: str) -> list[str]:
     """The parent run's children that no record holds: trials of an earlier attempt at the
-    sweep (resumed) that did not finish, or were not recorded, and were run again. They trained
-    on the private data too, and their rounds are in no trial's privacy."""
+    sweep (resumed) that did not finish, or were not recorded, and were run again from round 0
+    (a KILLED run continued from its checkpoint is its trial's run: ``sweep_resume``). They
+    trained on the private data too, and their rounds are in no trial's privacy."""
     from mlflow.tracking import MlflowClient
 
     uri, experiment = planned.tracking

@@ -30,8 +30,12 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from cluster.config import ConfigError, ExperimentConfig
+
+if TYPE_CHECKING:
+    from datasets.locations import Location
 
 DRIVER_CPU = 0.25  # a trial's driver: aggregation, noise, accounting, the tracking calls
 POLL_S = 0.2  # how often the engine looks for finished trials and stop signals
@@ -60,6 +64,9 @@ class RunsFailed(RuntimeError):
 class Trial:
     name: str  # its MLflow run's name, and how progress lines call it
     config: ExperimentConfig  # calibrated: as it runs
+    # The checkpoint of the trial's KILLED run to continue that run from (the sweep's
+    # ``sweep_resume``: checked against ``config``); None: a new run from round 0.
+    resume: Location | None = None
 
 
 @dataclass
@@ -109,16 +116,21 @@ def _error_text(error: BaseException) -> str:
 
 
 def run_one(trial: Trial, parent_run_id: str | None, uri: str | None) -> TrialResult:
-    """One trial, here (in a Ray task's worker, or in process): its outcome or its error."""
+    """One trial, here (in a Ray task's worker, or in process): its outcome or its error. A
+    trial with ``resume`` continues its run from that checkpoint."""
     if uri is not None:
         os.environ["MLFLOW_TRACKING_URI"] = uri  # tracking_uri() reads it at the run's opening
     if uri is not None and uri.startswith(OWN_SERVER):  # cluster.tracking.server's: alive, but slow
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", OWN_SERVER_TIMEOUT_S)  # when busy
+    from cluster.runtime.checkpoint import load_checkpoint
     from cluster.runtime.experiment import run_experiment
 
     start = time.perf_counter()
     try:
-        outcome = run_experiment(trial.config, calibrate=False, parent_run_id=parent_run_id)
+        resume = None if trial.resume is None else load_checkpoint(trial.resume)
+        outcome = run_experiment(
+            trial.config, resume=resume, calibrate=False, parent_run_id=parent_run_id
+        )
     except Exception as error:  # recorded; the other trials go on
         return TrialResult(trial, error=_error_text(error), seconds=time.perf_counter() - start)
     return TrialResult(trial, outcome, seconds=time.perf_counter() - start)
@@ -256,8 +268,11 @@ class RayTrials:
         )
 
     def _cancel_all(self) -> None:
+        """Interrupt each running trial's task (its stop handler ends it: ``run_experiment``).
+        Not recursively: that would cancel the actor calls of the round it waits on, which then
+        raise ``TaskCancelledError`` in the trial, its run ending FAILED without a checkpoint."""
         for ref in self._running:
-            self._ray.cancel(ref)
+            self._ray.cancel(ref, recursive=False)
 
 
 RAY_START_TRIES = 3

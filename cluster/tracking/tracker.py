@@ -31,7 +31,13 @@ if TYPE_CHECKING:
 # MLflow 3's experiment type: "custom_model_development" is its classic machine-learning view.
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 METRICS_PER_BATCH = 1000  # MLflow's limit per log_batch call
+PARAM_CHARS = 6000  # MLflow refuses a longer param value
 _PACKAGES = ("torch", "ray", "mlflow", "opacus", "numpy", "pyarrow")
+
+
+def logged_param(value: str) -> str:
+    """A param's value as the run logs it (cut to ``PARAM_CHARS``)."""
+    return value[:PARAM_CHARS]
 
 
 def git_commit() -> str:
@@ -82,7 +88,7 @@ class MlflowTracker:
         self.run_id = self.client.create_run(
             self.experiment_id, run_name=run_name, tags=all_tags
         ).info.run_id
-        items = [Param(k, v[:6000]) for k, v in params.items()]
+        items = [Param(k, logged_param(v)) for k, v in params.items()]
         for start in range(0, len(items), 100):
             self.client.log_batch(self.run_id, params=items[start : start + 100])
 
