@@ -68,21 +68,16 @@ file md5-checked against torchvision's ``CIFAR10``/``CIFAR100`` ``train_list``, 
 
 from __future__ import annotations
 
-import gzip
-import os
 import shlex
-import shutil
-import struct
-import zipfile
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from datasets import femnist as _femnist
 from datasets.arrays import LabeledArrays
-from datasets.download import MD5, download_checked, file_digest
+from datasets.download import MD5, download_checked
+from datasets.idx import MNIST_IMAGE, Inflate, check_idx_pair, inflate, md5, plan_idx, read_idx_gz
 
 SOURCE_NAMES = ("mnist", "mnist_test_split", "emnist", "cifar10", "cifar100", "femnist")
 EMNIST_SPLITS = ("byclass", "balanced", "letters")
@@ -125,7 +120,6 @@ _DEFAULT_OPTIONS: dict[str, dict] = {
     "cifar100": {},
     "femnist": {"only_digits": False},
 }
-_MNIST_IMAGE = (28, 28)
 
 
 class SourceMissingError(FileNotFoundError):
@@ -207,7 +201,7 @@ def image_shape(name: str) -> tuple[int, int, int]:
     """(C, H, W) of source ``name``'s images (the ``x`` rows ``load_source`` returns)."""
     if name not in SOURCE_NAMES:
         raise ValueError(f"unknown image source {name!r}; known: {', '.join(SOURCE_NAMES)}")
-    return (3, 32, 32) if name in _CIFAR else (1, *_MNIST_IMAGE)
+    return (3, 32, 32) if name in _CIFAR else (1, *MNIST_IMAGE)
 
 
 def expected_files(name: str, root: str | Path, **options) -> list[Path]:
@@ -356,152 +350,13 @@ def _torchvision_download(name: str, root: Path, opts: dict) -> None:
 # ----------------------------------------------------------------------------- IDX files
 
 
-def _idx_dims(header: bytes, ndim: int) -> tuple[int, ...] | str:
-    """Dims from an IDX header of unsigned bytes with ``ndim`` dims, or the reason it is not."""
-    if len(header) < 4 + 4 * ndim:
-        return "corrupt: shorter than an IDX header"
-    if header[:4] != bytes((0, 0, 0x08, ndim)):
-        return f"corrupt: IDX magic {header[:4].hex()}, expected 000008{ndim:02x}"
-    return struct.unpack(f">{ndim}I", header[4 : 4 + 4 * ndim])
-
-
-def _check_idx(path: Path, ndim: int) -> tuple[int, ...] | str:
-    """Dims of an uncompressed IDX file whose size matches its header, or the reason it does not."""
-    with open(path, "rb") as f:
-        dims = _idx_dims(f.read(4 + 4 * ndim), ndim)
-    if isinstance(dims, str):
-        return dims
-    expected = 4 + 4 * ndim + int(np.prod(dims, dtype=np.int64))
-    size = path.stat().st_size
-    if size != expected:
-        return f"corrupt: {size} bytes, its IDX header implies {expected}"
-    return dims
-
-
-def _check_idx_pair(images: Path, labels: Path, lo: int, hi: int) -> list[tuple[Path, str]]:
-    """Problems of an (images, labels) pair of uncompressed IDX files with labels in lo..hi."""
-    image_dims = _check_idx(images, 3)
-    label_dims = _check_idx(labels, 1)
-    problems = []
-    if isinstance(image_dims, str):
-        problems.append((images, image_dims))
-    elif image_dims[1:] != _MNIST_IMAGE:
-        problems.append((images, f"corrupt: images are {image_dims[1:]}, expected 28x28"))
-    if isinstance(label_dims, str):
-        problems.append((labels, label_dims))
-    else:
-        values = np.fromfile(labels, dtype=np.uint8, offset=8)
-        if len(values) and (values.min() < lo or values.max() > hi):
-            problems.append((labels, f"corrupt: labels outside {lo}..{hi}"))
-    if not problems and image_dims[0] != label_dims[0]:
-        problems.append((labels, f"corrupt: {label_dims[0]} labels for {image_dims[0]} images"))
-    return problems
-
-
-def read_idx_gz(path: str | Path, ndim: int) -> np.ndarray:
-    """A gzip-compressed IDX file of unsigned bytes with ``ndim`` dims, as a uint8 array."""
-    with gzip.open(path, "rb") as f:
-        data = f.read()
-    dims = _idx_dims(data, ndim)
-    if isinstance(dims, str):
-        raise ValueError(f"{path}: {dims}")
-    offset = 4 + 4 * ndim
-    count = int(np.prod(dims, dtype=np.int64))
-    if len(data) != offset + count:
-        raise ValueError(f"{path}: {len(data)} bytes decompressed, header implies {offset + count}")
-    return np.frombuffer(data, dtype=np.uint8, offset=offset).reshape(dims)
-
-
-@dataclass(frozen=True)
-class _Inflate:
-    """Decompress ``source`` (a .gz file, or the .gz member ``member`` of zip ``source``)."""
-
-    target: Path
-    source: Path
-    member: str | None = None
-
-
-def _plan_idx(
-    targets: Sequence[Path],
-    gz_candidates: Callable[[Path], list[Path]],
-    gz_md5: Callable[[Path], str | None],
-    zip_path: Path | None = None,
-    zip_md5: Callable[[], str] | None = None,
-) -> tuple[list[_Inflate], list[tuple[Path, str]]]:
-    """How to make every missing uncompressed IDX target, or the problems that prevent it."""
-    steps: list[_Inflate] = []
-    problems: list[tuple[Path, str]] = []
-    zip_state: str | list[str] | None = None  # reason it is unusable, or its member names
-    for target in targets:
-        if target.is_file():
-            continue
-        source = next((c for c in gz_candidates(target) if c.is_file()), None)
-        if source is not None:
-            want = gz_md5(source)
-            actual = _md5(source) if want else None
-            if want and actual != want:
-                problems.append((source, f"corrupt: md5 {actual}, expected {want}"))
-                problems.append((target, "missing"))
-            else:
-                steps.append(_Inflate(target, source))
-            continue
-        if zip_path is not None and zip_path.is_file():
-            if zip_state is None:
-                want = zip_md5() if zip_md5 else None
-                actual = _md5(zip_path) if want else None
-                if want and actual != want:
-                    zip_state = f"corrupt: md5 {actual}, expected {want}"
-                    problems.append((zip_path, zip_state))
-                else:
-                    try:
-                        with zipfile.ZipFile(zip_path) as archive:
-                            zip_state = archive.namelist()
-                    except (OSError, zipfile.BadZipFile) as exc:
-                        zip_state = f"corrupt: {exc}"
-                        problems.append((zip_path, zip_state))
-            member = f"gzip/{target.name}.gz"
-            if isinstance(zip_state, list) and member in zip_state:
-                steps.append(_Inflate(target, zip_path, member))
-                continue
-        problems.append((target, "missing"))
-    return steps, problems
-
-
-def _inflate(step: _Inflate) -> list[tuple[Path, str]]:
-    partial = step.target.with_name(f"{step.target.name}.{os.getpid()}.part")
-    try:
-        if step.member is None:
-            with gzip.open(step.source, "rb") as src, open(partial, "wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
-        else:
-            with (
-                zipfile.ZipFile(step.source) as archive,
-                archive.open(step.member) as raw,
-                gzip.GzipFile(fileobj=raw) as src,
-                open(partial, "wb") as dst,
-            ):
-                shutil.copyfileobj(src, dst, 1 << 20)
-        os.replace(partial, step.target)
-    except PermissionError as exc:
-        return [(step.target, f"missing; cannot write it from {step.source}: {exc}")]
-    except (OSError, EOFError, zipfile.BadZipFile) as exc:
-        partial.unlink(missing_ok=True)
-        where = step.source if step.member is None else f"{step.source}:{step.member}"
-        return [(step.source, f"corrupt: cannot decompress {where}: {exc}")]
-    return []
-
-
-def _prepare_idx(name: str, root: Path, opts: dict, steps: list[_Inflate], problems: list) -> None:
+def _prepare_idx(name: str, root: Path, opts: dict, steps: list[Inflate], problems: list) -> None:
     if problems:
         raise _error(name, root, opts, problems)
     for step in steps:
-        problems += _inflate(step)
+        problems += inflate(step)
     if problems:
         raise _error(name, root, opts, problems)
-
-
-def _md5(path: Path) -> str:
-    return file_digest(path, MD5)
 
 
 # ----------------------------------------------------------------------------- MNIST / EMNIST
@@ -522,9 +377,9 @@ def _load_mnist(root: Path) -> tuple[LabeledArrays, LabeledArrays]:
 
         return dict(MNIST.resources).get(path.name)
 
-    steps, problems = _plan_idx(files, lambda p: [p.with_name(p.name + ".gz")], gz_md5)
+    steps, problems = plan_idx(files, lambda p: [p.with_name(p.name + ".gz")], gz_md5)
     _prepare_idx("mnist", root, {}, steps, problems)
-    problems = _check_idx_pair(files[0], files[1], 0, 9) + _check_idx_pair(files[2], files[3], 0, 9)
+    problems = check_idx_pair(files[0], files[1], 0, 9) + check_idx_pair(files[2], files[3], 0, 9)
     if problems:
         raise _error("mnist", root, {}, problems)
 
@@ -552,10 +407,10 @@ def _load_emnist(root: Path, split: str) -> tuple[LabeledArrays, LabeledArrays]:
 
         return EMNIST.md5
 
-    steps, problems = _plan_idx(files, candidates, lambda _: None, zip_path, zip_md5)
+    steps, problems = plan_idx(files, candidates, lambda _: None, zip_path, zip_md5)
     _prepare_idx("emnist", root, opts, steps, problems)
     lo, hi = (1, 26) if split == "letters" else (0, EMNIST_NUM_CLASSES[split] - 1)
-    problems = _check_idx_pair(files[0], files[1], lo, hi) + _check_idx_pair(
+    problems = check_idx_pair(files[0], files[1], lo, hi) + check_idx_pair(
         files[2], files[3], lo, hi
     )
     if problems:
@@ -582,14 +437,14 @@ def _load_mnist_test_split(root: Path, download: bool) -> tuple[LabeledArrays, L
     if problems:
         raise _error("mnist_test_split", root, {}, problems)
     for path in files:
-        actual = _md5(path)
+        actual = md5(path)
         if actual != MNIST_TEST_MD5[path.name]:
             problems.append((path, f"corrupt: md5 {actual}, expected {MNIST_TEST_MD5[path.name]}"))
     if problems:
         raise _error("mnist_test_split", root, {}, problems)
     images = read_idx_gz(files[0], 3)
     labels = read_idx_gz(files[1], 1).astype(np.int64)
-    if images.shape != (MNIST_TEST_ROWS, *_MNIST_IMAGE) or labels.shape != (MNIST_TEST_ROWS,):
+    if images.shape != (MNIST_TEST_ROWS, *MNIST_IMAGE) or labels.shape != (MNIST_TEST_ROWS,):
         raise ValueError(f"unexpected MNIST test shapes {images.shape}, {labels.shape}")
     x = _channel_first(images)
     cut = MNIST_TEST_SPLIT_TRAIN_ROWS
@@ -599,7 +454,7 @@ def _load_mnist_test_split(root: Path, download: bool) -> tuple[LabeledArrays, L
 def _download_mnist_test(root: Path, files: list[Path]) -> None:
     errors = []
     for path in files:
-        if path.is_file() and _md5(path) == MNIST_TEST_MD5[path.name]:
+        if path.is_file() and md5(path) == MNIST_TEST_MD5[path.name]:
             continue
         for mirror in MNIST_MIRRORS:
             try:
@@ -630,7 +485,7 @@ def _load_cifar(name: str, root: Path) -> tuple[LabeledArrays, LabeledArrays]:
     for path in files:
         if path.name not in md5s:  # a torchvision release that renamed its files
             raise RuntimeError(f"torchvision {cls.__name__} does not list {path.name}")
-        actual = _md5(path)
+        actual = md5(path)
         if actual != md5s[path.name]:
             problems.append((path, f"corrupt: md5 {actual}, expected {md5s[path.name]}"))
     if problems:
