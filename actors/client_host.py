@@ -15,11 +15,11 @@ from actors.client_data import DEFAULT_CACHE_BYTES, ClientDataCache
 from actors.client_state import ClientStateStore
 from actors.kernel_table import KernelChoice, choose
 from algorithms.aggregate import PartialAggregate
+from algorithms.algorithm import Algorithm
 from algorithms.client import client_round
 from algorithms.control_variates import local_correction
 from algorithms.layout import ParamLayout
 from algorithms.local import LocalResult, ModelObjective, autocast_dtype
-from algorithms.presets import Algorithm
 from algorithms.rng import Purpose, client_generators
 from algorithms.vectorized import train_clients, vectorizable
 from datasets.store import ShardStore

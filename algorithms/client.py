@@ -13,9 +13,9 @@ import math
 import torch
 
 from algorithms.aggregate import ClientReport
+from algorithms.algorithm import Algorithm
 from algorithms.control_variates import local_correction, updated_client_control
 from algorithms.local import LocalResult, ModelObjective
-from algorithms.presets import Algorithm
 from algorithms.rng import Purpose, stream_seed, torch_generator
 from algorithms.transforms import ClientContext
 

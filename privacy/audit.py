@@ -60,9 +60,9 @@ import torch
 from scipy.stats import beta, norm
 
 from algorithms.aggregate import PartialAggregate
+from algorithms.algorithm import Algorithm
 from algorithms.layout import ParamLayout
 from algorithms.mechanism import SharedMaskSupport
-from algorithms.presets import Algorithm
 from algorithms.rng import Purpose, numpy_rng, torch_generator
 from algorithms.server import ServerContext, ServerState
 from algorithms.transforms import ClientContext, layer_segments

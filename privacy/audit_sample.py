@@ -26,9 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from algorithms.algorithm import Algorithm
 from algorithms.client import client_round
 from algorithms.layout import ParamLayout
-from algorithms.presets import Algorithm
 from algorithms.rng import Purpose, torch_generator
 from privacy.audit import (
     CANARY_NORM_FACTOR,

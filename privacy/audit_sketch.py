@@ -27,8 +27,8 @@ import numpy as np
 import torch
 
 from algorithms.aggregate import PartialAggregate
+from algorithms.algorithm import Algorithm
 from algorithms.layout import ParamLayout
-from algorithms.presets import Algorithm
 from algorithms.rng import Purpose, torch_generator
 from algorithms.server import ServerContext
 from algorithms.transforms import ClientContext

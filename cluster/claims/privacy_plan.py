@@ -20,8 +20,8 @@ import math
 from dataclasses import dataclass
 
 from algorithms.adaptive_clip import AdaptiveClip
+from algorithms.algorithm import Algorithm
 from algorithms.mechanism import GaussianMechanism
-from algorithms.presets import Algorithm
 from cluster.claims.claim_status import ClaimStatus
 from cluster.claims.sample_claim import SampleLevelClaim, sample_level_claim
 from cluster.config import ExperimentConfig

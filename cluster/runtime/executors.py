@@ -35,7 +35,7 @@ from actors.client_host import (
 from actors.client_state import ClientStateStore
 from actors.scheduling import balance_round, pin_clients
 from algorithms.aggregate import PartialAggregate
-from algorithms.presets import Algorithm
+from algorithms.algorithm import Algorithm
 from cluster.runtime.central_optimum import central_optimum
 from cluster.runtime.ray_runtime import ResourceError
 from datasets.store import ShardStore

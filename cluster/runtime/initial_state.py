@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from algorithms.algorithm import Algorithm
 from algorithms.layout import ParamLayout
-from algorithms.presets import Algorithm
 from algorithms.rng import Purpose, stream_seed
 from algorithms.server import ServerState
 from cluster.config import ExperimentConfig

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from actors.client_host import AUTO_KERNELS, Kernels
-from algorithms.presets import Algorithm
+from algorithms.algorithm import Algorithm
 from cluster.runtime.central_optimum import store_optimum
 from cluster.runtime.executors import (
     MAX_RESTARTS,

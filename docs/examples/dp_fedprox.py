@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from algorithms.algorithm import Algorithm
 from algorithms.local import LocalTrainer
 from algorithms.mechanism import GaussianMechanism
-from algorithms.presets import Algorithm, ClientDP
+from algorithms.presets import ClientDP
 from algorithms.regularizers import Proximal
 from algorithms.server import MeanServerRule
 from cluster.config import ExperimentConfig
