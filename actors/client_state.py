@@ -3,9 +3,14 @@
 A host of thousands of clients must not hold every c_i as a tensor: at FEMNIST scale (3,400
 clients, the 36,895-parameter logistic regression) that is 0.5 GB per actor, and for a CNN far
 more. ``ClientStateStore`` keeps each named state (``"control"``) as rows of one memory-mapped
-float file in a temporary directory (``$DPFL_STATE_DIR`` or the system's), a row allocated the
-first time a client stores a state; the capacity doubles as clients appear. Resident memory is
-the pages in use (the cohort's rows), not the file; a client without state costs nothing.
+float file, a row allocated the first time a client stores a state; the capacity doubles as
+clients appear. Resident memory is the pages in use (the cohort's rows), not the file; a client
+without state costs nothing, and a store no client puts a state in opens no file.
+
+Each file is anonymous: ``tempfile.TemporaryFile`` in ``$DPFL_STATE_DIR`` (or the system's
+temporary directory) is unlinked from the start (``O_TMPFILE`` on Linux), so it has no path and
+the kernel frees its blocks when the process exits, however it exits: Ray kills actors
+(``ray.kill``, a lost node) without running finalizers, and a named file would stay behind.
 
 ``state_dict`` / ``load_state_dict`` move the rows in and out of checkpoints as one array per
 name plus the client ids (bit-identical: the same dtype and bytes).
@@ -15,7 +20,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -24,9 +29,9 @@ import torch
 class ClientStateStore:
     def __init__(self, device: torch.device | str = "cpu", directory: str | None = None):
         self.device = torch.device(device)
-        root = directory or os.environ.get("DPFL_STATE_DIR") or None
-        self._dir = tempfile.TemporaryDirectory(prefix="dpfl-client-state-", dir=root)
+        self._root = directory or os.environ.get("DPFL_STATE_DIR") or None
         self._rows: dict[int, int] = {}  # client id → row
+        self._handles: dict[str, BinaryIO] = {}  # name → its anonymous file, opened on first put
         self._files: dict[str, np.memmap] = {}
 
     def __len__(self) -> int:
@@ -36,8 +41,9 @@ class ClientStateStore:
         return int(client_id) in self._rows
 
     @property
-    def path(self) -> Path:
-        return Path(self._dir.name)
+    def allocated_bytes(self) -> int:
+        """The bytes the state files hold on disk (every allocated row, used or not)."""
+        return sum(rows.nbytes for rows in self._files.values())
 
     def get(self, client_id: int) -> dict[str, torch.Tensor]:
         """The client's state as tensors on the host's device ({} if it has none yet)."""
@@ -65,12 +71,13 @@ class ClientStateStore:
         if current is not None and current.shape[0] >= rows:
             return current
         capacity = max(rows, 2 * (0 if current is None else current.shape[0]), 16)
-        path = self.path / f"{name}.bin"
-        if current is not None:
+        if current is None:  # open for the store's life, closed by load_state_dict
+            self._handles[name] = tempfile.TemporaryFile(dir=self._root)  # noqa: SIM115
+        else:
             current.flush()
-        with open(path, "ab") as f:  # grow the file; existing rows keep their bytes
-            f.truncate(capacity * width * np.dtype(dtype).itemsize)
-        self._files[name] = np.memmap(path, dtype=dtype, mode="r+", shape=(capacity, width))
+        handle = self._handles[name]
+        handle.truncate(capacity * width * np.dtype(dtype).itemsize)  # rows keep their bytes
+        self._files[name] = np.memmap(handle, dtype=dtype, mode="r+", shape=(capacity, width))
         return self._files[name]
 
     def state_dict(self) -> dict:
@@ -82,6 +89,9 @@ class ClientStateStore:
     def load_state_dict(self, state: dict) -> None:
         self._rows.clear()
         self._files.clear()
+        for handle in self._handles.values():
+            handle.close()
+        self._handles.clear()
         for index, client_id in enumerate(state["client_ids"].tolist()):
             self.put(client_id, {n: torch.from_numpy(a[index]) for n, a in _named(state)})
 

@@ -8,7 +8,6 @@ import pytest
 import torch
 from helpers import run_local, small_config
 
-from actors.client_state import ClientStateStore
 from algorithms.client import client_round
 from algorithms.dpsgd import DpSgdGradient
 from algorithms.layout import ParamLayout
@@ -28,31 +27,6 @@ SCAFFOLD_DP = (
     "algorithm.local.batch_size=20",
     "algorithm.local.lr=0.5",
 )
-
-
-def test_client_state_store_allocates_rows_only_for_clients_with_state(tmp_path):
-    store = ClientStateStore(directory=str(tmp_path))
-    generator = torch.Generator().manual_seed(0)
-    values = {cid: torch.randn(1000, generator=generator) for cid in (7, 3, 500_000)}
-    for cid, value in values.items():
-        store.put(cid, {"control": value})
-    store.put(11, {})  # a stateless client costs nothing
-    assert len(store) == 3 and 11 not in store and store.get(11) == {}
-    for cid, value in values.items():
-        assert torch.equal(store.get(cid)["control"], value)
-    # The file holds the allocated rows (capacity ≥ 16), not one per hosted client id.
-    (path,) = store.path.iterdir()
-    assert path.stat().st_size == 16 * 1000 * 4
-    state = store.state_dict()
-    assert state["client_ids"].tolist() == [3, 7, 500_000]
-    copy = ClientStateStore(directory=str(tmp_path))
-    copy.load_state_dict(state)
-    assert all(torch.equal(copy.get(c)["control"], v) for c, v in values.items())
-    keep = np.zeros(500_001, dtype=bool)
-    keep[[3, 500_000]] = True
-    half = ClientStateStore.select(state, keep)
-    merged = ClientStateStore.merge([half, ClientStateStore.select(state, ~keep)])
-    assert sorted(merged["client_ids"].tolist()) == [3, 7, 500_000]
 
 
 class Recording:

@@ -1,20 +1,30 @@
 """What every privacy claim says the same way: valid or not, why, and how an ε reads.
 
 A claim (``PrivacyClaim`` for client-level presets, ``SampleLevelClaim`` for sample-level ones)
-supplies ``preset``, ``unaccounted_reason``, ``noise_multiplier`` (0: no noise),
-``valid_threat_model`` (the threat model its ε holds under) and ``_epsilon_number`` (how a valid
-ε is written); this base derives the rest, so that an unaccounted run reads identically
-whatever its unit.
+supplies its fields (``preset``, ``unaccounted_reason``, ``accountant_name``, ``delta``,
+``cohort_sampler``, ``deployment``), its ``unit`` (what the ε protects), ``noise_multiplier``
+(0: no noise), ``valid_threat_model`` (the threat model its ε holds under) and what differs by
+unit: how its ε is qualified, its accountant's assumption, its start-of-run notices and its
+mechanism's tags. This base derives the rest (status, threat model, the terminal text of an ε,
+the accounting text, the notices, the tags, the report's head), so that a run reads
+identically whatever its unit where the two units mean the same thing.
 """
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 
 
 class ClaimStatus(ABC):
+    unit: str  # what the ε protects: "client" or "record"
     preset: str
     unaccounted_reason: str | None
+    accountant_name: str
+    delta: float
+    cohort_sampler: str
+    # "C_n of N clients per round": the deployment the ε is claimed for (None: this run)
+    deployment: str | None
 
     @property
     @abstractmethod
@@ -27,8 +37,29 @@ class ClaimStatus(ABC):
         """Whom the ε holds against, when it holds."""
 
     @abstractmethod
-    def _epsilon_number(self, epsilon: float, vs_server: float | None) -> str:
-        """The terminal text of a valid ε."""
+    def _epsilon_qualifier(self, vs_server: float | None) -> str:
+        """What follows a valid ε on the terminal ("" for nothing)."""
+
+    @property
+    @abstractmethod
+    def _assumption_text(self) -> str:
+        """The accountant's assumption, as the accounting text continues after its name."""
+
+    @abstractmethod
+    def _deployment_notice(self) -> str:
+        """The start-of-run line of a claim for a deployment: what its ε is that of."""
+
+    @abstractmethod
+    def _mechanism_notices(self) -> list[str]:
+        """The start-of-run lines of a valid claim about its mechanism."""
+
+    @abstractmethod
+    def _mechanism_tags(self) -> dict[str, str]:
+        """The tags of a private claim's mechanism and sampling (unit-specific)."""
+
+    @abstractmethod
+    def _assumption_tags(self) -> dict[str, str]:
+        """The tags of a valid claim's accountant assumption (unit-specific)."""
 
     @property
     def private(self) -> bool:
@@ -62,24 +93,57 @@ class ClaimStatus(ABC):
             return "ε ∞ (non-private)"
         if not self.dp_valid:
             return "ε n/a (dp_valid=false)"
-        return self._epsilon_number(epsilon, vs_server)
+        return f"ε {epsilon:.3f}{self._epsilon_qualifier(vs_server)}"
 
-    def unaccounted_notices(self) -> list[str]:
-        """The start-of-run line of an unaccounted run (empty otherwise)."""
-        if not self.private or self.dp_valid:
+    @property
+    def accounting_text(self) -> str:
+        """What the ε is accounted as: unit, accountant, assumption, and for which deployment."""
+        text = f"{self.unit}-level, {self.accountant_name}{self._assumption_text}"
+        if self.deployment is not None:
+            text += f"; for a deployment of {self.deployment}, not this simulation's cohort"
+        return text
+
+    def notices(self) -> list[str]:
+        """Lines for the start of a run: what the ε means, or why there is none."""
+        if not self.private:
             return []
-        return [
-            f"privacy: dp_valid=false for {self.preset}: {self.unaccounted_reason}. "
-            "No ε is reported for this run (ε not available)."
-        ]
+        if not self.dp_valid:
+            return [
+                f"privacy: dp_valid=false for {self.preset}: {self.unaccounted_reason}. "
+                "No ε is reported for this run (ε not available)."
+            ]
+        deployment = [] if self.deployment is None else [self._deployment_notice()]
+        return deployment + self._mechanism_notices()
 
-    def base_tags(self, unit: str) -> dict[str, str]:
-        """Tags every private claim carries: unit, validity, threat model, and why no ε."""
+    def tags(self) -> dict[str, str]:
+        """MLflow tags: what the ε rests on, or why there is none."""
+        if not self.private:
+            return {"privacy.unit": "none", "privacy.threat_model": self.threat_model}
         tags = {
-            "privacy.unit": unit,
+            "privacy.unit": self.unit,
             "privacy.dp_valid": str(self.dp_valid).lower(),
             "privacy.threat_model": self.threat_model,
         }
         if not self.dp_valid:
             tags["privacy.unaccounted_reason"] = self.unaccounted_reason[:5000]
+        tags.update(self._mechanism_tags())
+        tags.update(
+            {"privacy.delta": f"{self.delta:g}", "privacy.cohort_sampler": self.cohort_sampler}
+        )
+        if self.dp_valid:
+            tags["privacy.accountant"] = self.accountant_name
+            tags.update(self._assumption_tags())
+            tags["privacy.epsilon_for"] = self.deployment or "this run"
         return tags
+
+    def report_head(self, rounds: int, epsilon: float | None) -> dict:
+        """The privacy report's fields every claim has: unit, validity, threat model, rounds, δ
+        and the run's ε (None where it is infinite or there is none)."""
+        return {
+            "unit": self.unit if self.private else "none",
+            "dp_valid": self.dp_valid,
+            "threat_model": self.threat_model,
+            "rounds": rounds,
+            "delta": self.delta,
+            "epsilon": epsilon if epsilon is not None and math.isfinite(epsilon) else None,
+        }

@@ -69,6 +69,8 @@ THREAT_CLIENT = (
 class PrivacyClaim(ClaimStatus):
     """The privacy a run may claim: read off its mechanism, with the config's sampling and δ."""
 
+    unit = "client"
+
     preset: str
     mechanism: GaussianMechanism | None
     unaccounted_reason: str | None
@@ -80,8 +82,7 @@ class PrivacyClaim(ClaimStatus):
     cohort_sampler: str = "fixed"
     # DPSFL-AC: std of the noise on the adaptive clip's count Σ(b_i − ½) (None: no such count)
     count_noise_on_sum: float | None = None
-    # "C_n of N clients per round": the deployment a noise cohort claims ε for (None: this run)
-    deployment: str | None = None
+    deployment: str | None = None  # the deployment a noise cohort claims ε for
 
     @property
     def update_noise_multiplier(self) -> float:
@@ -140,47 +141,34 @@ class PrivacyClaim(ClaimStatus):
     def valid_threat_model(self) -> str:
         return THREAT_CLIENT if self.client_placed else THREAT_SERVER
 
-    def _epsilon_number(self, epsilon: float, vs_server: float | None) -> str:
-        text = f"ε {epsilon:.3f}"
-        if vs_server is not None:
-            text += f" (vs server {vs_server:.3g})"
-        return text
+    def _epsilon_qualifier(self, vs_server: float | None) -> str:
+        return "" if vs_server is None else f" (vs server {vs_server:.3g})"
 
     @property
-    def accounting_text(self) -> str:
-        text = f"client-level, {self.accountant_name}, {self.assumption} sampling"
-        if self.deployment is not None:
-            text += f"; for a deployment of {self.deployment}, not this simulation's cohort"
-        return text
+    def _assumption_text(self) -> str:
+        return f", {self.assumption} sampling"
 
-    def notices(self) -> list[str]:
-        """Lines for the start of a run: what the ε means, or why there is none."""
-        if not self.dp_valid:
-            return self.unaccounted_notices()
-        notices = []
-        if self.deployment is not None:
-            notices.append(
-                f"privacy: ε is that of a deployment of {self.deployment} "
-                "(privacy.noise_cohort_size, privacy.population) with noise σS on each round's "
-                "sum; this simulation adds that noise scaled to its own cohort, whose own ε "
-                "(far larger) is not reported"
-            )
-        if self.client_placed:
-            notices.append(
-                "privacy: client-placed noise; ε holds against an observer of the noisy sum "
-                "(secure aggregation). Against a server that sees each upload, each client's "
-                f"noise multiplier is σ/√C_n = {self.client_noise_multiplier:.4g}: "
-                "epsilon_vs_server"
-            )
-        return notices
+    def _deployment_notice(self) -> str:
+        return (
+            f"privacy: ε is that of a deployment of {self.deployment} "
+            "(privacy.noise_cohort_size, privacy.population) with noise σS on each round's "
+            "sum; this simulation adds that noise scaled to its own cohort, whose own ε "
+            "(far larger) is not reported"
+        )
 
-    def tags(self) -> dict[str, str]:
-        """MLflow tags: what the ε rests on, or why there is none."""
-        if not self.private:
-            return {"privacy.unit": "none", "privacy.threat_model": self.threat_model}
+    def _mechanism_notices(self) -> list[str]:
+        if not self.client_placed:
+            return []
+        return [
+            "privacy: client-placed noise; ε holds against an observer of the noisy sum "
+            "(secure aggregation). Against a server that sees each upload, each client's "
+            f"noise multiplier is σ/√C_n = {self.client_noise_multiplier:.4g}: "
+            "epsilon_vs_server"
+        ]
+
+    def _mechanism_tags(self) -> dict[str, str]:
         m = self.mechanism
-        tags = {
-            **self.base_tags("client"),
+        return {
             "privacy.clipping": "adaptive" if self.count_noise_on_sum is not None else m.clip.rule,
             "privacy.noise_placement": m.placement,
             "privacy.noise_support": m.support.description,
@@ -188,19 +176,13 @@ class PrivacyClaim(ClaimStatus):
             "privacy.noise_multiplier": f"{self.noise_multiplier:g}",
             "privacy.update_noise_multiplier": f"{self.update_noise_multiplier:g}",
             "privacy.sample_rate": f"{self.sample_rate:g}",
-            "privacy.delta": f"{self.delta:g}",
-            "privacy.cohort_sampler": self.cohort_sampler,
         }
-        if self.dp_valid:
-            tags.update(
-                {
-                    "privacy.accountant": self.accountant_name,
-                    "privacy.assumption": f"{self.assumption}-subsampled gaussian",
-                    "privacy.adjacency": ADJACENCY[self.assumption],
-                    "privacy.epsilon_for": self.deployment or "this run",
-                }
-            )
-        return tags
+
+    def _assumption_tags(self) -> dict[str, str]:
+        return {
+            "privacy.assumption": f"{self.assumption}-subsampled gaussian",
+            "privacy.adjacency": ADJACENCY[self.assumption],
+        }
 
 
 def privacy_claim(
@@ -282,14 +264,7 @@ def privacy_report(
     """The JSON privacy report a run attaches to MLflow."""
     if isinstance(claim, SampleLevelClaim):
         return claim.report(rounds, epsilon)
-    report = {
-        "unit": "client" if claim.private else "none",
-        "dp_valid": claim.dp_valid,
-        "threat_model": claim.threat_model,
-        "rounds": rounds,
-        "delta": claim.delta,
-        "epsilon": epsilon if epsilon is not None and math.isfinite(epsilon) else None,
-    }
+    report = claim.report_head(rounds, epsilon)
     if not claim.private:
         return report
     m = claim.mechanism

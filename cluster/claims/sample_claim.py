@@ -59,6 +59,8 @@ def record_delta(client_sizes, population_scale: float = 1.0) -> float:
 
 @dataclass(frozen=True)
 class SampleLevelClaim(ClaimStatus):
+    unit = "record"
+
     preset: str
     rule: DpSgdGradient | None  # None: σ_g = 0 and C = ∞ (plain SGD)
     unaccounted_reason: str | None
@@ -72,8 +74,7 @@ class SampleLevelClaim(ClaimStatus):
     warmup_rounds: int = 0
     cohort_sampler: str = "fixed"
     warm_start: str | None = None  # None, paper, authors_code
-    # "C_n of N clients per round": the deployment the ε is claimed for (None: this run)
-    deployment: str | None = None
+    deployment: str | None = None  # the deployment of a noise cohort the ε is claimed for
 
     @property
     def noise_multiplier(self) -> float:
@@ -165,21 +166,15 @@ class SampleLevelClaim(ClaimStatus):
     def valid_threat_model(self) -> str:
         return THREAT_PAPER if self.accountant_name in ("paper", "aggregate") else THREAT_SAMPLE
 
-    def _epsilon_number(self, epsilon: float, vs_server: float | None) -> str:
-        label = " (paper's accountant)" if self.accountant_name == "paper" else ""
-        return f"ε {epsilon:.3f}{label}"
+    def _epsilon_qualifier(self, vs_server: float | None) -> str:
+        return " (paper's accountant)" if self.accountant_name == "paper" else ""
 
     @property
-    def accounting_text(self) -> str:
-        text = f"record-level, {self.accountant_name}: {self.assumption}"
-        if self.deployment is not None:
-            text += f"; for a deployment of {self.deployment}, not this simulation's cohort"
-        return text
+    def _assumption_text(self) -> str:
+        return f": {self.assumption}"
 
-    def notices(self) -> list[str]:
-        if not self.dp_valid:
-            return self.unaccounted_notices()
-        lines = self._deployment_notices() + [
+    def _mechanism_notices(self) -> list[str]:
+        lines = [
             f"privacy: record-level DP-SGD in every local step (σ_g {self.noise_multiplier:g}, "
             f"C {self.rule.clip_norm:g}, {self.adjacency}, s {self.data_rate:.4g}, "
             f"K {self.local_steps}, l {self.client_rate:.4g}); ε by {self.accountant_name}: "
@@ -197,23 +192,18 @@ class SampleLevelClaim(ClaimStatus):
             )
         return lines
 
-    def _deployment_notices(self) -> list[str]:
-        if self.deployment is None:
-            return []
+    def _deployment_notice(self) -> str:
         factor = self.rule.simulation_noise_factor
-        return [
+        return (
             f"privacy: ε is that of a deployment of {self.deployment} "
             "(privacy.noise_cohort_size, privacy.population), each client adding DP-SGD noise "
             f"σ_g in every local step; this simulation's clients add σ_g·√(m/C_n) = "
             f"{factor:.4g}·σ_g, so that their mean update carries the deployment's noise "
             "(exactly for one local step, to first order for more); their own ε is not reported"
-        ]
+        )
 
-    def tags(self) -> dict[str, str]:
-        if not self.private:
-            return {"privacy.unit": "none", "privacy.threat_model": self.threat_model}
-        tags = {
-            **self.base_tags("record"),
+    def _mechanism_tags(self) -> dict[str, str]:
+        return {
             "privacy.noise_placement": "client, every local step (DP-SGD)",
             "privacy.noise_multiplier": f"{self.noise_multiplier:g}",
             "privacy.adjacency": self.adjacency.replace("_", " ") + " record",
@@ -221,25 +211,14 @@ class SampleLevelClaim(ClaimStatus):
             "privacy.record_rate": f"{self.data_rate:g}",
             "privacy.local_steps": str(self.local_steps),
             "privacy.batch_sampling": self.batch_sampling,
-            "privacy.delta": f"{self.delta:g}",
-            "privacy.cohort_sampler": self.cohort_sampler,
         }
-        if self.dp_valid:
-            tags["privacy.accountant"] = self.accountant_name
-            tags["privacy.assumption"] = self.assumption
-            tags["privacy.epsilon_for"] = self.deployment or "this run"
-        return tags
+
+    def _assumption_tags(self) -> dict[str, str]:
+        return {"privacy.assumption": self.assumption}
 
     def report(self, rounds: int, epsilon: float | None) -> dict:
         """The JSON privacy report, with ε under every method that analyses these batches."""
-        report = {
-            "unit": "record" if self.private else "none",
-            "dp_valid": self.dp_valid,
-            "threat_model": self.threat_model,
-            "rounds": rounds,
-            "delta": self.delta,
-            "epsilon": epsilon if epsilon is not None and math.isfinite(epsilon) else None,
-        }
+        report = self.report_head(rounds, epsilon)
         if not self.private:
             return report
         report.update(
