@@ -18,7 +18,8 @@ stopped trial would leave no checkpoint and an MLflow run that stays RUNNING. A 
 its worker's main thread, so ``ray.cancel`` (which interrupts that thread as a SIGINT would)
 stops a trial the way Ctrl-C stops ``cluster run``: after its round, with its checkpoint, its
 run KILLED. Tune's search spaces, trial bookkeeping and resume (by its own experiment folder)
-are not needed either: the sweep samples its own seeded space and resumes from MLflow.
+are not needed either: the sweep samples its own seeded space and resumes from its ledger
+(MLflow, or its own folder where tracking is off: ``sweep_ledger``).
 
 Trials write to one MLflow store at once: a SQLite store gets one writer, an ``mlflow server``
 on loopback in front of it (``cluster.tracking.server``), for the whole run of trials.
