@@ -107,12 +107,15 @@ class Ledger:
         for key, kind in FIELDS.items():
             if not isinstance(entry.get(key), kind):
                 return f"its {key} is {entry.get(key)!r}"
-        expected = {"version": VERSION, "sweep": self.sweep, "name": record.name}
-        for key, value in (expected | {"digest": record.digest}).items():
+        expected = {"version": VERSION, "sweep": self.sweep, "name": record.name,
+                    "digest": record.digest}  # fmt: skip
+        for key, value in expected.items():
             if entry[key] != value:
                 return f"its {key} is {entry[key]!r}, this trial's {value!r}"
         if entry["status"] not in STATUSES:
             return f"its status is {entry['status']!r}"
+        if not all(isinstance(line, str) for line in entry["earlier"]):
+            return f"its earlier is {entry['earlier']!r}"
         return entry
 
     def resume_killed(self, trials: list[Trial], say: Callable[[str], None]) -> list[Trial]:
