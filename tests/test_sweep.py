@@ -300,6 +300,7 @@ def test_a_rerun_resumes_a_killed_trial_only_from_its_own_matching_checkpoint(
     ids[failed.name] = run(failed, status="FAILED")
     elsewhere_id = run(resumed, under=elsewhere, start=3)
     path = checkpoint(resumed, ids[resumed.name])
+    client.set_tag(ids[resumed.name], "sweep_seconds", "12.500")  # what it ran before its kill
     checkpoint(resumed, elsewhere_id)
     checkpoint_path(config, ids[other_run.name]).write_bytes(path.read_bytes())
     checkpoint(other_config, ids[other_config.name], other_run.config)
@@ -310,6 +311,7 @@ def test_a_rerun_resumes_a_killed_trial_only_from_its_own_matching_checkpoint(
     after = resume_killed(trials, planned.tracking, parent, said.append)
     assert [t.resume for t in after] == [path, None, None, None, None, None]
     assert [t.config for t in after] == [t.config for t in trials]
+    assert [t.seconds_before for t in after] == [12.5, 0, 0, 0, 0, 0]  # its seconds add up
     why = {
         older: f"the trial resumes its newer run {ids[resumed.name]}",
         ids[missing.name]: f"no checkpoint at {checkpoint_path(config, ids[missing.name])}",
@@ -321,7 +323,7 @@ def test_a_rerun_resumes_a_killed_trial_only_from_its_own_matching_checkpoint(
         assert any(f"KILLED run {run_id} is not resumed (" in line and reason in line
                    for line in said), (run_id, said)  # fmt: skip
     continued = f"{resumed.name}: resuming its KILLED run {ids[resumed.name]} after round 1 "
-    assert f"{continued}from {path}" in said
+    assert f"{continued}from {path} (12 s before)" in said
     assert f"{missing.name}: runs again from round 0" in said
     assert not any(failed.name in line or elsewhere_id in line for line in said)
     assert len(said) == len(why) + 1 + 4  # a line per refused run, the resumed, the reruns
@@ -456,6 +458,22 @@ def _child_runs(client, experiment: str) -> list:
 STOPPED_ROUNDS = 500  # a trial's rounds: both mid-run at the SIGINT (with 150, one had ended)
 
 
+def stop_sweep(command: list[str], env: dict, ready, every_s: float) -> str:
+    """Start the sweep ``command``; once ``ready()`` (asked every ``every_s``, 900 s at most),
+    SIGINT it. Its output; it stopped its 2 running trials and exited 130."""
+    sweep = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline and sweep.poll() is None:
+        time.sleep(every_s)
+        if ready():
+            break
+    sweep.send_signal(signal.SIGINT)
+    printed = sweep.communicate(timeout=600)[0].decode()
+    assert sweep.returncode == 130, printed
+    assert "stopping 2 running trial(s)" in printed, printed
+    return printed
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
 def test_ctrl_c_stops_every_running_trial_cleanly_and_a_rerun_resumes_them(tmp_path, store_root):
@@ -471,18 +489,14 @@ def test_ctrl_c_stops_every_running_trial_cleanly_and_a_rerun_resumes_them(tmp_p
     env = os.environ | {"MLFLOW_TRACKING_URI": uri}
     out = tmp_path / "o"
     command = [sys.executable, "-m", "cluster", "sweep", str(spec), "--out", str(out)]
-    sweep = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     client = MlflowClient(uri)
-    deadline = time.monotonic() + 900
-    while time.monotonic() < deadline and sweep.poll() is None:
-        time.sleep(10)  # few reads: the store's one writer is the sweep's server
+
+    def both_evaluated() -> bool:
         runs = _child_runs(client, "sweep")
-        if len(runs) == 2 and all("test_accuracy" in r.data.metrics for r in runs):
-            break
-    sweep.send_signal(signal.SIGINT)
-    printed = sweep.communicate(timeout=600)[0].decode()
-    assert sweep.returncode == 130, printed
-    assert "stopping 2 running trial(s)" in printed
+        return len(runs) == 2 and all("test_accuracy" in r.data.metrics for r in runs)
+
+    # few reads: the store's one writer is the sweep's server
+    printed = stop_sweep(command, env, both_evaluated, every_s=10)
     runs = _child_runs(client, "sweep")
     assert [r.info.status for r in runs] == ["KILLED", "KILLED"], printed
     done = {
@@ -492,12 +506,17 @@ def test_ctrl_c_stops_every_running_trial_cleanly_and_a_rerun_resumes_them(tmp_p
         for r in runs
     }
     assert all(0 < rounds < STOPPED_ROUNDS for rounds in done.values()), done
+    killed_seconds = {r.info.run_id: float(r.data.tags["sweep_seconds"]) for r in runs}
 
     rerun = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     printed = rerun.stdout.decode()
     assert rerun.returncode == 0, printed
     for run_id, rounds in done.items():
         assert f"resuming its KILLED run {run_id} after round {rounds} from " in printed, printed
+        assert f" ({killed_seconds[run_id]:.0f} s before)" in printed, printed
+    with open(out / "sweep.csv") as f:  # a trial's seconds: its killed part and the rest
+        seconds = {r["run_id"]: float(r["seconds"]) for r in csv.DictReader(f) if r["trial"]}
+    assert all(seconds[run_id] > killed_seconds[run_id] for run_id in done), seconds
     assert "tuning privacy: ε = " in printed, printed
     assert json.loads((out / "tuning_privacy.json").read_text())["epsilon"] > 0
     runs = _child_runs(client, "sweep")
@@ -505,6 +524,7 @@ def test_ctrl_c_stops_every_running_trial_cleanly_and_a_rerun_resumes_them(tmp_p
     planned = plan(spec, [])
     for run in runs:
         run_id = run.info.run_id
+        assert float(run.data.tags["sweep_seconds"]) == pytest.approx(seconds[run_id], abs=0.01)
         steps = [m.step for m in client.get_metric_history(run_id, "test_accuracy")]
         assert sorted(steps) == list(range(1, STOPPED_ROUNDS + 1))
         logged = client.download_artifacts(run_id, "trial_privacy.json", str(tmp_path))

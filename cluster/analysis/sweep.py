@@ -26,7 +26,9 @@ A resumed sweep continues a KILLED trial's run from its checkpoint where the run
 checkpoint match the trial (``sweep_resume``): all its rounds are then in that run's accountant.
 Any other unfinished run of an earlier attempt (the parent's child runs that no trial holds,
 ``sweep_runs.earlier_attempts``: FAILED, or KILLED without a matching checkpoint), rerun from
-round 0 since, leaves the sweep without an ε too.
+round 0 since, leaves the sweep without an ε too. With tracking off the same rules hold, the
+trials' ledger being a folder of the sweep's own (``sweep_ledger``: ``ledger/`` under
+``--out``). A resumed trial's seconds are the sum over its attempts.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ import yaml
 
 from cluster.analysis.compare import write_csv
 from cluster.analysis.run_configs import assignments, merged, run_setup
+from cluster.analysis.sweep_ledger import FOLDER, Ledger
 from cluster.analysis.sweep_plan import (
     Planned,
     final_name,
@@ -60,8 +63,7 @@ from cluster.analysis.sweep_report import (
     summarize,
     trial_rows,
 )
-from cluster.analysis.sweep_resume import resume_killed
-from cluster.analysis.sweep_runs import earlier_attempts, find_finished, parent_run, record_trial
+from cluster.analysis.sweep_runs import MlflowLedger, parent_run
 from cluster.analysis.sweep_spec import (
     SweepSpec,
     SweepTrial,
@@ -91,7 +93,8 @@ def fill(record: TrialRecord, result: TrialResult, metric: str, role: str) -> No
 
     from privacy.tuning import trial_privacy
 
-    record.status, record.error, record.seconds = result.status, result.error or "", result.seconds
+    record.status, record.error = result.status, result.error or ""
+    record.seconds = result.trial.seconds_before + result.seconds  # over its attempts
     outcome = result.outcome
     if outcome is None:
         return
@@ -224,17 +227,22 @@ def run(args: argparse.Namespace) -> int:
             "model and no longer measures it (the parent run is tagged selected_on_test=true)",
             file=sys.stderr,
         )
-    first = planned.configs[records[0].name]
+    first, out = planned.configs[records[0].name], Path(args.out or f"sweeps/{spec.name}")
     parent = _open_parent(planned, first) if first.tracking.enabled else None
+    if parent is None:  # tracking off: the sweep's own folder holds its trials' ledger
+        ledger = Ledger(out / FOLDER, spec.name)
+    else:
+        ledger = MlflowLedger(planned, parent.run_id)
+    ledger.find_finished(records)
     try:
-        _run_records(planned, parent, args.concurrent, records, "trial")
+        _run_records(planned, ledger, parent, args.concurrent, records, "trial")
         if spec.cross_validated:
-            _retrain(planned, parent, args.concurrent)
+            _retrain(planned, ledger, parent, args.concurrent)
     except BaseException as error:
         if parent is not None:
             parent.abandon("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
         raise
-    return _finish(planned, parent, Path(args.out or f"sweeps/{spec.name}"))
+    return _finish(planned, ledger, parent, out)
 
 
 def _open_parent(planned: Planned, first: ExperimentConfig):
@@ -247,16 +255,16 @@ def _open_parent(planned: Planned, first: ExperimentConfig):
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
 
     planned.tracking = (tracking_uri(), first.tracking.experiment)
-    find_finished(planned, planned.records)
     parent = parent_run(planned, *planned.tracking)
     parent.wait_open()
     return parent
 
 
 def _run_records(
-    planned: Planned, parent, concurrent: int, records: list[TrialRecord], role: str
+    planned: Planned, ledger, parent, concurrent: int, records: list[TrialRecord], role: str
 ) -> None:
-    """Run the ``records`` not finished before, as ``role`` ("trial", or "final")."""
+    """Run the ``records`` not finished before (``ledger``: ``Ledger`` or ``MlflowLedger``), as
+    ``role`` ("trial", or "final")."""
     spec = planned.spec
     todo = [r for r in records if r.status != "FINISHED"]
     skipped = len(records) - len(todo)
@@ -275,17 +283,16 @@ def _run_records(
 
     by_name = {r.name: r for r in todo}
     trials = [Trial(r.name, calibrate(planned.configs[r.name], say_once)) for r in todo]
-    if parent is not None:  # a rerun: its KILLED trials continue from their checkpoints
-        trials = resume_killed(trials, planned.tracking, parent.run_id, _say(spec.name))
+    trials = ledger.resume_killed(trials, _say(spec.name))  # KILLED: from their checkpoints
     progress = Progress(len(records), skipped)
 
     def on_done(result: TrialResult, uri: str | None) -> None:
         record = by_name[result.trial.name]
         fill(record, result, spec.select.metric, role)
-        record_trial(record, uri, spec.name)
+        ledger.record(record, result, uri)
         progress.finished(record, spec.select.metric)
 
-    run_concurrently(trials, concurrent, parent and parent.run_id, on_done)
+    run_concurrently(trials, concurrent, parent and parent.run_id, on_done, ledger.started)
     if progress.bar:
         print()
 
@@ -295,7 +302,7 @@ def _say(sweep: str):
     return lambda line: print(f"sweep {sweep}: {line}", flush=True)
 
 
-def _retrain(planned: Planned, parent, concurrent: int) -> None:
+def _retrain(planned: Planned, ledger, parent, concurrent: int) -> None:
     """After cross-validation: the selected configuration once more, on all training rows
     (``data.validation: null``) at the first seed; its test accuracy is the one reported."""
     spec = planned.spec
@@ -306,9 +313,8 @@ def _retrain(planned: Planned, parent, concurrent: int) -> None:
     config = trial_config(spec, planned.overrides, trial, selected_changes(spec, chosen))
     planned.final = TrialRecord(trial, final_name(spec, trial), trial_digest(config))
     planned.configs[planned.final.name] = config
-    if planned.tracking is not None:
-        find_finished(planned, [planned.final])
-    _run_records(planned, parent, concurrent, [planned.final], "final")
+    ledger.find_finished([planned.final])
+    _run_records(planned, ledger, parent, concurrent, [planned.final], "final")
 
 
 def _chosen_values(planned: Planned) -> Values | None:
@@ -319,12 +325,11 @@ def _chosen_values(planned: Planned) -> Values | None:
     return next((v for v, r in zip(grouped, rows, strict=True) if r["selected"]), None)
 
 
-def _finish(planned: Planned, parent, out: Path) -> int:
+def _finish(planned: Planned, ledger, parent, out: Path) -> int:
     spec, records = planned.spec, planned.records
     rows = summarize(spec, records)
     print(markdown(spec, rows, planned.all_records()))
-    earlier = earlier_attempts(planned, parent.run_id) if parent is not None else []
-    tuning = statement(planned, planned.all_records(), earlier)
+    tuning = statement(planned, planned.all_records(), ledger.earlier_attempts())
     chosen = next((r for r in rows if r["selected"]), None)
     reported = _reported_test(planned, chosen)
     if chosen is None:

@@ -1,23 +1,26 @@
 """A rerun sweep's killed trials, continued from their checkpoints.
 
-A trial that a stop signal ended (Ctrl-C, SIGTERM: ``cluster.analysis.trials``) left its MLflow
-run KILLED, a child of the sweep's parent run, and its checkpoint. When the sweep is rerun
-(under the same parent run: ``sweep_runs.parent_run``), such a trial continues that run from
-its checkpoint, as ``python -m cluster resume`` would, instead of starting again from round 0:
-its rounds are then all in that one run's accountant, and the trial is no earlier attempt
-(``sweep_runs.earlier_attempts``). A KILLED run continues a trial only where all of these hold:
+A trial that a stop signal ended (Ctrl-C, SIGTERM: ``cluster.analysis.trials``) left a KILLED
+attempt and its checkpoint: where tracking is on, its MLflow run, a child of the sweep's parent
+run; where it is off, its entry in the sweep's local ledger (``sweep_ledger``). When the sweep
+is rerun, such a trial continues that attempt from its checkpoint, as ``python -m cluster
+resume`` would, instead of starting again from round 0: its rounds are then all in that one
+attempt's accountant, and it is no earlier attempt (``sweep_runs.earlier_attempts``,
+``sweep_ledger``). A KILLED attempt continues a trial only where all of these hold
+(``continuation``, the same rules for both):
 
-- its ``tracking.run_name`` param is the trial's run name (unique in the sweep: the
-  configuration's index, a digest of its values, the seed), and every param of the trial's
-  config (as it runs: calibrated) is the run's param of that name;
-- its checkpoint (``checkpoint_path`` of the trial's config and the run's id) exists, reads,
-  and matches its own config (``open_checkpoint``: the check ``cluster resume`` makes);
-- that config is the trial's config, field for field, and the checkpoint continues that run
-  (its ``run_id``).
+- the params it recorded (``attempt_params``) are the trial's config's (as it runs:
+  calibrated), every one; ``tracking.run_name`` among them is the trial's name (unique in the
+  sweep: the configuration's index, a digest of its values, the seed);
+- its checkpoint (``checkpoint_path`` of the trial's config and the attempt's MLflow run, or
+  none where untracked) exists, reads, and matches its own config (``open_checkpoint``: the
+  check ``cluster resume`` makes);
+- that config is the trial's config, field for field, and the checkpoint continues that attempt
+  (its ``run_id``: the MLflow run's, None where untracked).
 
-Any other KILLED run of the trial is not continued: the trial runs from round 0 in a new run,
-and the killed one stays an earlier attempt (the sweep then states no ε), with the reason.
-FAILED runs are never continued.
+Any other KILLED attempt is not continued: the trial runs from round 0, and the killed attempt
+stays an earlier one (the sweep then states no ε), with the reason. FAILED attempts are never
+continued. A continued trial's seconds are the sum over its attempts (``Resumption.seconds``).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from cluster.analysis.sweep_runs import SECONDS
 from cluster.analysis.trials import Trial
 from cluster.config import ConfigError, ExperimentConfig
 from datasets.locations import Location, LocationError
@@ -32,11 +36,13 @@ from datasets.locations import Location, LocationError
 
 @dataclass(frozen=True)
 class Resumption:
-    """The KILLED run a trial continues, from its checkpoint after ``rounds_done`` rounds."""
+    """The KILLED attempt a trial continues (its MLflow run; None where untracked), from its
+    checkpoint after ``rounds_done`` rounds; ``seconds``: what its attempts took so far."""
 
-    run_id: str
+    run_id: str | None
     checkpoint: Location
     rounds_done: int
+    seconds: float
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,76 @@ class Refusal:
 
     run_id: str
     reason: str
+
+
+def attempt_params(config: ExperimentConfig) -> dict[str, str]:
+    """``config``'s params as a run of it records them (MLflow's, and the local ledger's)."""
+    from cluster.tracking.process import flatten
+    from cluster.tracking.tracker import logged_param
+
+    return {key: logged_param(value) for key, value in flatten(config.to_dict()).items()}
+
+
+def continuation(
+    params: dict, run_id: str | None, seconds: float, config: ExperimentConfig
+) -> Resumption | str:
+    """A KILLED attempt (the ``params`` it recorded, its MLflow run or None where untracked,
+    the ``seconds`` it ran) continued as a run of ``config`` from its checkpoint, or why it
+    cannot be."""
+    from cluster.runtime.checkpoint import checkpoint_path, open_checkpoint
+    from datasets import locations
+
+    for key, value in attempt_params(config).items():
+        if params.get(key) != value:
+            return f"its param {key} is {params.get(key)!r}, the trial's is {value!r}"
+    path = checkpoint_path(config, run_id)
+    try:
+        if not locations.exists(path):
+            return f"no checkpoint at {path}"
+        checkpoint, _ = open_checkpoint(path)
+    except (ConfigError, LocationError, OSError) as error:
+        return f"its checkpoint {path} is unusable: {error}"
+    if checkpoint["run_id"] != run_id:
+        attempt = "this one" if run_id is not None else "an untracked attempt"
+        return f"its checkpoint {path} continues run {checkpoint['run_id']}, not {attempt}"
+    field = _first_difference(checkpoint["config"], config.to_dict())
+    if field is not None:
+        return f"its checkpoint {path} was written for another config ({field} differs)"
+    return Resumption(run_id, path, checkpoint["simulation"]["rounds_done"], seconds)
+
+
+def _first_difference(saved: dict, wanted: dict) -> str | None:
+    """The first dotted field whose value differs between two config dicts (None: equal)."""
+    from cluster.tracking.process import flatten
+
+    a, b = flatten(saved), flatten(wanted)
+    return next((key for key in sorted(a.keys() | b.keys()) if a.get(key) != b.get(key)), None)
+
+
+def resumed(trial: Trial, found: Resumption) -> Trial:
+    """``trial`` continuing ``found``: from its checkpoint, its seconds counted before."""
+    return replace(trial, resume=found.checkpoint, seconds_before=found.seconds)
+
+
+def resumed_line(trial: Trial, attempt: str, found: Resumption) -> str:
+    return (
+        f"{trial.name}: resuming its KILLED {attempt} after round {found.rounds_done} from "
+        f"{found.checkpoint} ({found.seconds:.0f} s before)"
+    )
+
+
+def refused_line(trial: Trial, attempt: str, reason: str) -> str:
+    return (
+        f"{trial.name}: its {attempt} is not resumed ({reason}); it stays an earlier attempt, "
+        "its rounds in no trial's accountant (no ε for the sweep)"
+    )
+
+
+def rerun_line(trial: Trial) -> str:
+    return f"{trial.name}: runs again from round 0"
+
+
+# ---------------------------------------------------------------------------- MLflow runs
 
 
 def killed_runs(uri: str, experiment: str, parent_run_id: str) -> dict[str, list]:
@@ -74,47 +150,13 @@ def resumption(runs: list, config: ExperimentConfig) -> tuple[Resumption | None,
         if found is not None:
             refused.append(Refusal(run_id, f"the trial resumes its newer run {found.run_id}"))
             continue
-        continued = _continuation(run, config)
+        seconds = float(run.data.tags.get(SECONDS, 0.0))  # what it ran before it was killed
+        continued = continuation(run.data.params, run_id, seconds, config)
         if isinstance(continued, Resumption):
             found = continued
         else:
             refused.append(Refusal(run_id, continued))
     return found, refused
-
-
-def _continuation(run, config: ExperimentConfig) -> Resumption | str:
-    """``run`` continued as a run of ``config`` from its checkpoint, or why it cannot be."""
-    from cluster.runtime.checkpoint import checkpoint_path, open_checkpoint
-    from cluster.tracking.process import flatten
-    from cluster.tracking.tracker import logged_param
-    from datasets import locations
-
-    run_id = run.info.run_id
-    logged = run.data.params
-    for key, value in flatten(config.to_dict()).items():
-        if logged.get(key) != logged_param(value):
-            return f"its param {key} is {logged.get(key)!r}, the trial's is {value!r}"
-    path = checkpoint_path(config, run_id)
-    try:
-        if not locations.exists(path):
-            return f"no checkpoint at {path}"
-        checkpoint, _ = open_checkpoint(path)
-    except (ConfigError, LocationError, OSError) as error:
-        return f"its checkpoint {path} is unusable: {error}"
-    if checkpoint["run_id"] != run_id:
-        return f"its checkpoint {path} continues run {checkpoint['run_id']}, not this one"
-    field = _first_difference(checkpoint["config"], config.to_dict())
-    if field is not None:
-        return f"its checkpoint {path} was written for another config ({field} differs)"
-    return Resumption(run_id, path, checkpoint["simulation"]["rounds_done"])
-
-
-def _first_difference(saved: dict, wanted: dict) -> str | None:
-    """The first dotted field whose value differs between two config dicts (None: equal)."""
-    from cluster.tracking.process import flatten
-
-    a, b = flatten(saved), flatten(wanted)
-    return next((key for key in sorted(a.keys() | b.keys()) if a.get(key) != b.get(key)), None)
 
 
 def resume_killed(
@@ -127,22 +169,15 @@ def resume_killed(
     from its checkpoint (``Trial.resume``); ``say`` gets a line per trial continued and per
     KILLED run that cannot be, with the reason."""
     killed = killed_runs(*tracking, parent_run_id)
-    resumed = []
+    continued = []
     for trial in trials:
         found, refused = resumption(killed.get(trial.name, []), trial.config)
         for refusal in refused:
-            say(
-                f"{trial.name}: its KILLED run {refusal.run_id} is not resumed ({refusal.reason}); "
-                "it stays an earlier attempt, its rounds in no trial's accountant (no ε for the "
-                "sweep)"
-            )
+            say(refused_line(trial, f"KILLED run {refusal.run_id}", refusal.reason))
         if found is not None:
-            say(
-                f"{trial.name}: resuming its KILLED run {found.run_id} after round "
-                f"{found.rounds_done} from {found.checkpoint}"
-            )
-            trial = replace(trial, resume=found.checkpoint)
+            say(resumed_line(trial, f"run {found.run_id}", found))
+            trial = resumed(trial, found)
         elif refused:
-            say(f"{trial.name}: runs again from round 0")
-        resumed.append(trial)
-    return resumed
+            say(rerun_line(trial))
+        continued.append(trial)
+    return continued

@@ -11,6 +11,7 @@ from cluster.analysis.sweep_plan import Planned
 from cluster.analysis.sweep_report import TrialRecord
 
 RECORDED = "sweep_recorded"
+SECONDS = "sweep_seconds"  # a trial's seconds, summed over its attempts (a resumed trial's)
 
 
 def find_finished(planned: Planned, records: list[TrialRecord]) -> None:
@@ -33,7 +34,7 @@ def find_finished(planned: Planned, records: list[TrialRecord]) -> None:
         tags, metrics = run.data.tags, run.data.metrics
         record.status, record.run_id, record.resumed = "FINISHED", run.info.run_id, True
         record.metric, record.test_accuracy = metrics.get(metric), metrics.get("test_accuracy")
-        record.epsilon, record.seconds = tags.get("sweep_epsilon", ""), float(tags["sweep_seconds"])
+        record.epsilon, record.seconds = tags.get("sweep_epsilon", ""), float(tags[SECONDS])
         record.privacy = _read_json(client, run.info.run_id, "trial_privacy.json")
 
 
@@ -65,16 +66,20 @@ def parent_run(planned: Planned, uri: str, experiment: str):
 
 
 def record_trial(record: TrialRecord, uri: str | None, spec_name: str) -> None:
-    """Tag a finished trial's run and log its ``trial_privacy.json`` (through ``uri``, the
-    sweep's one writer): what a resumed sweep finds it by."""
-    if uri is None or record.run_id is None or record.status != "FINISHED":
+    """Tag a trial's run (through ``uri``, the sweep's one writer) with its seconds so far (a
+    KILLED run's: a resumed trial adds them up); a finished one's also with what a resumed
+    sweep finds it by, and log its ``trial_privacy.json``."""
+    if uri is None or record.run_id is None or record.status not in ("FINISHED", "KILLED"):
         return
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
+    client.set_tag(record.run_id, SECONDS, f"{record.seconds:.3f}")
+    if record.status == "KILLED":
+        return
     client.log_dict(record.run_id, record.privacy, "trial_privacy.json")
     tags = {"sweep": spec_name, "sweep_trial": record.digest, "sweep_epsilon": record.epsilon}
-    for key, value in (tags | {"sweep_seconds": f"{record.seconds:.3f}", RECORDED: "true"}).items():
+    for key, value in (tags | {RECORDED: "true"}).items():
         client.set_tag(record.run_id, key, value)
 
 
@@ -98,3 +103,27 @@ def earlier_attempts(planned: Planned, parent_run_id: str) -> list[str]:
         for run in runs
         if run.info.run_id not in held
     ]
+
+
+class MlflowLedger:
+    """The trials of a sweep with tracking on: its parent run's child runs (the functions
+    above, ``sweep_resume``). The same methods as ``sweep_ledger.Ledger``."""
+
+    def __init__(self, planned: Planned, parent_run_id: str):
+        self.planned, self.parent_run_id = planned, parent_run_id
+
+    def find_finished(self, records: list[TrialRecord]) -> None:
+        find_finished(self.planned, records)
+
+    def resume_killed(self, trials: list, say) -> list:
+        from cluster.analysis.sweep_resume import resume_killed
+
+        return resume_killed(trials, self.planned.tracking, self.parent_run_id, say)
+
+    started = None  # a trial's run records that it started
+
+    def record(self, record: TrialRecord, result, uri: str | None) -> None:
+        record_trial(record, uri, self.planned.spec.name)
+
+    def earlier_attempts(self) -> list[str]:
+        return earlier_attempts(self.planned, self.parent_run_id)

@@ -18,7 +18,8 @@ stopped trial would leave no checkpoint and an MLflow run that stays RUNNING. A 
 its worker's main thread, so ``ray.cancel`` (which interrupts that thread as a SIGINT would)
 stops a trial the way Ctrl-C stops ``cluster run``: after its round, with its checkpoint, its
 run KILLED. Tune's search spaces, trial bookkeeping and resume (by its own experiment folder)
-are not needed either: the sweep samples its own seeded space and resumes from MLflow.
+are not needed either: the sweep samples its own seeded space and resumes from its ledger
+(MLflow, or its own folder where tracking is off: ``sweep_ledger``).
 
 Trials write to one MLflow store at once: a SQLite store gets one writer, an ``mlflow server``
 on loopback in front of it (``cluster.tracking.server``), for the whole run of trials.
@@ -67,6 +68,7 @@ class Trial:
     # The checkpoint of the trial's KILLED run to continue that run from (the sweep's
     # ``sweep_resume``: checked against ``config``); None: a new run from round 0.
     resume: Location | None = None
+    seconds_before: float = 0.0  # what the attempts it continues ran (``resume``'s: killed)
 
 
 @dataclass
@@ -76,6 +78,8 @@ class TrialResult:
     error: str | None = None
     seconds: float = 0.0
     extra: dict = field(default_factory=dict)  # what a caller adds (the sweep's records)
+    # False: stopped while its placement group waited for resources, so it never ran
+    started: bool = True
 
     @property
     def status(self) -> str:
@@ -164,7 +168,9 @@ def run_in_process(
 
 class RayTrials:
     """Trials as Ray tasks in placement groups (see the module doc), at most ``concurrent`` at
-    once (0: as many as the cluster holds). ``on_done`` is called in this thread as each ends.
+    once (0: as many as the cluster holds). ``on_done`` is called in this thread as each ends;
+    ``on_start`` (where given) once its placement group is created, from when its task may run
+    (a trial submitted waits for it while the trials before it hold the cluster).
 
     A first stop signal (``StopSignals`` in its rounds phase) cancels every running trial: each
     stops after its round and writes its checkpoint; no new trial starts, and ``run`` raises
@@ -179,18 +185,28 @@ class RayTrials:
         self.parent_run_id, self.uri = parent_run_id, uri
         self._remote = ray.remote(run_one)
         self._running: dict = {}  # object ref → (trial, placement group, start)
+        self._on_start: Callable[[Trial], None] | None = None
+        self._started: set = set()  # object refs whose trial ``on_start`` was called for
 
-    def run(self, trials: list[Trial], on_done: Callable[[TrialResult], None]) -> list[TrialResult]:
+    def run(
+        self,
+        trials: list[Trial],
+        on_done: Callable[[TrialResult], None],
+        on_start: Callable[[Trial], None] | None = None,
+    ) -> list[TrialResult]:
         from cluster.runtime.interrupts import Interrupted, StopSignals
 
         stop = StopSignals.active()
         queue, results = list(trials), []
+        self._on_start = on_start
         try:
             while queue or self._running:
                 if stop is not None and stop.reason is not None:
                     return self._stop(stop, len(queue), results, on_done)
                 while queue and (not self.concurrent or len(self._running) < self.concurrent):
                     self._submit(queue.pop(0))
+                for ref in list(self._running):
+                    self._note_start(ref)
                 for result in self._finished(POLL_S):
                     results.append(result)
                     on_done(result)
@@ -214,6 +230,19 @@ class RayTrials:
         ).remote(trial, self.parent_run_id, self.uri)
         self._running[ref] = (trial, group, time.perf_counter())
 
+    def _placed(self, ref) -> bool:
+        """Whether the trial's placement group was created (its task may have run since)."""
+        from ray.util import placement_group_table
+
+        return placement_group_table(self._running[ref][1])["state"] != "PENDING"
+
+    def _note_start(self, ref) -> None:
+        """``on_start`` for the trial of ``ref`` once placed: before its task runs a round
+        (its worker starts first), so that a crash after finds it started."""
+        if self._on_start is not None and ref not in self._started and self._placed(ref):
+            self._started.add(ref)
+            self._on_start(self._running[ref][0])
+
     def _finished(self, timeout: float) -> list[TrialResult]:
         if not self._running:
             return []
@@ -223,7 +252,10 @@ class RayTrials:
     def _collect(self, ref) -> TrialResult:
         from ray.exceptions import RayError
 
+        self._note_start(ref)
+        placed = self._placed(ref)
         trial, group, start = self._running.pop(ref)
+        self._started.discard(ref)
         try:
             result = self._ray.get(ref)
         except RayError as error:  # cancelled (KILLED), or its worker died (FAILED)
@@ -231,7 +263,7 @@ class RayTrials:
             cause = getattr(error, "cause", None)
             stopped = cancelled or isinstance(cause, KeyboardInterrupt)
             result = TrialResult(trial, error=None if stopped else _error_text(error))
-            result.seconds = time.perf_counter() - start
+            result.seconds, result.started = time.perf_counter() - start, placed
         finally:
             self._ray.util.remove_placement_group(group)  # and any actor left in it
         return result
@@ -299,11 +331,12 @@ def run_concurrently(
     concurrent: int,
     parent_run_id: str | None,
     on_done: Callable[[TrialResult, str | None], None],
+    on_start: Callable[[Trial], None] | None = None,
 ) -> list[TrialResult]:
     """``trials`` on Ray (``RayTrials``): the cluster of their ``executor.address`` (an
     embedded Ray where none), each checked to fit first; tracked runs through one writer
     (``cluster.tracking.server``). ``on_done(result, uri)``: ``uri`` is where the runs are
-    tracked."""
+    tracked; ``on_start(trial)``: as each trial is submitted (``RayTrials``)."""
     import contextlib
 
     from cluster.runtime.interrupts import StopSignals
@@ -325,7 +358,7 @@ def run_concurrently(
         with writer as uri:
             engine = RayTrials(concurrent, parent_run_id, uri)
             with stop.rounds() if stop is not None else contextlib.nullcontext():
-                return engine.run(trials, lambda result: on_done(result, uri))
+                return engine.run(trials, lambda result: on_done(result, uri), on_start)
     finally:
         with stop.finishing() if stop is not None else contextlib.nullcontext():
             disconnect()

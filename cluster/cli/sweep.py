@@ -27,7 +27,11 @@ def add_parser(commands, help_text: str) -> None:
         metavar="N",
         help="at most N trials at once (default 0: as many as the Ray cluster's CPUs/GPUs hold)",
     )
-    p.add_argument("--out", help="folder for the table, plot and selected.yaml (sweeps/<spec>)")
+    p.add_argument(
+        "--out",
+        help="folder for the table, plot and selected.yaml (sweeps/<spec>); with tracking off "
+        "also the trials' ledger/, which a rerun with the same --out resumes from",
+    )
     p.set_defaults(handler=run)
 
 

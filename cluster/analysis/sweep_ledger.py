@@ -1,0 +1,196 @@
+"""A sweep's local ledger of trials: how a sweep with tracking off resumes.
+
+With tracking on, the sweep's ledger is the MLflow store (``sweep_runs.MlflowLedger``). With
+tracking off (``tracking.enabled: false``) it is a folder of the sweep's own, ``ledger/``
+under its ``--out`` folder: one JSON file per trial, ``<its digest>.json`` (the trial's
+``sweep_trial`` digest: hex and integers, never a config value, so the file stays in that
+folder), written atomically (``locations.write_atomic``) when the trial starts (status
+RUNNING: its placement group created, ``trials.RayTrials``, before its worker has started) and
+when it ends (FINISHED, KILLED or FAILED; a trial stopped before it was placed never ran and
+writes nothing)::
+
+    version      1
+    sweep        the spec's name
+    name         the trial's name (its run name where tracked)
+    digest       its digest (configuration, seed, repeat)
+    params       its config's params as a run records them (``sweep_resume.attempt_params``)
+    status       RUNNING, KILLED, FAILED or FINISHED
+    checkpoint   where its untracked checkpoint is (``checkpoint_path`` of its config)
+    seconds      what its attempts ran, summed (a resumed trial's killed part included)
+    metric, test_accuracy, epsilon, error, privacy   its ``TrialRecord``'s (FINISHED: all)
+    earlier      its earlier attempts that no accountant holds, carried from entry to entry
+
+A rerun resumes by the same rules as the MLflow path: a FINISHED entry is not run again (its
+recorded result is the trial's); a KILLED one whose params, checkpoint and config match the
+trial (``sweep_resume.continuation``) is continued from its checkpoint, so its ε is stated; any
+other entry (RUNNING: the sweep stopped without ending it; FAILED; KILLED without a matching
+checkpoint; an entry that cannot be read, or of another trial) runs again from round 0, a line
+saying why, and stays an earlier attempt: the sweep states no ε. Nothing is unpickled here:
+entries are JSON, and a checkpoint is read by the weights-only loader (``open_checkpoint``),
+only at the path the trial's own config gives (the entry's ``checkpoint`` must be that one).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from cluster.analysis.sweep_report import TrialRecord
+from cluster.analysis.sweep_resume import (
+    Resumption,
+    attempt_params,
+    continuation,
+    refused_line,
+    rerun_line,
+    resumed,
+    resumed_line,
+)
+from cluster.analysis.trials import Trial, TrialResult
+
+FOLDER = "ledger"  # under the sweep's --out folder
+VERSION = 1
+STATUSES = ("RUNNING", "KILLED", "FAILED", "FINISHED")
+DIGEST = re.compile(r"^[0-9a-f]{16}-seed-?[0-9]+(-repeat[0-9]+)?$")  # sweep_spec.trial_digest
+NUMBER = (int, float, type(None))
+FIELDS = {
+    "version": int, "sweep": str, "name": str, "digest": str, "params": dict, "status": str,
+    "checkpoint": str, "seconds": (int, float), "metric": NUMBER, "test_accuracy": NUMBER,
+    "epsilon": str, "error": str, "privacy": (dict, type(None)), "earlier": list,
+}  # fmt: skip
+
+
+class Ledger:
+    """The trials of one sweep with tracking off, kept in ``folder`` (see the module doc).
+    The same methods as ``sweep_runs.MlflowLedger``."""
+
+    def __init__(self, folder: Path, sweep: str):
+        self.folder, self.sweep = folder, sweep
+        self.records: dict[str, TrialRecord] = {}  # by trial name
+        self.entries: dict[str, dict | str] = {}  # by trial name: its entry, or why unusable
+        self.earlier: dict[str, list[str]] = {}  # by trial name: its earlier attempts
+
+    def path(self, record: TrialRecord) -> Path:
+        if not DIGEST.match(record.digest):  # sweep_spec.trial_digest makes them so
+            raise AssertionError(f"trial digest {record.digest!r} is no file name")
+        return self.folder / f"{record.digest}.json"
+
+    def find_finished(self, records: list[TrialRecord]) -> None:
+        """Read the ``records``' entries; mark those that finished (``resumed``)."""
+        for record in records:
+            self.records[record.name] = record
+            if not self.path(record).exists():
+                continue
+            entry = self._read(record)
+            self.entries[record.name] = entry
+            if isinstance(entry, str):  # it may have started: conservatively an attempt
+                self.earlier[record.name] = [
+                    f"{record.name} (an unusable ledger entry, {self.path(record)}: {entry})"
+                ]
+                continue
+            self.earlier[record.name] = list(entry["earlier"])
+            if entry["status"] == "FINISHED":
+                record.status, record.resumed = "FINISHED", True
+                record.metric, record.test_accuracy = entry["metric"], entry["test_accuracy"]
+                record.epsilon, record.seconds = entry["epsilon"], float(entry["seconds"])
+                record.privacy = entry["privacy"]
+
+    def _read(self, record: TrialRecord) -> dict | str:
+        """The record's entry, or why it cannot be used."""
+        try:
+            entry = json.loads(self.path(record).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            return f"unreadable: {error}"
+        if not isinstance(entry, dict):
+            return "not a JSON object"
+        for key, kind in FIELDS.items():
+            if not isinstance(entry.get(key), kind):
+                return f"its {key} is {entry.get(key)!r}"
+        expected = {"version": VERSION, "sweep": self.sweep, "name": record.name,
+                    "digest": record.digest}  # fmt: skip
+        for key, value in expected.items():
+            if entry[key] != value:
+                return f"its {key} is {entry[key]!r}, this trial's {value!r}"
+        if entry["status"] not in STATUSES:
+            return f"its status is {entry['status']!r}"
+        if not all(isinstance(line, str) for line in entry["earlier"]):
+            return f"its earlier is {entry['earlier']!r}"
+        return entry
+
+    def resume_killed(self, trials: list[Trial], say: Callable[[str], None]) -> list[Trial]:
+        """``trials``, each whose KILLED entry matches it set to resume from its checkpoint;
+        ``say`` gets a line per trial continued and per entry that is not, with the reason."""
+        continued = []
+        for trial in trials:
+            entry = self.entries.get(trial.name)
+            if entry is None:
+                continued.append(trial)
+                continue
+            found = self._continuation(entry, trial)
+            if isinstance(found, Resumption):
+                say(resumed_line(trial, f"attempt (ledger entry {self._file(trial)})", found))
+                continued.append(resumed(trial, found))
+                continue
+            status = "" if isinstance(entry, str) else f"{entry['status']} "
+            say(refused_line(trial, f"{status}attempt (ledger entry {self._file(trial)})", found))
+            if not isinstance(entry, str):  # an unusable one is an earlier attempt already
+                self.earlier[trial.name].append(
+                    f"{trial.name} {entry['status']} (an earlier attempt, {self._file(trial)})"
+                )
+            say(rerun_line(trial))
+            continued.append(trial)
+        return continued
+
+    def _continuation(self, entry: dict | str, trial: Trial) -> Resumption | str:
+        """``entry``'s attempt continued as ``trial``, or why it cannot be."""
+        from cluster.runtime.checkpoint import checkpoint_path
+
+        if isinstance(entry, str):
+            return f"the entry is unusable: {entry}"
+        if entry["status"] != "KILLED":
+            return f"it is {entry['status']}: only a KILLED attempt continues"
+        path = str(checkpoint_path(trial.config, None))
+        if entry["checkpoint"] != path:
+            return f"its checkpoint {entry['checkpoint']} is not the trial's, {path}"
+        return continuation(entry["params"], None, float(entry["seconds"]), trial.config)
+
+    def started(self, trial: Trial) -> None:
+        """Write ``trial``'s entry RUNNING, as it starts."""
+        self._write(self._record(trial), trial, "RUNNING")
+
+    def record(self, record: TrialRecord, result: TrialResult, uri: str | None) -> None:
+        """Write the entry of ``result``'s trial as ``record`` ended it (``uri``: unused, none
+        is tracked); one that never ran (stopped before it was placed) leaves its entry be."""
+        if result.started:
+            self._write(record, result.trial, record.status)
+
+    def earlier_attempts(self) -> list[str]:
+        """The attempts of the trials that no trial's accountant holds."""
+        return [line for lines in self.earlier.values() for line in lines]
+
+    def _record(self, trial: Trial) -> TrialRecord:
+        return self.records[trial.name]
+
+    def _file(self, trial: Trial) -> str:
+        return str(self.path(self._record(trial)))
+
+    def _write(self, record: TrialRecord, trial: Trial, status: str) -> None:
+        from cluster.runtime.checkpoint import checkpoint_path
+        from datasets.locations import write_atomic
+
+        ended = status != "RUNNING"
+        entry = {
+            "version": VERSION, "sweep": self.sweep, "name": record.name,
+            "digest": record.digest, "params": attempt_params(trial.config), "status": status,
+            "checkpoint": str(checkpoint_path(trial.config, None)),
+            "seconds": record.seconds if ended else trial.seconds_before,
+            "metric": record.metric if ended else None,
+            "test_accuracy": record.test_accuracy if ended else None,
+            "epsilon": record.epsilon if ended else "", "error": record.error if ended else "",
+            "privacy": record.privacy if ended else None,
+            "earlier": self.earlier.get(record.name, []),
+        }  # fmt: skip
+        text = json.dumps(entry, indent=1).encode()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.path(record), lambda file: file.write(text))

@@ -1,0 +1,212 @@
+"""A sweep with tracking off resumes from its local ledger (``cluster.analysis.sweep_ledger``):
+a finished trial is skipped with its recorded result, a KILLED one with its own matching
+checkpoint continues (its seconds adding up), anything else reruns from round 0 and stays an
+earlier attempt (no ε); (slow) a real sweep stopped and rerun ends as an uninterrupted one."""
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from cluster.analysis.sweep import statement
+from cluster.analysis.sweep_ledger import FOLDER, Ledger
+from cluster.analysis.sweep_plan import plan
+from cluster.analysis.trials import Trial, TrialResult, calibrate
+from cluster.cli.main import main
+from cluster.runtime.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
+from tests.helpers import run_local
+from tests.test_sweep import _base, _local, _write, stop_sweep
+
+
+def _untracked(store_root, tmp_path, **changes) -> dict:
+    return _base(store_root, tmp_path) | {"tracking": {"enabled": False}} | changes
+
+
+def _planned(spec):
+    """The sweep as a rerun plans it: its records, and its trials as they run (calibrated)."""
+    planned = plan(spec, [])
+    trials = [Trial(r.name, calibrate(planned.configs[r.name], lambda line: None))
+              for r in planned.records]  # fmt: skip
+    return planned, trials
+
+
+def _edit(path: Path, **changes) -> None:
+    path.write_text(json.dumps(json.loads(path.read_text()) | changes))
+
+
+def test_a_rerun_resumes_only_a_killed_trial_with_its_own_checkpoint_from_the_ledger(
+    tmp_path, store_root
+):
+    """A FINISHED entry: skipped, with its recorded result. A KILLED one whose params, checkpoint
+    and config are the trial's: continued, its seconds counted before. Unreadable, another
+    trial's, RUNNING (the sweep died), KILLED with other params, or naming a checkpoint that is
+    not the trial's (never opened): each reruns from round 0 with a line saying why, and stays
+    an earlier attempt, carried in the trial's next entries (no ε)."""
+    lrs = [0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
+    base = _untracked(store_root, tmp_path)
+    spec = _write(tmp_path, "lg", {"base": base, "space": {"algorithm.local.lr": lrs}})
+    planned, trials = _planned(spec)
+    folder = tmp_path / "out" / FOLDER
+    ledger = Ledger(folder, planned.spec.name)
+    ledger.find_finished(planned.records)
+    assert ledger.entries == {} and ledger.earlier_attempts() == []
+    records = dict(zip(("finished", "resumed", "unreadable", "other_trial", "running",
+                        "other_params", "elsewhere"), planned.records, strict=True))  # fmt: skip
+    by_role = dict(zip(records, trials, strict=True))
+    config = by_role["resumed"].config
+    state = run_local(_local(replace(config, rounds=1))).state_dict()  # a round of the trial
+    privacy = {"label": "f", "unit": "client", "dp_valid": True, "delta": 1e-5, "epsilon": 1.0}
+    for role, trial in by_role.items():
+        record = records[role]
+        ledger.started(trial)
+        if role == "running":
+            continue  # the sweep died with it running
+        record.status, record.seconds = "KILLED", 12.5
+        if role == "finished":
+            record.status, record.metric, record.test_accuracy = "FINISHED", 0.75, 0.7
+            record.epsilon, record.privacy = "ε = 1", privacy
+        else:
+            path = checkpoint_path(trial.config, None)
+            save_checkpoint(path, state, trial.config.to_dict(), None)
+        ledger.record(record, TrialResult(trial), None)
+    entry = {role: ledger.path(record) for role, record in records.items()}
+    assert {p.parent for p in entry.values()} == {folder}
+    entry["unreadable"].write_text('{"version": 1, "sweep"')
+    shutil.copyfile(entry["resumed"], entry["other_trial"])
+    params = json.loads(entry["other_params"].read_text())["params"]
+    _edit(entry["other_params"], params=params | {"algorithm.clip_norm": "0.7"})
+    foreign = tmp_path / "elsewhere.pt"  # a valid checkpoint of the trial, at another path
+    shutil.copyfile(checkpoint_path(by_role["elsewhere"].config, None), foreign)
+    _edit(entry["elsewhere"], checkpoint=str(foreign))
+
+    planned, trials = _planned(spec)  # the rerun
+    records = dict(zip(records, planned.records, strict=True))
+    ledger = Ledger(folder, planned.spec.name)
+    ledger.find_finished(planned.records)
+    done = records["finished"]
+    assert (done.status, done.resumed, done.metric, done.test_accuracy) == (
+        "FINISHED",
+        True,
+        0.75,
+        0.7,
+    )
+    assert (done.epsilon, done.seconds, done.privacy) == ("ε = 1", 12.5, privacy)
+    assert [r.status for r in planned.records[1:]] == ["NOT RUN"] * 6
+    said = []
+    after = ledger.resume_killed(trials[1:], said.append)
+    resumed_path = checkpoint_path(config, None)
+    assert [t.resume for t in after] == [resumed_path, None, None, None, None, None]
+    assert [t.seconds_before for t in after] == [12.5, 0, 0, 0, 0, 0]
+    assert (
+        f"{records['resumed'].name}: resuming its KILLED attempt (ledger entry "
+        f"{entry['resumed']}) after round 1 from {resumed_path} (12 s before)" in said
+    )
+    why = {
+        "unreadable": "the entry is unusable: unreadable: ",
+        "other_trial": f"unusable: its name is '{records['resumed'].name}', this trial's",
+        "running": "it is RUNNING: only a KILLED attempt continues",
+        "other_params": "its param algorithm.clip_norm is '0.7', the trial's is '0.5'",
+        "elsewhere": f"its checkpoint {foreign} is not the trial's, ",
+    }
+    for role, reason in why.items():
+        name = records[role].name
+        refused = [line for line in said if line.startswith(f"{name}: its ")]
+        assert len(refused) == 1 and f"(ledger entry {entry[role]}) is not resumed (" in refused[0]
+        assert reason in refused[0] and "no ε for the sweep" in refused[0], refused
+        assert f"{name}: runs again from round 0" in said
+    assert len(said) == 1 + 2 * len(why)
+    earlier = ledger.earlier_attempts()
+    assert len(earlier) == len(why)
+    assert [any(records[role].name in line for line in earlier) for role in why] == [True] * 5
+    for record in planned.records[1:]:
+        record.status = "NOT RUN"
+    tuning = statement(planned, planned.records, earlier)
+    assert tuning.epsilon is None and "an earlier attempt" in tuning.reason
+
+    before = entry["resumed"].read_text()
+    records["resumed"].status = "KILLED"  # stopped again, before it was placed: never ran
+    ledger.record(records["resumed"], TrialResult(after[0], started=False), None)
+    assert entry["resumed"].read_text() == before  # its checkpoint's entry stands
+    rerun = next(t for t in after if t.name == records["running"].name)  # it finishes now
+    ledger.started(rerun)
+    records["running"].status = "FINISHED"
+    ledger.record(records["running"], TrialResult(rerun), None)
+    assert json.loads(entry["running"].read_text())["earlier"] == [
+        line for line in earlier if records["running"].name in line
+    ]
+    third = Ledger(folder, planned.spec.name)
+    third.find_finished(plan(spec, []).records)
+    assert records["running"].name in " ".join(third.earlier_attempts())  # never forgotten
+
+
+# ------------------------------------------------------------------------- slow: on Ray
+
+LEDGER_ROUNDS = 300  # both trials mid-run once each has written a checkpoint
+
+
+def _trials(out: Path) -> dict[str, dict]:
+    with open(out / "sweep.csv") as f:
+        return {r["trial"]: r for r in csv.DictReader(f) if r["trial"]}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_an_untracked_sweep_stopped_and_rerun_ends_as_an_uninterrupted_one(tmp_path, store_root):
+    """Tracking off, SIGINT mid-run: both trials stop, their ledger entries KILLED beside their
+    checkpoints. Rerun, both continue from their checkpoints, their seconds adding up, and the
+    sweep ends with an uninterrupted sweep's selection, per-trial results and ε."""
+    base = _untracked(store_root, tmp_path, rounds=LEDGER_ROUNDS)
+    base["checkpoint"] = {"dir": str(tmp_path / "ck"), "every": 1}  # polled: a round is done
+    base["data"]["validation"] = {"clients": 0.2}  # public validation: the sweep has an ε
+    space = {"algorithm.local.lr": [0.05, 0.2]}
+    spec = _write(tmp_path, "local", {"base": base, "space": space})
+    whole = tmp_path / "whole"
+    assert main(["sweep", str(spec), "--out", str(whole)]) == 0  # uninterrupted
+    shutil.rmtree(tmp_path / "ck")
+
+    planned = plan(spec, [])
+    checkpoints = {r.name: checkpoint_path(planned.configs[r.name], None) for r in planned.records}
+    out = tmp_path / "o"
+    command = [sys.executable, "-m", "cluster", "sweep", str(spec), "--out", str(out)]
+
+    def both_started() -> bool:
+        return all(path.exists() for path in checkpoints.values())
+
+    printed = stop_sweep(command, dict(os.environ), both_started, every_s=0.5)
+    entries = {r.name: out / FOLDER / f"{r.digest}.json" for r in planned.records}
+    killed = {name: json.loads(path.read_text()) for name, path in entries.items()}
+    assert {e["status"] for e in killed.values()} == {"KILLED"}, printed
+    done = {n: load_checkpoint(p)["simulation"]["rounds_done"] for n, p in checkpoints.items()}
+    assert all(0 < rounds < LEDGER_ROUNDS for rounds in done.values()), done
+
+    rerun = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    printed = rerun.stdout.decode()
+    assert rerun.returncode == 0, printed
+    assert "2 trial run(s), 0 finished before (resumed), 2 to run" in printed
+    for name, rounds in done.items():
+        assert (
+            f"{name}: resuming its KILLED attempt (ledger entry {entries[name]}) after round "
+            f"{rounds} from {checkpoints[name]} ({killed[name]['seconds']:.0f} s before)"
+        ) in printed, printed
+    assert "tuning privacy: ε = " in printed, printed
+    assert (out / "tuning_privacy.json").read_text() == (whole / "tuning_privacy.json").read_text()
+    assert (out / "selected.yaml").read_text() == (whole / "selected.yaml").read_text()
+    results = ["status", "validation_accuracy", "test_accuracy", "epsilon", "error"]
+    resumed, uninterrupted = _trials(out), _trials(whole)
+    for name, row in resumed.items():
+        assert {k: row[k] for k in results} == {k: uninterrupted[name][k] for k in results}
+        assert float(row["seconds"]) > killed[name]["seconds"]  # its killed part and the rest
+        assert json.loads(entries[name].read_text())["seconds"] == pytest.approx(
+            float(row["seconds"]), abs=0.01
+        )
+    for name, path in checkpoints.items():
+        alone = run_local(_local(calibrate(planned.configs[name], lambda line: None)))
+        assert torch.equal(load_checkpoint(path)["simulation"]["params"], alone.state.params)
+    assert main(["sweep", str(spec), "--out", str(out)]) == 0  # all finished: nothing to run
