@@ -28,10 +28,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from cluster.analysis.sweep_runs import SECONDS
 from cluster.analysis.trials import Trial
 from cluster.config import ConfigError, ExperimentConfig
 from datasets.locations import Location, LocationError
+
+SECONDS = "sweep_seconds"  # a trial's seconds, summed over its attempts (a resumed trial's)
 
 
 @dataclass(frozen=True)

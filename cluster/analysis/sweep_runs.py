@@ -9,9 +9,9 @@ from pathlib import Path
 
 from cluster.analysis.sweep_plan import Planned
 from cluster.analysis.sweep_report import TrialRecord
+from cluster.analysis.sweep_resume import SECONDS, resume_killed
 
 RECORDED = "sweep_recorded"
-SECONDS = "sweep_seconds"  # a trial's seconds, summed over its attempts (a resumed trial's)
 
 
 def find_finished(planned: Planned, records: list[TrialRecord]) -> None:
@@ -116,8 +116,6 @@ class MlflowLedger:
         find_finished(self.planned, records)
 
     def resume_killed(self, trials: list, say) -> list:
-        from cluster.analysis.sweep_resume import resume_killed
-
         return resume_killed(trials, self.planned.tracking, self.parent_run_id, say)
 
     started = None  # a trial's run records that it started
