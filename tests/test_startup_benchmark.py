@@ -58,14 +58,16 @@ def test_descendants_finds_a_grandchild_with_its_spawn_time_and_cpu():
         subprocess.run(["pkill", "-P", str(shell.pid)], check=False)
 
 
-def test_by_role_sums_cpu_and_takes_the_first_spawn_of_each_role():
+def test_by_role_sums_cpu_after_the_call_and_takes_the_first_spawn_of_each_role():
     samples = [
         ProcessSample(11, 1, "host_actor", started_s=105.0, cpu_s=3.0),
         ProcessSample(10, 1, "raylet", started_s=101.5, cpu_s=0.25),
         ProcessSample(12, 1, "host_actor", started_s=104.5, cpu_s=2.5),
+        ProcessSample(9, 1, "tracking", started_s=98.0, cpu_s=2.0),  # prestarted, 1.5 s before
     ]
-    roles = by_role(samples, call_boot_s=100.0)
+    roles = by_role(samples, call_boot_s=100.0, cpu_before={9: 1.5})
     assert roles == {
+        "tracking": {"processes": 1, "cpu_seconds": 0.5, "spawned_at": -2.0},
         "raylet": {"processes": 1, "cpu_seconds": 0.25, "spawned_at": 1.5},
         "host_actor": {"processes": 2, "cpu_seconds": 5.5, "spawned_at": 4.5},
     }
