@@ -29,7 +29,7 @@ import torch
 class ClientStateStore:
     def __init__(self, device: torch.device | str = "cpu", directory: str | None = None):
         self.device = torch.device(device)
-        self._root = directory or os.environ.get("DPFL_STATE_DIR") or None
+        self._root = _writable_directory(directory or os.environ.get("DPFL_STATE_DIR") or None)
         self._rows: dict[int, int] = {}  # client id → row
         self._handles: dict[str, BinaryIO] = {}  # name → its anonymous file, opened on first put
         self._files: dict[str, np.memmap] = {}
@@ -58,12 +58,11 @@ class ClientStateStore:
     def put(self, client_id: int, state: dict[str, torch.Tensor]) -> None:
         if not state:
             return
-        row = self._rows.get(int(client_id))
-        if row is None:
-            row = self._rows[int(client_id)] = len(self._rows)
+        row = self._rows.get(int(client_id), len(self._rows))
         for name, value in state.items():
             array = value.detach().cpu().numpy().reshape(-1)
             self._file(name, array.dtype, array.size, row + 1)[row] = array
+        self._rows[int(client_id)] = row  # only once every state has its row
 
     def _file(self, name: str, dtype: np.dtype, width: int, rows: int) -> np.memmap:
         """The memory map of ``name`` with at least ``rows`` rows (doubling when it grows)."""
@@ -116,3 +115,15 @@ class ClientStateStore:
 
 def _named(state: dict):
     return [(n, a) for n, a in state.items() if n != "client_ids"]
+
+
+def _writable_directory(root: str | None) -> str | None:
+    """``root`` where the state files can be created in it (None: the system's temporary
+    directory); checked when the host starts, not at the first SCAFFOLD round's end."""
+    if root is not None and not (os.path.isdir(root) and os.access(root, os.W_OK | os.X_OK)):
+        raise ValueError(
+            f"DPFL_STATE_DIR = {root!r}: not a writable directory, so the clients' states "
+            "(SCAFFOLD's c_i) have nowhere to go; point it at an existing directory this "
+            "process may write in, or unset it for the system's temporary directory"
+        )
+    return root

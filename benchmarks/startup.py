@@ -73,12 +73,13 @@ class ProcessSample:
 def _read_process(pid: int, tick: int) -> ProcessSample | None:
     try:
         stat = (PROC / str(pid) / "stat").read_text()
-        command = (PROC / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        command = (PROC / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ")
     except (FileNotFoundError, ProcessLookupError, PermissionError):  # it ended meanwhile
         return None
     fields = stat[stat.rindex(")") + 2 :].split()  # after the name, which may hold spaces
     cpu = (int(fields[11]) + int(fields[12])) / tick
-    return ProcessSample(pid, int(fields[1]), role_of(command), int(fields[19]) / tick, cpu)
+    role = role_of(command.decode(errors="replace"))  # any process's arguments, any bytes
+    return ProcessSample(pid, int(fields[1]), role, int(fields[19]) / tick, cpu)
 
 
 def descendants(root: int) -> list[ProcessSample]:

@@ -89,3 +89,20 @@ def test_a_sigkilled_store_leaves_nothing_in_its_directory(tmp_path):
         process.send_signal(signal.SIGKILL)
         process.wait()
     assert not any(tmp_path.iterdir())
+
+
+def test_a_state_directory_that_cannot_be_written_is_refused_when_the_host_starts(tmp_path):
+    missing = tmp_path / "missing"
+    with pytest.raises(ValueError, match=r"DPFL_STATE_DIR = .*missing.*not a writable directory"):
+        ClientStateStore(directory=str(missing))
+
+
+def test_a_put_that_fails_leaves_the_client_without_state(tmp_path):
+    root = tmp_path / "states"
+    root.mkdir()
+    store = ClientStateStore(directory=str(root))
+    root.rmdir()  # the directory vanishes after the host started: the first put cannot open
+    with pytest.raises(FileNotFoundError):
+        store.put(7, {"control": torch.ones(3)})
+    assert 7 not in store and len(store) == 0 and store.get(7) == {}
+    assert store.state_dict()["client_ids"].tolist() == []

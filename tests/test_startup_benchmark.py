@@ -2,6 +2,8 @@
 lines, which process is below which, when each was spawned and the CPU it used."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -40,7 +42,7 @@ def test_descendants_finds_a_grandchild_with_its_spawn_time_and_cpu():
     # a shell (child) that starts a busy Python (grandchild) and waits for it
     busy = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
     burn = f"{sys.executable} -c '{busy}time.sleep(30)'; true"  # not exec'd: a grandchild
-    shell = subprocess.Popen(["sh", "-c", burn])
+    shell = subprocess.Popen(["sh", "-c", burn], start_new_session=True)
     try:
         deadline = time.monotonic() + 20
         while True:
@@ -54,8 +56,8 @@ def test_descendants_finds_a_grandchild_with_its_spawn_time_and_cpu():
         assert before - 0.02 <= python.started_s <= time.clock_gettime(time.CLOCK_BOOTTIME)
         assert shell.pid in {s.pid for s in descendants(1)}  # and below the shell's ancestors
     finally:
-        shell.kill()
-        subprocess.run(["pkill", "-P", str(shell.pid)], check=False)
+        os.killpg(shell.pid, signal.SIGKILL)  # the shell and its child: no orphan left
+        shell.wait()
 
 
 def test_by_role_sums_cpu_after_the_call_and_takes_the_first_spawn_of_each_role():
@@ -96,3 +98,13 @@ def test_a_start_up_of_the_embedded_ray_is_timed_with_its_processes(tmp_path, ca
     cpu = sum(r["cpu_seconds"] for r in roles.values()) + run["driver_cpu_seconds"]
     assert run["cpu_seconds_until_actors_ready"] == pytest.approx(cpu, abs=0.01)
     assert run["floor_seconds"] == pytest.approx(cpu / run["cores"], abs=0.01)
+
+
+def test_a_process_whose_arguments_are_not_utf8_is_read_too():
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", b"\xff\xfe"])
+    try:
+        (found,) = [s for s in descendants(os.getpid()) if s.pid == sleeper.pid]
+        assert found.role == "other"
+    finally:
+        sleeper.kill()
+        sleeper.wait()
