@@ -46,12 +46,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from itertools import accumulate
 
 import torch
 from torch import nn
 from torch.func import grad, grad_and_value, vmap
 
 from algorithms.dpsgd import DpSgdGradient, clipped_sums, noise_block, noise_block_rows
+from algorithms.fresh_batches import fresh_batches
 from algorithms.local import LocalResult, LocalTrainer, ModelObjective, SgdGradient
 from models import GLOBAL_RNG_LAYERS
 
@@ -168,11 +170,10 @@ def _train_chunk(
     w, buf = params.expand(n, -1).clone(), None
     loss_sum = torch.zeros(n, dtype=torch.float64, device=device)
     correct, seen, evals = (torch.zeros(n, dtype=torch.int64, device=device) for _ in range(3))
-    draws = [trainer.batches(size, g) for size, g in zip(sizes, generators, strict=True)]
+    batches = _step_batches(trainer, sizes, steps, generators, device)
     for k in range(steps[0]):
         m = sum(s > k for s in steps)  # clients still training: a prefix
-        indices = [next(draws[i]) for i in range(m)]
-        index, mask = _padded_indices(indices, device)
+        index, mask = batches(k, m)
         rows = torch.arange(m, device=device)[:, None]
         xb, yb = xs[rows, index], ys[rows, index]
         g, batch_loss, logits = step(k, w[:m], xb, yb, mask)
@@ -204,6 +205,19 @@ def _sgd_step(objective: ModelObjective):
         return g, batch_loss, logits
 
     return call
+
+
+def _step_batches(trainer, sizes, steps, generators, device):
+    """(k, m) → (index, mask) of step k's batches of the chunk's first m clients, as
+    ``_padded_indices`` pads them: ``fresh`` batches drawn for the whole round at once
+    (``fresh_batches``, bit for bit ``trainer.batches``), others a step at a time from it."""
+    if trainer.batch_sampling != "fresh":
+        draws = [trainer.batches(size, g) for size, g in zip(sizes, generators, strict=True)]
+        return lambda k, m: _padded_indices([next(draws[i]) for i in range(m)], device)
+    index, mask = fresh_batches(sizes, steps, trainer.batch_size, generators)
+    index, mask = index.to(device), mask.to(device)
+    widths = list(accumulate((min(trainer.batch_size, size) for size in sizes), max))
+    return lambda k, m: (index[:m, k, : widths[m - 1]], mask[:m, : widths[m - 1]])
 
 
 def _padded_indices(indices: list[torch.Tensor], device) -> tuple[torch.Tensor, torch.Tensor]:
