@@ -1,11 +1,13 @@
 """Many clients' local SGD in one set of kernels: ``torch.func.vmap`` over stacked parameters.
 
 ``train_clients`` is ``LocalTrainer.train`` for n clients at once. Each client draws its own
-mini-batch indices from its own generator, exactly as the sequential path does, so the batches,
-the number of steps and the learning rate are the same; the steps of all n clients then run as
-vmapped steps on an ``[n, d]`` parameter matrix (a linear layer becomes one batched matrix
-product, a convolution a grouped one). The weights equal the sequential path's up to float
-rounding (batched kernels sum in another order); ``tests/test_vectorized.py`` checks it.
+mini-batch indices from its own generator, exactly as the sequential path does (``fresh``
+batches for the whole round at once: ``algorithms.fresh_batches``, bit for bit the sequential
+draws), so the batches, the number of steps and the learning rate are the same; the steps of
+all n clients then run as vmapped steps on an ``[n, d]`` parameter matrix (a linear layer
+becomes one batched matrix product, a convolution a grouped one). The weights equal the
+sequential path's up to float rounding (batched kernels sum in another order);
+``tests/test_vectorized.py`` checks it.
 
 Clients of unequal sizes (the usual case under a Dirichlet partition) train together by masking:
 
