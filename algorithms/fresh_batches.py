@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 _LOW_WORD = 0xFFFFFFFF
+SWAP_ENTRIES = 2**22  # the most int64 permutation entries one slice of clients holds (32 MiB)
 
 
 def fresh_batches(
@@ -29,7 +30,26 @@ def fresh_batches(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(``[n, max K_i, max b_i]`` record indices, ``[n, max b_i]`` float mask of the real
     ones): row [i, k, :b_i] is client i's step-k batch, ``LocalTrainer.batches``' k-th draw
-    from ``generators[i]`` (CPU generators, each advanced past its K_i shuffles); padding 0."""
+    from ``generators[i]`` (CPU generators, each advanced past its K_i shuffles); padding 0.
+    Clients are shuffled in slices of at most ``SWAP_ENTRIES`` permutation entries."""
+    widths = [min(batch_size, size) for size in sizes]
+    index = torch.zeros((len(sizes), max(steps), max(widths)), dtype=torch.int64)
+    per_slice = max(1, SWAP_ENTRIES // (max(steps) * max(sizes)))
+    for start in range(0, len(sizes), per_slice):
+        part = slice(start, start + per_slice)
+        perm = _shuffles(sizes[part], steps[part], generators[part], max(widths[part]))
+        width = min(perm.shape[2], index.shape[2])
+        index[part, : perm.shape[1], :width] = perm[:, :, :width]
+    mask = torch.arange(index.shape[2]) < torch.tensor(widths)[:, None]
+    return index * mask[:, None, :], mask.float()
+
+
+def _shuffles(
+    sizes: list[int], steps: list[int], generators: list[torch.Generator], width: int
+) -> torch.Tensor:
+    """[g, max K_i, max n_i]: each client's K_i Fisher–Yates shuffles, correct in their first
+    ``width`` positions, clients of one (n, K) drawing their words together; beyond a
+    client's own n_i − 1 offsets the padding is a zero offset (no swap)."""
     longest = max(sizes)
     z = torch.zeros((len(sizes), max(steps), longest - 1), dtype=torch.int64)
     groups: dict[tuple[int, int], list[int]] = {}
@@ -37,11 +57,7 @@ def fresh_batches(
         groups.setdefault(shape, []).append(i)
     for (size, k), members in groups.items():
         z[members, :k, : size - 1] = _swap_offsets([generators[i] for i in members], size, k)
-    widths = [min(batch_size, size) for size in sizes]
-    widest = max(widths)
-    perm = _first_positions(z.flatten(0, 1), widest).view(len(sizes), max(steps), longest)
-    mask = torch.arange(widest) < torch.tensor(widths)[:, None]
-    return perm[:, :, :widest] * mask[:, None, :], mask.float()
+    return _first_positions(z.flatten(0, 1), width).view(len(sizes), max(steps), longest)
 
 
 def _swap_offsets(generators: list[torch.Generator], size: int, steps: int) -> torch.Tensor:
@@ -67,7 +83,7 @@ def _swap_offsets(generators: list[torch.Generator], size: int, steps: int) -> t
 def _first_positions(z: torch.Tensor, width: int) -> torch.Tensor:
     """[rows, n]: each row's Fisher–Yates permutation of 0 … n−1 from its offsets ``z``
     [rows, n − 1], correct in its first ``width`` positions (the later swaps never touch
-    them, so they are not run); a zero offset is no swap, as in the padding."""
+    them, so they are not run)."""
     rows, longest = z.shape[0], z.shape[1] + 1
     perm = torch.arange(longest).repeat(rows, 1)
     targets = z + torch.arange(longest - 1)

@@ -1,9 +1,11 @@
 """``fresh_batches`` draws, for many clients at once, exactly ``LocalTrainer.batches``' fresh
-batches (``randperm(n)[:b]`` per step) and leaves every generator where those calls leave it."""
+batches (``randperm(n)[:b]`` per step) and leaves every generator where those calls leave it,
+in one slice of clients or in several (``SWAP_ENTRIES`` cut)."""
 
 import pytest
 import torch
 
+import algorithms.fresh_batches as fresh
 from algorithms.fresh_batches import fresh_batches
 from algorithms.local import LocalTrainer
 
@@ -17,9 +19,11 @@ def _generators(seed: int) -> list[torch.Generator]:
     return [torch.Generator().manual_seed(seed * 100 + i) for i in range(len(SIZES))]
 
 
+@pytest.mark.parametrize("entries", [fresh.SWAP_ENTRIES, 1, 40_000])  # all, 1 or 4 a slice
 @pytest.mark.parametrize("seed", range(5))
 @pytest.mark.parametrize("batch_size", [1, 10, 64])
-def test_fresh_batches_are_the_sequential_draws_bit_for_bit(seed, batch_size):
+def test_fresh_batches_are_the_sequential_draws_bit_for_bit(monkeypatch, entries, seed, batch_size):
+    monkeypatch.setattr(fresh, "SWAP_ENTRIES", entries)
     generators, reference = _generators(seed), _generators(seed)
     index, mask = fresh_batches(SIZES, STEPS, batch_size, generators)
     assert index.shape == (len(SIZES), max(STEPS), min(batch_size, max(SIZES)))
