@@ -9,11 +9,18 @@ Per step, on a mini-batch of B records (spec 004, Alg. 1 line 9; Abadi et al. 20
 
 κ = 2 for replace-one adjacency (the paper's noise std 2Cσ_g/(sR) on the mean, sR = B: one
 record swapped for another moves the clipped sum by up to 2S) and κ = 1 for add/remove. The
-noise comes from the client's own seeded stream (``Purpose.SAMPLE_NOISE``), drawn once per
-round as a [K, d] block (``step_noise``): step k adds row k, N(0, I_d), times its std. One
-draw of K·d normals is not K draws of d (a generator fills a tensor in blocks), so this one
-definition is shared by the sequential path (``for_round``) and the clients-vectorised path
-(``algorithms.vectorized``), which thereby add the same noise to the same client's steps.
+noise comes from the client's own seeded stream (``Purpose.SAMPLE_NOISE``), drawn in blocks
+of R = ``noise_block_rows(d, K)`` = max(1, min(K, ``NOISE_BLOCK_FLOATS`` // d)) rows of
+N(0, I_d), in order, as the steps reach them (``noise_block``): step k adds row k mod R of
+block ⌊k/R⌋ (the last block has min(R, K − jR) rows), times its std. R depends on d and K
+only (never on the device, the chunk or the host), so a client holds at most R·d noise floats
+(16 MiB). Wherever K·d ≤ ``NOISE_BLOCK_FLOATS`` (every sample-level config in configs/: the
+logistic regressions and the MLP, the largest FEMNIST's K·d = 50 × 48,670), R = K and the
+round's noise is the one [K, d] draw it was before blocks, bit for bit.
+One draw of K·d normals is not K draws of d (a generator fills a tensor in blocks), so this one
+definition is shared by the sequential path (``for_round``), the clients-vectorised path
+(``algorithms.vectorized``) and workload S's plain loop (``benchmarks.workload_s``), which
+thereby add the same noise to the same client's steps.
 
 ``simulation_noise_factor`` f (default 1) multiplies that noise for a simulation of a larger
 deployment (``privacy.noise_cohort_size`` C_n): f = √(m/C_n) makes the mean of the m simulated
@@ -300,25 +307,38 @@ class DpSgdGradient:
     ):
         """The rule for one client's round of ``steps`` steps: its noise stream (made once,
         here) and B, the expected batch size the noisy sum is divided by (the drawn size under
-        Poisson sampling would depend on the data; None: the drawn size). The round's [K, d]
-        noise block is drawn at the first step (``step_noise``), when d is known."""
+        Poisson sampling would depend on the data; None: the drawn size). The noise blocks
+        (``noise_block``) are drawn as the steps reach them, when d is known."""
         if self.noise_multiplier == 0:
             return _DpSgdRound(self, None, batch_size, steps)
         if noise_stream is None:
             raise ValueError("DP-SGD needs the client's noise stream for the round")
         if steps is None:
-            raise ValueError("DP-SGD needs the round's step count K to draw its noise block")
+            raise ValueError("DP-SGD needs the round's step count K to block its noise")
         return _DpSgdRound(self, noise_stream(), batch_size, steps)
 
 
-def step_noise(
-    generator: torch.Generator, steps: int, dim: int, like: torch.Tensor
+NOISE_BLOCK_FLOATS = 2**22  # 16 MiB of float32: the most DP-SGD noise a client holds at once
+
+
+def noise_block_rows(dim: int, steps: int) -> int:
+    """R = max(1, min(K, ``NOISE_BLOCK_FLOATS`` // d)): the rows of a client's noise block for
+    K steps of a d-parameter model (module docstring); a function of d and K alone."""
+    return max(1, min(steps, NOISE_BLOCK_FLOATS // dim))
+
+
+def noise_block(
+    generator: torch.Generator, steps: int, dim: int, first: int, like: torch.Tensor
 ) -> torch.Tensor:
-    """One client's round of DP-SGD step noise: a [K, d] block of N(0, 1) drawn in one call
-    from its ``SAMPLE_NOISE`` stream, on ``like``'s device and dtype; row k is step k's noise
-    before scaling by its std. The one definition both the sequential and the vectorised path
-    use."""
-    return torch.randn((steps, dim), generator=generator, device=like.device, dtype=like.dtype)
+    """The block of a client's round of DP-SGD step noise that starts at step ``first`` (a
+    multiple of R = ``noise_block_rows(d, K)``): min(R, K − first) rows of N(0, I_d) drawn in
+    one call from its ``SAMPLE_NOISE`` stream, on ``like``'s device and dtype, the blocks
+    before it drawn already; its row r is step first + r's noise before scaling by its std.
+    The one definition the sequential and the vectorised paths use."""
+    if first % noise_block_rows(dim, steps) or not 0 <= first < steps:
+        raise ValueError(f"no noise block starts at step {first} of {steps} (d = {dim})")
+    rows = min(noise_block_rows(dim, steps), steps - first)
+    return torch.randn((rows, dim), generator=generator, device=like.device, dtype=like.dtype)
 
 
 @dataclass
@@ -327,7 +347,7 @@ class _DpSgdRound:
     noise_generator: torch.Generator | None
     batch_size: int | None
     steps: int | None
-    _noise: torch.Tensor | None = None  # the round's [K, d] block, drawn at step 0
+    _noise: torch.Tensor | None = None  # the block holding this step's row
     _step: int = 0
 
     def __call__(self, objective, w: torch.Tensor, x, y):
@@ -348,10 +368,13 @@ class _DpSgdRound:
         return loss, logits, total / (self.batch_size or max(len(y), 1))
 
     def _next_noise(self, like: torch.Tensor) -> torch.Tensor:
-        """Row k of the round's noise block at step k (the block drawn at step 0)."""
-        if self._noise is None:
-            self._noise = step_noise(self.noise_generator, self.steps, like.numel(), like)
-        if self._step >= self.steps:
-            raise ValueError(f"DP-SGD round of {self.steps} steps asked for step {self._step + 1}")
+        """Step k's noise row: row k mod R of block ⌊k/R⌋, drawn when step k starts it."""
+        k, dim = self._step, like.numel()
+        if k >= self.steps:
+            raise ValueError(f"DP-SGD round of {self.steps} steps asked for step {k + 1}")
+        rows = noise_block_rows(dim, self.steps)
+        if k % rows == 0:
+            self._noise = None  # the previous block is freed before the next is drawn
+            self._noise = noise_block(self.noise_generator, self.steps, dim, k, like)
         self._step += 1
-        return self._noise[self._step - 1]
+        return self._noise[k % rows]

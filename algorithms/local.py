@@ -13,7 +13,7 @@ G is the trainer's gradient rule: ``SgdGradient`` (∇f, one evaluation per step
 ``SamGradient`` (SAM/ASAM, two), ``PgnGradient`` (one) or ``DpSgdGradient`` (per-example
 clipping and noise, ``algorithms.dpsgd``), bound once per round to the broadcast payload, the
 client's noise stream, the expected batch size (DP-SGD's denominator) and the number of steps
-K (DP-SGD's [K, d] noise block) by ``for_round``.
+K (which blocks DP-SGD's noise: ``algorithms.dpsgd.noise_block``) by ``for_round``.
 ``ModelObjective.grad_evals`` counts every evaluation.
 Mini-batches (``batch_sampling``): ``epoch``, without replacement from a fresh permutation of
 the client's data each epoch (with ``local_steps`` the permutations continue across epoch

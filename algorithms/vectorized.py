@@ -1,11 +1,13 @@
 """Many clients' local SGD in one set of kernels: ``torch.func.vmap`` over stacked parameters.
 
 ``train_clients`` is ``LocalTrainer.train`` for n clients at once. Each client draws its own
-mini-batch indices from its own generator, exactly as the sequential path does, so the batches,
-the number of steps and the learning rate are the same; the steps of all n clients then run as
-vmapped steps on an ``[n, d]`` parameter matrix (a linear layer becomes one batched matrix
-product, a convolution a grouped one). The weights equal the sequential path's up to float
-rounding (batched kernels sum in another order); ``tests/test_vectorized.py`` checks it.
+mini-batch indices from its own generator, exactly as the sequential path does (``fresh``
+batches for the whole round at once: ``algorithms.fresh_batches``, bit for bit the sequential
+draws), so the batches, the number of steps and the learning rate are the same; the steps of
+all n clients then run as vmapped steps on an ``[n, d]`` parameter matrix (a linear layer
+becomes one batched matrix product, a convolution a grouped one). The weights equal the
+sequential path's up to float rounding (batched kernels sum in another order);
+``tests/test_vectorized.py`` checks it.
 
 Clients of unequal sizes (the usual case under a Dirichlet partition) train together by masking:
 
@@ -21,12 +23,15 @@ DP-SGD (``DpSgdGradient``, the sample-level presets) is vectorised too: each ste
 per-example gradients of all m clients × B records in one ``torch.func`` pass (a ``vmap`` over
 clients of a ``vmap`` over records of ``grad``: an [m, B, d] tensor), clips each client's rows
 to its C (flat, or each tensor's segment: per-layer scope) with padded records weighted 0, adds
-row k of each client's own [K_i, d] noise block (``algorithms.dpsgd.step_noise``, from its
-``SAMPLE_NOISE`` stream: the sequential path's draw, bit for bit) times κ·S·f·σ_g, and divides
-by the client's B_i = min(B, n_i). A Poisson batch may be empty there (the step is the noise
+each client's own step-k noise row times κ·S·f·σ_g, and divides by the client's
+B_i = min(B, n_i). A Poisson batch may be empty there (the step is the noise
 alone, as sequentially): DP-SGD's step is a sum, which padding leaves exact. SCAFFOLD's
 correction c − c_i (``corrections``, one row per client) is added to each client's step as
-``LocalTrainer.descend`` adds it sequentially, with and without DP-SGD.
+``LocalTrainer.descend`` adds it sequentially, with and without DP-SGD. The noise is the
+sequential path's, bit for bit: each client's blocks of R = ``noise_block_rows(d, K)`` rows
+(``algorithms.dpsgd.noise_block``, from its ``SAMPLE_NOISE`` stream), an [m, R, d] buffer
+holding every client's current block and each client's next block drawn where its steps reach
+it (``_ClientsNoise``).
 
 Vectorised where it is the same computation (``vectorizable``): the plain SGD gradient or
 DP-SGD with a fixed clip (not SAM or PGN; DP-SCAFFOLD's median heuristic, a per-step median of
@@ -35,20 +40,22 @@ batch-norm statistics in the model, and batches drawn per epoch or afresh (or Po
 DP-SGD only: an empty batch has no mean to average). Momentum and weight decay are vectorised.
 Anything else trains sequentially. Clients are processed in chunks whose matrices stay under
 ``MAX_CHUNK_FLOATS`` (weights, gradients and momentum; for DP-SGD the [m, B, d] per-example
-gradients and the [m, K, d] noise blocks), and a chunk's clients are of similar step counts
-(the order above), so little of a step is idle.
+gradients and the [m, R, d] noise blocks held with them: B + R rows a client), and a chunk's
+clients are of similar step counts (the order above), so little of a step is idle.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from itertools import accumulate
 
 import torch
 from torch import nn
 from torch.func import grad, grad_and_value, vmap
 
-from algorithms.dpsgd import DpSgdGradient, clipped_sums, step_noise
+from algorithms.dpsgd import DpSgdGradient, clipped_sums, noise_block, noise_block_rows
+from algorithms.fresh_batches import fresh_batches
 from algorithms.local import LocalResult, LocalTrainer, ModelObjective, SgdGradient
 from models import GLOBAL_RNG_LAYERS
 
@@ -93,7 +100,8 @@ def train_clients(
         raise ValueError("train_clients: every client needs at least one record")
     steps = [trainer.num_steps(size) for size in sizes]
     order = sorted(range(len(data)), key=lambda i: -steps[i])  # most steps first (stable)
-    chunk = max(1, MAX_CHUNK_FLOATS // (params.numel() * _rows_per_client(trainer, steps)))
+    d = params.numel()
+    chunk = max(1, MAX_CHUNK_FLOATS // (d * _rows_per_client(trainer, steps, d)))
     results: list[LocalResult | None] = [None] * len(data)
     for start in range(0, len(order), chunk):
         members = order[start : start + chunk]
@@ -136,12 +144,14 @@ def _masked_loss(objective: ModelObjective):
     return loss
 
 
-def _rows_per_client(trainer: LocalTrainer, steps: list[int]) -> int:
-    """d-sized rows a client holds in a chunk: 1 (weights), or for DP-SGD the larger of its
-    B per-example gradients and its K noise rows."""
-    if not isinstance(trainer.gradient, DpSgdGradient):
+def _rows_per_client(trainer: LocalTrainer, steps: list[int], dim: int) -> int:
+    """d-sized rows a client holds in a chunk: 1 (weights), or for DP-SGD its B per-example
+    gradients and, held with them, its R = ``noise_block_rows(d, K)`` noise rows (σ_g > 0)."""
+    gradient = trainer.gradient
+    if not isinstance(gradient, DpSgdGradient):
         return 1
-    return max(trainer.batch_size, max(steps, default=1), 1)
+    noise = noise_block_rows(dim, max(steps, default=1)) if gradient.noise_multiplier > 0 else 0
+    return max(trainer.batch_size, 1) + noise
 
 
 def _train_chunk(
@@ -162,11 +172,10 @@ def _train_chunk(
     w, buf = params.expand(n, -1).clone(), None
     loss_sum = torch.zeros(n, dtype=torch.float64, device=device)
     correct, seen, evals = (torch.zeros(n, dtype=torch.int64, device=device) for _ in range(3))
-    draws = [trainer.batches(size, g) for size, g in zip(sizes, generators, strict=True)]
+    batches = _step_batches(trainer, sizes, steps, generators, device)
     for k in range(steps[0]):
         m = sum(s > k for s in steps)  # clients still training: a prefix
-        indices = [next(draws[i]) for i in range(m)]
-        index, mask = _padded_indices(indices, device)
+        index, mask = batches(k, m)
         rows = torch.arange(m, device=device)[:, None]
         xb, yb = xs[rows, index], ys[rows, index]
         g, batch_loss, logits = step(k, w[:m], xb, yb, mask)
@@ -200,6 +209,19 @@ def _sgd_step(objective: ModelObjective):
     return call
 
 
+def _step_batches(trainer, sizes, steps, generators, device):
+    """(k, m) → (index, mask) of step k's batches of the chunk's first m clients, as
+    ``_padded_indices`` pads them: ``fresh`` batches drawn for the whole round at once
+    (``fresh_batches``, bit for bit ``trainer.batches``), others a step at a time from it."""
+    if trainer.batch_sampling != "fresh":
+        draws = [trainer.batches(size, g) for size, g in zip(sizes, generators, strict=True)]
+        return lambda k, m: _padded_indices([next(draws[i]) for i in range(m)], device)
+    index, mask = fresh_batches(sizes, steps, trainer.batch_size, generators)
+    index, mask = index.to(device), mask.to(device)
+    widths = list(accumulate((min(trainer.batch_size, size) for size in sizes), max))
+    return lambda k, m: (index[:m, k, : widths[m - 1]], mask[:m, : widths[m - 1]])
+
+
 def _padded_indices(indices: list[torch.Tensor], device) -> tuple[torch.Tensor, torch.Tensor]:
     """(``[m, B]`` record indices padded with 0, ``[m, B]`` float mask of the real ones); B ≥ 1
     even when every batch is empty (Poisson), so that a step still has a record axis."""
@@ -223,14 +245,14 @@ class _ClientsDpSgd:
         G_ik = (Σ_j m_ij·clip_C(g_ij) + κ·S·f·σ_g·ξ_i[k]) / B_i
 
     with g_ij the [m, B, d] per-example gradients (one nested-vmap pass), m_ij the mask of its
-    own records, ξ_i = ``step_noise`` of its ``SAMPLE_NOISE`` stream (the sequential path's
-    [K_i, d] block) and B_i = min(B, n_i), the sequential path's denominator."""
+    own records, ξ_i[k] its step-k noise row (``_ClientsNoise``: the sequential path's blocks)
+    and B_i = min(B, n_i), the sequential path's denominator."""
 
     rule: DpSgdGradient
     per_example: Callable  # (w [m, d], x [m, B, ...], y [m, B]) → ([m, B, d], logits)
     offsets: tuple[int, ...] | None  # per-tensor segments (scope "layer"), else None
     std: float  # κ·S·f·σ_g
-    noise: torch.Tensor | None  # [n, K_max, d], client i's block in its first K_i rows
+    noise: _ClientsNoise | None
     denominators: torch.Tensor  # [n, 1]
 
     @classmethod
@@ -240,9 +262,7 @@ class _ClientsDpSgd:
         if rule.noise_multiplier > 0:
             if noise_generators is None:
                 raise ValueError("DP-SGD needs each client's noise stream (noise_generators)")
-            d, pairs = params.numel(), zip(noise_generators, steps, strict=True)
-            blocks = [step_noise(g, k, d, params) for g, k in pairs]
-            noise = _padded_stack(blocks)
+            noise = _ClientsNoise.of(noise_generators, steps, params)
         denominators = [min(trainer.batch_size, size) for size in sizes]
         return cls(
             rule,
@@ -259,12 +279,41 @@ class _ClientsDpSgd:
         grads, logits = self.per_example(w, xb, yb)
         total = clipped_sums(grads, mask, self.rule.clip_norm, self.offsets)
         if self.noise is not None:
-            total = total + self.std * self.noise[:m, k]
+            total = total + self.std * self.noise.rows(k, m)
         per_record = nn.functional.cross_entropy(
             logits.flatten(0, 1), yb.flatten(), reduction="none"
         ).view_as(mask)
         loss = (per_record * mask).sum(1) / mask.sum(1).clamp(min=1)
         return total / self.denominators[:m], loss, logits
+
+
+@dataclass(frozen=True)
+class _ClientsNoise:
+    """The chunk's clients' DP-SGD noise, block by block (``algorithms.dpsgd.noise_block``):
+    an [n, R, d] buffer whose row i holds client i's current block, R = ``noise_block_rows(d,
+    K_1)`` for the most steps K_1. Client i's own R_i = min(K_i, R): a client still training
+    at step k has K_i > k, so its blocks start where the chunk's do (every R steps; R_i = K_i
+    is one block, drawn at step 0) and step k is row k mod R of every active client's block.
+    Memory O(n·R·d), not O(n·K·d)."""
+
+    generators: list[torch.Generator]
+    steps: list[int]  # K_i, most first
+    buffer: torch.Tensor  # [n, R, d]
+
+    @classmethod
+    def of(cls, generators, steps, params) -> _ClientsNoise:
+        rows = noise_block_rows(params.numel(), max(steps))
+        return cls(generators, steps, params.new_empty((len(steps), rows, params.numel())))
+
+    def rows(self, k: int, m: int) -> torch.Tensor:
+        """[m, d]: step k's noise row of each of the first m clients (those still training),
+        drawing their next blocks where step k starts them."""
+        _, rows, d = self.buffer.shape
+        if k % rows == 0:
+            for i in range(m):
+                block = noise_block(self.generators[i], self.steps[i], d, k, self.buffer)
+                self.buffer[i, : block.shape[0]] = block
+        return self.buffer[:m, k % rows]
 
 
 def _per_example_gradients(objective: ModelObjective):

@@ -8,10 +8,10 @@ C = 1, σ_g = 1, replace-one adjacency (κ = 2). Per client and step::
     G   = (Σ_j g_j·min(1, C/‖g_j‖) + κCσ_g·ξ_k) / B
     w  ← w − η·G
 
-with ξ the client's [K, d] block of N(0, 1) from its ``SAMPLE_NOISE`` stream
-(``algorithms.dpsgd.step_noise``) and the batches from its ``LOCAL_TRAINING`` stream, so the
-loop computes what the project does, one client at a time; the server adds the mean of the
-deltas (η_g = 1).
+with ξ_k the client's N(0, I_d) noise from its ``SAMPLE_NOISE`` stream, drawn in blocks of
+R = ``noise_block_rows(d, K)`` rows as the steps reach them (``algorithms.dpsgd``: here R = K,
+one [K, d] draw), and the batches from its ``LOCAL_TRAINING`` stream, so the loop computes what
+the project does, one client at a time; the server adds the mean of the deltas (η_g = 1).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from actors.client_host import build_model, evaluate_batches
+from algorithms.dpsgd import noise_block_rows
 from algorithms.layout import ParamLayout
 from algorithms.local import ModelObjective
 from algorithms.rng import Purpose, stream_seed, torch_generator
@@ -50,6 +51,7 @@ def plain_dp_sgd_loop(config: ExperimentConfig, store) -> tuple[torch.Tensor, di
     kappa = 1.0 if a.adjacency == "add_remove" else 2.0  # replace-one, the default (None)
     std = kappa * a.clip_norm * a.noise_multiplier
     w_global = nn.utils.parameters_to_vector(model.parameters()).detach()
+    block = noise_block_rows(w_global.numel(), local.local_steps)  # noise rows drawn at once
     startup = time.perf_counter() - start
     round_seconds = []
     for r in range(config.rounds):
@@ -60,16 +62,18 @@ def plain_dp_sgd_loop(config: ExperimentConfig, store) -> tuple[torch.Tensor, di
             x, y = clients[cid]
             batches = torch_generator(config.seed, r, cid, Purpose.LOCAL_TRAINING)
             noise_stream = torch_generator(config.seed, r, cid, Purpose.SAMPLE_NOISE)
-            noise = torch.randn((local.local_steps, w_global.numel()), generator=noise_stream)
             b = min(local.batch_size, len(y))
             w = w_global.clone()
             for k in range(local.local_steps):
+                if k % block == 0:
+                    shape = (min(block, local.local_steps - k), w_global.numel())
+                    noise = torch.randn(shape, generator=noise_stream)
                 idx = torch.randperm(len(y), generator=batches)[:b]
                 params = dict(zip(shapes, _views(w, shapes), strict=True))
                 grads = per_example(params, x[idx], y[idx])
                 rows = torch.cat([grads[name].reshape(b, -1) for name in shapes], dim=1)
                 scale = (a.clip_norm / rows.norm(dim=1, keepdim=True)).clamp(max=1.0)
-                w -= local.lr * ((rows * scale).sum(0) + std * noise[k]) / b
+                w -= local.lr * ((rows * scale).sum(0) + std * noise[k % block]) / b
             total += w - w_global
         w_global = w_global + a.server_lr * total / config.cohort.size
         round_seconds.append(time.perf_counter() - t0)

@@ -1,8 +1,8 @@
 """DP-SGD vectorised across clients (algorithms/vectorized.py) is the sequential path, per client:
-the same batches, the same noise draws (each client's [K, d] block of its SAMPLE_NOISE stream,
-``step_noise``), its own clip (flat or per tensor) and SCAFFOLD's c − c_i; the weights equal up
-to float rounding (logistic regression and the MLP: measured ≤ 4.5e-8 absolute, 1.1e-7
-relative; ``TOLERANCE`` 1e-6; the CNN below); and whole
+the same batches, the same noise draws (each client's blocks of R = noise_block_rows(d, K) rows
+of its SAMPLE_NOISE stream, also with R < K), its own clip (flat or per tensor) and SCAFFOLD's
+c − c_i; the weights equal up to float rounding (logistic regression and the MLP: measured
+≤ 4.5e-8 absolute, 1.1e-7 relative; ``TOLERANCE`` 1e-6; the CNN below); and whole
 dp_fedavg_sample / dp_scaffold runs reach the sequential run's weights, controls and ε, on one
 host or two."""
 
@@ -12,18 +12,19 @@ import pytest
 import torch
 from helpers import run_local, small_config
 
+import algorithms.dpsgd as dpsgd
 from actors.client_host import Kernels
 from algorithms.dpsgd import (
     DpSgdGradient,
     clipped_sum,
     clipped_sums,
+    noise_block_rows,
     per_example_gradients,
-    step_noise,
 )
 from algorithms.layout import ParamLayout
 from algorithms.local import LocalTrainer, ModelObjective
 from algorithms.rng import Purpose, torch_generator
-from algorithms.vectorized import train_clients, vectorizable
+from algorithms.vectorized import _rows_per_client, train_clients, vectorizable
 from models import build_model
 
 TOLERANCE = 1e-6
@@ -79,9 +80,11 @@ def _both_paths(trainer, objective, data, corrections=None, noise_seed=0):
     return fast, slow
 
 
-def _dp_trainer(sampling: str, scope: str, adjacency: str, **options) -> LocalTrainer:
+def _dp_trainer(
+    sampling: str, scope: str, adjacency: str, local_steps: int = 4, **options
+) -> LocalTrainer:
     rule = DpSgdGradient(0.5, 1.3, scope=scope, adjacency=adjacency)
-    steps = {"local_epochs": 1} if sampling == "epoch" else {"local_steps": 4}
+    steps = {"local_epochs": 1} if sampling == "epoch" else {"local_steps": local_steps}
     return LocalTrainer(
         lr=0.1, batch_size=8, batch_sampling=sampling, gradient=rule, **steps, **options
     )
@@ -114,9 +117,23 @@ def test_vectorized_dp_sgd_on_the_cnn(sampling, scope, adjacency):
     _assert_paths_agree("mnist_cnn", (1, 28, 28), sampling, scope, adjacency, 5e-4)
 
 
-def _assert_paths_agree(model, shape, sampling, scope, adjacency, tolerance):
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize(("sampling", "scope", "adjacency"), STEP_VARIANTS[::2])
+def test_noise_in_blocks_of_fewer_rows_than_steps_keeps_the_paths_equal(
+    monkeypatch, rows, sampling, scope, adjacency
+):
+    """``NOISE_BLOCK_FLOATS`` cut to R = 1 or 3 rows of the logistic regression's d = 410: K = 7
+    steps (blocks of 3, 3, 1) or unequal K_i (epoch: 1 to 6, so R_i = min(K_i, R) varies)."""
+    monkeypatch.setattr(dpsgd, "NOISE_BLOCK_FLOATS", rows * 410)
+    assert noise_block_rows(410, 7) == rows
+    _assert_paths_agree("logreg", (40,), sampling, scope, adjacency, TOLERANCE, local_steps=7)
+
+
+def _assert_paths_agree(model, shape, sampling, scope, adjacency, tolerance, local_steps=4):
     objective = _objective(model, shape)
-    trainer = _dp_trainer(sampling, scope, adjacency, momentum=0.5, lr_scaling="inverse_sk")
+    trainer = _dp_trainer(
+        sampling, scope, adjacency, local_steps, momentum=0.5, lr_scaling="inverse_sk"
+    )
     assert vectorizable(trainer, objective)
     data = _clients(UNEQUAL, shape)
     d = ParamLayout.flatten(objective.model).numel()
@@ -134,16 +151,67 @@ def _assert_paths_agree(model, shape, sampling, scope, adjacency, tolerance):
         assert a.loss_sum == pytest.approx(b.loss_sum, rel=1e-5, abs=1e-6)
 
 
-def test_the_noise_is_each_clients_own_block_and_the_test_sees_it():
-    """The sequential step k adds row k of ``step_noise`` (its std times it, over B); another
-    noise stream moves the weights far beyond ``TOLERANCE``, so equality above is the draws'."""
+def _defined_noise(steps: int, dim: int, rows: int) -> torch.Tensor:
+    """[K, d]: the module docstring's draw, written out: blocks of min(R, K − jR) rows of
+    N(0, 1), in order, from client 0's SAMPLE_NOISE stream of round 3."""
+    stream = torch_generator(0, 3, 0, Purpose.SAMPLE_NOISE)
+    blocks = [
+        torch.randn((min(rows, steps - first), dim), generator=stream)
+        for first in range(0, steps, rows)
+    ]
+    return torch.cat(blocks)
+
+
+def _sequential_noise(steps: int, w: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+    """([K, d] each step's noise, floats held in noise after each step) of a sequential round:
+    empty batches of B = 1 at std κ·C·σ_g = 2·0.5·1 = 1, so that each step is its noise row
+    exactly (0 + 1·ξ_k, over 1)."""
+    objective = _objective("logreg", (40,))
+    x, y = _clients([1], (40,))[0]
+    rule = DpSgdGradient(0.5, 1.0)
+    assert rule.noise_std_on_sum(2) == 1.0
+    stream = lambda: torch_generator(0, 3, 0, Purpose.SAMPLE_NOISE)  # noqa: E731
+    round_ = rule.for_round(None, stream, 1, steps)
+    rows, held = [], []
+    for _ in range(steps):
+        rows.append(round_(objective, w, x[:0], y[:0])[2])
+        held.append(round_._noise.numel())
+    return torch.stack(rows), held
+
+
+@pytest.mark.parametrize(("steps", "rows"), [(7, 7), (7, 3), (7, 1), (4, 4), (1, 1)])
+def test_each_sequential_step_adds_its_row_of_the_defined_blocks(monkeypatch, steps, rows):
+    """Step k adds row k mod R of block ⌊k/R⌋ (blocks of 3, 3, 1 at K = 7, R = 3), and the
+    round never holds more than R·d noise floats."""
+    d = 410
+    monkeypatch.setattr(dpsgd, "NOISE_BLOCK_FLOATS", rows * d + d - 1)  # ⌊F/d⌋ = R
+    w = ParamLayout.flatten(_objective("logreg", (40,)).model)
+    noise, held = _sequential_noise(steps, w)
+    assert torch.equal(noise, _defined_noise(steps, d, rows))
+    assert max(held) <= rows * d
+
+
+def test_where_one_block_holds_the_round_the_noise_is_the_old_single_draw():
+    """R ≥ K (the default ``NOISE_BLOCK_FLOATS`` and any model of the sample-level configs):
+    bit for bit the one [K, d] draw the project made before blocks, and not R = 1's draws."""
+    w = ParamLayout.flatten(_objective("logreg", (40,)).model)
+    assert noise_block_rows(w.numel(), 50) == 50
+    old = torch.randn((50, w.numel()), generator=torch_generator(0, 3, 0, Purpose.SAMPLE_NOISE))
+    noise, _ = _sequential_noise(50, w)
+    assert torch.equal(noise, old)
+    assert not torch.equal(_defined_noise(50, w.numel(), 1), old)
+
+
+def test_a_noisy_step_differs_from_a_clean_one_by_its_noise_row_and_the_test_sees_it():
+    """The sequential step k adds its noise row times its std, over B; another noise stream
+    moves the weights far beyond ``TOLERANCE``, so equality above is the draws'."""
     objective = _objective("logreg", (40,))
     w = ParamLayout.flatten(objective.model)
     x, y = _clients([8], (40,))[0]
     rule = DpSgdGradient(0.5, 1.3)
     noisy = rule.for_round(None, lambda: torch_generator(0, 3, 0, Purpose.SAMPLE_NOISE), 8, 3)
     clean = DpSgdGradient(0.5, 0.0).for_round(batch_size=8)
-    block = step_noise(torch_generator(0, 3, 0, Purpose.SAMPLE_NOISE), 3, w.numel(), w)
+    block = _defined_noise(3, w.numel(), 3)
     for k in range(3):
         noise = (noisy(objective, w, x, y)[2] - clean(objective, w, x, y)[2]) * 8
         torch.testing.assert_close(noise, rule.noise_std_on_sum(2) * block[k])
@@ -158,6 +226,17 @@ def test_the_noise_is_each_clients_own_block_and_the_test_sees_it():
         min(float((a.params - b.params).abs().max()) for a, b in zip(fast, slow, strict=True))
         > 1e-3
     )
+
+
+def test_a_chunk_counts_b_per_example_rows_and_r_noise_rows_a_client(monkeypatch):
+    """B + R d-sized rows a DP-SGD client holds in a chunk (R = 0 without noise), 1 otherwise."""
+    monkeypatch.setattr(dpsgd, "NOISE_BLOCK_FLOATS", 3 * 410)
+    noisy = _dp_trainer("fresh", "flat", "replace_one", local_steps=7)
+    assert _rows_per_client(noisy, [7, 5], 410) == 8 + 3
+    assert _rows_per_client(noisy, [2], 410) == 8 + 2  # R = min(K, ⌊F/d⌋)
+    clean = LocalTrainer(lr=0.1, batch_size=8, local_steps=7, gradient=DpSgdGradient(0.5, 0.0))
+    assert _rows_per_client(clean, [7], 410) == 8
+    assert _rows_per_client(LocalTrainer(lr=0.1, batch_size=8, local_steps=7), [7], 410) == 1
 
 
 @pytest.mark.parametrize("offsets", [None, (0, 400, 410)])

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.workload_s import plain_dp_sgd_loop
 from benchmarks.workloads import (
     MNIST_ROOT,
     plain_loop,
@@ -60,6 +61,29 @@ def test_project_and_plain_loop_reach_the_same_weights(name, store_root, tmp_pat
     assert project_timing["final_test_accuracy"] == pytest.approx(
         plain_timing["final_test_accuracy"], abs=1e-3
     )
+
+
+def test_workload_s_plain_loop_draws_the_projects_batches_and_noise(
+    store_root, tmp_path, monkeypatch
+):
+    """Workload S with its DP-SGD noise on (σ_g = 1, per-step std 2 on the sum) and
+    ``NOISE_BLOCK_FLOATS`` cut to blocks of R = 3 < K = 10 rows (d = 410: 40 features × 10
+    classes + 10): the plain loop and the project's vectorised and sequential paths end with
+    the same weights, so the loop draws the project's fresh batches and noise (another draw
+    would move the weights by the noise's size, ≈ 0.2 a step)."""
+    import algorithms.dpsgd as dpsgd
+
+    monkeypatch.setattr(dpsgd, "NOISE_BLOCK_FLOATS", 3 * 410)
+    monkeypatch.setenv("DPFL_CHECKPOINT_DIR", str(tmp_path))
+    small = ["data.num_clients=200", "cohort.size=20", "rounds=2", "eval_every=2"]
+    options = [*small, f"data.store_root={store_root}", "tracking.enabled=false"]
+    config = workload_config("S", options)
+    store, _ = open_store(config)
+    theirs, _ = plain_dp_sgd_loop(config, store)
+    assert dpsgd.noise_block_rows(theirs.numel(), 10) == 3
+    for executor in ("local_vectorized", "local_sequential"):
+        ours, _ = project(config, executor)
+        assert (ours - theirs).abs().max() < TOLERANCE, executor
 
 
 @pytest.mark.slow  # ≈ 45 s: a benchmark's repeat logic, run with the benchmarks
