@@ -17,6 +17,7 @@ from actors.kernel_table import KernelChoice, choose
 from algorithms.aggregate import PartialAggregate
 from algorithms.algorithm import Algorithm
 from algorithms.client import client_round
+from algorithms.clients_tail import batchable, sum_trained_clients
 from algorithms.control_variates import local_correction
 from algorithms.layout import ParamLayout
 from algorithms.local import LocalResult, ModelObjective, autocast_dtype
@@ -155,8 +156,12 @@ class ClientHost:
         """Train the given hosted clients and return their sum (one partial aggregate)."""
         params = self._to_device(broadcast.params)
         payload = {k: self._to_device(v) for k, v in broadcast.payload.items()}
-        partial = PartialAggregate()
         trained = self._train_vectorized(round_index, params, payload, client_ids, broadcast.warmup)
+        if trained and batchable(self.algorithm):  # the clients' tails as one: same results
+            results = [trained[cid] for cid in client_ids]
+            sizes = [self.data.num_records(cid) for cid in client_ids]
+            return sum_trained_clients(self.algorithm, params, results, client_ids, sizes).cpu()
+        partial = PartialAggregate()
         noise = client_generators(
             self.seed, round_index, client_ids, Purpose.CLIENT_NOISE, device=params.device
         )

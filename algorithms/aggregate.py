@@ -40,20 +40,37 @@ class PartialAggregate:
 
     def _accumulate(self, uploads: dict[str, torch.Tensor]) -> None:
         for name, value in uploads.items():
-            if name not in self.sums:
-                self.sums[name] = value.to(torch.float64, copy=True)
-            elif value.device.type == "cpu" and value.dtype == torch.float32:
-                # The same float64 sum: NumPy's mixed-type add is faster than torch's (a client's
-                # 582k float32 into float64, cache cold: 0.53 against 0.70 ms).
-                total = self.sums[name].numpy()
-                np.add(total, value.detach().numpy(), out=total)
-            else:
-                self.sums[name] += value
+            self._add_rows(name, value.unsqueeze(0))
+
+    def _add_rows(self, name: str, rows: torch.Tensor) -> None:
+        """sums[name] += each row of ``rows``, one after the other (float64)."""
+        if rows.shape[0] == 0:
+            return
+        if name not in self.sums:
+            self.sums[name], rows = rows[0].to(torch.float64, copy=True), rows[1:]
+        if rows.device.type == "cpu" and rows.dtype == torch.float32:
+            # The same float64 sum: NumPy's mixed-type add is faster than torch's (a client's
+            # 582k float32 into float64, cache cold: 0.53 against 0.70 ms).
+            total = self.sums[name].numpy()
+            for row in rows.detach().numpy():
+                np.add(total, row, out=total)
+        else:
+            total = self.sums[name]
+            for row in rows:
+                total += row
 
     def add(self, uploads: dict[str, torch.Tensor], weight: float) -> None:
         self._accumulate(uploads)
         self.weight += weight
         self.count += 1
+
+    def add_rows(self, name: str, rows: torch.Tensor, weights: list[float]) -> None:
+        """``add({name: row}, weight)`` for each row of ``rows`` [n, d] and its weight, in
+        order: the same float64 sums, with the matrix converted once, not once a client."""
+        self._add_rows(name, rows)
+        for weight in weights:
+            self.weight += weight
+        self.count += len(weights)
 
     def add_noise_share(self, uploads: dict[str, torch.Tensor]) -> None:
         """A dropped client's share of client-placed noise: summed, but no client counted."""

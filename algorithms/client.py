@@ -22,8 +22,12 @@ from algorithms.transforms import ClientContext
 
 def upload_bytes(update: torch.Tensor) -> int:
     """Bytes to send ``update``: dense values, or (value, int32 index) pairs if that is smaller."""
-    nonzero = int(torch.count_nonzero(update))
-    return min(update.numel() * update.element_size(), nonzero * (update.element_size() + 4))
+    return encoded_bytes(update.numel(), update.element_size(), int(torch.count_nonzero(update)))
+
+
+def encoded_bytes(numel: int, element_size: int, nonzero: int) -> int:
+    """``upload_bytes`` of a tensor of ``numel`` elements, ``nonzero`` of them not 0."""
+    return min(numel * element_size, nonzero * (element_size + 4))
 
 
 def counted(uploads: dict[str, torch.Tensor], report: ClientReport) -> dict[str, torch.Tensor]:
@@ -31,6 +35,27 @@ def counted(uploads: dict[str, torch.Tensor], report: ClientReport) -> dict[str,
     update, DPSFL-AC's noisy bit, SCAFFOLD's Δc_i, a warm-up's c_i⁰, a dropped client's noise."""
     report.stats["upload_bytes"] = float(sum(upload_bytes(t) for t in uploads.values()))
     return uploads
+
+
+def trained_report(client_id: int, num_samples: int, result: LocalResult) -> ClientReport:
+    """A trained client's report: its training loss and accuracy (means over the records its
+    steps saw); the update's norms and stats are filled in after."""
+    return ClientReport(
+        client_id=client_id,
+        num_samples=num_samples,
+        steps=result.steps,
+        train_loss=result.loss_sum / max(result.seen, 1),
+        train_accuracy=result.correct / max(result.seen, 1),
+    )
+
+
+def grad_evals_per_step(result: LocalResult) -> float:
+    return result.grad_evals / max(result.steps, 1)
+
+
+def aggregation_weight(algorithm: Algorithm, num_samples: int) -> float:
+    """A client's weight in the server's mean: its sample count, or 1."""
+    return float(num_samples) if algorithm.server.weighting == "samples" else 1.0
 
 
 def client_round(
@@ -111,13 +136,7 @@ def client_round(
             noise_stream=noise_stream,
         )
     delta = result.params - params
-    report = ClientReport(
-        client_id=client_id,
-        num_samples=len(y),
-        steps=result.steps,
-        train_loss=result.loss_sum / max(result.seen, 1),
-        train_accuracy=result.correct / max(result.seen, 1),
-    )
+    report = trained_report(client_id, len(y), result)
     # One reduction instead of a full-size isfinite mask: NaN or ±inf anywhere makes the norm
     # NaN or inf (so does a float32 overflow of ‖Δ‖², an update no clipping could use).
     delta_norm = float(torch.linalg.vector_norm(delta))
@@ -151,9 +170,9 @@ def client_round(
     report.pre_clip_norm = ctx.stats.get("pre_clip_norm", delta_norm)
     report.clipped = ctx.stats.get("clipped", math.nan)
     report.stats = {k: v for k, v in ctx.stats.items() if k not in ("pre_clip_norm", "clipped")}
-    report.stats["grad_evals_per_step"] = result.grad_evals / max(result.steps, 1)
+    report.stats["grad_evals_per_step"] = grad_evals_per_step(result)
 
-    weight = float(len(y)) if algorithm.server.weighting == "samples" else 1.0
+    weight = aggregation_weight(algorithm, len(y))
     uploads = {algorithm.pipeline.upload_name: update * weight if weight != 1.0 else update}
     if algorithm.adaptive_clip is not None:
         mechanism = algorithm.mechanism

@@ -131,9 +131,7 @@ class Clip:
             norm = float(torch.linalg.vector_norm(update))
         ctx.stats["pre_clip_norm"] = norm
         if self.scope == "flat":
-            ctx.stats["alpha"] = min(1.0, self.clip_norm / norm) if norm > 0 else 1.0
-            ctx.stats["clipped"] = float(norm > self.clip_norm)
-            ctx.stats["post_clip_norm"] = min(norm, self.clip_norm)
+            ctx.stats.update(self.flat_stats(norm))
             return update if norm <= self.clip_norm else update * (self.clip_norm / norm)
         # All layers at once: per-segment norms, then one scale per layer (1 within the bound).
         segments = layer_segments(ctx.layout, update.numel())
@@ -148,6 +146,15 @@ class Clip:
         ctx.stats["clipped"] = float((norms > clip_norm).any())
         ctx.stats["post_clip_norm"] = float(torch.clamp(norms, max=clip_norm).norm())
         return update * torch.repeat_interleave(scale.to(update.dtype), sizes)
+
+    def flat_stats(self, norm: float) -> dict[str, float]:
+        """The flat clip's diagnostics for a pre-clip norm ``norm``: α = min(1, C/‖Δ‖₂),
+        whether it clipped (1.0 or 0.0), and the post-clip norm min(‖Δ‖₂, C)."""
+        return {
+            "alpha": min(1.0, self.clip_norm / norm) if norm > 0 else 1.0,
+            "clipped": float(norm > self.clip_norm),
+            "post_clip_norm": min(norm, self.clip_norm),
+        }
 
     @property
     def unaccounted_reason(self) -> str | None:

@@ -123,3 +123,14 @@ def test_round_cpu_reads_the_threads_cpu_between_two_rounds(store_root, tmp_path
     assert line["floor_ms_per_round"] == pytest.approx(floor, abs=0.1)
     assert line["wall_ms_per_round"] > 0
     assert threading.main_thread().native_id in thread_cpu_seconds()
+
+
+def test_host_round_times_one_hosts_share_of_each_round(store_root):
+    """benchmarks/host_round.py: a host of half the clients runs its members of each cohort."""
+    from benchmarks.host_round import host_round_cpu
+
+    small = ["data.num_clients=200", "cohort.size=20", f"data.store_root={store_root}"]
+    line = host_round_cpu("B", small, rounds=3, profile=0)
+    assert line["hosted_clients"] == 100
+    assert 0 < line["clients_per_round"] < 20 and line["cpu_ms_per_round"] > 0
+    assert line["cpu_ms_per_round_min"] <= line["cpu_ms_per_round"]
