@@ -1,8 +1,12 @@
-"""Shared test helpers: small configs and in-process runs."""
+"""Shared test helpers: small configs, in-process runs and local HTTP servers."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import torch
 
@@ -66,3 +70,21 @@ class Quadratic:
     def loss_and_grad(self, w, x, y):
         self.grad_evals += 1
         return torch.tensor(0.0), torch.zeros(len(y), 2), self.grad(w)
+
+
+@contextmanager
+def http_server(
+    handler: type[BaseHTTPRequestHandler], **attributes
+) -> Iterator[ThreadingHTTPServer]:
+    """A server on 127.0.0.1 (a free port) answering with ``handler``, served by a thread for
+    the block; ``attributes`` are set on it first (its handlers read them as
+    ``self.server.<name>``)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    for name, value in attributes.items():
+        setattr(server, name, value)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()

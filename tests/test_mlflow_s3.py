@@ -22,13 +22,13 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
+from helpers import http_server
 from mlflow.tracking import MlflowClient
 
 from cluster.tracking.process import _spawn
@@ -269,14 +269,8 @@ class _SlowArtifactServer(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def slow_server():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowArtifactServer)
-    server.delay, server.uploads = 2.0, []
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with http_server(_SlowArtifactServer, delay=2.0, uploads=[]) as server:
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.mark.timeout(60)
