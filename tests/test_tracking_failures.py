@@ -326,6 +326,10 @@ def test_the_tracking_process_gets_the_http_retry_budget_unless_the_user_set_one
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "77")
     process, conn = _spawn(preload=False)
     try:
+        # Answered once it serves: Popen returns as exec begins, before /proc shows the
+        # new environment (read at once, it was empty on a loaded machine).
+        conn.send(("flush", (), True))
+        assert conn.recv() == ("ok", None)
         raw = Path(f"/proc/{process.pid}/environ").read_bytes().split(b"\0")
         environ = dict(item.decode().split("=", 1) for item in raw if b"=" in item)
     finally:
