@@ -1,7 +1,13 @@
 """MLflow on a real PostgreSQL: a throwaway server, an `mlflow server` on it, a run logged through
-the project's tracker and queried back with the client (and in the database itself)."""
+the project's tracker and queried back with the client (and in the database itself).
+
+The database requires a password (scram-sha-256) and is reached as in k8s/: the password in
+``PGPASSWORD`` (libpq reads it), none in the URI; a run on it without the right one is refused
+before any work, naming the fix."""
 
 import os
+import re
+import secrets
 import shutil
 import socket
 import subprocess
@@ -10,12 +16,17 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
+import yaml
 from helpers import small_config
 from mlflow.tracking import MlflowClient
 
+import cluster.cli.run
+from cluster.cli.main import main
 from cluster.runtime.experiment import run_experiment
+from cluster.runtime.preflight import check_tracking_uri
 
 psycopg = pytest.importorskip("psycopg", reason="psycopg is needed to reach PostgreSQL")
 if shutil.which("initdb") is None or shutil.which("pg_ctl") is None:
@@ -40,15 +51,30 @@ def _as_postgres() -> list[str]:
     return ["runuser", "-u", "postgres", "--"]
 
 
+class Database(NamedTuple):
+    uri: str  # as MLflow takes it, with the driver and without the password (as in k8s/)
+    password: str
+
+    def connect(self, **options) -> psycopg.Connection:
+        """A connection for the test itself (libpq's URI: without the driver)."""
+        conninfo = self.uri.replace("postgresql+psycopg://", "postgresql://")
+        return psycopg.connect(conninfo, password=self.password, **options)
+
+
 @pytest.fixture(scope="module")
-def postgres_uri():
+def database():
     home = Path(tempfile.mkdtemp(prefix="dpfl-pg-"))  # in /tmp: reachable by the postgres user
+    password = secrets.token_hex(16)
+    password_file = home / "password"
+    password_file.write_text(password)
     if os.geteuid() == 0:
         shutil.chown(home, "postgres")
+        shutil.chown(password_file, "postgres")
     run_as, port = _as_postgres(), _free_port()
     data, log = home / "data", home / "log"
     subprocess.run(
-        [*run_as, "initdb", "-D", str(data), "-A", "trust", "-U", "mlflow", "--no-sync"],
+        [*run_as, "initdb", "-D", str(data), "-U", "mlflow", "--no-sync"]
+        + ["-A", "scram-sha-256", f"--pwfile={password_file}"],  # every login: its password
         check=True,
         capture_output=True,
     )
@@ -59,18 +85,18 @@ def postgres_uri():
         capture_output=True,
     )
     try:
-        with psycopg.connect(
-            host="127.0.0.1", port=port, user="mlflow", dbname="postgres", autocommit=True
-        ) as connection:
+        database = Database(f"postgresql+psycopg://mlflow@127.0.0.1:{port}/mlflowdb", password)
+        server = Database(database.uri.replace("/mlflowdb", "/postgres"), password)
+        with server.connect(autocommit=True) as connection:
             connection.execute("CREATE DATABASE mlflowdb")
-        yield f"postgresql://mlflow@127.0.0.1:{port}/mlflowdb"
+        yield database
     finally:
         subprocess.run([*run_as, "pg_ctl", "-D", str(data), "-m", "fast", "stop"], check=False)
         shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
-def mlflow_server(postgres_uri, tmp_path_factory):
+def mlflow_server(database, tmp_path_factory):
     artifacts, port = tmp_path_factory.mktemp("artifacts"), _free_port()
     command = [
         sys.executable,
@@ -78,7 +104,7 @@ def mlflow_server(postgres_uri, tmp_path_factory):
         "mlflow",
         "server",
         "--backend-store-uri",
-        postgres_uri,
+        database.uri,
         "--artifacts-destination",
         str(artifacts),
         "--host",
@@ -90,7 +116,8 @@ def mlflow_server(postgres_uri, tmp_path_factory):
     ]
     log = tmp_path_factory.mktemp("server") / "mlflow.log"
     with open(log, "w") as out:
-        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        environment = {**os.environ, "PGPASSWORD": database.password}  # as k8s/mlflow.yaml
+        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=environment)
         uri = f"http://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + 120
@@ -115,7 +142,7 @@ def mlflow_server(postgres_uri, tmp_path_factory):
 
 
 def test_a_run_is_stored_in_postgres_and_queried_back(
-    store_root, tmp_path, monkeypatch, mlflow_server, postgres_uri
+    store_root, tmp_path, monkeypatch, mlflow_server, database
 ):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
     config = small_config(
@@ -137,7 +164,41 @@ def test_a_run_is_stored_in_postgres_and_queried_back(
     assert [m.step for m in epsilons] == [1, 2, 3]
     assert epsilons[-1].value == pytest.approx(outcome.epsilon)
     assert "privacy_report.json" in {a.path for a in client.list_artifacts(run.info.run_id)}
-    with psycopg.connect(postgres_uri) as connection:
+    with database.connect() as connection:
         query = "SELECT count(*) FROM metrics WHERE run_uuid = %s"
         (count,) = connection.execute(query, (run.info.run_id,)).fetchone()
     assert count >= 3 * 5  # every round's metrics are rows in PostgreSQL
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("password", ["wrong", None], ids=["wrong password", "no password"])
+def test_a_run_on_postgres_without_its_password_is_refused_before_any_work(
+    password, store_root, tmp_path, monkeypatch, capsys, database
+):
+    """A run tracked straight into the database (``MLFLOW_TRACKING_URI`` its URI) with a wrong
+    ``PGPASSWORD``, or none: exit 2 within 10 s, one paragraph naming PGPASSWORD and libpq's
+    reason, no traceback, no round; with the right one, the same check passes."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", database.uri)
+    monkeypatch.setenv("PGPASSFILE", str(tmp_path / "none"))  # no ~/.pgpass to fall back on
+    monkeypatch.setattr(cluster.cli.run, "prestart_tracking", lambda: None)  # no MLflow import
+    monkeypatch.setenv("PGPASSWORD", database.password)
+    check_tracking_uri()
+    if password is None:
+        monkeypatch.delenv("PGPASSWORD")
+    else:
+        monkeypatch.setenv("PGPASSWORD", password)
+    config = small_config(store_root, "rounds=1", "tracking.enabled=true")
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(yaml.safe_dump(config.to_dict()))
+    capsys.readouterr()
+    start = time.monotonic()
+    code = main(["run", str(config_file)])
+    elapsed = time.monotonic() - start
+    out, err = capsys.readouterr()
+    assert code == 2, (out, err)
+    assert elapsed < 10, elapsed
+    assert "Traceback" not in out + err and not re.search(r"round +\d+/\d+", out), (out, err)
+    reason = "password authentication failed" if password else "no password supplied"
+    for text in (f"MLFLOW_TRACKING_URI = '{database.uri}'", reason, "set PGPASSWORD"):
+        assert text in err, (text, err)

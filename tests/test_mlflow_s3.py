@@ -22,16 +22,15 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
+from helpers import http_server, tracking_process_environment
 from mlflow.tracking import MlflowClient
 
-from cluster.tracking.process import _spawn
 from cluster.tracking.settings import ARTIFACT_TIMEOUT_S, ARTIFACT_TIMEOUT_VARIABLE
 from cluster.tracking.tracker import MlflowTracker
 
@@ -269,14 +268,8 @@ class _SlowArtifactServer(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def slow_server():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowArtifactServer)
-    server.delay, server.uploads = 2.0, []
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with http_server(_SlowArtifactServer, delay=2.0, uploads=[]) as server:
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.mark.timeout(60)
@@ -314,15 +307,7 @@ def test_the_tracking_process_gets_the_artifact_timeout_unless_the_user_set_one(
         monkeypatch.delenv("MLFLOW_HTTP_REQUEST_TIMEOUT", raising=False)
     else:
         monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", user_timeout)
-    process, conn = _spawn(preload=False)
-    try:
-        conn.send(("flush", (), True))  # answered once it serves: past its exec
-        assert conn.recv() == ("ok", None)
-        entries = Path(f"/proc/{process.pid}/environ").read_bytes().split(b"\0")
-    finally:
-        conn.close()
-        process.wait(60)
-    environ = dict(e.decode().partition("=")[::2] for e in entries if e)
+    environ = tracking_process_environment()
     assert environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] == "true"
     if user_timeout is None:  # metadata calls 4 s a try, uploads longer
         assert environ[ARTIFACT_TIMEOUT_VARIABLE] == ARTIFACT_TIMEOUT_S

@@ -15,17 +15,18 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager, contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 import yaml
-from helpers import run_local, small_config
+from helpers import http_server, run_local, small_config, tracking_process_environment
 from mlflow.tracking import MlflowClient
 
 import cluster.cli.run
@@ -39,7 +40,6 @@ from cluster.tracking.process import (
     HTTP_RETRY_BUDGET,
     TrackingError,
     TrackingRun,
-    _spawn,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -323,17 +323,11 @@ def test_after_a_stop_signal_the_tracking_process_waits_for_the_driver_a_bounded
 @pytest.mark.timeout(30)
 def test_the_tracking_process_gets_the_http_retry_budget_unless_the_user_set_one(monkeypatch):
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "77")
-    process, conn = _spawn(preload=False)
-    try:
-        raw = Path(f"/proc/{process.pid}/environ").read_bytes().split(b"\0")
-        environ = dict(item.decode().split("=", 1) for item in raw if b"=" in item)
-    finally:
-        conn.close()
-        process.wait(60)
+    environ = tracking_process_environment()
     assert environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "77"
-    for name in ("MAX_RETRIES", "BACKOFF_FACTOR", "BACKOFF_JITTER"):
-        key = f"MLFLOW_HTTP_REQUEST_{name}"
-        assert environ[key] == HTTP_RETRY_BUDGET[key]
+    for key, value in HTTP_RETRY_BUDGET.items():
+        if key != "MLFLOW_HTTP_REQUEST_TIMEOUT":
+            assert environ[key] == value, key
 
 
 # ------------------------------------------------------------------ a server that goes away
@@ -341,7 +335,9 @@ def test_the_tracking_process_gets_the_http_retry_budget_unless_the_user_set_one
 
 class _FakeMlflowServer(BaseHTTPRequestHandler):
     """The few REST calls that open a run and log to it, answered as an MLflow server would;
-    once ``server.dropping``, every connection is accepted and closed unanswered."""
+    once ``server.dropping``, every connection is accepted and closed unanswered; once
+    ``server.throttling`` is a status (429, 503), every request is answered with it and
+    ``Retry-After: 3600``, as a rate-limiting proxy might."""
 
     def do_GET(self) -> None:
         self._answer()
@@ -353,6 +349,12 @@ class _FakeMlflowServer(BaseHTTPRequestHandler):
     def _answer(self) -> None:
         if self.server.dropping:
             self.close_connection = True
+            return
+        if self.server.throttling is not None:
+            self.send_response(self.server.throttling)
+            self.send_header("Retry-After", "3600")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
             return
         route = urlsplit(self.path).path.rsplit("/mlflow/", 1)[-1]
         status, body = 200, {}
@@ -374,34 +376,75 @@ class _FakeMlflowServer(BaseHTTPRequestHandler):
         pass
 
 
+def _fake_mlflow_server(
+    throttling: int | None = None,
+) -> AbstractContextManager[ThreadingHTTPServer]:
+    """A ``_FakeMlflowServer`` on 127.0.0.1 for the block, answering normally until told."""
+    return http_server(_FakeMlflowServer, dropping=False, throttling=throttling)
+
+
+def _fake_uri(server: ThreadingHTTPServer) -> str:
+    return f"http://127.0.0.1:{server.server_port}"
+
+
+def _given_up_within_the_budget(run: TrackingRun, failing_call: Callable[[], Any]) -> Exception:
+    """``failing_call`` raises within the retry budget, after MLflow's retries (2 s + 4 s of
+    backoff), and ending the run after it tries once, not for another budget; the error."""
+    start = time.monotonic()
+    with pytest.raises((TrackingError, ConfigError)) as failed:
+        failing_call()
+    given_up = time.monotonic() - start
+    assert 5 < given_up < 30, given_up
+    start = time.monotonic()
+    run.abandon()
+    assert time.monotonic() - start < 5
+    assert run._process.returncode == 0
+    return failed.value
+
+
 @pytest.mark.timeout(120)
 def test_a_server_that_goes_away_mid_run_is_given_up_within_the_retry_budget():
     """After the run opened, the server accepts connections and closes them unanswered: the
     next flush raises MLflow's error within the project's retry budget (≤ 30 s; ≈ 7 s for a
     server that refuses), and ending the run after it tries once, not for another budget."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeMlflowServer)
-    server.dropping = False
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        run = TrackingRun.open(f"http://127.0.0.1:{server.server_port}", "x", "r", {}, {})
+    with _fake_mlflow_server() as server:
+        run = TrackingRun.open(_fake_uri(server), "x", "r", {}, {})
         run.log_round(_record(1))
         run.flush()
         assert run.run_id == "r1"
         server.dropping = True
         run.log_round(_record(2))
-        start = time.monotonic()
-        with pytest.raises(TrackingError, match="Max retries exceeded") as failed:
-            run.flush()
-        given_up = time.monotonic() - start
-        assert 5 < given_up < 30, given_up  # retried (2 s + 4 s of backoff), then given up
-        assert "\n" not in str(failed.value) and "Traceback" in failed.value.details
-        start = time.monotonic()
-        run.abandon()
-        assert time.monotonic() - start < 5
-        assert run._process.returncode == 0
-    finally:
-        server.shutdown()
-        server.server_close()
+        failure = _given_up_within_the_budget(run, run.flush)
+    assert isinstance(failure, TrackingError) and "Max retries exceeded" in str(failure)
+    assert "\n" not in str(failure) and "Traceback" in failure.details
+
+
+@pytest.mark.timeout(120)
+def test_a_server_asking_for_an_hour_before_a_retry_is_given_up_mid_run_within_the_budget():
+    """Once the run is open, the server answers every request 503 with ``Retry-After: 3600``:
+    the flush (a wait with no limit of its own) raises within the retry budget, not an hour per
+    retry, because the tracking process ignores the header (``HTTP_RETRY_BUDGET``)."""
+    with _fake_mlflow_server() as server:
+        run = TrackingRun.open(_fake_uri(server), "x", "r", {}, {})
+        run.flush()
+        server.throttling = 503
+        run.log_round(_record(1))
+        failure = _given_up_within_the_budget(run, run.flush)
+    assert isinstance(failure, TrackingError)
+    assert "too many 503 error responses" in str(failure)
+
+
+@pytest.mark.timeout(120)
+def test_a_server_asking_for_an_hour_before_a_retry_refuses_the_opening_within_the_budget():
+    """A server that answers every request 429 with ``Retry-After: 3600`` from the start: the
+    run's opening is refused within the retry budget, as the input to fix, not after
+    ``OPEN_WAIT_S`` as a process that did not answer."""
+    with _fake_mlflow_server(throttling=429) as server:
+        run = TrackingRun.open(_fake_uri(server), "x", "r", {}, {})
+        failure = _given_up_within_the_budget(run, run.wait_open)
+    assert isinstance(failure, ConfigError) and failure.field_path == "MLFLOW_TRACKING_URI"
+    assert "MLflow could not open a new run there" in str(failure)
+    assert "too many 429 error responses" in str(failure)
 
 
 # ------------------------------------------------------------------ the command

@@ -16,8 +16,8 @@ No wait of the driver's can last for good: each notices the process's death with
 ``POLL_S``, the run's opening is awaited at most ``OPEN_WAIT_S``, and a failure that leaves no
 run to write to (the opening refused, the process gone or silent) is kept: every later call
 that waits raises it at once. MLflow's HTTP retries are bounded (``HTTP_RETRY_BUDGET``, set in
-the process's environment): a tracking server that goes away is given up within ≈ 25 s, not
-MLflow's default minutes.
+the process's environment): a tracking server that goes away, or answers 429/503 with any
+``Retry-After``, is given up within ≈ 25 s, not MLflow's default minutes (or the header's hours).
 """
 
 from __future__ import annotations
@@ -52,12 +52,16 @@ EXIT_WAIT_S = 10.0  # the longest wait for the process to exit once the driver c
 # MLflow's HTTP retries, unless the user set them: 3 retries 2 s and 4 s apart (+ ≤ 0.5 s of
 # jitter each), each try bounded by 4 s. A server that refuses connections is given up in
 # ≈ 7 s, one that accepts and never answers in ≈ 23 s (MLflow's defaults: 7 retries up to
-# 120 s apart, 120 s a try). Read by MLflow at each request, in the tracking process only.
+# 120 s apart, 120 s a try). A 429 or 503 is retried on the same backoff whatever its
+# Retry-After says: MLflow (urllib3) would otherwise sleep as long as the header asks, an hour
+# per retry for "Retry-After: 3600". Read by MLflow at each request, in the tracking process
+# only.
 HTTP_RETRY_BUDGET = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3",
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
     "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0.5",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "4",
+    "MLFLOW_HTTP_RESPECT_RETRY_AFTER_HEADER": "false",
 }
 
 
