@@ -2,13 +2,13 @@
 refuses a rerun that switched tracking.
 
 It is a folder of the sweep's own, ``ledger/`` under its ``--out`` folder (so ``--out`` is part
-of a sweep's identity: a rerun resumes only from the ledger under the same one), written with
-tracking on or off: one JSON file per trial, ``<its digest>.json`` (the trial's ``sweep_trial``
-digest: hex and integers, never a config value, so the file stays in that folder), written
-atomically (``locations.write_atomic``) when the trial starts (status RUNNING: at the engine's
-first poll after its placement group was created, ``trials.RayTrials``, by when its task may
-have started) and when it ends (FINISHED, KILLED or FAILED; a trial stopped before it was
-placed never ran and writes nothing)::
+of an untracked sweep's identity: a rerun resumes only from the ledger under the same one),
+written with tracking on or off: one JSON file per trial, ``<its digest>.json`` (the trial's
+``sweep_trial`` digest: hex and integers, never a config value, so the file stays in that
+folder), written atomically (``locations.write_atomic``) when the trial starts (status RUNNING:
+at the engine's first poll after its placement group was created, ``trials.RayTrials``, by when
+its task may have started) and when it ends (FINISHED, KILLED or FAILED; a trial stopped before
+it was placed never ran and writes nothing)::
 
     version      1
     sweep        the spec's name
@@ -38,9 +38,11 @@ matching checkpoint; an entry that cannot be read, or of another trial, or FINIS
 ``privacy`` that parses) runs again from round 0, a line saying why, and stays an earlier
 attempt: the sweep states no ε. So does a trial with no entry whose own checkpoint exists: an
 attempt of it ran without this ledger (under another ``--out``), and which attempts ran before
-that one is unknown. Nothing is unpickled here: entries are JSON, and a checkpoint is read by
-the weights-only loader (``open_checkpoint``), only at the path the trial's own config gives
-(the entry's ``checkpoint`` must be that one).
+that one is unknown. (One under another ``--out`` that left no checkpoint here, having stopped
+before its first or having been tracked, is not found: hence the same ``--out``.) Nothing is
+unpickled here: entries are JSON, and a checkpoint is read by the weights-only loader
+(``open_checkpoint``), only at the path the trial's own config gives (the entry's ``checkpoint``
+must be that one).
 """
 
 from __future__ import annotations
