@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -332,6 +333,65 @@ def test_a_rerun_resumes_a_killed_trial_only_from_its_own_matching_checkpoint(
         record.run_id = ids[trial.name] if trial is resumed else None
     earlier = {line.split("run ")[-1].rstrip(")") for line in earlier_attempts(planned, parent)}
     assert earlier == set(ids.values()) - {ids[resumed.name]} | {older}
+
+
+class _Ray:
+    """What ``RayTrials`` asks Ray as trials are placed and end: which refs are ready now
+    (``ready``), a task's result (``results``: a value, or an error it raises), a placement
+    group's state (``created``); it counts the calls."""
+
+    def __init__(self):
+        import ray.exceptions
+
+        self.exceptions = ray.exceptions
+        self.ready, self.created, self.results = set(), set(), {}
+        self.waits, self.tables = [], 0
+        self.util = SimpleNamespace(
+            placement_group_table=self._table, remove_placement_group=lambda group: None
+        )
+
+    def wait(self, refs, num_returns, timeout):
+        assert timeout == 0 and num_returns == len(refs)
+        self.waits.append(len(refs))
+        return [r for r in refs if r in self.ready], [r for r in refs if r not in self.ready]
+
+    def get(self, ref):
+        if isinstance(self.results[ref], Exception):
+            raise self.results[ref]
+        return self.results[ref]
+
+    def _table(self, group) -> dict:
+        self.tables += 1
+        return {"state": "CREATED" if group in self.created else "PENDING"}
+
+
+def test_the_engine_notes_a_trial_started_once_its_group_is_placed(tmp_path, store_root):
+    """``on_start`` once per trial, at the first poll after its placement group is created:
+    one ``ray.wait`` a poll over the groups not yet seen, no lookup per trial. A trial that ends
+    is noted first where its group was created (its ``ready`` ref may lag), and one stopped while
+    its group waited never ran (``started`` False): the ledger then writes nothing for it."""
+    from cluster.analysis.trials import RayTrials, Submitted, Trial, TrialResult
+
+    space = {"algorithm.local.lr": [0.05, 0.1, 0.2]}
+    spec = _write(tmp_path, "en", {"base": _base(store_root, tmp_path), "space": space})
+    planned = plan(spec, [])
+    trials = [Trial(r.name, planned.configs[r.name]) for r in planned.records]
+    engine, ray, noted = RayTrials(0, None, None), _Ray(), []
+    engine._ray, engine._on_start = ray, noted.append
+    engine._running = {f"task{i}": Submitted(t, f"group{i}", f"ready{i}", 0.0)
+                       for i, t in enumerate(trials)}  # fmt: skip
+    placed, waiting, late = trials
+    ray.ready, ray.created = {"ready0"}, {"group0", "group2"}  # group2's ready ref not back yet
+    engine._note_starts()
+    engine._note_starts()
+    assert noted == [placed] and ray.waits == [3, 2] and ray.tables == 0
+
+    stopped = ray.exceptions.TaskCancelledError()
+    ray.results = {"task0": stopped, "task1": stopped, "task2": TrialResult(late)}
+    ended = [engine._collect(f"task{i}") for i in range(3)]
+    assert noted == [placed, late]  # the late one noted before its end, once
+    assert [(r.status, r.started) for r in ended[:2]] == [("KILLED", True), ("KILLED", False)]
+    assert ended[2].trial is late and engine._running == {} and ray.tables == 3
 
 
 # ------------------------------------------------------------------------- slow: on Ray

@@ -54,7 +54,7 @@ def test_a_rerun_resumes_only_a_killed_trial_with_its_own_checkpoint_from_the_le
     spec = _write(tmp_path, "lg", {"base": base, "space": {"algorithm.local.lr": lrs}})
     planned, trials = _planned(spec)
     folder = tmp_path / "out" / FOLDER
-    ledger = Ledger(folder, planned.spec.name)
+    ledger = Ledger(folder, planned.spec.name, False)
     ledger.find_finished(planned.records)
     assert ledger.entries == {} and ledger.earlier_attempts() == []
     records = dict(zip(("finished", "resumed", "unreadable", "other_trial", "running",
@@ -88,7 +88,7 @@ def test_a_rerun_resumes_only_a_killed_trial_with_its_own_checkpoint_from_the_le
 
     planned, trials = _planned(spec)  # the rerun
     records = dict(zip(records, planned.records, strict=True))
-    ledger = Ledger(folder, planned.spec.name)
+    ledger = Ledger(folder, planned.spec.name, False)
     ledger.find_finished(planned.records)
     done = records["finished"]
     assert (done.status, done.resumed, done.metric, done.test_accuracy) == (
@@ -141,9 +141,157 @@ def test_a_rerun_resumes_only_a_killed_trial_with_its_own_checkpoint_from_the_le
     assert json.loads(entry["running"].read_text())["earlier"] == [
         line for line in earlier if records["running"].name in line
     ]
-    third = Ledger(folder, planned.spec.name)
+    third = Ledger(folder, planned.spec.name, False)
     third.find_finished(plan(spec, []).records)
     assert records["running"].name in " ".join(third.earlier_attempts())  # never forgotten
+
+
+def _untracked_spec(tmp_path, store_root, name: str, lrs: list[float]) -> Path:
+    return _write(tmp_path, name, {"base": _untracked(store_root, tmp_path),
+                                   "space": {"algorithm.local.lr": lrs}})  # fmt: skip
+
+
+def _read_ledger(folder: Path, planned) -> Ledger:
+    """The untracked ledger in ``folder`` as a run of ``planned`` reads it."""
+    ledger = Ledger(folder, planned.spec.name, False)
+    ledger.find_finished(planned.records)
+    return ledger
+
+
+def _one_trial(spec, overrides=()):
+    """The spec's one record and its trial, as a run with ``overrides`` plans them."""
+    planned = plan(spec, list(overrides))
+    (record,) = planned.records
+    config = calibrate(planned.configs[record.name], lambda line: None)
+    return planned, record, Trial(record.name, config)
+
+
+def test_a_trial_whose_own_checkpoint_no_entry_holds_is_an_earlier_attempt(tmp_path, store_root):
+    """An attempt that a ledger under another ``--out`` holds (KILLED, its checkpoint written):
+    a rerun under this one finds no entry but the trial's own checkpoint, so it does not continue
+    it (the attempts before it are unknown), runs the trial from round 0 and states no ε."""
+    spec = _untracked_spec(tmp_path, store_root, "gap", [0.1])
+    planned, record, trial = _one_trial(spec)
+    first = _read_ledger(tmp_path / "out1" / FOLDER, planned)
+    first.started(trial)
+    state = run_local(_local(replace(trial.config, rounds=1))).state_dict()
+    path = checkpoint_path(trial.config, None)
+    save_checkpoint(path, state, trial.config.to_dict(), None)
+    record.status = "KILLED"
+    first.record(record, TrialResult(trial), None)
+
+    planned, record, trial = _one_trial(spec)  # the rerun, under --out out2
+    second = _read_ledger(tmp_path / "out2" / FOLDER, planned)
+    said = []
+    (after,) = second.resume_killed([trial], said.append)
+    assert after.resume is None
+    assert said == [
+        f"{trial.name}: its attempt with checkpoint {path} is not resumed (no entry in "
+        f"{second.folder} holds it or the attempts before it (another --out?)); it stays an "
+        "earlier attempt, its rounds in no trial's accountant (no ε for the sweep)",
+        f"{trial.name}: runs again from round 0",
+    ]
+    assert second.earlier_attempts() == [
+        f"{trial.name} (an earlier attempt that left {path}, not in {second.folder})"
+    ]
+    second.started(after)  # its new entry carries it
+    assert json.loads(second.path(record).read_text())["earlier"] == second.earlier_attempts()
+    tuning = statement(planned, planned.records, second.earlier_attempts())
+    assert tuning.epsilon is None and "an earlier attempt that left" in tuning.reason
+
+
+def test_a_rerun_that_switches_tracking_exits_2_naming_how_it_ran(
+    tmp_path, store_root, monkeypatch, capsys
+):
+    """A tracked attempt (``MlflowLedger`` writes the local ledger too) and an untracked one:
+    a rerun with tracking switched would not see the other's attempts (MLflow runs, or the
+    ledger), so it refuses before any trial or MLflow run starts, naming the setting to use."""
+    from cluster.analysis.sweep_runs import MlflowLedger
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    spec = _write(tmp_path, "sw", {"base": _base(store_root, tmp_path),
+                                   "space": {"algorithm.local.lr": [0.1]}})  # fmt: skip
+    untracked = ["tracking.enabled=false"]
+    for ran, rerun in (([], untracked), (untracked, [])):
+        out = tmp_path / f"out-{len(ran)}"
+        planned, record, trial = _one_trial(spec, ran)
+        local = Ledger(out / FOLDER, planned.spec.name, not ran)
+        local.read(planned.records)  # as the sweep reads it before its parent run opens
+        ledger = local if ran else MlflowLedger(planned, "a-parent-run", local)
+        ledger.started(trial)
+        record.status = "KILLED"
+        ledger.record(record, TrialResult(trial), None)
+        assert json.loads(local.path(record).read_text())["status"] == "KILLED"
+        overrides = [arg for setting in rerun for arg in ("--set", setting)]
+        assert main(["sweep", str(spec), "--out", str(out), *overrides]) == 2
+        error = capsys.readouterr().err
+        how = "false" if ran else "true"
+        assert f"trial {record.name} ran with tracking.enabled: {how} (ledger entry " in error
+        assert error.rstrip().endswith(f"rerun the sweep with tracking.enabled: {how}")
+    assert not (tmp_path / "mlflow.db").exists()  # refused before any MLflow run opened
+
+
+@pytest.mark.parametrize(
+    "privacy, why",
+    [
+        ({"epsilon": 0.1}, "missing 4 required positional arguments"),
+        (None, "its privacy is None"),
+        ({"label": "f", "unit": "client", "dp_valid": True, "delta": 1e-5, "epsilon": 1.0,
+          "sigma": 2.0}, "unknown keys ['sigma']"),
+    ],
+)  # fmt: skip
+def test_a_finished_entry_whose_privacy_does_not_parse_is_an_earlier_attempt(
+    tmp_path, store_root, privacy, why
+):
+    """Its privacy makes the sweep's statement: a FINISHED entry without one that parses
+    (``TrialPrivacy.from_dict``) is unusable, so the trial runs again from round 0 with a line
+    naming the field and its value, and the entry stays an earlier attempt (no ε)."""
+    spec = _untracked_spec(tmp_path, store_root, "pv", [0.1])
+    planned, record, trial = _one_trial(spec)
+    ledger = _read_ledger(tmp_path / "out" / FOLDER, planned)
+    ledger.started(trial)
+    record.status, record.metric, record.test_accuracy, record.epsilon = "FINISHED", 0.5, 0.5, "ε 1"
+    record.privacy = privacy
+    ledger.record(record, TrialResult(trial), None)
+
+    planned, record, trial = _one_trial(spec)  # the rerun
+    ledger = _read_ledger(tmp_path / "out" / FOLDER, planned)
+    assert (record.status, record.resumed, record.privacy) == ("NOT RUN", False, None)
+    said = []
+    (after,) = ledger.resume_killed([trial], said.append)
+    assert after.resume is None and said[-1] == f"{trial.name}: runs again from round 0"
+    assert f"the entry is unusable: its privacy is {privacy!r} (" in said[0] and why in said[0]
+    (earlier,) = ledger.earlier_attempts()
+    assert f"{trial.name} (an unusable ledger entry, " in earlier
+    assert statement(planned, planned.records, [earlier]).epsilon is None
+
+
+def test_a_failure_to_record_a_trial_stops_no_other_one(tmp_path, store_root, monkeypatch, capsys):
+    """``on_done`` runs as each trial ends, also while a stop signal ends the others: a trial
+    whose ledger entry cannot be written is said and the next trial's end is still recorded
+    (an exception there would leave the stop path, and the other trials would be killed before
+    their stop checkpoint)."""
+    import cluster.analysis.sweep as sweep
+
+    spec = _untracked_spec(tmp_path, store_root, "rf", [0.1, 0.2])
+    planned = plan(spec, [])
+    ledger = _read_ledger(tmp_path / "out" / FOLDER, planned)
+    broken, kept = planned.records
+    ledger.path(broken).mkdir(parents=True)  # its entry cannot be written
+
+    def stopped(trials, concurrent, parent_run_id, on_done, on_start):  # Ctrl-C: both KILLED
+        for trial in trials:
+            if trial.name == kept.name:
+                on_start(trial)
+            on_done(TrialResult(trial), None)
+
+    monkeypatch.setattr(sweep, "run_concurrently", stopped)
+    sweep._run_records(planned, ledger, None, 0, planned.records, "trial")
+    printed = capsys.readouterr().out
+    assert f"sweep rf: {broken.name}: recording it KILLED failed (IsADirectoryError: " in printed
+    assert "a rerun finds its attempt as the ledger last held it" in printed
+    assert json.loads(ledger.path(kept).read_text())["status"] == "KILLED"
+    assert [r.status for r in planned.records] == ["KILLED", "KILLED"]
 
 
 # ------------------------------------------------------------------------- slow: on Ray

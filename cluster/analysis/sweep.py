@@ -28,7 +28,9 @@ Any other unfinished run of an earlier attempt (the parent's child runs that no 
 ``sweep_runs.earlier_attempts``: FAILED, or KILLED without a matching checkpoint), rerun from
 round 0 since, leaves the sweep without an ε too. With tracking off the same rules hold, the
 trials' ledger being a folder of the sweep's own (``sweep_ledger``: ``ledger/`` under
-``--out``). A resumed trial's seconds are the sum over its attempts.
+``--out``, so a rerun resumes with the same ``--out``). That folder records the trials with
+tracking on too, so that a rerun that switched ``tracking.enabled`` exits 2 (each mode's
+ledger misses the other's attempts). A resumed trial's seconds are the sum over its attempts.
 """
 
 from __future__ import annotations
@@ -228,11 +230,15 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     first, out = planned.configs[records[0].name], Path(args.out or f"sweeps/{spec.name}")
+    ledger = Ledger(out / FOLDER, spec.name, first.tracking.enabled)  # under --out: both modes
+    try:
+        ledger.read(records)  # before a parent run opens: refuses a switch of tracking
+    except ConfigError as error:
+        print(f"sweep: {error}", file=sys.stderr)
+        return 2
     parent = _open_parent(planned, first) if first.tracking.enabled else None
-    if parent is None:  # tracking off: the sweep's own folder holds its trials' ledger
-        ledger = Ledger(out / FOLDER, spec.name)
-    else:
-        ledger = MlflowLedger(planned, parent.run_id)
+    if parent is not None:  # tracking on: the MLflow runs resume it
+        ledger = MlflowLedger(planned, parent.run_id, ledger)
     ledger.find_finished(records)
     try:
         _run_records(planned, ledger, parent, args.concurrent, records, "trial")
@@ -283,18 +289,33 @@ def _run_records(
 
     by_name = {r.name: r for r in todo}
     trials = [Trial(r.name, calibrate(planned.configs[r.name], say_once)) for r in todo]
-    trials = ledger.resume_killed(trials, _say(spec.name))  # KILLED: from their checkpoints
+    say = _say(spec.name)
+    trials = ledger.resume_killed(trials, say)  # KILLED: from their checkpoints
     progress = Progress(len(records), skipped)
 
     def on_done(result: TrialResult, uri: str | None) -> None:
         record = by_name[result.trial.name]
         fill(record, result, spec.select.metric, role)
-        ledger.record(record, result, uri)
+        _record(ledger, record, result, uri, say)
         progress.finished(record, spec.select.metric)
 
     run_concurrently(trials, concurrent, parent and parent.run_id, on_done, ledger.started)
     if progress.bar:
         print()
+
+
+def _record(ledger, record: TrialRecord, result: TrialResult, uri: str | None, say) -> None:
+    """``ledger.record``; a failure of it (its store, its file) is said, not raised: it runs
+    as each trial ends, also while a stop signal ends the others, which must go on to their
+    checkpoints. The trial's attempt stays as the ledger last held it: an unfinished one a
+    rerun cannot continue runs again from round 0, and the sweep then states no ε."""
+    try:
+        ledger.record(record, result, uri)
+    except Exception as error:
+        say(
+            f"{record.name}: recording it {record.status} failed ({type(error).__name__}: "
+            f"{error}); a rerun finds its attempt as the ledger last held it"
+        )
 
 
 def _say(sweep: str):

@@ -1,33 +1,48 @@
-"""A sweep's local ledger of trials: how a sweep with tracking off resumes.
+"""A sweep's local ledger of trials: how a sweep with tracking off resumes, and how any sweep
+refuses a rerun that switched tracking.
 
-With tracking on, the sweep's ledger is the MLflow store (``sweep_runs.MlflowLedger``). With
-tracking off (``tracking.enabled: false``) it is a folder of the sweep's own, ``ledger/``
-under its ``--out`` folder: one JSON file per trial, ``<its digest>.json`` (the trial's
+It is a folder of the sweep's own, ``ledger/`` under its ``--out`` folder (so ``--out`` is part
+of an untracked sweep's identity: a rerun resumes only from the ledger under the same one),
+written with tracking on or off: one JSON file per trial, ``<its digest>.json`` (the trial's
 ``sweep_trial`` digest: hex and integers, never a config value, so the file stays in that
-folder), written atomically (``locations.write_atomic``) when the trial starts (status
-RUNNING: its placement group created, ``trials.RayTrials``, before its worker has started) and
-when it ends (FINISHED, KILLED or FAILED; a trial stopped before it was placed never ran and
-writes nothing)::
+folder), written atomically (``locations.write_atomic``) when the trial starts (status RUNNING:
+at the engine's first poll after its placement group was created, ``trials.RayTrials``, by when
+its task may have started) and when it ends (FINISHED, KILLED or FAILED; a trial stopped before
+it was placed never ran and writes nothing)::
 
     version      1
     sweep        the spec's name
     name         the trial's name (its run name where tracked)
     digest       its digest (configuration, seed, repeat)
-    params       its config's params as a run records them (``sweep_resume.attempt_params``)
+    params       its config's params as a run records them (``sweep_resume.attempt_params``);
+                 ``tracking.enabled`` among them says whether the attempt was tracked
     status       RUNNING, KILLED, FAILED or FINISHED
-    checkpoint   where its untracked checkpoint is (``checkpoint_path`` of its config)
+    checkpoint   where its checkpoint is (``checkpoint_path`` of its config and its MLflow
+                 run; "" for a tracked attempt whose run is not known yet)
     seconds      what its attempts ran, summed (a resumed trial's killed part included)
-    metric, test_accuracy, epsilon, error, privacy   its ``TrialRecord``'s (FINISHED: all)
+    metric, test_accuracy, epsilon, error, privacy   its ``TrialRecord``'s (FINISHED: all,
+                 ``privacy`` a ``TrialPrivacy``)
     earlier      its earlier attempts that no accountant holds, carried from entry to entry
 
-A rerun resumes by the same rules as the MLflow path: a FINISHED entry is not run again (its
-recorded result is the trial's); a KILLED one whose params, checkpoint and config match the
-trial (``sweep_resume.continuation``) is continued from its checkpoint, so its ε is stated; any
-other entry (RUNNING: the sweep stopped without ending it; FAILED; KILLED without a matching
-checkpoint; an entry that cannot be read, or of another trial) runs again from round 0, a line
-saying why, and stays an earlier attempt: the sweep states no ε. Nothing is unpickled here:
-entries are JSON, and a checkpoint is read by the weights-only loader (``open_checkpoint``),
-only at the path the trial's own config gives (the entry's ``checkpoint`` must be that one).
+With tracking on, the sweep's trials are resumed from the MLflow store
+(``sweep_runs.MlflowLedger``); this ledger then only records them, so that a rerun with
+tracking off finds they ran: a sweep reruns with tracking as its attempts ran, or exits 2
+(``Ledger.read``: the MLflow runs never see an untracked attempt, this ledger never sees
+which MLflow runs a tracked attempt left). An unusable entry is an earlier attempt either way.
+
+With tracking off a rerun resumes by the same rules as the MLflow path: a FINISHED entry is not
+run again (its recorded result is the trial's); a KILLED one whose params, checkpoint and config
+match the trial (``sweep_resume.continuation``) is continued from its checkpoint, so its ε is
+stated; any other entry (RUNNING: the sweep stopped without ending it; FAILED; KILLED without a
+matching checkpoint; an entry that cannot be read, or of another trial, or FINISHED without a
+``privacy`` that parses) runs again from round 0, a line saying why, and stays an earlier
+attempt: the sweep states no ε. So does a trial with no entry whose own checkpoint exists: an
+attempt of it ran without this ledger (under another ``--out``), and which attempts ran before
+that one is unknown. (One under another ``--out`` that left no checkpoint here, having stopped
+before its first or having been tracked, is not found: hence the same ``--out``.) Nothing is
+unpickled here: entries are JSON, and a checkpoint is read by the weights-only loader
+(``open_checkpoint``), only at the path the trial's own config gives (the entry's ``checkpoint``
+must be that one).
 """
 
 from __future__ import annotations
@@ -48,6 +63,7 @@ from cluster.analysis.sweep_resume import (
     resumed_line,
 )
 from cluster.analysis.trials import Trial, TrialResult
+from cluster.config import ConfigError
 
 FOLDER = "ledger"  # under the sweep's --out folder
 VERSION = 1
@@ -59,14 +75,16 @@ FIELDS = {
     "checkpoint": str, "seconds": (int, float), "metric": NUMBER, "test_accuracy": NUMBER,
     "epsilon": str, "error": str, "privacy": (dict, type(None)), "earlier": list,
 }  # fmt: skip
+TRACKED = "tracking.enabled"  # the param that says whether an attempt was tracked
 
 
 class Ledger:
-    """The trials of one sweep with tracking off, kept in ``folder`` (see the module doc).
-    The same methods as ``sweep_runs.MlflowLedger``."""
+    """The trials of one sweep, kept in ``folder`` (see the module doc); ``tracked``: whether
+    this run of the sweep tracks them in MLflow. With tracking off, the sweep's ledger (the same
+    methods as ``sweep_runs.MlflowLedger``); with it on, that one's record of attempts."""
 
-    def __init__(self, folder: Path, sweep: str):
-        self.folder, self.sweep = folder, sweep
+    def __init__(self, folder: Path, sweep: str, tracked: bool):
+        self.folder, self.sweep, self.tracked = folder, sweep, tracked
         self.records: dict[str, TrialRecord] = {}  # by trial name
         self.entries: dict[str, dict | str] = {}  # by trial name: its entry, or why unusable
         self.earlier: dict[str, list[str]] = {}  # by trial name: its earlier attempts
@@ -76,9 +94,12 @@ class Ledger:
             raise AssertionError(f"trial digest {record.digest!r} is no file name")
         return self.folder / f"{record.digest}.json"
 
-    def find_finished(self, records: list[TrialRecord]) -> None:
-        """Read the ``records``' entries; mark those that finished (``resumed``)."""
+    def read(self, records: list[TrialRecord]) -> None:
+        """Read the entries of the ``records`` not read before. ``ConfigError`` where one was
+        written by an attempt tracked otherwise than this run of the sweep."""
         for record in records:
+            if record.name in self.records:
+                continue
             self.records[record.name] = record
             if not self.path(record).exists():
                 continue
@@ -89,8 +110,29 @@ class Ledger:
                     f"{record.name} (an unusable ledger entry, {self.path(record)}: {entry})"
                 ]
                 continue
+            self._check_tracking(record, entry)
             self.earlier[record.name] = list(entry["earlier"])
-            if entry["status"] == "FINISHED":
+
+    def _check_tracking(self, record: TrialRecord, entry: dict) -> None:
+        tracked = entry["params"].get(TRACKED) == str(True)
+        if tracked == self.tracked:
+            return
+        held = "its MLflow runs" if tracked else "this ledger"
+        ran = str(tracked).lower()
+        raise ConfigError(
+            TRACKED,
+            self.tracked,
+            f"trial {record.name} ran with {TRACKED}: {ran} (ledger entry {self.path(record)}); "
+            f"its attempts are in {held}, which this rerun would not resume from: rerun the "
+            f"sweep with {TRACKED}: {ran}",
+        )
+
+    def find_finished(self, records: list[TrialRecord]) -> None:
+        """Read the ``records``' entries; mark those that finished (``resumed``)."""
+        self.read(records)
+        for record in records:
+            entry = self.entries.get(record.name)
+            if isinstance(entry, dict) and entry["status"] == "FINISHED":
                 record.status, record.resumed = "FINISHED", True
                 record.metric, record.test_accuracy = entry["metric"], entry["test_accuracy"]
                 record.epsilon, record.seconds = entry["epsilon"], float(entry["seconds"])
@@ -98,6 +140,8 @@ class Ledger:
 
     def _read(self, record: TrialRecord) -> dict | str:
         """The record's entry, or why it cannot be used."""
+        from privacy.tuning import TrialPrivacy
+
         try:
             entry = json.loads(self.path(record).read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
@@ -116,15 +160,21 @@ class Ledger:
             return f"its status is {entry['status']!r}"
         if not all(isinstance(line, str) for line in entry["earlier"]):
             return f"its earlier is {entry['earlier']!r}"
+        if entry["status"] == "FINISHED":  # its privacy makes the sweep's statement
+            try:
+                TrialPrivacy.from_dict(entry["privacy"] or {})
+            except (TypeError, ValueError) as error:
+                return f"its privacy is {entry['privacy']!r} ({error})"
         return entry
 
     def resume_killed(self, trials: list[Trial], say: Callable[[str], None]) -> list[Trial]:
         """``trials``, each whose KILLED entry matches it set to resume from its checkpoint;
-        ``say`` gets a line per trial continued and per entry that is not, with the reason."""
+        ``say`` gets a line per trial continued and per attempt that is not, with the reason."""
         continued = []
         for trial in trials:
             entry = self.entries.get(trial.name)
             if entry is None:
+                self._unrecorded_attempt(trial, say)
                 continued.append(trial)
                 continue
             found = self._continuation(entry, trial)
@@ -141,6 +191,23 @@ class Ledger:
             say(rerun_line(trial))
             continued.append(trial)
         return continued
+
+    def _unrecorded_attempt(self, trial: Trial, say: Callable[[str], None]) -> None:
+        """A trial without an entry whose own checkpoint exists: an attempt that this ledger
+        never held (the sweep ran under another ``--out``). Not continued: which attempts ran
+        before it is unknown. It is an earlier attempt, and the trial runs from round 0."""
+        from cluster.runtime.checkpoint import checkpoint_path
+        from datasets import locations
+
+        path = checkpoint_path(trial.config, None)
+        if not locations.exists(path):
+            return
+        reason = f"no entry in {self.folder} holds it or the attempts before it (another --out?)"
+        say(refused_line(trial, f"attempt with checkpoint {path}", reason))
+        self.earlier[trial.name] = [
+            f"{trial.name} (an earlier attempt that left {path}, not in {self.folder})"
+        ]
+        say(rerun_line(trial))
 
     def _continuation(self, entry: dict | str, trial: Trial) -> Resumption | str:
         """``entry``'s attempt continued as ``trial``, or why it cannot be."""
@@ -160,8 +227,9 @@ class Ledger:
         self._write(self._record(trial), trial, "RUNNING")
 
     def record(self, record: TrialRecord, result: TrialResult, uri: str | None) -> None:
-        """Write the entry of ``result``'s trial as ``record`` ended it (``uri``: unused, none
-        is tracked); one that never ran (stopped before it was placed) leaves its entry be."""
+        """Write the entry of ``result``'s trial as ``record`` ended it (``uri``: unused, the
+        MLflow runs are ``MlflowLedger``'s); one that never ran (stopped before it was placed)
+        leaves its entry be."""
         if result.started:
             self._write(record, result.trial, record.status)
 
@@ -180,10 +248,12 @@ class Ledger:
         from datasets.locations import write_atomic
 
         ended = status != "RUNNING"
+        run_id = record.run_id if ended else None  # a tracked attempt's, once it ended
+        unknown = trial.config.tracking.enabled and run_id is None
         entry = {
             "version": VERSION, "sweep": self.sweep, "name": record.name,
             "digest": record.digest, "params": attempt_params(trial.config), "status": status,
-            "checkpoint": str(checkpoint_path(trial.config, None)),
+            "checkpoint": "" if unknown else str(checkpoint_path(trial.config, run_id)),
             "seconds": record.seconds if ended else trial.seconds_before,
             "metric": record.metric if ended else None,
             "test_accuracy": record.test_accuracy if ended else None,

@@ -107,21 +107,28 @@ def earlier_attempts(planned: Planned, parent_run_id: str) -> list[str]:
 
 class MlflowLedger:
     """The trials of a sweep with tracking on: its parent run's child runs (the functions
-    above, ``sweep_resume``). The same methods as ``sweep_ledger.Ledger``."""
+    above, ``sweep_resume``), and ``local``, the sweep's own ledger (``sweep_ledger.Ledger``),
+    which records them too (so that a rerun with tracking off refuses to resume). The same
+    methods as ``sweep_ledger.Ledger``."""
 
-    def __init__(self, planned: Planned, parent_run_id: str):
-        self.planned, self.parent_run_id = planned, parent_run_id
+    def __init__(self, planned: Planned, parent_run_id: str, local):
+        self.planned, self.parent_run_id, self.local = planned, parent_run_id, local
 
     def find_finished(self, records: list[TrialRecord]) -> None:
+        self.local.read(records)  # refuses an attempt with tracking off
         find_finished(self.planned, records)
 
     def resume_killed(self, trials: list, say) -> list:
         return resume_killed(trials, self.planned.tracking, self.parent_run_id, say)
 
-    started = None  # a trial's run records that it started
+    def started(self, trial) -> None:
+        self.local.started(trial)
 
     def record(self, record: TrialRecord, result, uri: str | None) -> None:
         record_trial(record, uri, self.planned.spec.name)
+        self.local.record(record, result, uri)
 
     def earlier_attempts(self) -> list[str]:
-        return earlier_attempts(self.planned, self.parent_run_id)
+        """The unheld child runs, and what the local ledger holds as earlier attempts (its
+        unusable entries: whether they were tracked is unknown)."""
+        return [*earlier_attempts(self.planned, self.parent_run_id), *self.local.earlier_attempts()]

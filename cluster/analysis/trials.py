@@ -166,11 +166,25 @@ def run_in_process(
     return results
 
 
+@dataclass
+class Submitted:
+    """A trial whose task was submitted, in its placement ``group``; ``placed``: the ref that
+    resolves once that group is created (``group.ready()``, a wait in the GCS, no task)."""
+
+    trial: Trial
+    group: object
+    placed: object
+    start: float
+    noted: bool = False  # ``on_start`` was called for it
+
+
 class RayTrials:
     """Trials as Ray tasks in placement groups (see the module doc), at most ``concurrent`` at
     once (0: as many as the cluster holds). ``on_done`` is called in this thread as each ends;
-    ``on_start`` (where given) once its placement group is created, from when its task may run
-    (a trial submitted waits for it while the trials before it hold the cluster).
+    ``on_start`` (where given) at the first poll (``POLL_S``) after its placement group is
+    created, from when its task may run (so possibly after it started), and before its
+    ``on_done`` (a trial submitted waits for its group while the trials before it hold the
+    cluster).
 
     A first stop signal (``StopSignals`` in its rounds phase) cancels every running trial: each
     stops after its round and writes its checkpoint; no new trial starts, and ``run`` raises
@@ -184,9 +198,8 @@ class RayTrials:
         self.concurrent = concurrent
         self.parent_run_id, self.uri = parent_run_id, uri
         self._remote = ray.remote(run_one)
-        self._running: dict = {}  # object ref → (trial, placement group, start)
+        self._running: dict = {}  # object ref → Submitted
         self._on_start: Callable[[Trial], None] | None = None
-        self._started: set = set()  # object refs whose trial ``on_start`` was called for
 
     def run(
         self,
@@ -205,8 +218,7 @@ class RayTrials:
                     return self._stop(stop, len(queue), results, on_done)
                 while queue and (not self.concurrent or len(self._running) < self.concurrent):
                     self._submit(queue.pop(0))
-                for ref in list(self._running):
-                    self._note_start(ref)
+                self._note_starts()
                 for result in self._finished(POLL_S):
                     results.append(result)
                     on_done(result)
@@ -228,20 +240,30 @@ class RayTrials:
             max_retries=0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(group, 0),
         ).remote(trial, self.parent_run_id, self.uri)
-        self._running[ref] = (trial, group, time.perf_counter())
+        self._running[ref] = Submitted(trial, group, group.ready(), time.perf_counter())
 
-    def _placed(self, ref) -> bool:
-        """Whether the trial's placement group was created (its task may have run since)."""
-        from ray.util import placement_group_table
+    def _note_starts(self) -> None:
+        """``on_start`` for each trial whose placement group was created since the last poll:
+        one ``ray.wait`` over the ``placed`` refs not yet seen, whatever their number."""
+        if self._on_start is None:
+            return
+        waiting = {s.placed: s for s in self._running.values() if not s.noted}
+        if not waiting:
+            return
+        placed, _ = self._ray.wait(list(waiting), num_returns=len(waiting), timeout=0)
+        for ref in placed:
+            self._note_start(waiting[ref])
 
-        return placement_group_table(self._running[ref][1])["state"] != "PENDING"
+    def _note_start(self, submitted: Submitted) -> None:
+        if self._on_start is not None and not submitted.noted:
+            submitted.noted = True
+            self._on_start(submitted.trial)
 
-    def _note_start(self, ref) -> None:
-        """``on_start`` for the trial of ``ref`` once placed: before its task runs a round
-        (its worker starts first), so that a crash after finds it started."""
-        if self._on_start is not None and ref not in self._started and self._placed(ref):
-            self._started.add(ref)
-            self._on_start(self._running[ref][0])
+    def _placed(self, submitted: Submitted) -> bool:
+        """Whether the trial's placement group was created (its task may have run since): the
+        GCS's word, asked once as the trial ends (its ``placed`` ref may lag behind it)."""
+        table = self._ray.util.placement_group_table(submitted.group)
+        return table["state"] != "PENDING"
 
     def _finished(self, timeout: float) -> list[TrialResult]:
         if not self._running:
@@ -250,22 +272,26 @@ class RayTrials:
         return [self._collect(ref) for ref in done]
 
     def _collect(self, ref) -> TrialResult:
+        """The ended trial of ``ref``: ``on_start`` first where it was placed and not yet
+        noted, so that every trial that may have run was noted before it is done; one stopped
+        before its group was created never ran (``started`` False)."""
         from ray.exceptions import RayError
 
-        self._note_start(ref)
-        placed = self._placed(ref)
-        trial, group, start = self._running.pop(ref)
-        self._started.discard(ref)
+        submitted = self._running[ref]
+        placed = self._placed(submitted)
+        if placed:
+            self._note_start(submitted)
+        del self._running[ref]
         try:
             result = self._ray.get(ref)
         except RayError as error:  # cancelled (KILLED), or its worker died (FAILED)
             cancelled = isinstance(error, self._ray.exceptions.TaskCancelledError)
             cause = getattr(error, "cause", None)
             stopped = cancelled or isinstance(cause, KeyboardInterrupt)
-            result = TrialResult(trial, error=None if stopped else _error_text(error))
-            result.seconds, result.started = time.perf_counter() - start, placed
+            result = TrialResult(submitted.trial, error=None if stopped else _error_text(error))
+            result.seconds, result.started = time.perf_counter() - submitted.start, placed
         finally:
-            self._ray.util.remove_placement_group(group)  # and any actor left in it
+            self._ray.util.remove_placement_group(submitted.group)  # and any actor left in it
         return result
 
     def _stop(self, stop, not_started: int, results: list, on_done) -> list[TrialResult]:
@@ -336,7 +362,8 @@ def run_concurrently(
     """``trials`` on Ray (``RayTrials``): the cluster of their ``executor.address`` (an
     embedded Ray where none), each checked to fit first; tracked runs through one writer
     (``cluster.tracking.server``). ``on_done(result, uri)``: ``uri`` is where the runs are
-    tracked; ``on_start(trial)``: as each trial is submitted (``RayTrials``)."""
+    tracked; ``on_start(trial)``: once its placement group is created, within a poll
+    (``RayTrials``: its task may have started by then)."""
     import contextlib
 
     from cluster.runtime.interrupts import StopSignals

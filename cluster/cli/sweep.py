@@ -29,8 +29,9 @@ def add_parser(commands, help_text: str) -> None:
     )
     p.add_argument(
         "--out",
-        help="folder for the table, plot and selected.yaml (sweeps/<spec>); with tracking off "
-        "also the trials' ledger/, which a rerun with the same --out resumes from",
+        help="folder for the table, plot and selected.yaml (sweeps/<spec>) and the trials' "
+        "ledger/: part of the sweep's identity, since with tracking off a rerun resumes from "
+        "the ledger under the same --out only",
     )
     p.set_defaults(handler=run)
 
