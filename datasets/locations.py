@@ -22,6 +22,7 @@ before any request (``ObjectLocation.path``).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import socket
@@ -421,9 +422,12 @@ def upload_folder(folder: Path, location: ObjectLocation, last: str | None = Non
 
 def write_folder(location: Location, fill: Callable[[Path], None], last: str | None = None):
     """Have ``fill`` write files into a directory that becomes ``location``: a local one is
-    filled in a temporary sibling and renamed into place (replacing what was there); an
-    object-store one is filled in a local temporary directory and uploaded (``upload_folder``,
-    ``last`` last)."""
+    filled in a temporary sibling and renamed into place; an object-store one is filled in a
+    local temporary directory and uploaded (``upload_folder``, ``last`` last).
+
+    Locally, a folder already at ``location`` is replaced, unless it holds ``last``: then a
+    concurrent writer of the same folder (two trials of a sweep building one content-keyed
+    store) finished first, runs may be reading it, and ours is dropped instead."""
     if isinstance(location, ObjectLocation):
         with tempfile.TemporaryDirectory(prefix="dpfl-upload-") as staging:
             fill(Path(staging))
@@ -433,9 +437,21 @@ def write_folder(location: Location, fill: Callable[[Path], None], last: str | N
     staging = Path(tempfile.mkdtemp(prefix=f".{location.name}.", dir=location.parent))
     try:
         fill(staging)
-        if location.exists():
-            shutil.rmtree(location)
-        os.replace(staging, location)
+        _rename_into_place(staging, location, last)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def _rename_into_place(staging: Path, location: Path, last: str | None) -> None:
+    try:
+        os.rename(staging, location)  # atomic; fails where a non-empty folder is in the way
+        return
+    except OSError as error:
+        if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+    if last is not None and (location / last).exists():  # another writer's complete folder
+        shutil.rmtree(staging)
+        return
+    shutil.rmtree(location)  # an incomplete one (a writer that died): ours replaces it
+    os.replace(staging, location)
