@@ -37,11 +37,8 @@ def test_numpy_view_refuses_what_a_store_never_holds(array):
 
 READ_A_CLIENT = """
 import sys
-from cluster.config import load_config
-from cluster.runtime.store import open_store
-config = load_config(None, ["data.num_clients=20", "data.store_root=" + sys.argv[1]])
-store, _ = open_store(config)  # built in the parent: only opened here
-rows = store.client(3)
+from datasets.store import ShardStore
+rows = ShardStore.open(sys.argv[1]).client(3)  # what a host reads of its clients
 print(len(rows.y), "pandas" in sys.modules)
 """
 
@@ -50,9 +47,9 @@ def test_reading_a_client_from_a_store_imports_no_pandas(tmp_path):
     from cluster.config import load_config
     from cluster.runtime.store import open_store
 
-    open_store(load_config(None, ["data.num_clients=20", f"data.store_root={tmp_path}"]))
+    store, _ = open_store(load_config(None, ["data.num_clients=20", f"data.store_root={tmp_path}"]))
     done = subprocess.run(
-        [sys.executable, "-c", READ_A_CLIENT, str(tmp_path)],
+        [sys.executable, "-c", READ_A_CLIENT, str(store.location)],
         capture_output=True,
         text=True,
         cwd=REPO,

@@ -435,6 +435,7 @@ def test_a_server_asking_for_an_hour_before_a_retry_is_given_up_mid_run_within_t
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow  # the mid-run case covers the same setting in CI (9 s each)
 def test_a_server_asking_for_an_hour_before_a_retry_refuses_the_opening_within_the_budget():
     """A server that answers every request 429 with ``Retry-After: 3600`` from the start: the
     run's opening is refused within the retry budget, as the input to fix, not after
