@@ -29,14 +29,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
 PROC = Path("/proc")
 
 # A process's role from its command line (Ray renames its Python processes ``ray::<what>``).
@@ -158,21 +156,6 @@ def child(workload: str, overrides: list[str]) -> dict:
     }
 
 
-def timed_in_child(workload: str, overrides: list[str]) -> dict:
-    sets = [arg for override in overrides for arg in ("--set", override)]
-    command = [sys.executable, "-m", "benchmarks.startup", "--child", "--workload", workload, *sets]
-    done = subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"start-up of workload {workload} failed:\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 ONE_ROUND = ("rounds=1", "eval_every=1")  # the start-up is what is timed; one round ends the run
 MEDIANS = (
     "ray_connected",
@@ -199,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.repeat < 1:
         parser.error(f"--repeat {args.repeat}: need at least 1")
-    from benchmarks.workloads import _create_tracking_schema, workload_config
+    from benchmarks.workloads import _create_tracking_schema, json_line_of_child, workload_config
     from cluster.runtime.store import open_store
 
     with tempfile.TemporaryDirectory(prefix="dpfl-startup-") as tmp:
@@ -208,7 +191,9 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{Path(tmp) / 'mlflow.db'}")
         open_store(workload_config(args.workload, args.set))  # built outside every timing
         _create_tracking_schema()
-        runs = [timed_in_child(args.workload, args.set) for _ in range(args.repeat)]
+        child_args = ["benchmarks.startup", "--child", "--workload", args.workload]
+        what = f"start-up of workload {args.workload}"
+        runs = [json_line_of_child(child_args, args.set, what) for _ in range(args.repeat)]
     line = {
         "workload": args.workload,
         "load_average_1min": round(os.getloadavg()[0], 2),

@@ -264,21 +264,28 @@ def timed_in_child(
     one process found MLflow imported and Ray's processes winding down). The child reads the
     store this process built (``DPFL_STORE_ROOT``); its clock starts after its imports.
     ``env``: its environment (default: this process's)."""
-    sets = [arg for override in overrides for arg in ("--set", override)]
-    command = [sys.executable, "-m", "benchmarks.workload_child", "--child", variant]
+    command = ["benchmarks.workload_child", "--child", variant, "--workloads", name]
     start = time.perf_counter()
+    timing = json_line_of_child(command, overrides, f"{variant} on workload {name}", env)
+    return {**timing, "process_seconds": time.perf_counter() - start}
+
+
+def json_line_of_child(
+    module_and_args: list[str], overrides: list[str], what: str, env: dict[str, str] | None = None
+) -> dict:
+    """Run ``python -m MODULE ARGS --set K=V ...`` from the repository root with ``env`` (default:
+    this process's) and return the JSON line it printed last; its stderr's end if it fails."""
+    sets = [arg for override in overrides for arg in ("--set", override)]
     done = subprocess.run(
-        [*command, "--workloads", name, *sets],
+        [sys.executable, "-m", *module_and_args, *sets],
         capture_output=True,
         text=True,
         cwd=ROOT,
         env={**(os.environ if env is None else env), "PYTHONPATH": str(ROOT)},
     )
-    process_seconds = time.perf_counter() - start
     if done.returncode != 0:
-        raise RuntimeError(f"{variant} on workload {name} failed:\n{done.stderr[-4000:]}")
-    timing = json.loads(done.stdout.strip().splitlines()[-1])
-    return {**timing, "process_seconds": process_seconds}
+        raise RuntimeError(f"{what} failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 HEAD_START_S = 300.0  # `ray start` on 2 loaded cores took 45 s
