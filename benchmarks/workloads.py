@@ -34,11 +34,15 @@ computation and faster, ``algorithms/vectorized.py``; ``channels_last: auto``), 
 vmapped wherever it is the same computation). ``ray_running`` is ``ray`` connecting to a Ray
 that already runs on this machine (``executor.address``): a head that the benchmark starts
 before the timings with ``ray start --head`` and stops after them (``running_ray``).
+``ray_warm`` is ``ray_running`` with warm actors (``executor.keep_warm_s``): the benchmark runs
+it once, untimed, before the timings, and each timed run reuses the actors the one before left
+(``cluster/runtime/warm_pool.py``).
 
 Usage (repository root)::
 
     uv run python -m benchmarks.workloads [--workloads A B] [--executors ray ray_running local]
         [--repeat 3]
+    uv run python -m benchmarks.workloads --workloads A --executors ray_running ray_warm
 """
 
 from __future__ import annotations
@@ -210,6 +214,11 @@ for base in ("ray", "local"):
 # started once outside every timing, as ``ray start --head`` is once for many runs).
 RUNNING_RAY = "ray_running"
 EXECUTORS[RUNNING_RAY] = EXECUTORS["ray"]
+# ``ray_running`` with warm actors (``executor.keep_warm_s``): the actors an earlier run on the
+# running head left (``run_workload`` runs one, untimed, before the timings).
+WARM_RAY = "ray_warm"
+EXECUTORS[WARM_RAY] = [*EXECUTORS["ray"], "executor.keep_warm_s=600"]
+ON_RUNNING_RAY = (RUNNING_RAY, WARM_RAY)
 
 
 def project(config: ExperimentConfig, executor: str) -> tuple[torch.Tensor, dict]:
@@ -304,14 +313,20 @@ def _free_ports(count: int) -> list[int]:
             sock.close()
 
 
+CORES = os.cpu_count() or 1
+
+
 @contextmanager
-def running_ray(root: Path) -> Iterator[tuple[list[str], dict[str, str]]]:
+def running_ray(
+    root: Path, num_cpus: int | None = None
+) -> Iterator[tuple[list[str], dict[str, str]]]:
     """A Ray head on this machine for ``ray_running`` (``ray start --head --block``), started
     before and stopped after every timing; yields the overrides and the environment of the
     drivers that connect to it. Loopback only (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` in the
     head's and the drivers' environment: README, Security), token authentication with a token
     of its own, its own temporary directory and ports: other Rays on this machine are left
-    alone, and it is stopped by its process group, never by ``ray stop``."""
+    alone, and it is stopped by its process group, never by ``ray stop``. ``num_cpus``: Ray's
+    logical CPUs (default: the machine's)."""
     token = root / "auth_token"
     token.write_text(secrets.token_hex(32))
     token.chmod(0o600)
@@ -330,6 +345,7 @@ def running_ray(root: Path) -> Iterator[tuple[list[str], dict[str, str]]]:
         "--dashboard-host=127.0.0.1",
         f"--temp-dir={root / 'ray'}",
         *(f"--{option}={port}" for option, port in ports.items()),
+        *([f"--num-cpus={num_cpus}"] if num_cpus is not None else []),
     ]
     head = _start_head(command, env, root / "ray-start.log")
     try:
@@ -361,8 +377,10 @@ def _start_head(command: list[str], env: dict[str, str], log: Path) -> subproces
 
 def _stop_process_group(head: subprocess.Popen) -> None:
     """SIGTERM to the head's process group (``ray start`` leads it; the GCS, the raylet and the
-    helpers it started are in it; the workers exit with their raylet), SIGKILL after 15 s."""
-    for sig, grace_s in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+    helpers it started are in it; the workers exit with their raylet), SIGKILL after 2 s: the
+    GCS and the raylet of Ray 2.60 outlive a SIGTERM to the group (still running 8 s after it),
+    and a throwaway head has nothing to save."""
+    for sig, grace_s in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(head.pid, sig)
         except ProcessLookupError:
@@ -401,14 +419,19 @@ def run_workload(
     config = workload_config(name, overrides)
     store, _ = open_store(config)  # built here, outside every timing
     plains, timings = [], {executor: [] for executor in executors}
+    on_head = set(ON_RUNNING_RAY) & set(executors)
     with tempfile.TemporaryDirectory(prefix="dpfl-ray-head-") as tmp:
-        head = running_ray(Path(tmp)) if RUNNING_RAY in executors else nullcontext(([], None))
+        # Room for a warm pool beside another variant's fresh actors: Ray's logical CPUs, the
+        # pool's processes are idle while the others run.
+        head = running_ray(Path(tmp), num_cpus=2 * CORES) if on_head else nullcontext(([], None))
         with head as (address, env):
+            if WARM_RAY in executors:  # the pool an earlier run left
+                timed_in_child(name, WARM_RAY, [*overrides, *address], env)
             for _ in range(repeat):
                 plains.append(timed_in_child(name, "plain", overrides))
                 for executor in executors:
-                    extra = address if executor == RUNNING_RAY else []
-                    variant_env = env if executor == RUNNING_RAY else None
+                    extra = address if executor in ON_RUNNING_RAY else []
+                    variant_env = env if executor in ON_RUNNING_RAY else None
                     timings[executor].append(
                         timed_in_child(name, executor, [*overrides, *extra], variant_env)
                     )

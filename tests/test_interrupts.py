@@ -95,6 +95,7 @@ def test_resume_after_a_crash_does_not_log_rounds_twice(store_root, tmp_path, tr
 
 def test_stop_signals_act_by_phase():
     notices = []
+    before_blocks = signal.getsignal(signal.SIGINT)  # SIG_IGN where pytest started in background
     with StopSignals(notices.append) as stop:
         with pytest.raises(Interrupted) as before:  # start-up: nothing to keep, stop now
             os.kill(os.getpid(), signal.SIGTERM)
@@ -124,7 +125,7 @@ def test_stop_signals_act_by_phase():
         assert stop.exit_code == 130  # recorded, nothing raised
         with pytest.raises(Interrupted, match="the next run was not started"):
             stop.begin()  # compare's next run
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is before_blocks  # restored
     assert "SIGINT: finishing the checkpoint and the run's end first" in notices
 
 

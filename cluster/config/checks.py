@@ -4,13 +4,15 @@ algorithm's: ``algorithm_checks``); a section's checks of itself stay with its s
 
 from __future__ import annotations
 
+import os
+
 from algorithms.presets import PRESETS, PRIVATE_PRESETS
 from cluster.config.algorithm_checks import validate_algorithm
 from cluster.config.data import validate_partition, validate_preparation, validate_validation
 from cluster.config.errors import ConfigError, check_seed, choice, positive
 from cluster.config.experiment import ExperimentConfig
 from cluster.config.families import validate_warm_start
-from cluster.config.runtime import check_name, in_ray_job, ray_endpoint
+from cluster.config.runtime import ExecutorConfig, check_name, in_ray_job, ray_endpoint
 from datasets.glue import GLUE_SOURCES, folder_problem
 from datasets.partition import PARTITION_METHODS
 from datasets.sources import SOURCES
@@ -249,6 +251,7 @@ def validate_runtime(c: ExperimentConfig) -> None:
         )
     if e.address is not None:
         ray_endpoint("executor.address", e.address)
+    check_keep_warm(e)
     if e.kind == "local" and e.placement != "pack":
         raise ConfigError(
             "executor.placement",
@@ -289,6 +292,31 @@ def validate_runtime(c: ExperimentConfig) -> None:
         )
     if c.checkpoint.every < 0:
         raise ConfigError("checkpoint.every", c.checkpoint.every, "must be >= 0 (0: at the end)")
+
+
+MAX_KEEP_WARM_S = 86400.0
+
+
+def check_keep_warm(e: ExecutorConfig) -> None:
+    """``executor.keep_warm_s``: idle seconds in [0, a day], and only where a Ray outlives the
+    run (an address, ``$RAY_ADDRESS`` or a Ray job): an embedded Ray ends with it."""
+    if not 0 <= e.keep_warm_s <= MAX_KEEP_WARM_S:
+        raise ConfigError(
+            "executor.keep_warm_s",
+            e.keep_warm_s,
+            f"idle seconds a warm actor waits for the next run, in [0, {MAX_KEEP_WARM_S:g}] "
+            "(0: none), e.g. 600",
+        )
+    running_ray = e.address is not None or bool(os.environ.get("RAY_ADDRESS")) or in_ray_job()
+    if e.keep_warm_s > 0 and (e.kind != "ray" or not running_ray):
+        raise ConfigError(
+            "executor.keep_warm_s",
+            e.keep_warm_s,
+            "keeps Ray actors alive on a running Ray for the next run, but "
+            + ("the local executor has none" if e.kind != "ray" else "an embedded Ray")
+            + " ends with this run: set executor.address to a running Ray (`ray start "
+            "--head`), submit the run with `ray job submit`, or set executor.keep_warm_s=0",
+        )
 
 
 RESOURCE_UNIT = 0.0001  # Ray refuses a fractional resource finer than this

@@ -39,6 +39,10 @@ class ExecutorConfig:
     # parameters, the update, its clip and its noise stay float32, so the sensitivity and the
     # noise scale are those of float32. Opt-in: the trained weights differ by bf16's rounding.
     precision: Literal["float32", "bf16"] = "float32"
+    # On a running Ray (executor.address, or a Ray job): keep the actors this many idle
+    # seconds after the run, for the next run with the same code and executor settings, which
+    # then skips their process start and imports (cluster/runtime/warm_pool.py). 0: none.
+    keep_warm_s: float = 0.0
 
 
 def in_ray_job() -> bool:

@@ -117,6 +117,8 @@ def make_executor(
             test_per_client=config.data.test_per_client,
             kernels=kernels(config),
             placement=e.placement,
+            keep_warm_s=e.keep_warm_s,
+            say=say,
         )
         say(executor.describe_placement())
         return executor

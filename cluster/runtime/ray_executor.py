@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from actors.client_host import AUTO_KERNELS, Kernels
+from actors.code_digest import code_digest
 from algorithms.algorithm import Algorithm
 from cluster.runtime.central_optimum import store_optimum
 from cluster.runtime.executors import (
@@ -20,6 +21,7 @@ from cluster.runtime.executors import (
     HostsLost,
     HostsUnavailable,
 )
+from cluster.runtime.warm_pool import WarmLease, lease_warm_hosts, make_room, release
 from datasets.store import ShardStore
 
 # How long lost actors may take to be running again, somewhere ($DPFL_RESTART_TIMEOUT_S: an
@@ -82,33 +84,73 @@ class RayExecutor(HostPool):
         test_per_client: int | None = None,
         kernels: Kernels = AUTO_KERNELS,
         placement: str = "pack",
+        keep_warm_s: float = 0.0,
+        say: Callable[[str], None] = lambda message: None,
     ):
+        """``keep_warm_s`` > 0: the hosts are a warm pool's actors (``warm_pool``), kept that
+        many idle seconds after the run for the next one; where no pool can be leased (another
+        run holds it) or inside a trial's placement group, fresh actors, as ``say`` tells."""
         import ray
         from ray.util import get_current_placement_group
-
-        from actors.ray_actor import ClientHostActor
 
         super().__init__(store, algorithm, num_actors)
         self._ray = ray
         self._store_location = store.location
+        self._resources = (cpus_per_actor, gpus_per_actor)
+        self._control_variates = algorithm.control_variates
+        self._host_kwargs = {
+            "store_path": store.location,
+            "test_per_client": test_per_client,
+            "kernels": kernels,
+            "task": task,
+            "algorithm": algorithm,
+            "seed": seed,
+        }
         options = actor_options(cpus_per_actor, gpus_per_actor, placement)
         group = get_current_placement_group()  # a trial's, or None
-        self.actors = [
-            ClientHostActor.options(**{**options, **in_trial_group(group, actor_index)}).remote(
-                cpus_per_actor,
-                gpus_per_actor,
-                (actor_index, num_actors),
-                store_path=store.location,
-                test_per_client=test_per_client,
-                kernels=kernels,
-                task=task,
-                algorithm=algorithm,
-                seed=seed,
-            )
-            for actor_index in range(num_actors)
-        ]
-        self.placement = self.actor_info()
+        self.lease = None
+        if keep_warm_s > 0:
+            self.lease = self._lease(options, keep_warm_s, group, say)
+        if self.lease is not None:
+            self.actors = self.lease.actors
+            try:
+                self.placement = ray.get([self._open(index) for index in range(num_actors)])
+            except BaseException:
+                release(self.lease)
+                raise
+        else:
+            if group is None:
+                make_room(num_actors * cpus_per_actor, num_actors * gpus_per_actor)
+            self.actors = [self._fresh_actor(options, group, index) for index in range(num_actors)]
+            self.placement = self.actor_info()
         self.devices = [info["device"] for info in self.placement]
+
+    def _lease(self, options: dict, keep_warm_s: float, group, say) -> WarmLease | None:
+        if group is not None:
+            say("executor: a trial's actors live in its placement group: no warm actors")
+            return None
+        lease = lease_warm_hosts(self.num_hosts, options, keep_warm_s)
+        if isinstance(lease, str):
+            say(f"executor: fresh actors, no warm ones ({lease})")
+            return None
+        return lease
+
+    def _fresh_actor(self, options: dict, group, index: int):
+        from actors.ray_actor import ClientHostActor
+
+        return ClientHostActor.options(**{**options, **in_trial_group(group, index)}).remote(
+            *self._resources, (index, self.num_hosts), **self._host_kwargs
+        )
+
+    def _open(self, index: int, states_lost: bool = False):
+        """Build this run's host in warm actor ``index``: the future of its ``info``."""
+        return self.actors[index].open.remote(
+            self.lease.token,
+            *self._resources,
+            (index, self.num_hosts),
+            self._host_kwargs,
+            states_lost,
+        )
 
     def actor_info(self) -> list[dict]:
         """Each actor's ``info()``: process, device, node id and node IP."""
@@ -121,7 +163,8 @@ class RayExecutor(HostPool):
             f"{index} on {info['node_id'][:8]} ({info['node_ip']}, pid {info['pid']})"
             for index, info in enumerate(self.placement)
         )
-        return f"actors on {len(nodes)} node{'s' if len(nodes) > 1 else ''}: {where}"
+        kind = "warm actors" if self.lease is not None else "actors"
+        return f"{kind} on {len(nodes)} node{'s' if len(nodes) > 1 else ''}: {where}"
 
     @property
     def can_lose_hosts(self) -> bool:
@@ -206,11 +249,29 @@ class RayExecutor(HostPool):
                     )
                     waiting.discard(index)
                 except (RayActorError, GetTimeoutError):  # still on the dead node, for the GCS
-                    pass
+                    continue
+                if self.placement[index]["device"] is None:  # a warm actor, restarted empty
+                    self._reopen(index)
             if waiting and time.monotonic() > deadline:
                 raise HostsUnavailable(self._unplaceable(sorted(waiting), timeout_s))
             if waiting:
                 time.sleep(POLL_S)
+
+    def _reopen(self, index: int) -> None:
+        """Lease and open again warm actor ``index``, which Ray restarted without its host
+        (and lease); its clients' states, if any, are refused until the driver loads them."""
+        actor = self.actors[index]
+        refusal = self._ray.get(
+            actor.lease.remote(
+                self.lease.token,
+                self._ray.get_runtime_context().get_job_id(),
+                code_digest(),
+                self.lease.keep_warm_s,
+            )
+        )
+        if refusal is not None:
+            raise HostsUnavailable(f"executor: restarted warm actor {index}: {refusal}")
+        self.placement[index] = self._ray.get(self._open(index, self._control_variates))
 
     def _actor_state(self, index: int) -> dict:
         """The GCS's record of actor ``index`` (State, NumRestarts, DeathCause, ...)."""
@@ -233,8 +294,11 @@ class RayExecutor(HostPool):
         released after ``ray.shutdown`` is released in the next session, where actor ids start
         again from the same numbers (job 01000000 on a fresh cluster) and it would take a
         reference off that session's actor of the same id, which then dies."""
-        for actor in self.actors:
-            self._ray.kill(actor)
+        if self.lease is not None:
+            release(self.lease)  # kept for the next run
+        else:
+            for actor in self.actors:
+                self._ray.kill(actor)
         self.actors = []
 
 

@@ -1,0 +1,120 @@
+"""Warm hosts: a run's Ray actors kept alive for the next run on the same running Ray
+(``executor.keep_warm_s``), so that it skips the actors' process start and imports.
+
+Ray gives every job fresh worker processes, and each host actor's process imports Ray and torch
+anew (≈ 4 s of CPU on the 2-core machine, ``docs/benchmarks.md``). A warm pool keeps them: its
+actors (``actors.ray_actor.WarmHostActor``) are detached and named in ``NAMESPACE`` by a key of
+everything that decides what they run (``pool_key``), so a run finds the pool that an earlier
+run with the same code and executor settings left, leases it, opens its own hosts in it and
+releases them at its end. Results do not depend on it: a warm actor builds each run's host as a
+fresh actor does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import uuid
+from dataclasses import dataclass
+
+NAMESPACE = "dpfl-warm-hosts"
+# A release or retirement that does not answer in this time (its node is gone) is left to the
+# actor's idle clock.
+RELEASE_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class WarmLease:
+    """The pool's first actors, held by one run (``token``) until ``release``; kept
+    ``keep_warm_s`` idle seconds after it."""
+
+    actors: list
+    token: str
+    keep_warm_s: float
+
+
+def pool_key(digest: str, actor_options: dict, runtime_env: dict) -> str:
+    """What a warm actor runs and holds: the code (``actors.code_digest``), its Ray options
+    (CPUs, GPUs, placement, restarts) and the job's runtime environment without its
+    working_dir (whose code the digest covers; the package name changes with every file of
+    the directory, a log or a database included)."""
+    env = {key: value for key, value in runtime_env.items() if key != "working_dir"}
+    blob = json.dumps([digest, actor_options, env], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def actor_name(key: str, index: int) -> str:
+    return f"host-{key}-{index}"
+
+
+def lease_warm_hosts(num_actors: int, actor_options: dict, keep_warm_s: float) -> WarmLease | str:
+    """The warm pool's actors 0 … ``num_actors`` − 1 for this run, created where missing, each
+    leased (``WarmHostActor.lease``); else why not (nothing stays leased). Where Ray has no
+    room for the missing ones, free warm actors of other pools end first (``make_room``)."""
+    import ray
+
+    from actors.code_digest import code_digest
+    from actors.ray_actor import WarmHostActor
+
+    context = ray.get_runtime_context()
+    digest = code_digest()
+    key = pool_key(digest, actor_options, dict(context.runtime_env))
+    names = [actor_name(key, index) for index in range(num_actors)]
+    missing = set(names) - {
+        entry["name"]
+        for entry in ray.util.list_named_actors(all_namespaces=True)
+        if entry["namespace"] == NAMESPACE
+    }
+    need = len(missing) * actor_options["num_cpus"], len(missing) * actor_options["num_gpus"]
+    make_room(*need, keep=key)
+    actors = [
+        WarmHostActor.options(
+            name=name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, **actor_options
+        ).remote(index)
+        for index, name in enumerate(names)
+    ]
+    token = uuid.uuid4().hex
+    refusals = ray.get(
+        [a.lease.remote(token, context.get_job_id(), digest, keep_warm_s) for a in actors]
+    )
+    refused = [(name, why) for name, why in zip(names, refusals, strict=True) if why is not None]
+    if refused:
+        release(WarmLease(actors, token, keep_warm_s))
+        name, why = refused[0]
+        return f"warm actor {name}: {why}"
+    return WarmLease(actors, token, keep_warm_s)
+
+
+def release(lease: WarmLease) -> None:
+    """Hand the leased actors back: their hosts are dropped, their idle clocks start."""
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    with contextlib.suppress(GetTimeoutError, RayActorError):  # its lease lapses with the job
+        ray.get([a.release.remote(lease.token) for a in lease.actors], timeout=RELEASE_TIMEOUT_S)
+
+
+def make_room(cpus: float, gpus: float, keep: str | None = None) -> None:
+    """Where Ray has less than ``cpus`` and ``gpus`` free, end the warm actors that no live
+    run holds (except pool ``keep``'s): an idle pool would otherwise keep this run's actors
+    waiting for its idle clock."""
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    free = ray.available_resources()
+    if free.get("CPU", 0.0) >= cpus - 1e-9 and free.get("GPU", 0.0) >= gpus - 1e-9:
+        return
+    keep_prefix = f"host-{keep}-" if keep is not None else None
+    idle = [
+        entry["name"]
+        for entry in ray.util.list_named_actors(all_namespaces=True)
+        if entry["namespace"] == NAMESPACE
+        and (keep_prefix is None or not entry["name"].startswith(keep_prefix))
+    ]
+    for name in idle:
+        # ValueError: it ended since it was listed; the others: while answering, or its node
+        # is gone.
+        with contextlib.suppress(ValueError, GetTimeoutError, RayActorError):
+            actor = ray.get_actor(name, namespace=NAMESPACE)
+            ray.get(actor.retire_if_free.remote(), timeout=RELEASE_TIMEOUT_S)
