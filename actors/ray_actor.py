@@ -12,7 +12,6 @@ import ray
 import torch
 
 from actors.client_host import Broadcast, ClientHost, EvalResult, TrainDiagnostics
-from actors.code_digest import code_digest
 from actors.scheduling import pin_clients
 from algorithms.aggregate import PartialAggregate
 from datasets.store import ShardStore
@@ -134,35 +133,50 @@ class WarmHostActor(HostCalls):
     """A detached host process kept between runs, so that the next run on this Ray skips the
     process start and the imports (Ray gives every job fresh worker processes otherwise).
 
-    A run leases it (``lease``: refused while another run whose driver is alive holds it, or
-    when the run's code differs from this process's, by ``code_digest``), opens its own
-    ``ClientHost`` in it (``open``: built exactly as ``ClientHostActor`` builds one, so results
-    do not depend on which kind ran) and releases it at its end (``release``: the host and its
-    clients' states are dropped). After ``idle_s`` seconds without a lease the actor ends itself
-    and gives its CPUs and GPUs back to Ray.
+    Created for a pool of code ``digest`` (the creating driver's ``actors.code_digest``, which
+    names the pool: ``cluster.runtime.warm_pool``). A run leases it (``lease``: refused while
+    another run whose driver is alive holds it), opens its own ``ClientHost`` in it (``open``:
+    built exactly as ``ClientHostActor`` builds one) and releases it at its end (``release``:
+    the host and its clients' states are dropped). After ``keep_warm_s`` seconds without a lease
+    the actor ends itself and gives its CPUs and GPUs back to Ray.
+
+    Ray restarts it (``max_restarts``) after its process or node died, as it restarts a fresh
+    actor: the run that held it opens it again (``lease`` with ``reopen``). Its restart budget
+    is then partly spent, so no later run leases it: it ends when that run releases it.
     """
 
-    def __init__(self, index: int):
+    def __init__(self, index: int, digest: str, keep_warm_s: float):
         self.index, self.states_lost = index, False
-        self.digest = code_digest()
+        self.digest = digest
         self.host: ClientHost | None = None
         self.holder: tuple[str, str] | None = None  # (lease token, the holder's job id)
-        self.idle_s, self.idle_since = IDLE_CHECK_S, time.monotonic()
+        self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        # Restarted: its run's driver needs time to notice and open it again.
+        self.idle_s = max(keep_warm_s, RESTARTED_GRACE_S) if self.restarted else keep_warm_s
+        self.idle_since = time.monotonic()
+        self.ending = False  # decided to end: leases are refused from then on
         self.lock = threading.Lock()
         threading.Thread(target=self._end_when_idle, daemon=True).start()
 
     @ray.method(concurrency_group="lease")
-    def lease(self, token: str, job_id: str, digest: str, idle_s: float) -> str | None:
+    def lease(
+        self, token: str, job_id: str, digest: str, keep_warm_s: float, reopen: bool = False
+    ) -> str | None:
         """Take this actor for the run ``token`` of job ``job_id`` running code ``digest``,
-        to be kept ``idle_s`` seconds after its release: None when taken, else why not."""
+        to be kept ``keep_warm_s`` seconds after its release: None when taken, else why not.
+        ``reopen``: the run held it before Ray restarted it."""
         with self.lock:
+            if self.ending:
+                return "it is ending"
             if digest != self.digest:
                 return "it runs other code (or other library versions) than this run"
+            if self.restarted and not reopen:
+                return "Ray restarted it in an earlier run (part of its restart budget is spent)"
             if self.holder is not None and self.holder[0] != token:
                 if _job_alive(self.holder[1]):
                     return f"another run (Ray job {self.holder[1]}) holds it"
                 self._drop()
-            self.holder, self.idle_s = (token, job_id), idle_s
+            self.holder, self.idle_s = (token, job_id), keep_warm_s
             return None
 
     def open(
@@ -176,32 +190,43 @@ class WarmHostActor(HostCalls):
     ) -> dict:
         """Build the run's host (``build_host``) and answer ``info``. ``states_lost``: the run
         had client states in this actor before Ray restarted it; they are refused until loaded
-        back, as a restarted ``ClientHostActor`` refuses them."""
+        back, as a restarted ``ClientHostActor`` refuses them. The lock is not held during the
+        build: leases asked meanwhile are answered at once."""
         with self.lock:
-            if self.holder is None or self.holder[0] != token:
-                raise HostNotOpen(f"warm actor {self.index}: this run does not hold its lease")
+            self._check_holder(token)
             self._drop()
-            self.host = build_host(cpus_per_actor, gpus_per_actor, pinned, host_kwargs)
-            self.index, self.states_lost = pinned[0], states_lost
+        host = build_host(cpus_per_actor, gpus_per_actor, pinned, host_kwargs)
+        with self.lock:
+            self._check_holder(token)  # released meanwhile (the run ended)
+            self.host, self.index, self.states_lost = host, pinned[0], states_lost
         return self.info()
 
     @ray.method(concurrency_group="lease")
     def release(self, token: str) -> None:
-        """The run ``token`` is done with this actor: its host is dropped, the idle clock starts."""
+        """The run ``token`` is done with this actor: its host is dropped, the idle clock
+        starts; a restarted actor ends instead (its restart budget is partly spent)."""
         with self.lock:
-            if self.holder is not None and self.holder[0] == token:
-                self._drop()
-                self.holder = None
+            if self.holder is None or self.holder[0] != token:
+                return
+            self._drop()
+            self.holder = None
+            self.ending = self.restarted
+        if self.ending:
+            _end_self()
 
     @ray.method(concurrency_group="lease")
     def retire_if_free(self) -> bool:
-        """End this actor now unless a live run holds it (a pool for other code or settings
-        makes way for a new one): whether it ends."""
+        """End this actor now unless a live run holds it (another run needs its room):
+        whether it ends."""
         with self.lock:
-            free = self.holder is None or not _job_alive(self.holder[1])
-        if free:
+            self.ending = self.ending or self.holder is None or not _job_alive(self.holder[1])
+        if self.ending:
             _end_self()
-        return free
+        return self.ending
+
+    def _check_holder(self, token: str) -> None:
+        if self.holder is None or self.holder[0] != token:
+            raise HostNotOpen(f"warm actor {self.index}: this run does not hold its lease")
 
     def _drop(self) -> None:
         self.host, self.states_lost = None, False
@@ -209,20 +234,29 @@ class WarmHostActor(HostCalls):
         gc.collect()  # the store's memory maps and the model go now, not at some later call
 
     def _end_when_idle(self) -> None:
-        while True:
-            time.sleep(min(IDLE_CHECK_S, self.idle_s / 4))
-            with self.lock:
-                if self.holder is not None and not _job_alive(self.holder[1]):
-                    self._drop()  # its run's driver died without releasing it
-                    self.holder = None
-                idle = self.holder is None and time.monotonic() - self.idle_since > self.idle_s
-            if idle:
-                _end_self()
-                return
+        while not self.ending:
+            time.sleep(min(IDLE_CHECK_S, max(MIN_IDLE_CHECK_S, self.idle_s / 4)))
+            try:
+                self._check_idle()
+            except Exception:  # noqa: BLE001  (a GCS blip: look again next time)
+                continue
+        _end_self()
+
+    def _check_idle(self) -> None:
+        with self.lock:
+            if self.holder is not None and not _job_alive(self.holder[1]):
+                self._drop()  # its run's driver died without releasing it
+                self.holder = None
+            if self.holder is None and time.monotonic() - self.idle_since > self.idle_s:
+                self.ending = True
 
 
-# How often (at most) a warm actor looks whether it is idle, or its holder's driver gone.
-IDLE_CHECK_S = 5.0
+# How often a warm actor looks whether it is idle, or its holder's driver gone: a quarter of
+# its keep_warm_s, within these bounds.
+IDLE_CHECK_S, MIN_IDLE_CHECK_S = 5.0, 0.25
+# How long a restarted warm actor waits for its run to open it again (the driver's wait for
+# restarted actors, RayExecutor.await_hosts, is DPFL_RESTART_TIMEOUT_S, 120 s by default).
+RESTARTED_GRACE_S = 300.0
 
 
 def _end_self() -> None:

@@ -37,10 +37,11 @@ tensor's C_l is the median of the batch's per-example norms of that tensor, and 
 
 from __future__ import annotations
 
+import functools
 import math
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Literal
 
 import torch
@@ -111,7 +112,22 @@ def per_example_gradients(
     return nn.functional.cross_entropy(logits, y), logits, matrix
 
 
-@lru_cache(maxsize=16)
+def _per_model(function):
+    """``function(model, *args)`` cached for as long as ``model`` lives. An ``lru_cache`` keyed
+    by the module would keep the models it saw alive (a warm actor's earlier runs' models)."""
+    cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    @functools.wraps(function)
+    def cached(model: nn.Module, *args):
+        answers = cache.setdefault(model, {})
+        if args not in answers:
+            answers[args] = function(model, *args)
+        return answers[args]
+
+    return cached
+
+
+@_per_model
 def _randomness(model: nn.Module) -> str:
     """Dropout needs independent masks per example; without it, vmap skips that machinery."""
     random = any(isinstance(m, nn.modules.dropout._DropoutNd) for m in model.modules())
@@ -145,7 +161,7 @@ def _expanded(model, params, x, y):
     return logits.detach(), dict(zip(copies, values, strict=True))
 
 
-@lru_cache(maxsize=16)
+@_per_model
 def _linear_owners(model: nn.Module, names: tuple[str, ...]) -> dict[str, nn.Linear] | None:
     """Module name → ``nn.Linear`` if every parameter is a Linear's weight or bias, else None."""
     modules = dict(model.named_modules())

@@ -423,7 +423,8 @@ def run_workload(
     with tempfile.TemporaryDirectory(prefix="dpfl-ray-head-") as tmp:
         # Room for a warm pool beside another variant's fresh actors: Ray's logical CPUs, the
         # pool's processes are idle while the others run.
-        head = running_ray(Path(tmp), num_cpus=2 * CORES) if on_head else nullcontext(([], None))
+        cpus = 2 * CORES if WARM_RAY in executors else None
+        head = running_ray(Path(tmp), num_cpus=cpus) if on_head else nullcontext(([], None))
         with head as (address, env):
             if WARM_RAY in executors:  # the pool an earlier run left
                 timed_in_child(name, WARM_RAY, [*overrides, *address], env)

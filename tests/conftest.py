@@ -12,6 +12,34 @@ pytest_plugins = ["tests.fixtures_s3", "tests.fixtures_ray_cluster", "tests.fixt
 # The test models are tiny: intra-op threads only add contention on a 2-core CI machine.
 torch.set_num_threads(1)
 
+# The suite runs on two pytest-xdist workers (pyproject's addopts: -n 2 --dist loadgroup). The
+# modules that start Ray (an embedded one, a cluster, a head) run one after the other on one
+# worker: two Rays at once on 2 cores would each wait on the other's process starts, and some of
+# these tests bound how long a start or a recovery may take. Every other test goes to
+# whichever worker is free.
+RAY_MODULES = {
+    "test_equivalence",
+    "test_executors",
+    "test_exposure",
+    "test_interrupt_phases",
+    "test_interrupts",
+    "test_multinode",
+    "test_multinode_object_store",
+    "test_object_store",
+    "test_ray_job",
+    "test_ray_runtime",
+    "test_recovery",
+    "test_startup_benchmark",
+    "test_warm_pool",
+    "test_workloads",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.module.__name__.rsplit(".", 1)[-1] in RAY_MODULES:
+            item.add_marker(pytest.mark.xdist_group("ray"))
+
 
 @pytest.fixture(scope="session")
 def store_root(tmp_path_factory):

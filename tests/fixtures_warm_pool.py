@@ -6,7 +6,8 @@ overrides and the file to write the report to (``torch.save`` of a dict of plain
 
 * ``first``: one warm run; then it leases the pool again and exits without releasing it, as a
   driver killed mid-run would.
-* ``second``: a warm run (it takes the lease over from the dead first job), then the rules
+* ``second``: a warm run (it takes the lease over from the dead first job) whose actor 1 is
+  SIGKILLed after round 1 (Ray restarts it, the driver opens it again), then the rules
   called directly: a second lease while one is held, an actor asked for other code, an idle
   pool ending only where its room is needed, and a pool kept 1 s after its release ending by
   itself.
@@ -24,20 +25,40 @@ import torch
 PIDS = re.compile(r"pid (\d+)")
 
 
-def _run(overrides: list[str]) -> dict:
+def _run(overrides: list[str], kill_after: int | None = None) -> dict:
+    """One run; with ``kill_after``, actor 1's process is SIGKILLed once that round is done
+    (Ray restarts it; the driver opens it again and replays what was lost)."""
+    import os
+    import signal
+
     from cluster.config import load_config
     from cluster.runtime.experiment import run_experiment
 
     lines: list[str] = []
-    outcome = run_experiment(load_config(None, overrides), say=lines.append)
-    placement = next(line for line in lines if " on 1 node: " in line)
+
+    def on_round(record) -> None:
+        if record.round == kill_after and not killed:
+            killed.append(_pids(lines)[1])
+            os.kill(killed[0], signal.SIGKILL)
+
+    killed: list[int] = []
+    outcome = run_experiment(load_config(None, overrides), on_round=on_round, say=lines.append)
     return {
         "params": outcome.result.params,
         "epsilons": [r.epsilon for r in outcome.result.history],
-        "placement": placement,
-        "pids": [int(pid) for pid in PIDS.findall(placement)],
+        "placement": _placement(lines),
+        "pids": _pids(lines),
+        "recoveries": len(outcome.result.recoveries),
         "lines": lines,
     }
+
+
+def _placement(lines: list[str]) -> str:
+    return next(line for line in lines if " on 1 node: " in line)
+
+
+def _pids(lines: list[str]) -> list[int]:
+    return [int(pid) for pid in PIDS.findall(_placement(lines))]
 
 
 def _pool_names() -> set[str]:
@@ -65,7 +86,7 @@ def _lease_rules(options: dict) -> dict:
     )
 
     rules: dict = {}
-    held = lease_warm_hosts(2, options, 60.0)
+    held = lease_warm_hosts(2, options, 60.0)  # actor 1 started afresh
     rules["refused"] = lease_warm_hosts(2, options, 60.0)  # while held: why not, as a string
     release(held)
     context = ray.get_runtime_context()
@@ -75,17 +96,18 @@ def _lease_rules(options: dict) -> dict:
     make_room(0.5, 0.0)  # 1 CPU free: nothing ends
     rules["after_room_for_half"] = sorted(_pool_names())
     make_room(1.5, 0.0)  # the idle pool's CPU is needed: it ends
-    rules["after_room_for_more"] = _wait_until_no_pool(10)
+    rules["after_room_for_more"] = _wait_until_pool(lambda names: not names, 10)
     short = lease_warm_hosts(1, options, 1.0)  # started afresh, kept 1 s after its release
     rules["short_names"] = sorted(_pool_names())
     release(short)
-    rules["after_idle"] = _wait_until_no_pool(30)
+    rules["after_idle"] = _wait_until_pool(lambda names: not names, 30)
     return rules
 
 
-def _wait_until_no_pool(timeout_s: float) -> list[str]:
+def _wait_until_pool(done, timeout_s: float) -> list[str]:
+    """The pool's actor names once ``done(names)``, or after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
-    while _pool_names() and time.monotonic() < deadline:
+    while not done(_pool_names()) and time.monotonic() < deadline:
         time.sleep(0.25)
     return sorted(_pool_names())
 
@@ -94,11 +116,15 @@ def main(request: dict) -> None:
     from cluster.runtime.ray_executor import actor_options
     from cluster.runtime.warm_pool import lease_warm_hosts
 
-    report = {"warm": _run([*request["overrides"], "executor.keep_warm_s=60"])}
+    warm = [*request["overrides"], "executor.keep_warm_s=60"]
     options = actor_options(0.5, 0.0, "pack")
     if request["phase"] == "first":
+        report = {"warm": _run(warm)}
         lease_warm_hosts(2, options, 60.0)  # held by this job until it exits
     else:
+        report = {"warm": _run(warm, kill_after=1)}
+        # The restarted actor 1 ends at its release (its restart budget is partly spent)
+        report["after_restarted_release"] = _wait_until_pool(lambda names: len(names) == 1, 30)
         report.update(_lease_rules(options))
     torch.save(report, request["out"])
 

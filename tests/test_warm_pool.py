@@ -50,8 +50,9 @@ def test_code_digest_changes_with_a_file_of_the_packages(tmp_path):
     ("overrides", "names"),
     [
         (["executor.kind=ray", "executor.keep_warm_s=60"], "an embedded Ray ends with this run"),
-        (["executor.kind=local", "executor.keep_warm_s=60"], "the local executor has none"),
-        (["executor.kind=ray", "executor.keep_warm_s=-1"], "in [0, 86400]"),
+        (["executor.kind=local", "executor.keep_warm_s=60"], "set executor.kind=ray"),
+        (["executor.kind=ray", "executor.keep_warm_s=-1"], "0 (none) or in [1, 86400]"),
+        (["executor.kind=ray", "executor.keep_warm_s=0.001"], "0 (none) or in [1, 86400]"),
     ],
 )
 def test_keep_warm_needs_a_running_ray(store_root, monkeypatch, overrides, names):
@@ -65,8 +66,9 @@ def test_keep_warm_needs_a_running_ray(store_root, monkeypatch, overrides, names
 @pytest.mark.timeout(300)
 def test_a_second_run_reuses_the_warm_actors_with_the_same_result(store_root, tmp_path):
     """Two drivers, one Ray job each, on a running head: the second run's actors are the
-    first's processes (it takes the lease over from the first job, which exited holding it),
-    and both runs' weights and ε equal the same run's on the local executor, bit for bit."""
+    first's processes (it takes the lease over from the first job, which exited holding it);
+    its actor 1 is killed after round 1, restarted by Ray and opened again; both runs' weights
+    and ε equal the same run's on the local executor, bit for bit."""
     from benchmarks.workloads import running_ray
 
     overrides = [
@@ -109,6 +111,8 @@ def test_a_second_run_reuses_the_warm_actors_with_the_same_result(store_root, tm
     assert first["warm"]["placement"].startswith("warm actors")
     assert second["warm"]["placement"].startswith("warm actors")
     assert second["warm"]["pids"] == first["warm"]["pids"]  # the same processes
+    assert first["warm"]["recoveries"] == 0 and second["warm"]["recoveries"] == 1
+    assert len(second["after_restarted_release"]) == 1  # the restarted actor 1 ended
     # Ray's actors and the local executor's host threads agree bit for bit (same hosts)
     local_run = [*overrides[1:-3], "executor.num_actors=2", f"checkpoint.dir={tmp_path / 'local'}"]
     local = run_experiment(small_config(store_root, *local_run))

@@ -294,29 +294,36 @@ def validate_runtime(c: ExperimentConfig) -> None:
         raise ConfigError("checkpoint.every", c.checkpoint.every, "must be >= 0 (0: at the end)")
 
 
-MAX_KEEP_WARM_S = 86400.0
-
-
 def check_keep_warm(e: ExecutorConfig) -> None:
-    """``executor.keep_warm_s``: idle seconds in [0, a day], and only where a Ray outlives the
-    run (an address, ``$RAY_ADDRESS`` or a Ray job): an embedded Ray ends with it."""
-    if not 0 <= e.keep_warm_s <= MAX_KEEP_WARM_S:
+    """``executor.keep_warm_s``: 0, or idle seconds in [1, a day], and only where a Ray outlives
+    the run (an address, ``$RAY_ADDRESS`` or a Ray job): an embedded Ray ends with it."""
+    if e.keep_warm_s == 0:
+        return
+    if not MIN_KEEP_WARM_S <= e.keep_warm_s <= MAX_KEEP_WARM_S:
         raise ConfigError(
             "executor.keep_warm_s",
             e.keep_warm_s,
-            f"idle seconds a warm actor waits for the next run, in [0, {MAX_KEEP_WARM_S:g}] "
-            "(0: none), e.g. 600",
+            f"idle seconds a warm actor waits for the next run: 0 (none) or in "
+            f"[{MIN_KEEP_WARM_S:g}, {MAX_KEEP_WARM_S:g}], e.g. 600",
         )
-    running_ray = e.address is not None or bool(os.environ.get("RAY_ADDRESS")) or in_ray_job()
-    if e.keep_warm_s > 0 and (e.kind != "ray" or not running_ray):
+    if e.kind != "ray":
         raise ConfigError(
             "executor.keep_warm_s",
             e.keep_warm_s,
-            "keeps Ray actors alive on a running Ray for the next run, but "
-            + ("the local executor has none" if e.kind != "ray" else "an embedded Ray")
-            + " ends with this run: set executor.address to a running Ray (`ray start "
-            "--head`), submit the run with `ray job submit`, or set executor.keep_warm_s=0",
+            "keeps Ray actors alive for the next run; the local executor has none: set "
+            "executor.kind=ray with executor.address of a running Ray, or executor.keep_warm_s=0",
         )
+    if e.address is None and not os.environ.get("RAY_ADDRESS") and not in_ray_job():
+        raise ConfigError(
+            "executor.keep_warm_s",
+            e.keep_warm_s,
+            "keeps Ray actors alive on a running Ray for the next run, but an embedded Ray ends "
+            "with this run: set executor.address to a running Ray (`ray start --head`), submit "
+            "the run with `ray job submit`, or set executor.keep_warm_s=0",
+        )
+
+
+MIN_KEEP_WARM_S, MAX_KEEP_WARM_S = 1.0, 86400.0
 
 
 RESOURCE_UNIT = 0.0001  # Ray refuses a fractional resource finer than this

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from typing import Any
 
 from actors.client_host import AUTO_KERNELS, Kernels
-from actors.code_digest import code_digest
 from algorithms.algorithm import Algorithm
 from cluster.runtime.central_optimum import store_optimum
 from cluster.runtime.executors import (
@@ -260,13 +259,13 @@ class RayExecutor(HostPool):
     def _reopen(self, index: int) -> None:
         """Lease and open again warm actor ``index``, which Ray restarted without its host
         (and lease); its clients' states, if any, are refused until the driver loads them."""
-        actor = self.actors[index]
         refusal = self._ray.get(
-            actor.lease.remote(
+            self.actors[index].lease.remote(
                 self.lease.token,
                 self._ray.get_runtime_context().get_job_id(),
-                code_digest(),
+                self.lease.digest,
                 self.lease.keep_warm_s,
+                True,
             )
         )
         if refusal is not None:

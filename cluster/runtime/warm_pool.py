@@ -32,6 +32,7 @@ class WarmLease:
     actors: list
     token: str
     keep_warm_s: float
+    digest: str  # the code's (actors.code_digest) when leased: a restarted actor runs it still
 
 
 def pool_key(digest: str, actor_options: dict, runtime_env: dict) -> str:
@@ -71,19 +72,35 @@ def lease_warm_hosts(num_actors: int, actor_options: dict, keep_warm_s: float) -
     actors = [
         WarmHostActor.options(
             name=name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, **actor_options
-        ).remote(index)
+        ).remote(index, digest, keep_warm_s)
         for index, name in enumerate(names)
     ]
-    token = uuid.uuid4().hex
-    refusals = ray.get(
-        [a.lease.remote(token, context.get_job_id(), digest, keep_warm_s) for a in actors]
-    )
+    lease = WarmLease(actors, uuid.uuid4().hex, keep_warm_s, digest)
+    job_id = context.get_job_id()
+    asked = [a.lease.remote(lease.token, job_id, digest, keep_warm_s) for a in actors]
+    try:
+        refusals = [_refusal(answer) for answer in asked]
+    except BaseException:  # interrupted: nothing may stay leased by this live driver
+        release(lease)
+        raise
     refused = [(name, why) for name, why in zip(names, refusals, strict=True) if why is not None]
     if refused:
-        release(WarmLease(actors, token, keep_warm_s))
+        release(lease)
         name, why = refused[0]
         return f"warm actor {name}: {why}"
-    return WarmLease(actors, token, keep_warm_s)
+    return lease
+
+
+def _refusal(answer) -> str | None:
+    """A lease's answer: None (taken) or why not; an actor that died meanwhile (it was ending
+    as it was found) refuses too."""
+    import ray
+    from ray.exceptions import RayActorError
+
+    try:
+        return ray.get(answer)
+    except RayActorError as error:
+        return f"it ended ({type(error).__name__})"
 
 
 def release(lease: WarmLease) -> None:
@@ -98,7 +115,9 @@ def release(lease: WarmLease) -> None:
 def make_room(cpus: float, gpus: float, keep: str | None = None) -> None:
     """Where Ray has less than ``cpus`` and ``gpus`` free, end the warm actors that no live
     run holds (except pool ``keep``'s): an idle pool would otherwise keep this run's actors
-    waiting for its idle clock."""
+    waiting for its idle clock. Free resources are the cluster's totals (``ray.available_
+    resources``): on several nodes, room in total may still be no node's room for an actor,
+    and the run's actors then wait until an idle pool ends by its clock."""
     import ray
     from ray.exceptions import GetTimeoutError, RayActorError
 
