@@ -417,6 +417,16 @@ CASES = [
     ),
     Case("rounds 2**64", run_with({"rounds": 2**64}), ("rounds", "magnitude below 2**63")),
     Case(
+        "keep warm on an embedded Ray",
+        run_with({"executor.keep_warm_s": 600}),
+        ("executor.keep_warm_s = 600", "an embedded Ray ends with this run"),
+    ),
+    Case(
+        "keep warm 0.5 s",
+        run_with({"executor.keep_warm_s": 0.5}),
+        ("executor.keep_warm_s = 0.5", "0 (none) or in [1, 86400]"),
+    ),
+    Case(
         "cpus too fine",
         run_with({"executor.cpus_per_actor": 1e-5}),
         ("executor.cpus_per_actor = 1e-05", "[0.0001, 1024]"),
