@@ -209,8 +209,8 @@ class RayTrials:
     not created yet are cancelled), the trials placed by then run to their end and each is
     passed to ``on_done``, then ``run`` raises ``RecordingFailed`` (or, where a stop signal came
     meanwhile, ``Interrupted``, naming the failures too). A trial whose ``on_start`` raised may
-    be running unrecorded: it is cancelled, so it stops after its round and writes its
-    checkpoint, as at a stop signal."""
+    be running unrecorded: it is cancelled, as at a stop signal (still starting, it ends before
+    its first round; else after its round, writing its checkpoint)."""
 
     def __init__(self, concurrent: int, parent_run_id: str | None, uri: str | None):
         import ray
