@@ -279,8 +279,8 @@ class RayTrials:
         placed, _ = self._ray.wait(list(waiting), num_returns=len(waiting), timeout=0)
         for placed_ref in placed:
             ref, submitted = waiting[placed_ref]
-            if not self._note_start(submitted):  # running unrecorded: stopped after its round,
-                self._ray.cancel(ref, recursive=False)  # its checkpoint then shows its attempt
+            if not self._note_start(submitted):  # maybe running unrecorded: stopped as at a
+                self._ray.cancel(ref, recursive=False)  # stop signal (class doc)
 
     def _note_start(self, submitted: Submitted) -> bool:
         """Note the trial placed (``on_start``, where given, once); False where that raised."""
@@ -309,8 +309,8 @@ class RayTrials:
 
     def _withhold(self) -> int:
         """After a recording failed, no trial starts: cancel those submitted whose placement
-        group is not created yet (their task never ran; one placed meanwhile stops after its
-        round, as at a stop signal). How many were cancelled."""
+        group is not created yet (their task never ran; one placed meanwhile is stopped as at a
+        stop signal). How many were cancelled."""
         self._note_starts()  # the trials placed by now run to their end
         waiting = [ref for ref, submitted in self._running.items() if not submitted.noted]
         for ref in waiting:
