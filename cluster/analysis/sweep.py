@@ -303,9 +303,11 @@ def _run_records(
         _record(ledger, record, result, uri, say)
         progress.finished(record, spec.select.metric)
 
-    run_concurrently(trials, concurrent, parent and parent.run_id, on_done, ledger.started)
-    if progress.bar:
-        print()
+    try:
+        run_concurrently(trials, concurrent, parent and parent.run_id, on_done, ledger.started)
+    finally:  # the bar's line ended before any message that follows
+        if progress.bar:
+            print()
 
 
 def _record(ledger, record: TrialRecord, result: TrialResult, uri: str | None, say) -> None:
