@@ -375,17 +375,24 @@ class _Ray:
         return {"state": "CREATED" if group in self.created else "PENDING"}
 
 
+def _three_trials(tmp_path, store_root) -> list:
+    """Three trials of one spec, as the engine gets them."""
+    from cluster.analysis.trials import Trial
+
+    space = {"algorithm.local.lr": [0.05, 0.1, 0.2]}
+    spec = _write(tmp_path, "en", {"base": _base(store_root, tmp_path), "space": space})
+    planned = plan(spec, [])
+    return [Trial(r.name, planned.configs[r.name]) for r in planned.records]
+
+
 def test_the_engine_notes_a_trial_started_once_its_group_is_placed(tmp_path, store_root):
     """``on_start`` once per trial, at the first poll after its placement group is created:
     one ``ray.wait`` a poll over the groups not yet seen, no lookup per trial. A trial that ends
     is noted first where its group was created (its ``ready`` ref may lag), and one stopped while
     its group waited never ran (``started`` False): the ledger then writes nothing for it."""
-    from cluster.analysis.trials import RayTrials, Submitted, Trial, TrialResult
+    from cluster.analysis.trials import RayTrials, Submitted, TrialResult
 
-    space = {"algorithm.local.lr": [0.05, 0.1, 0.2]}
-    spec = _write(tmp_path, "en", {"base": _base(store_root, tmp_path), "space": space})
-    planned = plan(spec, [])
-    trials = [Trial(r.name, planned.configs[r.name]) for r in planned.records]
+    trials = _three_trials(tmp_path, store_root)
     engine, ray, noted = RayTrials(0, None, None), _Ray(), []
     engine._ray, engine._on_start = ray, noted.append
     engine._running = {f"task{i}": Submitted(t, f"group{i}", f"ready{i}", 0.0)
@@ -435,15 +442,6 @@ def on_fake_ray(placed: list[int], ends: list[int]):
         return _engine_on(ray, placed).run(trials, lambda r: on_done(r, None), on_start)
 
     return run_concurrently
-
-
-def _three_trials(tmp_path, store_root) -> list:
-    from cluster.analysis.trials import Trial
-
-    space = {"algorithm.local.lr": [0.05, 0.1, 0.2]}
-    spec = _write(tmp_path, "en", {"base": _base(store_root, tmp_path), "space": space})
-    planned = plan(spec, [])
-    return [Trial(r.name, planned.configs[r.name]) for r in planned.records]
 
 
 @pytest.mark.timeout(60)
