@@ -338,22 +338,32 @@ def test_a_rerun_resumes_a_killed_trial_only_from_its_own_matching_checkpoint(
 class _Ray:
     """What ``RayTrials`` asks Ray as trials are placed and end: which refs are ready now
     (``ready``), a task's result (``results``: a value, or an error it raises), a placement
-    group's state (``created``); it counts the calls."""
+    group's state (``created``), the tasks that end (``ends``: one a poll, in order; a
+    cancelled one is added); it counts the calls."""
 
     def __init__(self):
         import ray.exceptions
 
         self.exceptions = ray.exceptions
         self.ready, self.created, self.results = set(), set(), {}
-        self.waits, self.tables = [], 0
+        self.waits, self.tables, self.ends, self.cancelled = [], 0, [], []
         self.util = SimpleNamespace(
             placement_group_table=self._table, remove_placement_group=lambda group: None
         )
 
     def wait(self, refs, num_returns, timeout):
+        if num_returns == 1 and timeout > 0:  # a poll for an ended task: the next of ``ends``
+            ended = [r for r in self.ends if r in refs][:1]
+            return ended, [r for r in refs if r not in ended]
         assert timeout == 0 and num_returns == len(refs)
         self.waits.append(len(refs))
         return [r for r in refs if r in self.ready], [r for r in refs if r not in self.ready]
+
+    def cancel(self, ref, recursive):
+        assert not recursive  # the trial's task, not its actor calls
+        self.cancelled.append(ref)
+        self.results[ref] = self.exceptions.TaskCancelledError()
+        self.ends += [ref] if ref not in self.ends else []
 
     def get(self, ref):
         if isinstance(self.results[ref], Exception):
@@ -365,17 +375,24 @@ class _Ray:
         return {"state": "CREATED" if group in self.created else "PENDING"}
 
 
+def _three_trials(tmp_path, store_root) -> list:
+    """Three trials of one spec, as the engine gets them."""
+    from cluster.analysis.trials import Trial
+
+    space = {"algorithm.local.lr": [0.05, 0.1, 0.2]}
+    spec = _write(tmp_path, "en", {"base": _base(store_root, tmp_path), "space": space})
+    planned = plan(spec, [])
+    return [Trial(r.name, planned.configs[r.name]) for r in planned.records]
+
+
 def test_the_engine_notes_a_trial_started_once_its_group_is_placed(tmp_path, store_root):
     """``on_start`` once per trial, at the first poll after its placement group is created:
     one ``ray.wait`` a poll over the groups not yet seen, no lookup per trial. A trial that ends
     is noted first where its group was created (its ``ready`` ref may lag), and one stopped while
     its group waited never ran (``started`` False): the ledger then writes nothing for it."""
-    from cluster.analysis.trials import RayTrials, Submitted, Trial, TrialResult
+    from cluster.analysis.trials import RayTrials, Submitted, TrialResult
 
-    space = {"algorithm.local.lr": [0.05, 0.1, 0.2]}
-    spec = _write(tmp_path, "en", {"base": _base(store_root, tmp_path), "space": space})
-    planned = plan(spec, [])
-    trials = [Trial(r.name, planned.configs[r.name]) for r in planned.records]
+    trials = _three_trials(tmp_path, store_root)
     engine, ray, noted = RayTrials(0, None, None), _Ray(), []
     engine._ray, engine._on_start = ray, noted.append
     engine._running = {f"task{i}": Submitted(t, f"group{i}", f"ready{i}", 0.0)
@@ -392,6 +409,110 @@ def test_the_engine_notes_a_trial_started_once_its_group_is_placed(tmp_path, sto
     assert noted == [placed, late]  # the late one noted before its end, once
     assert [(r.status, r.started) for r in ended[:2]] == [("KILLED", True), ("KILLED", False)]
     assert ended[2].trial is late and engine._running == {} and ray.tables == 3
+
+
+def _engine_on(ray: _Ray, placed: list[int]):
+    """A ``RayTrials`` on ``ray`` whose i-th submitted trial is ``task<i>`` in ``group<i>``,
+    its group created where i is in ``placed``; each task ends as ``ray.ends`` says,
+    returning its trial's ``TrialResult`` (KILLED: no outcome) unless cancelled first."""
+    from cluster.analysis.trials import RayTrials, Submitted, TrialResult
+
+    engine = RayTrials(0, None, None)
+    engine._ray = ray
+
+    def submit(trial) -> None:
+        i = len(ray.results)
+        ray.results[f"task{i}"] = TrialResult(trial)
+        if i in placed:
+            ray.ready.add(f"ready{i}")
+            ray.created.add(f"group{i}")
+        engine._running[f"task{i}"] = Submitted(trial, f"group{i}", f"ready{i}", 0.0)
+
+    engine._submit = submit
+    return engine
+
+
+def on_fake_ray(placed: list[int], ends: list[int]):
+    """``run_concurrently`` as ``RayTrials.run`` runs the trials, on a stand-in Ray
+    (``_engine_on``): the trials at ``placed`` start, those at ``ends`` end in that order."""
+
+    def run_concurrently(trials, concurrent, parent_run_id, on_done, on_start=None):
+        ray = _Ray()
+        ray.ends = [f"task{i}" for i in ends]
+        return _engine_on(ray, placed).run(trials, lambda r: on_done(r, None), on_start)
+
+    return run_concurrently
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("failing", ["on_start", "on_done"])
+def test_a_failed_recording_starts_no_trial_and_ends_the_running_ones_recorded(
+    tmp_path, store_root, failing
+):
+    """``on_start`` or ``on_done`` raising for the first trial (its ledger entry could not be
+    written): the second, running, still runs to its end and is passed to ``on_done``; the
+    third, whose group was not created yet, is cancelled and never ran; the first, where its
+    start was not recorded, is cancelled (it stops after its round, with its checkpoint); then
+    ``RecordingFailed`` names the trial and the error."""
+    from cluster.analysis.trials import RecordingFailed
+
+    trials = _three_trials(tmp_path, store_root)
+    ray, started, done = _Ray(), [], []
+    ray.ends = ["task0", "task1"]
+    engine = _engine_on(ray, placed=[0, 1])
+
+    def record(callback: str, trial, into: list, item) -> None:
+        if callback == failing and trial is trials[0]:
+            raise OSError(28, "No space left on device")
+        into.append(item)
+
+    with pytest.raises(RecordingFailed) as raised:
+        engine.run(
+            trials,
+            lambda result: record("on_done", result.trial, done, result),
+            lambda trial: record("on_start", trial, started, trial),
+        )
+    what = "start" if failing == "on_start" else "end"
+    assert str(raised.value) == (
+        f"{trials[0].name}: recording its {what} failed (OSError: [Errno 28] No space left on "
+        "device); no trial started after that (1 not started), the running ones ran to their end"
+    )
+    at_start = failing == "on_start"
+    assert started == (trials[1:2] if at_start else trials[:2])  # the third was never placed
+    ended = [(r.trial, r.started) for r in done]
+    assert ended == [(trials[0], True)] * at_start + [(trials[1], True), (trials[2], False)]
+    assert ray.cancelled == ["task0"] * at_start + ["task2"] and engine._running == {}
+
+
+@pytest.mark.timeout(60)
+def test_a_failed_recording_while_a_stop_signal_ends_the_trials_ends_the_others(
+    tmp_path, store_root
+):
+    """``on_done`` raising as the first stopped trial ends: the others still end and are
+    passed to ``on_done`` (each has written its checkpoint), and ``Interrupted`` names the
+    failure beside the stop."""
+    from cluster.runtime.interrupts import Interrupted, StopSignals
+
+    trials = _three_trials(tmp_path, store_root)
+    ray, done = _Ray(), []
+    engine = _engine_on(ray, placed=[0, 1, 2])
+
+    def on_done(result) -> None:
+        if result.trial is trials[0]:
+            raise ValueError("no privacy")
+        done.append(result.trial)
+
+    def signal_comes(trial) -> None:  # once the trials run
+        stop.reason, stop.signum = "interrupted by SIGINT", signal.SIGINT
+
+    with StopSignals(lambda line: None) as stop, pytest.raises(Interrupted) as raised:
+        engine.run(trials, on_done, signal_comes)
+    assert done == trials[1:] and ray.cancelled == ["task0", "task1", "task2"]
+    assert str(raised.value) == (
+        f"interrupted by SIGINT: 3 trial(s) stopped, 0 not started; {trials[0].name}: "
+        "recording its end failed (ValueError: no privacy); rerun the same command to resume"
+    )
+    assert engine._running == {}
 
 
 # ------------------------------------------------------------------------- slow: on Ray

@@ -22,7 +22,7 @@ from cluster.analysis.trials import Trial, TrialResult, calibrate
 from cluster.cli.main import main
 from cluster.runtime.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
 from tests.helpers import run_local
-from tests.test_sweep import _base, _local, _write, stop_sweep
+from tests.test_sweep import _base, _local, _write, on_fake_ray, stop_sweep
 
 
 def _untracked(store_root, tmp_path, **changes) -> dict:
@@ -288,10 +288,87 @@ def test_a_failure_to_record_a_trial_stops_no_other_one(tmp_path, store_root, mo
     monkeypatch.setattr(sweep, "run_concurrently", stopped)
     sweep._run_records(planned, ledger, None, 0, planned.records, "trial")
     printed = capsys.readouterr().out
-    assert f"sweep rf: {broken.name}: recording it KILLED failed (IsADirectoryError: " in printed
+    assert (
+        f"sweep rf: {broken.name}: recording it KILLED failed (OSError: ledger entry "
+        f"{ledger.path(broken)}: IsADirectoryError: "
+    ) in printed
     assert "a rerun finds its attempt as the ledger last held it" in printed
     assert json.loads(ledger.path(kept).read_text())["status"] == "KILLED"
     assert [r.status for r in planned.records] == ["KILLED", "KILLED"]
+
+
+@pytest.mark.timeout(120)
+def test_a_failure_to_record_a_trials_start_ends_the_sweep_resumably(
+    tmp_path, store_root, monkeypatch, capsys
+):
+    """A trial's start must be in the ledger (its rounds count in the sweep's ε): where its
+    entry cannot be written, no trial starts after it, the running ones end recorded, and the
+    sweep exits 1 naming the entry and the OS error. Once the entry can be written, the same
+    command resumes."""
+    import cluster.analysis.sweep as sweep
+
+    spec = _untracked_spec(tmp_path, store_root, "rs", [0.1, 0.2, 0.3])
+    planned = plan(spec, [])
+    out = tmp_path / "out"
+    ledger = Ledger(out / FOLDER, planned.spec.name, False)
+    broken, running, waiting = planned.records
+    ledger.path(broken).mkdir(parents=True)  # its entry cannot be written
+    monkeypatch.setattr(sweep, "run_concurrently", on_fake_ray(placed=[0, 1], ends=[1, 0]))
+    assert main(["sweep", str(spec), "--out", str(out)]) == 1
+    printed = capsys.readouterr()
+    assert printed.err.startswith(
+        f"sweep rs: {broken.name}: recording its start failed (OSError: ledger entry "
+        f"{ledger.path(broken)}: IsADirectoryError: [Errno 21] Is a directory: "
+    )
+    assert printed.err.endswith(
+        f"); no trial started after that (1 not started), the running ones ran to their end; "
+        f"fix the cause (the trials' ledger is {out / FOLDER}) and rerun the same command to "
+        "resume\n"
+    )
+    assert f"{broken.name}: recording it KILLED failed (OSError: ledger entry " in printed.out
+    assert json.loads(ledger.path(running).read_text())["status"] == "KILLED"
+    assert not ledger.path(waiting).exists()  # never started
+
+    ledger.path(broken).rmdir()
+    monkeypatch.setattr(sweep, "run_concurrently", on_fake_ray(placed=[0, 1, 2], ends=[0, 1, 2]))
+    assert main(["sweep", str(spec), "--out", str(out)]) == 1  # resumed: every trial KILLED
+    assert "3 trial run(s), 0 finished before (resumed), 3 to run" in capsys.readouterr().out
+    statuses = [json.loads(ledger.path(r).read_text())["status"] for r in planned.records]
+    assert statuses == ["KILLED"] * 3
+
+
+def test_a_cross_validated_rerun_refuses_a_tracking_switch_before_any_trial(
+    tmp_path, store_root, monkeypatch, capsys
+):
+    """The retraining after cross-validation is a trial of its own, picked once the folds
+    have run: its ledger entry is read with the folds' at the start, so a rerun whose
+    retraining of any configuration ran tracked otherwise exits 2 before any trial runs (the
+    folds' entries may well be absent: a ``--set`` of ``data.validation`` makes other folds,
+    while the retraining, without validation, is the same trial)."""
+    import cluster.analysis.sweep as sweep
+
+    base = _base(store_root, tmp_path)
+    base["data"]["validation"] = {"folds": 2, "fold": 0}
+    space = {"algorithm.local.lr": [0.1, 0.2], "data.validation.fold": [0, 1]}
+    spec = _write(tmp_path, "cv", {"base": base, "space": space})
+    planned = plan(spec, [])
+    final = list(planned.finals.values())[1]  # it ran tracked; no fold has an entry
+    out = tmp_path / "out"
+    ledger = Ledger(out / FOLDER, planned.spec.name, True)
+    ledger.read([final])
+    ledger.started(Trial(final.name, planned.configs[final.name]))
+    ran = []
+    monkeypatch.setattr(sweep, "run_concurrently", lambda trials, *args: ran.append(trials))
+    untracked = ["--set", "tracking.enabled=false"]
+    assert main(["sweep", str(spec), "--out", str(out), *untracked]) == 2
+    error = capsys.readouterr().err
+    assert error == (
+        f"sweep: config error: tracking.enabled = False: trial {final.name} ran with "
+        f"tracking.enabled: true (ledger entry {ledger.path(final)}); its attempts are in its "
+        "MLflow runs, which this rerun would not resume from: rerun the sweep with "
+        "tracking.enabled: true\n"
+    )
+    assert ran == []
 
 
 # ------------------------------------------------------------------------- slow: on Ray

@@ -29,8 +29,12 @@ Any other unfinished run of an earlier attempt (the parent's child runs that no 
 round 0 since, leaves the sweep without an ε too. With tracking off the same rules hold, the
 trials' ledger being a folder of the sweep's own (``sweep_ledger``: ``ledger/`` under
 ``--out``, so a rerun resumes with the same ``--out``). That folder records the trials with
-tracking on too, so that a rerun that switched ``tracking.enabled`` exits 2 (each mode's
-ledger misses the other's attempts). A resumed trial's seconds are the sum over its attempts.
+tracking on too, so that a rerun that switched ``tracking.enabled`` exits 2 before any trial
+runs (each mode's ledger misses the other's attempts; the entries of every configuration's
+retraining after cross-validation are read with the others). A resumed trial's seconds are
+the sum over its attempts. Where a trial's start cannot be recorded (its RUNNING entry), or
+handling its end raises, no trial starts after it, the running ones end recorded, and the
+sweep exits 1 naming the trial and the error (``trials.RecordingFailed``); a rerun resumes.
 """
 
 from __future__ import annotations
@@ -48,14 +52,7 @@ import yaml
 from cluster.analysis.compare import write_csv
 from cluster.analysis.run_configs import assignments, merged, run_setup
 from cluster.analysis.sweep_ledger import FOLDER, Ledger
-from cluster.analysis.sweep_plan import (
-    Planned,
-    final_name,
-    plan,
-    selected_changes,
-    trial_config,
-    validation_kind,
-)
+from cluster.analysis.sweep_plan import Planned, plan, selected_changes, validation_kind
 from cluster.analysis.sweep_report import (
     TrialRecord,
     configurations,
@@ -66,14 +63,14 @@ from cluster.analysis.sweep_report import (
     trial_rows,
 )
 from cluster.analysis.sweep_runs import MlflowLedger, parent_run
-from cluster.analysis.sweep_spec import (
-    SweepSpec,
-    SweepTrial,
-    Values,
-    label,
-    trial_digest,
+from cluster.analysis.sweep_spec import SweepSpec, Values, label
+from cluster.analysis.trials import (
+    RecordingFailed,
+    Trial,
+    TrialResult,
+    calibrate,
+    run_concurrently,
 )
-from cluster.analysis.trials import Trial, TrialResult, calibrate, run_concurrently
 from cluster.config import ConfigError, ExperimentConfig
 
 # ------------------------------------------------------------------------------ results
@@ -231,8 +228,8 @@ def run(args: argparse.Namespace) -> int:
         )
     first, out = planned.configs[records[0].name], Path(args.out or f"sweeps/{spec.name}")
     ledger = Ledger(out / FOLDER, spec.name, first.tracking.enabled)  # under --out: both modes
-    try:
-        ledger.read(records)  # before a parent run opens: refuses a switch of tracking
+    try:  # before a parent run opens: refuses a switch of tracking, the retrainings' included
+        ledger.read([*records, *planned.finals.values()])
     except ConfigError as error:
         print(f"sweep: {error}", file=sys.stderr)
         return 2
@@ -247,6 +244,13 @@ def run(args: argparse.Namespace) -> int:
     except BaseException as error:
         if parent is not None:
             parent.abandon("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
+        if isinstance(error, RecordingFailed):
+            print(
+                f"sweep {spec.name}: {error}; fix the cause (the trials' ledger is "
+                f"{out / FOLDER}) and rerun the same command to resume",
+                file=sys.stderr,
+            )
+            return 1
         raise
     return _finish(planned, ledger, parent, out)
 
@@ -299,9 +303,11 @@ def _run_records(
         _record(ledger, record, result, uri, say)
         progress.finished(record, spec.select.metric)
 
-    run_concurrently(trials, concurrent, parent and parent.run_id, on_done, ledger.started)
-    if progress.bar:
-        print()
+    try:
+        run_concurrently(trials, concurrent, parent and parent.run_id, on_done, ledger.started)
+    finally:  # the bar's line ended before any message that follows
+        if progress.bar:
+            print()
 
 
 def _record(ledger, record: TrialRecord, result: TrialResult, uri: str | None, say) -> None:
@@ -326,14 +332,10 @@ def _say(sweep: str):
 def _retrain(planned: Planned, ledger, parent, concurrent: int) -> None:
     """After cross-validation: the selected configuration once more, on all training rows
     (``data.validation: null``) at the first seed; its test accuracy is the one reported."""
-    spec = planned.spec
     chosen = _chosen_values(planned)
     if chosen is None:
         return
-    trial = SweepTrial(chosen, spec.seeds[0])
-    config = trial_config(spec, planned.overrides, trial, selected_changes(spec, chosen))
-    planned.final = TrialRecord(trial, final_name(spec, trial), trial_digest(config))
-    planned.configs[planned.final.name] = config
+    planned.final = planned.finals[chosen]
     ledger.find_finished([planned.final])
     _run_records(planned, ledger, parent, concurrent, [planned.final], "final")
 

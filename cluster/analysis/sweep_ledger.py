@@ -8,7 +8,9 @@ written with tracking on or off: one JSON file per trial, ``<its digest>.json`` 
 folder), written atomically (``locations.write_atomic``) when the trial starts (status RUNNING:
 at the engine's first poll after its placement group was created, ``trials.RayTrials``, by when
 its task may have started) and when it ends (FINISHED, KILLED or FAILED; a trial stopped before
-it was placed never ran and writes nothing)::
+it was placed never ran and writes nothing). A failed write raises ``OSError`` naming the
+entry: at the start it ends the sweep (no trial starts after it: ``trials.RecordingFailed``),
+at the end it is said (``sweep._record``)::
 
     version      1
     sweep        the spec's name
@@ -262,5 +264,9 @@ class Ledger:
             "earlier": self.earlier.get(record.name, []),
         }  # fmt: skip
         text = json.dumps(entry, indent=1).encode()
-        self.folder.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.path(record), lambda file: file.write(text))
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.path(record), lambda file: file.write(text))
+        except OSError as error:  # the entry's path, whichever file the OS error names
+            name = type(error).__name__
+            raise OSError(f"ledger entry {self.path(record)}: {name}: {error}") from error

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster.analysis.run_configs import build_config, merged
-from cluster.analysis.sweep_report import TrialRecord
+from cluster.analysis.sweep_report import TrialRecord, configurations
 from cluster.analysis.sweep_spec import SweepSpec, SweepTrial, Values, trial_digest, values_digest
 from cluster.config import ConfigError, ExperimentConfig
 
@@ -24,7 +24,10 @@ class Planned:
     records: list[TrialRecord]
     configs: dict[str, ExperimentConfig] = field(default_factory=dict)  # by trial name
     overrides: list[str] = field(default_factory=list)  # --set
-    final: TrialRecord | None = None  # cross-validation: the selection retrained on all rows
+    # cross-validation: each configuration retrained on all rows (``final_record``), by its
+    # values; ``final``: the selected one's, once it is known
+    finals: dict[Values, TrialRecord] = field(default_factory=dict)
+    final: TrialRecord | None = None
     tracking: tuple[str, str] | None = None  # (tracking URI, experiment) where runs are found
 
     def all_records(self) -> list[TrialRecord]:
@@ -32,7 +35,8 @@ class Planned:
 
 
 def plan(path: Path, overrides: list[str]) -> Planned:
-    """The spec and every trial's config, checked; a ``ConfigError`` names the trial."""
+    """The spec and every trial's config, checked, the retraining of each configuration after
+    cross-validation's included (``Planned.finals``); a ``ConfigError`` names the trial."""
     from cluster.analysis.sweep_spec import load
 
     spec = load(path)
@@ -52,7 +56,20 @@ def plan(path: Path, overrides: list[str]) -> Planned:
         )
     if planned.records:
         check_selection(spec, planned.configs[planned.records[0].name])
+    if spec.cross_validated:
+        planned.finals = {v: final_record(planned, v) for v in configurations(planned.records)}
     return planned
+
+
+def final_record(planned: Planned, values: Values) -> TrialRecord:
+    """After cross-validation: the configuration of ``values`` retrained on all training rows
+    (``data.validation: null``) at the first seed; its config goes in ``planned.configs``."""
+    spec = planned.spec
+    trial = SweepTrial(values, spec.seeds[0])
+    config = trial_config(spec, planned.overrides, trial, selected_changes(spec, values))
+    record = TrialRecord(trial, final_name(spec, trial), trial_digest(config))
+    planned.configs[record.name] = config
+    return record
 
 
 def trial_config(

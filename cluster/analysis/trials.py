@@ -54,6 +54,19 @@ def calibrate(config: ExperimentConfig, say: Callable[[str], None]) -> Experimen
     return calibrate_with_message(config, say)
 
 
+class RecordingFailed(RuntimeError):
+    """``on_start`` or ``on_done`` (recording a trial's start or end) raised: no trial started
+    after it, and the trials running then ran to their end, each recorded where it could be
+    (``RayTrials``). ``failures``: each ``name: recording its start/end failed (error)``."""
+
+    def __init__(self, failures: list[str], not_started: int):
+        self.failures = failures
+        super().__init__(
+            f"{'; '.join(failures)}; no trial started after that ({not_started} not started), "
+            "the running ones ran to their end"
+        )
+
+
 class RunsFailed(RuntimeError):
     """Runs that did not finish, each ``name: status error`` (``compare --concurrent``)."""
 
@@ -175,7 +188,7 @@ class Submitted:
     group: object
     placed: object
     start: float
-    noted: bool = False  # ``on_start`` was called for it
+    noted: bool = False  # its group was seen created (``on_start`` called, where given)
 
 
 class RayTrials:
@@ -189,7 +202,15 @@ class RayTrials:
     A first stop signal (``StopSignals`` in its rounds phase) cancels every running trial: each
     stops after its round and writes its checkpoint; no new trial starts, and ``run`` raises
     ``Interrupted`` once they have ended. A second one cancels them again (each abandons its
-    round) and waits ``ABANDON_WAIT_S`` at most."""
+    round) and waits ``ABANDON_WAIT_S`` at most.
+
+    An exception in ``on_start`` or ``on_done`` is kept, not raised at once: no trial starts
+    after it (the queued ones are not submitted, and those submitted whose placement group is
+    not created yet are cancelled), the trials placed by then run to their end and each is
+    passed to ``on_done``, then ``run`` raises ``RecordingFailed`` (or, where a stop signal came
+    meanwhile, ``Interrupted``, naming the failures too). A trial whose ``on_start`` raised may
+    be running unrecorded: it is cancelled, as at a stop signal (still starting, it ends before
+    its first round; else after its round, writing its checkpoint)."""
 
     def __init__(self, concurrent: int, parent_run_id: str | None, uri: str | None):
         import ray
@@ -200,6 +221,8 @@ class RayTrials:
         self._remote = ray.remote(run_one)
         self._running: dict = {}  # object ref → Submitted
         self._on_start: Callable[[Trial], None] | None = None
+        self._on_done: Callable[[TrialResult], None] = lambda result: None
+        self._failures: list[str] = []  # what on_start/on_done raised (``_call``)
 
     def run(
         self,
@@ -211,20 +234,24 @@ class RayTrials:
 
         stop = StopSignals.active()
         queue, results = list(trials), []
-        self._on_start = on_start
+        withheld: int | None = None  # not started after a recording failed
+        self._on_start, self._on_done, self._failures = on_start, on_done, []
         try:
             while queue or self._running:
                 if stop is not None and stop.reason is not None:
-                    return self._stop(stop, len(queue), results, on_done)
+                    return self._stop(stop, (withheld or 0) + len(queue), results)
                 while queue and (not self.concurrent or len(self._running) < self.concurrent):
                     self._submit(queue.pop(0))
                 self._note_starts()
-                for result in self._finished(POLL_S):
-                    results.append(result)
-                    on_done(result)
+                self._record_ends(results)
+                if self._failures and withheld is None:
+                    withheld = len(queue) + self._withhold()
+                    queue.clear()
         except Interrupted:
             self._cancel_all()
             raise
+        if self._failures:
+            raise RecordingFailed(self._failures, withheld or 0)
         return results
 
     def _submit(self, trial: Trial) -> None:
@@ -243,21 +270,52 @@ class RayTrials:
         self._running[ref] = Submitted(trial, group, group.ready(), time.perf_counter())
 
     def _note_starts(self) -> None:
-        """``on_start`` for each trial whose placement group was created since the last poll:
-        one ``ray.wait`` over the ``placed`` refs not yet seen, whatever their number."""
-        if self._on_start is None:
-            return
-        waiting = {s.placed: s for s in self._running.values() if not s.noted}
+        """Note each trial whose placement group was created since the last poll (``on_start``,
+        where given): one ``ray.wait`` over the ``placed`` refs not yet seen, whatever their
+        number."""
+        waiting = {s.placed: (ref, s) for ref, s in self._running.items() if not s.noted}
         if not waiting:
             return
         placed, _ = self._ray.wait(list(waiting), num_returns=len(waiting), timeout=0)
-        for ref in placed:
-            self._note_start(waiting[ref])
+        for placed_ref in placed:
+            ref, submitted = waiting[placed_ref]
+            if not self._note_start(submitted):  # maybe running unrecorded: stopped as at a
+                self._ray.cancel(ref, recursive=False)  # stop signal (class doc)
 
-    def _note_start(self, submitted: Submitted) -> None:
-        if self._on_start is not None and not submitted.noted:
-            submitted.noted = True
-            self._on_start(submitted.trial)
+    def _note_start(self, submitted: Submitted) -> bool:
+        """Note the trial placed (``on_start``, where given, once); False where that raised."""
+        if submitted.noted:
+            return True
+        submitted.noted = True
+        if self._on_start is None:
+            return True
+        return self._call(self._on_start, submitted.trial, submitted.trial, "its start")
+
+    def _call(self, callback: Callable, argument, trial: Trial, what: str) -> bool:
+        """``callback(argument)``; False where it raised: the exception is kept for ``run`` to
+        raise at the end (``RecordingFailed``), so that the other trials still end recorded."""
+        try:
+            callback(argument)
+        except Exception as error:
+            self._failures.append(f"{trial.name}: recording {what} failed ({_error_text(error)})")
+            return False
+        return True
+
+    def _record_ends(self, results: list[TrialResult]) -> None:
+        """The trials that ended within a poll (``POLL_S``), each passed to ``on_done``."""
+        for result in self._finished(POLL_S):
+            results.append(result)
+            self._call(self._on_done, result, result.trial, "its end")
+
+    def _withhold(self) -> int:
+        """After a recording failed, no trial starts: cancel those submitted whose placement
+        group is not created yet (their task never ran; one placed meanwhile is stopped as at a
+        stop signal). How many were cancelled."""
+        self._note_starts()  # the trials placed by now run to their end
+        waiting = [ref for ref, submitted in self._running.items() if not submitted.noted]
+        for ref in waiting:
+            self._ray.cancel(ref, recursive=False)
+        return len(waiting)
 
     def _placed(self, submitted: Submitted) -> bool:
         """Whether the trial's placement group was created (its task may have run since): the
@@ -294,7 +352,7 @@ class RayTrials:
             self._ray.util.remove_placement_group(submitted.group)  # and any actor left in it
         return result
 
-    def _stop(self, stop, not_started: int, results: list, on_done) -> list[TrialResult]:
+    def _stop(self, stop, not_started: int, results: list) -> list[TrialResult]:
         """Cancel the running trials, wait for them to end (a second signal: abandon the rounds
         in progress, ``ABANDON_WAIT_S`` at most), then raise ``Interrupted``."""
         from cluster.runtime.interrupts import Interrupted
@@ -316,13 +374,12 @@ class RayTrials:
             if deadline is not None and time.monotonic() > deadline:
                 for ref in self._running:
                     self._ray.cancel(ref, force=True)
-            for result in self._finished(POLL_S):
-                results.append(result)
-                on_done(result)
+            self._record_ends(results)
+        failed = "".join(f"; {failure}" for failure in self._failures)
         raise Interrupted(
             stop.signum,
-            f"{stop.reason}: {running} trial(s) stopped, {not_started} not started; rerun the "
-            "same command to resume",
+            f"{stop.reason}: {running} trial(s) stopped, {not_started} not started{failed}; "
+            "rerun the same command to resume",
         )
 
     def _cancel_all(self) -> None:
@@ -363,7 +420,8 @@ def run_concurrently(
     embedded Ray where none), each checked to fit first; tracked runs through one writer
     (``cluster.tracking.server``). ``on_done(result, uri)``: ``uri`` is where the runs are
     tracked; ``on_start(trial)``: once its placement group is created, within a poll
-    (``RayTrials``: its task may have started by then)."""
+    (``RayTrials``: its task may have started by then). ``RecordingFailed`` where either
+    raised: the trials running then ended first, and no other started."""
     import contextlib
 
     from cluster.runtime.interrupts import StopSignals
