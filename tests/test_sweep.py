@@ -475,7 +475,8 @@ def test_a_failed_recording_starts_no_trial_and_ends_the_running_ones_recorded(
     what = "start" if failing == "on_start" else "end"
     assert str(raised.value) == (
         f"{trials[0].name}: recording its {what} failed (OSError: [Errno 28] No space left on "
-        "device); no trial started after that (1 not started), the running ones ran to their end"
+        "device); no trial started after that (1 not started), the others running then ran to "
+        "their end"
     )
     at_start = failing == "on_start"
     assert started == (trials[1:2] if at_start else trials[:2])  # the third was never placed
@@ -512,6 +513,38 @@ def test_a_failed_recording_while_a_stop_signal_ends_the_trials_ends_the_others(
         f"interrupted by SIGINT: 3 trial(s) stopped, 0 not started; {trials[0].name}: "
         "recording its end failed (ValueError: no privacy); rerun the same command to resume"
     )
+    assert engine._running == {}
+
+
+@pytest.mark.timeout(60)
+def test_a_first_stop_signal_leaves_the_round_of_a_trial_stopped_for_its_unrecorded_start(
+    tmp_path, store_root
+):
+    """The trial whose start could not be recorded was cancelled once (it stops after its
+    round); a first Ctrl-C then cancels the others only: a second cancel would make it abandon
+    its round, losing it."""
+    from cluster.runtime.interrupts import Interrupted, StopSignals
+
+    class StillInItsRound(_Ray):  # task0 ends only once the others were stopped
+        def cancel(self, ref, recursive):
+            super().cancel(ref, recursive)
+            if ref == "task0" and self.cancelled.count(ref) == 1:
+                self.ends.remove(ref)
+            if {"task1", "task2"} <= set(self.cancelled) and "task0" not in self.ends:
+                self.ends.append("task0")
+
+    trials = _three_trials(tmp_path, store_root)
+    ray = StillInItsRound()
+    engine = _engine_on(ray, placed=[0, 1, 2])
+
+    def on_start(trial) -> None:
+        if trial is trials[0]:
+            raise OSError(28, "No space left on device")
+        stop.reason, stop.signum = "interrupted by SIGINT", signal.SIGINT
+
+    with StopSignals(lambda line: None) as stop, pytest.raises(Interrupted):
+        engine.run(trials, lambda result: None, on_start)
+    assert sorted(ray.cancelled) == ["task0", "task1", "task2"]  # each once
     assert engine._running == {}
 
 

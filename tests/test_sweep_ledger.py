@@ -321,7 +321,8 @@ def test_a_failure_to_record_a_trials_start_ends_the_sweep_resumably(
         f"{ledger.path(broken)}: IsADirectoryError: [Errno 21] Is a directory: "
     )
     assert printed.err.endswith(
-        f"); no trial started after that (1 not started), the running ones ran to their end; "
+        "); no trial started after that (1 not started), the others running then ran to their "
+        "end; "
         f"fix the cause (the trials' ledger is {out / FOLDER}) and rerun the same command to "
         "resume\n"
     )

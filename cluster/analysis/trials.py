@@ -63,7 +63,7 @@ class RecordingFailed(RuntimeError):
         self.failures = failures
         super().__init__(
             f"{'; '.join(failures)}; no trial started after that ({not_started} not started), "
-            "the running ones ran to their end"
+            "the others running then ran to their end"
         )
 
 
@@ -223,6 +223,7 @@ class RayTrials:
         self._on_start: Callable[[Trial], None] | None = None
         self._on_done: Callable[[TrialResult], None] = lambda result: None
         self._failures: list[str] = []  # what on_start/on_done raised (``_call``)
+        self._stopped: set = set()  # refs cancelled once already (their start not recorded)
 
     def run(
         self,
@@ -236,6 +237,7 @@ class RayTrials:
         queue, results = list(trials), []
         withheld: int | None = None  # not started after a recording failed
         self._on_start, self._on_done, self._failures = on_start, on_done, []
+        self._stopped = set()
         try:
             while queue or self._running:
                 if stop is not None and stop.reason is not None:
@@ -243,10 +245,10 @@ class RayTrials:
                 while queue and (not self.concurrent or len(self._running) < self.concurrent):
                     self._submit(queue.pop(0))
                 self._note_starts()
-                self._record_ends(results)
-                if self._failures and withheld is None:
-                    withheld = len(queue) + self._withhold()
+                if self._failures and withheld is None:  # before the poll's wait: no group
+                    withheld = len(queue) + self._withhold()  # placed meanwhile starts
                     queue.clear()
+                self._record_ends(results)
         except Interrupted:
             self._cancel_all()
             raise
@@ -281,6 +283,7 @@ class RayTrials:
             ref, submitted = waiting[placed_ref]
             if not self._note_start(submitted):  # maybe running unrecorded: stopped as at a
                 self._ray.cancel(ref, recursive=False)  # stop signal (class doc)
+                self._stopped.add(ref)
 
     def _note_start(self, submitted: Submitted) -> bool:
         """Note the trial placed (``on_start``, where given, once); False where that raised."""
@@ -362,7 +365,7 @@ class RayTrials:
             f"sweep: stopping {running} running trial(s) after their round (each writes its "
             f"checkpoint); {not_started} not started"
         )
-        self._cancel_all()
+        self._cancel_all(skip=self._stopped)  # those already stopping keep their round
         deadline = None
         while self._running:
             try:
@@ -382,12 +385,14 @@ class RayTrials:
             "rerun the same command to resume",
         )
 
-    def _cancel_all(self) -> None:
-        """Interrupt each running trial's task (its stop handler ends it: ``run_experiment``).
-        Not recursively: that would cancel the actor calls of the round it waits on, which then
-        raise ``TaskCancelledError`` in the trial, its run ending FAILED without a checkpoint."""
+    def _cancel_all(self, skip: set = frozenset()) -> None:
+        """Interrupt each running trial's task but those in ``skip`` (its stop handler ends it:
+        ``run_experiment``; a second interruption abandons its round). Not recursively: that
+        would cancel the actor calls of the round it waits on, which then raise
+        ``TaskCancelledError`` in the trial, its run ending FAILED without a checkpoint."""
         for ref in self._running:
-            self._ray.cancel(ref, recursive=False)
+            if ref not in skip:
+                self._ray.cancel(ref, recursive=False)
 
 
 RAY_START_TRIES = 3
