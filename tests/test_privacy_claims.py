@@ -110,7 +110,7 @@ def test_control_variate_presets_are_those_whose_algorithm_keeps_c_i(store_root)
     "case",
     [pytest.param(c, marks=pytest.mark.slow) if c in COVERED else c for c in sorted(CASES)],
 )
-def test_every_epsilon_comes_from_the_mechanism(store_root, tracking, capsys, case):
+def test_every_epsilon_comes_from_the_mechanism(store_root, tracking, capsys, case, tmp_path):
     sets = _overrides(store_root, case)
     assert main(["run", "configs/quickstart.yaml", *(x for s in sets for x in ("--set", s))]) == 0
     out = capsys.readouterr().out
@@ -124,7 +124,9 @@ def test_every_epsilon_comes_from_the_mechanism(store_root, tracking, capsys, ca
     assert run.info.run_name == " · ".join(parts)  # cluster.runtime.run_names
     description = tags["mlflow.note.content"]
     assert description.startswith(f"{ROUNDS}/{ROUNDS} rounds (completed {ROUNDS} rounds) · ")
-    with open(tracking.download_artifacts(run.info.run_id, "privacy_report.json")) as f:
+    with open(
+        tracking.download_artifacts(run.info.run_id, "privacy_report.json", str(tmp_path))
+    ) as f:
         report = json.load(f)
     literal = case in LITERAL
     private = config.algorithm.name in PRIVATE_PRESETS

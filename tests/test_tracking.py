@@ -17,7 +17,7 @@ def tracking_uri(tmp_path, monkeypatch):
     return uri
 
 
-def test_run_is_logged_with_params_metrics_and_artifacts(store_root, tracking_uri):
+def test_run_is_logged_with_params_metrics_and_artifacts(store_root, tracking_uri, tmp_path):
     config = small_config(
         store_root,
         "algorithm.name=dp_fedavg",
@@ -69,7 +69,7 @@ def test_run_is_logged_with_params_metrics_and_artifacts(store_root, tracking_ur
     artifacts = {a.path for a in client.list_artifacts(outcome.run_id)}
     assert {"config.yaml", "curves.png", "model.pt", "history.json"} <= artifacts
     assert {"update_norms.npz", "update_norms.png"} <= artifacts
-    norms = np.load(client.download_artifacts(outcome.run_id, "update_norms.npz"))
+    norms = np.load(client.download_artifacts(outcome.run_id, "update_norms.npz", str(tmp_path)))
     assert list(norms["rounds"]) == [1, 2, 3, 4]
     for i, record in enumerate(outcome.result.history):  # the logged quantiles are theirs
         own = norms["norms"][norms["offsets"][i] : norms["offsets"][i + 1]]
@@ -82,7 +82,7 @@ def test_run_is_logged_with_params_metrics_and_artifacts(store_root, tracking_ur
         "partition/client_sizes.png",
         "partition/partition_summary.json",
     }
-    with open(client.download_artifacts(outcome.run_id, "privacy_report.json")) as f:
+    with open(client.download_artifacts(outcome.run_id, "privacy_report.json", str(tmp_path))) as f:
         report = json.load(f)
     assert report["unit"] == "client" and report["accountant"] == "pld"
     assert report["rounds"] == 4 and report["sample_rate"] == 0.25
@@ -94,7 +94,7 @@ def test_run_is_logged_with_params_metrics_and_artifacts(store_root, tracking_ur
     assert report["cohort_sampler"] == "poisson" and report["sampling_assumption"] == "poisson"
     by = report["epsilon_by_accountant"]
     assert by["pld"] == pytest.approx(outcome.epsilon) and by["rdp"] >= by["pld"]
-    local = client.download_artifacts(outcome.run_id, "config.yaml")
+    local = client.download_artifacts(outcome.run_id, "config.yaml", str(tmp_path))
     with open(local) as f:
         assert "dp_fedavg" in f.read()
 
