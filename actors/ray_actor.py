@@ -234,21 +234,26 @@ class WarmHostActor(HostCalls):
         gc.collect()  # the store's memory maps and the model go now, not at some later call
 
     def _end_when_idle(self) -> None:
+        """The idle clock's thread: until the actor ends (here, or where ``release`` or
+        ``retire_if_free`` end it)."""
         while not self.ending:
             time.sleep(min(IDLE_CHECK_S, max(MIN_IDLE_CHECK_S, self.idle_s / 4)))
             try:
-                self._check_idle()
+                if self._idle_too_long():
+                    _end_self()
             except Exception:  # noqa: BLE001  (a GCS blip: look again next time)
                 continue
-        _end_self()
 
-    def _check_idle(self) -> None:
+    def _idle_too_long(self) -> bool:
+        """Whether the actor has had no holder for ``idle_s`` (then it is ``ending``); a holder
+        whose driver died is dropped first."""
         with self.lock:
             if self.holder is not None and not _job_alive(self.holder[1]):
                 self._drop()  # its run's driver died without releasing it
                 self.holder = None
             if self.holder is None and time.monotonic() - self.idle_since > self.idle_s:
                 self.ending = True
+            return self.ending
 
 
 # How often a warm actor looks whether it is idle, or its holder's driver gone: a quarter of

@@ -22,6 +22,8 @@ import time
 
 import torch
 
+from cluster.runtime.warm_pool import warm_actor_names
+
 PIDS = re.compile(r"pid (\d+)")
 
 
@@ -61,15 +63,6 @@ def _pids(lines: list[str]) -> list[int]:
     return [int(pid) for pid in PIDS.findall(_placement(lines))]
 
 
-def _pool_names() -> set[str]:
-    import ray
-
-    from cluster.runtime.warm_pool import NAMESPACE
-
-    listed = ray.util.list_named_actors(all_namespaces=True)
-    return {entry["name"] for entry in listed if entry["namespace"] == NAMESPACE}
-
-
 def _lease_rules(options: dict) -> dict:
     """The lease, code and room rules, called directly on the pool the runs left (idle, 2
     actors of 0.5 CPU on a head of 2 CPUs)."""
@@ -94,11 +87,11 @@ def _lease_rules(options: dict) -> dict:
     first = ray.get_actor(actor_name(key, 0), namespace=NAMESPACE)
     rules["other_code"] = ray.get(first.lease.remote("t", context.get_job_id(), "0" * 64, 60.0))
     make_room(0.5, 0.0)  # 1 CPU free: nothing ends
-    rules["after_room_for_half"] = sorted(_pool_names())
+    rules["after_room_for_half"] = sorted(warm_actor_names())
     make_room(1.5, 0.0)  # the idle pool's CPU is needed: it ends
     rules["after_room_for_more"] = _wait_until_pool(lambda names: not names, 10)
     short = lease_warm_hosts(1, options, 1.0)  # started afresh, kept 1 s after its release
-    rules["short_names"] = sorted(_pool_names())
+    rules["short_names"] = sorted(warm_actor_names())
     release(short)
     rules["after_idle"] = _wait_until_pool(lambda names: not names, 30)
     return rules
@@ -107,9 +100,9 @@ def _lease_rules(options: dict) -> dict:
 def _wait_until_pool(done, timeout_s: float) -> list[str]:
     """The pool's actor names once ``done(names)``, or after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
-    while not done(_pool_names()) and time.monotonic() < deadline:
+    while not done(warm_actor_names()) and time.monotonic() < deadline:
         time.sleep(0.25)
-    return sorted(_pool_names())
+    return sorted(warm_actor_names())
 
 
 def main(request: dict) -> None:

@@ -20,7 +20,13 @@ from cluster.runtime.executors import (
     HostsLost,
     HostsUnavailable,
 )
-from cluster.runtime.warm_pool import WarmLease, lease_warm_hosts, make_room, release
+from cluster.runtime.warm_pool import (
+    WarmLease,
+    lease_again,
+    lease_warm_hosts,
+    make_room,
+    release,
+)
 from datasets.store import ShardStore
 
 # How long lost actors may take to be running again, somewhere ($DPFL_RESTART_TIMEOUT_S: an
@@ -96,7 +102,6 @@ class RayExecutor(HostPool):
         self._ray = ray
         self._store_location = store.location
         self._resources = (cpus_per_actor, gpus_per_actor)
-        self._control_variates = algorithm.control_variates
         self._host_kwargs = {
             "store_path": store.location,
             "test_per_client": test_per_client,
@@ -259,18 +264,11 @@ class RayExecutor(HostPool):
     def _reopen(self, index: int) -> None:
         """Lease and open again warm actor ``index``, which Ray restarted without its host
         (and lease); its clients' states, if any, are refused until the driver loads them."""
-        refusal = self._ray.get(
-            self.actors[index].lease.remote(
-                self.lease.token,
-                self._ray.get_runtime_context().get_job_id(),
-                self.lease.digest,
-                self.lease.keep_warm_s,
-                True,
-            )
-        )
+        refusal = lease_again(self.lease, index)
         if refusal is not None:
             raise HostsUnavailable(f"executor: restarted warm actor {index}: {refusal}")
-        self.placement[index] = self._ray.get(self._open(index, self._control_variates))
+        states_lost = self._host_kwargs["algorithm"].control_variates
+        self.placement[index] = self._ray.get(self._open(index, states_lost))
 
     def _actor_state(self, index: int) -> dict:
         """The GCS's record of actor ``index`` (State, NumRestarts, DeathCause, ...)."""

@@ -45,8 +45,21 @@ def pool_key(digest: str, actor_options: dict, runtime_env: dict) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def pool_prefix(key: str) -> str:
+    """What the names of pool ``key``'s actors begin with."""
+    return f"host-{key}-"
+
+
 def actor_name(key: str, index: int) -> str:
-    return f"host-{key}-{index}"
+    return f"{pool_prefix(key)}{index}"
+
+
+def warm_actor_names() -> set[str]:
+    """The names of the warm actors alive on this Ray, every pool's."""
+    import ray
+
+    listed = ray.util.list_named_actors(all_namespaces=True)
+    return {entry["name"] for entry in listed if entry["namespace"] == NAMESPACE}
 
 
 def lease_warm_hosts(num_actors: int, actor_options: dict, keep_warm_s: float) -> WarmLease | str:
@@ -62,11 +75,7 @@ def lease_warm_hosts(num_actors: int, actor_options: dict, keep_warm_s: float) -
     digest = code_digest()
     key = pool_key(digest, actor_options, dict(context.runtime_env))
     names = [actor_name(key, index) for index in range(num_actors)]
-    missing = set(names) - {
-        entry["name"]
-        for entry in ray.util.list_named_actors(all_namespaces=True)
-        if entry["namespace"] == NAMESPACE
-    }
+    missing = set(names) - warm_actor_names()
     need = len(missing) * actor_options["num_cpus"], len(missing) * actor_options["num_gpus"]
     make_room(*need, keep=key)
     actors = [
@@ -77,7 +86,7 @@ def lease_warm_hosts(num_actors: int, actor_options: dict, keep_warm_s: float) -
     ]
     lease = WarmLease(actors, uuid.uuid4().hex, keep_warm_s, digest)
     job_id = context.get_job_id()
-    asked = [a.lease.remote(lease.token, job_id, digest, keep_warm_s) for a in actors]
+    asked = [_ask(lease, actor, job_id) for actor in actors]
     try:
         refusals = [_refusal(answer) for answer in asked]
     except BaseException:  # interrupted: nothing may stay leased by this live driver
@@ -89,6 +98,20 @@ def lease_warm_hosts(num_actors: int, actor_options: dict, keep_warm_s: float) -
         name, why = refused[0]
         return f"warm actor {name}: {why}"
     return lease
+
+
+def lease_again(lease: WarmLease, index: int) -> str | None:
+    """Lease actor ``index`` again for the run that held it before Ray restarted it (without
+    its host and lease): None when taken, else why not."""
+    import ray
+
+    job_id = ray.get_runtime_context().get_job_id()
+    return _refusal(_ask(lease, lease.actors[index], job_id, reopen=True))
+
+
+def _ask(lease: WarmLease, actor, job_id: str, reopen: bool = False):
+    """``actor``'s answer to ``lease``, a future."""
+    return actor.lease.remote(lease.token, job_id, lease.digest, lease.keep_warm_s, reopen)
 
 
 def _refusal(answer) -> str | None:
@@ -124,14 +147,9 @@ def make_room(cpus: float, gpus: float, keep: str | None = None) -> None:
     free = ray.available_resources()
     if free.get("CPU", 0.0) >= cpus - 1e-9 and free.get("GPU", 0.0) >= gpus - 1e-9:
         return
-    keep_prefix = f"host-{keep}-" if keep is not None else None
-    idle = [
-        entry["name"]
-        for entry in ray.util.list_named_actors(all_namespaces=True)
-        if entry["namespace"] == NAMESPACE
-        and (keep_prefix is None or not entry["name"].startswith(keep_prefix))
-    ]
-    for name in idle:
+    kept = pool_prefix(keep) if keep is not None else None
+    others = [name for name in warm_actor_names() if kept is None or not name.startswith(kept)]
+    for name in sorted(others):
         # ValueError: it ended since it was listed; the others: while answering, or its node
         # is gone.
         with contextlib.suppress(ValueError, GetTimeoutError, RayActorError):
