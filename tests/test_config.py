@@ -236,3 +236,20 @@ def test_ray_uses_executor_address_unless_unset_or_auto_and_ray_address_is_set(m
         assert ray_address(load_config(None, overrides)) == expected
     monkeypatch.delenv("RAY_ADDRESS")
     assert ray_address(load_config(None, ["executor.address=auto"])) == ("executor.address", "auto")
+
+
+@pytest.mark.parametrize(
+    "tagged",
+    ["!!python/object/apply:os.system ['touch {mark}']", "!!python/name:os.system"],
+)
+def test_a_python_tag_in_a_config_or_an_override_is_refused_unrun(tmp_path, tagged):
+    """Configs are read with a SafeLoader (``cluster.config.loading._StrictLoader``): a tag
+    that would build a Python object or call a function is an error, never run."""
+    mark = tmp_path / "ran"
+    value = tagged.format(mark=mark)
+    path = tmp_path / "tagged.yaml"
+    path.write_text(f"rounds: {value}\n")
+    for load in (lambda: load_config(path, []), lambda: load_config(None, [f"rounds={value}"])):
+        with pytest.raises(ConfigError, match="could not determine a constructor for the tag"):
+            load()
+    assert not mark.exists()
