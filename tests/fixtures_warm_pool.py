@@ -86,9 +86,9 @@ def _lease_rules(options: dict) -> dict:
     key = pool_key(code_digest(), options, dict(context.runtime_env))
     first = ray.get_actor(actor_name(key, 0), namespace=NAMESPACE)
     rules["other_code"] = ray.get(first.lease.remote("t", context.get_job_id(), "0" * 64, 60.0))
-    make_room(0.5, 0.0)  # 1 CPU free: nothing ends
+    make_room(1, 0.5, 0.0)  # 1 CPU free: nothing ends
     rules["after_room_for_half"] = sorted(warm_actor_names())
-    make_room(1.5, 0.0)  # the idle pool's CPU is needed: it ends
+    make_room(1, 1.5, 0.0)  # the idle pool's CPU is needed: it ends
     rules["after_room_for_more"] = _wait_until_pool(lambda names: not names, 10)
     short = lease_warm_hosts(1, options, 1.0)  # started afresh, kept 1 s after its release
     rules["short_names"] = sorted(warm_actor_names())

@@ -18,7 +18,7 @@ from helpers import small_config
 from actors.code_digest import code_digest
 from cluster.config import ConfigError
 from cluster.runtime.experiment import run_experiment
-from cluster.runtime.warm_pool import pool_key
+from cluster.runtime.warm_pool import actors_that_fit, pool_key
 
 REPO = Path(__file__).resolve().parents[1]
 OPTIONS = {"num_cpus": 1.0, "num_gpus": 0.0, "max_restarts": 3}
@@ -125,3 +125,13 @@ def test_a_second_run_reuses_the_warm_actors_with_the_same_result(store_root, tm
     assert second["after_room_for_more"] == []
     assert len(second["short_names"]) == 1
     assert second["after_idle"] == []  # kept 1 s, then ended by itself
+
+
+def test_room_for_actors_is_counted_node_by_node():
+    two_half_free = [{"CPU": 1.0}, {"CPU": 1.0}]
+    assert actors_that_fit(two_half_free, 2.0, 0.0) == 0  # 2 CPUs in total, on no one node
+    assert actors_that_fit(two_half_free, 0.5, 0.0) == 4
+    gpu_node = {"CPU": 4.0, "GPU": 0.75}
+    assert actors_that_fit([gpu_node], 1.0, 0.25) == 3  # fractional shares, GPU-bound
+    assert actors_that_fit([gpu_node, {"CPU": 8.0}], 1.0, 0.25) == 3  # no GPU on the second
+    assert actors_that_fit([{}], 0.0, 0.0) == float("inf")

@@ -124,7 +124,7 @@ class RayExecutor(HostPool):
                 raise
         else:
             if group is None:
-                make_room(num_actors * cpus_per_actor, num_actors * gpus_per_actor)
+                make_room(num_actors, cpus_per_actor, gpus_per_actor)
             self.actors = [self._fresh_actor(options, group, index) for index in range(num_actors)]
             self.placement = self.actor_info()
         self.devices = [info["device"] for info in self.placement]

@@ -15,7 +15,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 NAMESPACE = "dpfl-warm-hosts"
@@ -76,8 +78,7 @@ def lease_warm_hosts(num_actors: int, actor_options: dict, keep_warm_s: float) -
     key = pool_key(digest, actor_options, dict(context.runtime_env))
     names = [actor_name(key, index) for index in range(num_actors)]
     missing = set(names) - warm_actor_names()
-    need = len(missing) * actor_options["num_cpus"], len(missing) * actor_options["num_gpus"]
-    make_room(*need, keep=key)
+    make_room(len(missing), actor_options["num_cpus"], actor_options["num_gpus"], keep=key)
     actors = [
         WarmHostActor.options(
             name=name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, **actor_options
@@ -135,17 +136,30 @@ def release(lease: WarmLease) -> None:
         ray.get([a.release.remote(lease.token) for a in lease.actors], timeout=RELEASE_TIMEOUT_S)
 
 
-def make_room(cpus: float, gpus: float, keep: str | None = None) -> None:
-    """Where Ray has less than ``cpus`` and ``gpus`` free, end the warm actors that no live
-    run holds (except pool ``keep``'s): an idle pool would otherwise keep this run's actors
-    waiting for its idle clock. Free resources are the cluster's totals (``ray.available_
-    resources``): on several nodes, room in total may still be no node's room for an actor,
-    and the run's actors then wait until an idle pool ends by its clock."""
+def actors_that_fit(free_per_node: Iterable[dict[str, float]], cpus: float, gpus: float) -> float:
+    """How many actors of ``cpus`` CPUs and ``gpus`` GPUs fit, node by node, in the free
+    resources ``free_per_node`` (an actor takes its share on one node: two nodes with one
+    free CPU each hold no actor of 2). Unbounded (inf) for an actor that asks for neither."""
+    needs = [(kind, need) for kind, need in (("CPU", cpus), ("GPU", gpus)) if need > 0]
+    if not needs:
+        return math.inf
+    # The tolerance absorbs float sums of fractional shares (Ray keeps them in 1e-4 units).
+    return sum(
+        min(math.floor((free.get(kind, 0.0) + 1e-9) / need) for kind, need in needs)
+        for free in free_per_node
+    )
+
+
+def make_room(count: int, cpus: float, gpus: float, keep: str | None = None) -> None:
+    """Where Ray's nodes have no room for ``count`` actors of ``cpus`` CPUs and ``gpus``
+    GPUs (``actors_that_fit``, on each node's free resources), end the warm actors that no
+    live run holds (except pool ``keep``'s): an idle pool would otherwise keep this run's
+    actors waiting for its idle clock."""
     import ray
+    from ray._private.state import available_resources_per_node  # no public per-node view
     from ray.exceptions import GetTimeoutError, RayActorError
 
-    free = ray.available_resources()
-    if free.get("CPU", 0.0) >= cpus - 1e-9 and free.get("GPU", 0.0) >= gpus - 1e-9:
+    if count <= 0 or actors_that_fit(available_resources_per_node().values(), cpus, gpus) >= count:
         return
     kept = pool_prefix(keep) if keep is not None else None
     others = [name for name in warm_actor_names() if kept is None or not name.startswith(kept)]
