@@ -304,7 +304,7 @@ def _run_records(
         progress.finished(record, spec.select.metric)
 
     try:
-        run_concurrently(trials, concurrent, parent and parent.run_id, on_done, ledger.started)
+        run_concurrently(trials, concurrent, parent and parent.run_id, on_done, ledger.submitting)
     finally:  # the bar's line ended before any message that follows
         if progress.bar:
             print()

@@ -51,7 +51,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from cluster.analysis.sweep_report import TrialRecord
@@ -69,7 +70,10 @@ from cluster.config import ConfigError
 
 FOLDER = "ledger"  # under the sweep's --out folder
 VERSION = 1
-STATUSES = ("RUNNING", "KILLED", "FAILED", "FINISHED")
+ENDED = ("KILLED", "FAILED", "FINISHED")
+# SUBMITTED: written before the trial's task is submitted; RUNNING: by earlier versions, once
+# its placement group was created. Either is an attempt the sweep did not see end.
+STATUSES = ("SUBMITTED", "RUNNING", *ENDED)
 DIGEST = re.compile(r"^[0-9a-f]{16}-seed-?[0-9]+(-repeat[0-9]+)?$")  # sweep_spec.trial_digest
 NUMBER = (int, float, type(None))
 FIELDS = {
@@ -90,6 +94,8 @@ class Ledger:
         self.records: dict[str, TrialRecord] = {}  # by trial name
         self.entries: dict[str, dict | str] = {}  # by trial name: its entry, or why unusable
         self.earlier: dict[str, list[str]] = {}  # by trial name: its earlier attempts
+        # by trial name: the bytes of the entry its SUBMITTED one replaced (None: there was none)
+        self.replaced: dict[str, bytes | None] = {}
 
     def path(self, record: TrialRecord) -> Path:
         if not DIGEST.match(record.digest):  # sweep_spec.trial_digest makes them so
@@ -224,16 +230,30 @@ class Ledger:
             return f"its checkpoint {entry['checkpoint']} is not the trial's, {path}"
         return continuation(entry["params"], None, float(entry["seconds"]), trial.config)
 
-    def started(self, trial: Trial) -> None:
-        """Write ``trial``'s entry RUNNING, as it starts."""
-        self._write(self._record(trial), trial, "RUNNING")
+    def submitting(self, trial: Trial) -> None:
+        """Write ``trial``'s entry SUBMITTED, before its task is submitted (it may run from
+        then on), keeping the entry it replaces for ``record`` to put back should the trial
+        never run. ``OSError`` naming the entry where it cannot be read or written: the trial
+        is then not submitted."""
+        path = self.path(self._record(trial))
+        with _naming(path):
+            self.replaced[trial.name] = path.read_bytes() if path.exists() else None
+        self._write(self._record(trial), trial, "SUBMITTED")
 
     def record(self, record: TrialRecord, result: TrialResult, uri: str | None) -> None:
         """Write the entry of ``result``'s trial as ``record`` ended it (``uri``: unused, the
-        MLflow runs are ``MlflowLedger``'s); one that never ran (stopped before it was placed)
-        leaves its entry be."""
+        MLflow runs are ``MlflowLedger``'s). One that never ran (stopped before its placement
+        group was created) gets back the entry its SUBMITTED one replaced (none: removed);
+        where that fails, the SUBMITTED entry stays, an earlier attempt to a rerun."""
         if result.started:
             self._write(record, result.trial, record.status)
+            return
+        path, replaced = self.path(record), self.replaced[record.name]
+        with _naming(path):
+            if replaced is None:
+                path.unlink()
+            else:
+                _write_bytes(path, replaced)
 
     def earlier_attempts(self) -> list[str]:
         """The attempts of the trials that no trial's accountant holds."""
@@ -247,9 +267,8 @@ class Ledger:
 
     def _write(self, record: TrialRecord, trial: Trial, status: str) -> None:
         from cluster.runtime.checkpoint import checkpoint_path
-        from datasets.locations import write_atomic
 
-        ended = status != "RUNNING"
+        ended = status in ENDED
         run_id = record.run_id if ended else None  # a tracked attempt's, once it ended
         unknown = trial.config.tracking.enabled and run_id is None
         entry = {
@@ -263,10 +282,25 @@ class Ledger:
             "privacy": record.privacy if ended else None,
             "earlier": self.earlier.get(record.name, []),
         }  # fmt: skip
-        text = json.dumps(entry, indent=1).encode()
-        try:
+        path = self.path(record)
+        with _naming(path):
             self.folder.mkdir(parents=True, exist_ok=True)
-            write_atomic(self.path(record), lambda file: file.write(text))
-        except OSError as error:  # the entry's path, whichever file the OS error names
-            name = type(error).__name__
-            raise OSError(f"ledger entry {self.path(record)}: {name}: {error}") from error
+            _write_bytes(path, json.dumps(entry, indent=1).encode())
+
+
+def _write_bytes(path: Path, content: bytes) -> None:
+    from datasets.locations import write_atomic
+
+    write_atomic(path, lambda file: file.write(content))
+
+
+@contextmanager
+def _naming(path: Path) -> Iterator[None]:
+    """An ``OSError`` inside raised again naming the entry ``path`` (whichever file the OS
+    error names: ``write_atomic`` writes a temporary sibling), of its class and errno:
+    ``[Errno 28] ledger entry <path>: No space left on device``."""
+    try:
+        yield
+    except OSError as error:
+        text = f"ledger entry {path}: {error.strerror or error}"
+        raise (OSError(text) if error.errno is None else OSError(error.errno, text)) from error
