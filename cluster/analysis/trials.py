@@ -101,7 +101,10 @@ class TrialResult:
 
     @property
     def status(self) -> str:
-        """FINISHED, KILLED (a stop signal ended it) or FAILED (its error)."""
+        """FINISHED, KILLED (a stop signal ended it), FAILED (its error), or NOT RUN (``started``
+        False: stopped before its placement group was created)."""
+        if not self.started:
+            return "NOT RUN"
         if self.outcome is None:
             return "FAILED" if self.error is not None else "KILLED"
         return "KILLED" if self.outcome.interrupted else "FINISHED"
