@@ -332,3 +332,25 @@ def test_compare_table_gives_each_runs_paired_interval_and_warns_on_few_last_ten
     assert "eval_every to at most rounds/30" in warnings[0]
     dense = {"r": [_outcome(30, range(1, 31)) for _ in range(2)]}
     assert last_tenth_warnings(summarize(dense)) == []  # rounds 28, 29, 30
+
+
+def test_compare_concurrent_exits_1_where_handling_a_runs_end_failed(
+    tmp_path, store_root, monkeypatch, capsys
+):
+    """``compare --concurrent``'s engine raises ``RecordingFailed`` where handling a run's end
+    raised (the others ran to their end): the command exits 1 saying so, no traceback."""
+    import cluster.analysis.trials as trials
+    from benchmarks.sweep import tiny_base
+
+    def failing(runs, concurrent, parent_run_id, on_done, on_submit=None):
+        raise trials.RecordingFailed([f"{runs[0].name}: recording its end failed (E)"], 1, 0)
+
+    monkeypatch.setattr(trials, "run_concurrently", failing)
+    base = tiny_base(store_root, tmp_path / "ck") | {"tracking": {"enabled": False}}
+    spec = tmp_path / "rf.yaml"
+    spec.write_text(yaml.safe_dump({"base": base, "runs": {"a": {}}}))
+    assert main(["compare", str(spec), "--concurrent", "2", "--out", str(tmp_path / "o")]) == 1
+    assert capsys.readouterr().err == (
+        "compare: rf-a-seed0: recording its end failed (E); no trial started after that (1 not "
+        "started), the others running then ran to their end\n"
+    )

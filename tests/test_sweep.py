@@ -336,34 +336,35 @@ def test_a_rerun_resumes_a_killed_trial_only_from_its_own_matching_checkpoint(
 
 
 class _Ray:
-    """What ``RayTrials`` asks Ray as trials are placed and end: which refs are ready now
-    (``ready``), a task's result (``results``: a value, or an error it raises), a placement
-    group's state (``created``), the tasks that end (``ends``: one a poll, in order; a
-    cancelled one is added); it counts the calls."""
+    """What ``RayTrials`` asks Ray as trials run: a poll for an ended task (``ends``: one a
+    poll, in order; a cancelled one is added), a task's result (``results``: a value, or an error
+    it raises), a placement group's state (``created``; with ``create_on_cancel``, a task's group
+    is created as the task is cancelled: the race of a cancel with its group's creation). It logs
+    the launches (``log``, where the callbacks may log too) and the cancels (``cancelled``)."""
 
-    def __init__(self):
+    def __init__(self, create_on_cancel: bool = False):
         import ray.exceptions
 
         self.exceptions = ray.exceptions
-        self.ready, self.created, self.results = set(), set(), {}
-        self.waits, self.tables, self.ends, self.cancelled = [], 0, [], []
+        self.create_on_cancel = create_on_cancel
+        self.created, self.results = set(), {}
+        self.ends, self.cancelled, self.log = [], [], []
         self.util = SimpleNamespace(
             placement_group_table=self._table, remove_placement_group=lambda group: None
         )
 
     def wait(self, refs, num_returns, timeout):
-        if num_returns == 1 and timeout > 0:  # a poll for an ended task: the next of ``ends``
-            ended = [r for r in self.ends if r in refs][:1]
-            return ended, [r for r in refs if r not in ended]
-        assert timeout == 0 and num_returns == len(refs)
-        self.waits.append(len(refs))
-        return [r for r in refs if r in self.ready], [r for r in refs if r not in self.ready]
+        assert num_returns == 1 and timeout > 0  # a poll for an ended task: the next of ``ends``
+        ended = [r for r in self.ends if r in refs][:1]
+        return ended, [r for r in refs if r not in ended]
 
     def cancel(self, ref, recursive):
         assert not recursive  # the trial's task, not its actor calls
         self.cancelled.append(ref)
         self.results[ref] = self.exceptions.TaskCancelledError()
         self.ends += [ref] if ref not in self.ends else []
+        if self.create_on_cancel:
+            self.created.add(ref.replace("task", "group"))
 
     def get(self, ref):
         if isinstance(self.results[ref], Exception):
@@ -371,7 +372,6 @@ class _Ray:
         return self.results[ref]
 
     def _table(self, group) -> dict:
-        self.tables += 1
         return {"state": "CREATED" if group in self.created else "PENDING"}
 
 
@@ -385,104 +385,109 @@ def _three_trials(tmp_path, store_root) -> list:
     return [Trial(r.name, planned.configs[r.name]) for r in planned.records]
 
 
-def test_the_engine_notes_a_trial_started_once_its_group_is_placed(tmp_path, store_root):
-    """``on_start`` once per trial, at the first poll after its placement group is created:
-    one ``ray.wait`` a poll over the groups not yet seen, no lookup per trial. A trial that ends
-    is noted first where its group was created (its ``ready`` ref may lag), and one stopped while
-    its group waited never ran (``started`` False): the ledger then writes nothing for it."""
-    from cluster.analysis.trials import RayTrials, Submitted, TrialResult
-
-    trials = _three_trials(tmp_path, store_root)
-    engine, ray, noted = RayTrials(0, None, None), _Ray(), []
-    engine._ray, engine._on_start = ray, noted.append
-    engine._running = {f"task{i}": Submitted(t, f"group{i}", f"ready{i}", 0.0)
-                       for i, t in enumerate(trials)}  # fmt: skip
-    placed, waiting, late = trials
-    ray.ready, ray.created = {"ready0"}, {"group0", "group2"}  # group2's ready ref not back yet
-    engine._note_starts()
-    engine._note_starts()
-    assert noted == [placed] and ray.waits == [3, 2] and ray.tables == 0
-
-    stopped = ray.exceptions.TaskCancelledError()
-    ray.results = {"task0": stopped, "task1": stopped, "task2": TrialResult(late)}
-    ended = [engine._collect(f"task{i}") for i in range(3)]
-    assert noted == [placed, late]  # the late one noted before its end, once
-    assert [(r.status, r.started) for r in ended[:2]] == [("KILLED", True), ("KILLED", False)]
-    assert ended[2].trial is late and engine._running == {} and ray.tables == 3
-
-
-def _engine_on(ray: _Ray, placed: list[int]):
-    """A ``RayTrials`` on ``ray`` whose i-th submitted trial is ``task<i>`` in ``group<i>``,
-    its group created where i is in ``placed``; each task ends as ``ray.ends`` says,
-    returning its trial's ``TrialResult`` (KILLED: no outcome) unless cancelled first."""
-    from cluster.analysis.trials import RayTrials, Submitted, TrialResult
+def _engine_on(ray: _Ray, placed: list[int], on_launch=lambda trial: None):
+    """A ``RayTrials`` on ``ray`` whose i-th launched trial is ``task<i>`` in ``group<i>``, its
+    group created at once where i is in ``placed`` (``on_launch`` called with it); each task ends
+    as ``ray.ends`` says, returning its trial's ``TrialResult`` (KILLED: no outcome) unless
+    cancelled first."""
+    from cluster.analysis.trials import RayTrials, TrialResult
 
     engine = RayTrials(0, None, None)
     engine._ray = ray
 
-    def submit(trial) -> None:
+    def launch(trial):
         i = len(ray.results)
         ray.results[f"task{i}"] = TrialResult(trial)
+        ray.log.append(f"launch {trial.name}")
         if i in placed:
-            ray.ready.add(f"ready{i}")
             ray.created.add(f"group{i}")
-        engine._running[f"task{i}"] = Submitted(trial, f"group{i}", f"ready{i}", 0.0)
+        on_launch(trial)
+        return f"task{i}", f"group{i}"
 
-    engine._submit = submit
+    engine._launch = launch
     return engine
 
 
-def on_fake_ray(placed: list[int], ends: list[int]):
+def on_fake_ray(placed: list[int], ends: list[int], on_launch=lambda trial: None):
     """``run_concurrently`` as ``RayTrials.run`` runs the trials, on a stand-in Ray
     (``_engine_on``): the trials at ``placed`` start, those at ``ends`` end in that order."""
 
-    def run_concurrently(trials, concurrent, parent_run_id, on_done, on_start=None):
+    def run_concurrently(trials, concurrent, parent_run_id, on_done, on_submit=None):
         ray = _Ray()
         ray.ends = [f"task{i}" for i in ends]
-        return _engine_on(ray, placed).run(trials, lambda r: on_done(r, None), on_start)
+        engine = _engine_on(ray, placed, on_launch)
+        return engine.run(trials, lambda r: on_done(r, None), on_submit)
 
     return run_concurrently
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("failing", ["on_start", "on_done"])
-def test_a_failed_recording_starts_no_trial_and_ends_the_running_ones_recorded(
-    tmp_path, store_root, failing
-):
-    """``on_start`` or ``on_done`` raising for the first trial (its ledger entry could not be
-    written): the second, running, still runs to its end and is passed to ``on_done``; the
-    third, whose group was not created yet, is cancelled and never ran; the first, where its
-    start was not recorded, is cancelled (it stops after its round, with its checkpoint); then
-    ``RecordingFailed`` names the trial and the error."""
+def test_a_trials_start_is_recorded_before_its_task_is_submitted(tmp_path, store_root):
+    """``on_submit`` runs before a trial's task is submitted (from then on it may run), so
+    that every trial that may have run was recorded first. Where it raises (a full disk), that
+    trial is never submitted, nor any after it; the one running ends recorded, then
+    ``RecordingFailed`` names the trial, the error and that it did not start."""
     from cluster.analysis.trials import RecordingFailed
 
     trials = _three_trials(tmp_path, store_root)
-    ray, started, done = _Ray(), [], []
+    ray, done = _Ray(), []
+    ray.ends = ["task0"]
+    engine = _engine_on(ray, placed=[0])
+
+    def on_submit(trial) -> None:
+        ray.log.append(f"submit {trial.name}")
+        if trial is trials[1]:
+            raise OSError(28, "No space left on device")
+
+    with pytest.raises(RecordingFailed) as raised:
+        engine.run(trials, done.append, on_submit)
+    first, second, _ = (t.name for t in trials)
+    assert ray.log == [f"submit {first}", f"launch {first}", f"submit {second}"]
+    assert [(r.trial, r.started) for r in done] == [(trials[0], True)]
+    assert str(raised.value) == (
+        f"{second}: recording its start failed (OSError: [Errno 28] No space left on device): "
+        "not started; no trial started after that (2 not started), the others running then ran "
+        "to their end"
+    )
+    assert ray.cancelled == [] and engine._running == {}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("created_as_cancelled", [False, True])
+def test_a_failed_recording_of_an_end_withholds_the_trials_not_placed(
+    tmp_path, store_root, created_as_cancelled
+):
+    """``on_done`` raising for the first trial: the second, placed, still runs to its end and
+    is passed to ``on_done``; the third, whose placement group is not created, is cancelled.
+    It never ran (NOT RUN, ``started`` False: the ledger puts its entry back) unless its group
+    was created as it was cancelled: then it may have started, and it ends as a trial that ran
+    (KILLED, a rerun's earlier attempt), named so by ``RecordingFailed``."""
+    from cluster.analysis.trials import RecordingFailed
+
+    trials = _three_trials(tmp_path, store_root)
+    ray, done = _Ray(create_on_cancel=created_as_cancelled), []
     ray.ends = ["task0", "task1"]
     engine = _engine_on(ray, placed=[0, 1])
 
-    def record(callback: str, trial, into: list, item) -> None:
-        if callback == failing and trial is trials[0]:
+    def on_done(result) -> None:
+        if result.trial is trials[0]:
             raise OSError(28, "No space left on device")
-        into.append(item)
+        done.append(result)
 
     with pytest.raises(RecordingFailed) as raised:
-        engine.run(
-            trials,
-            lambda result: record("on_done", result.trial, done, result),
-            lambda trial: record("on_start", trial, started, trial),
-        )
-    what = "start" if failing == "on_start" else "end"
+        engine.run(trials, on_done, lambda trial: None)
+    counts = "0 not started, 1 stopped while starting" if created_as_cancelled else "1 not started"
     assert str(raised.value) == (
-        f"{trials[0].name}: recording its {what} failed (OSError: [Errno 28] No space left on "
-        "device); no trial started after that (1 not started), the others running then ran to "
+        f"{trials[0].name}: recording its end failed (OSError: [Errno 28] No space left on "
+        f"device); no trial started after that ({counts}), the others running then ran to "
         "their end"
     )
-    at_start = failing == "on_start"
-    assert started == (trials[1:2] if at_start else trials[:2])  # the third was never placed
-    ended = [(r.trial, r.started) for r in done]
-    assert ended == [(trials[0], True)] * at_start + [(trials[1], True), (trials[2], False)]
-    assert ray.cancelled == ["task0"] * at_start + ["task2"] and engine._running == {}
+    ended = [(r.trial, r.status) for r in done]
+    assert ended == [
+        (trials[1], "KILLED"),
+        (trials[2], "KILLED" if created_as_cancelled else "NOT RUN"),
+    ]
+    assert ray.cancelled == ["task2"] and engine._running == {}
 
 
 @pytest.mark.timeout(60)
@@ -503,7 +508,7 @@ def test_a_failed_recording_while_a_stop_signal_ends_the_trials_ends_the_others(
             raise ValueError("no privacy")
         done.append(result.trial)
 
-    def signal_comes(trial) -> None:  # once the trials run
+    def signal_comes(trial) -> None:  # once the trials are submitted
         stop.reason, stop.signum = "interrupted by SIGINT", signal.SIGINT
 
     with StopSignals(lambda line: None) as stop, pytest.raises(Interrupted) as raised:
@@ -517,34 +522,28 @@ def test_a_failed_recording_while_a_stop_signal_ends_the_trials_ends_the_others(
 
 
 @pytest.mark.timeout(60)
-def test_a_first_stop_signal_leaves_the_round_of_a_trial_stopped_for_its_unrecorded_start(
+def test_a_first_stop_signal_leaves_the_round_of_a_withheld_trial_that_started(
     tmp_path, store_root
 ):
-    """The trial whose start could not be recorded was cancelled once (it stops after its
-    round); a first Ctrl-C then cancels the others only: a second cancel would make it abandon
-    its round, losing it."""
+    """A trial withheld after a failed recording, its group created as it was cancelled, may
+    be in its first round, stopping after it: a first Ctrl-C then leaves it be (a second
+    cancel would make it abandon that round) and stops the others only."""
     from cluster.runtime.interrupts import Interrupted, StopSignals
 
-    class StillInItsRound(_Ray):  # task0 ends only once the others were stopped
-        def cancel(self, ref, recursive):
-            super().cancel(ref, recursive)
-            if ref == "task0" and self.cancelled.count(ref) == 1:
-                self.ends.remove(ref)
-            if {"task1", "task2"} <= set(self.cancelled) and "task0" not in self.ends:
-                self.ends.append("task0")
-
     trials = _three_trials(tmp_path, store_root)
-    ray = StillInItsRound()
-    engine = _engine_on(ray, placed=[0, 1, 2])
+    ray = _Ray(create_on_cancel=True)
+    ray.ends = ["task0", "task1"]
+    engine = _engine_on(ray, placed=[0, 1])
 
-    def on_start(trial) -> None:
-        if trial is trials[0]:
+    def on_done(result) -> None:
+        if result.trial is trials[0]:
             raise OSError(28, "No space left on device")
         stop.reason, stop.signum = "interrupted by SIGINT", signal.SIGINT
 
-    with StopSignals(lambda line: None) as stop, pytest.raises(Interrupted):
-        engine.run(trials, lambda result: None, on_start)
-    assert sorted(ray.cancelled) == ["task0", "task1", "task2"]  # each once
+    with StopSignals(lambda line: None) as stop, pytest.raises(Interrupted) as raised:
+        engine.run(trials, on_done)
+    assert ray.cancelled == ["task2"]  # once, by the withholding
+    assert str(raised.value).startswith("interrupted by SIGINT: 1 trial(s) stopped, 0 not ")
     assert engine._running == {}
 
 
@@ -766,3 +765,28 @@ def test_cross_validation_averages_the_folds_and_retrains_on_all_rows():
     assert rows[2]["trials"] == 5 and rows[2]["validation_accuracy_mean"] == pytest.approx(0.65)
     chosen = yaml.safe_load(selected_yaml(planned, (("algorithm.local.lr", 1.0),)))
     assert chosen["data"]["validation"] is None and chosen["algorithm"]["local"]["lr"] == 1.0
+
+
+def test_a_retrainings_config_error_names_the_retraining(tmp_path, store_root, monkeypatch, capsys):
+    """After cross-validation each configuration is retrained on all training rows (checked
+    before any trial runs): a config error there names that retraining, not a fold trial."""
+    import cluster.analysis.sweep_plan as sweep_plan
+    from cluster.config import ConfigError
+
+    build_config = sweep_plan.build_config
+
+    def refusing_the_retraining(base, overrides, changes, extra):
+        if "data.validation" in changes:  # only the retraining changes it (to null)
+            raise ConfigError("data.validation", None, "needs validation data")
+        return build_config(base, overrides, changes, extra)
+
+    monkeypatch.setattr(sweep_plan, "build_config", refusing_the_retraining)
+    base = _base(store_root, tmp_path)
+    base["data"]["validation"] = {"folds": 2, "fold": 0}
+    space = {"algorithm.local.lr": [0.1], "data.validation.fold": [0, 1]}
+    spec = _write(tmp_path, "cvr", {"base": base, "space": space})
+    assert main(["sweep", str(spec)]) == 2
+    assert capsys.readouterr().err == (
+        "sweep: config error: data.validation = None: needs validation data (the retraining "
+        "of lr=0.1 on all training rows, seed 0)\n"
+    )

@@ -4,6 +4,7 @@ checkpoint continues (its seconds adding up), anything else reruns from round 0 
 earlier attempt (no ε); (slow) a real sweep stopped and rerun ends as an uninterrupted one."""
 
 import csv
+import errno
 import json
 import os
 import shutil
@@ -46,9 +47,10 @@ def test_a_rerun_resumes_only_a_killed_trial_with_its_own_checkpoint_from_the_le
 ):
     """A FINISHED entry: skipped, with its recorded result. A KILLED one whose params, checkpoint
     and config are the trial's: continued, its seconds counted before. Unreadable, another
-    trial's, RUNNING (the sweep died), KILLED with other params, or naming a checkpoint that is
-    not the trial's (never opened): each reruns from round 0 with a line saying why, and stays
-    an earlier attempt, carried in the trial's next entries (no ε)."""
+    trial's, SUBMITTED (the sweep died after submitting it), KILLED with other params, or naming
+    a checkpoint that is not the trial's (never opened): each reruns from round 0 with a line
+    saying why, and stays an earlier attempt, carried in the trial's next entries (no ε). A
+    trial submitted again that never ran gets the entry it had back."""
     lrs = [0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
     base = _untracked(store_root, tmp_path)
     spec = _write(tmp_path, "lg", {"base": base, "space": {"algorithm.local.lr": lrs}})
@@ -57,7 +59,7 @@ def test_a_rerun_resumes_only_a_killed_trial_with_its_own_checkpoint_from_the_le
     ledger = Ledger(folder, planned.spec.name, False)
     ledger.find_finished(planned.records)
     assert ledger.entries == {} and ledger.earlier_attempts() == []
-    records = dict(zip(("finished", "resumed", "unreadable", "other_trial", "running",
+    records = dict(zip(("finished", "resumed", "unreadable", "other_trial", "submitted",
                         "other_params", "elsewhere"), planned.records, strict=True))  # fmt: skip
     by_role = dict(zip(records, trials, strict=True))
     config = by_role["resumed"].config
@@ -65,9 +67,9 @@ def test_a_rerun_resumes_only_a_killed_trial_with_its_own_checkpoint_from_the_le
     privacy = {"label": "f", "unit": "client", "dp_valid": True, "delta": 1e-5, "epsilon": 1.0}
     for role, trial in by_role.items():
         record = records[role]
-        ledger.started(trial)
-        if role == "running":
-            continue  # the sweep died with it running
+        ledger.submitting(trial)
+        if role == "submitted":
+            continue  # the sweep died: it may have run
         record.status, record.seconds = "KILLED", 12.5
         if role == "finished":
             record.status, record.metric, record.test_accuracy = "FINISHED", 0.75, 0.7
@@ -111,7 +113,7 @@ def test_a_rerun_resumes_only_a_killed_trial_with_its_own_checkpoint_from_the_le
     why = {
         "unreadable": "the entry is unusable: unreadable: ",
         "other_trial": f"unusable: its name is '{records['resumed'].name}', this trial's",
-        "running": "it is RUNNING: only a KILLED attempt continues",
+        "submitted": "it is SUBMITTED: only a KILLED attempt continues",
         "other_params": "its param algorithm.clip_norm is '0.7', the trial's is '0.5'",
         "elsewhere": f"its checkpoint {foreign} is not the trial's, ",
     }
@@ -131,19 +133,21 @@ def test_a_rerun_resumes_only_a_killed_trial_with_its_own_checkpoint_from_the_le
     assert tuning.epsilon is None and "an earlier attempt" in tuning.reason
 
     before = entry["resumed"].read_text()
+    ledger.submitting(after[0])  # it may run from now on
+    assert json.loads(entry["resumed"].read_text())["status"] == "SUBMITTED"
     records["resumed"].status = "KILLED"  # stopped again, before it was placed: never ran
     ledger.record(records["resumed"], TrialResult(after[0], started=False), None)
-    assert entry["resumed"].read_text() == before  # its checkpoint's entry stands
-    rerun = next(t for t in after if t.name == records["running"].name)  # it finishes now
-    ledger.started(rerun)
-    records["running"].status = "FINISHED"
-    ledger.record(records["running"], TrialResult(rerun), None)
-    assert json.loads(entry["running"].read_text())["earlier"] == [
-        line for line in earlier if records["running"].name in line
+    assert entry["resumed"].read_text() == before  # its checkpoint's entry is back
+    rerun = next(t for t in after if t.name == records["submitted"].name)  # it finishes now
+    ledger.submitting(rerun)
+    records["submitted"].status = "FINISHED"
+    ledger.record(records["submitted"], TrialResult(rerun), None)
+    assert json.loads(entry["submitted"].read_text())["earlier"] == [
+        line for line in earlier if records["submitted"].name in line
     ]
     third = Ledger(folder, planned.spec.name, False)
     third.find_finished(plan(spec, []).records)
-    assert records["running"].name in " ".join(third.earlier_attempts())  # never forgotten
+    assert records["submitted"].name in " ".join(third.earlier_attempts())  # never forgotten
 
 
 def _untracked_spec(tmp_path, store_root, name: str, lrs: list[float]) -> Path:
@@ -173,7 +177,7 @@ def test_a_trial_whose_own_checkpoint_no_entry_holds_is_an_earlier_attempt(tmp_p
     spec = _untracked_spec(tmp_path, store_root, "gap", [0.1])
     planned, record, trial = _one_trial(spec)
     first = _read_ledger(tmp_path / "out1" / FOLDER, planned)
-    first.started(trial)
+    first.submitting(trial)
     state = run_local(_local(replace(trial.config, rounds=1))).state_dict()
     path = checkpoint_path(trial.config, None)
     save_checkpoint(path, state, trial.config.to_dict(), None)
@@ -194,7 +198,7 @@ def test_a_trial_whose_own_checkpoint_no_entry_holds_is_an_earlier_attempt(tmp_p
     assert second.earlier_attempts() == [
         f"{trial.name} (an earlier attempt that left {path}, not in {second.folder})"
     ]
-    second.started(after)  # its new entry carries it
+    second.submitting(after)  # its new entry carries it
     assert json.loads(second.path(record).read_text())["earlier"] == second.earlier_attempts()
     tuning = statement(planned, planned.records, second.earlier_attempts())
     assert tuning.epsilon is None and "an earlier attempt that left" in tuning.reason
@@ -218,7 +222,7 @@ def test_a_rerun_that_switches_tracking_exits_2_naming_how_it_ran(
         local = Ledger(out / FOLDER, planned.spec.name, not ran)
         local.read(planned.records)  # as the sweep reads it before its parent run opens
         ledger = local if ran else MlflowLedger(planned, "a-parent-run", local)
-        ledger.started(trial)
+        ledger.submitting(trial)
         record.status = "KILLED"
         ledger.record(record, TrialResult(trial), None)
         assert json.loads(local.path(record).read_text())["status"] == "KILLED"
@@ -249,7 +253,7 @@ def test_a_finished_entry_whose_privacy_does_not_parse_is_an_earlier_attempt(
     spec = _untracked_spec(tmp_path, store_root, "pv", [0.1])
     planned, record, trial = _one_trial(spec)
     ledger = _read_ledger(tmp_path / "out" / FOLDER, planned)
-    ledger.started(trial)
+    ledger.submitting(trial)
     record.status, record.metric, record.test_accuracy, record.epsilon = "FINISHED", 0.5, 0.5, "ε 1"
     record.privacy = privacy
     ledger.record(record, TrialResult(trial), None)
@@ -279,20 +283,20 @@ def test_a_failure_to_record_a_trial_stops_no_other_one(tmp_path, store_root, mo
     broken, kept = planned.records
     ledger.path(broken).mkdir(parents=True)  # its entry cannot be written
 
-    def stopped(trials, concurrent, parent_run_id, on_done, on_start):  # Ctrl-C: both KILLED
+    def stopped(trials, concurrent, parent_run_id, on_done, on_submit):  # Ctrl-C: both KILLED
         for trial in trials:
             if trial.name == kept.name:
-                on_start(trial)
+                on_submit(trial)
             on_done(TrialResult(trial), None)
 
     monkeypatch.setattr(sweep, "run_concurrently", stopped)
     sweep._run_records(planned, ledger, None, 0, planned.records, "trial")
     printed = capsys.readouterr().out
     assert (
-        f"sweep rf: {broken.name}: recording it KILLED failed (OSError: ledger entry "
-        f"{ledger.path(broken)}: IsADirectoryError: "
+        f"sweep rf: {broken.name}: recording it KILLED failed (IsADirectoryError: [Errno 21] "
+        f"ledger entry {ledger.path(broken)}: Is a directory); a rerun finds its attempt as the "
+        "ledger last held it"
     ) in printed
-    assert "a rerun finds its attempt as the ledger last held it" in printed
     assert json.loads(ledger.path(kept).read_text())["status"] == "KILLED"
     assert [r.status for r in planned.records] == ["KILLED", "KILLED"]
 
@@ -301,34 +305,28 @@ def test_a_failure_to_record_a_trial_stops_no_other_one(tmp_path, store_root, mo
 def test_a_failure_to_record_a_trials_start_ends_the_sweep_resumably(
     tmp_path, store_root, monkeypatch, capsys
 ):
-    """A trial's start must be in the ledger (its rounds count in the sweep's ε): where its
-    entry cannot be written, no trial starts after it, the running ones end recorded, and the
-    sweep exits 1 naming the entry and the OS error. Once the entry can be written, the same
-    command resumes."""
+    """A trial's start must be in the ledger before its task is submitted (its rounds count in
+    the sweep's ε): where its entry cannot be written, neither it nor any trial after it is
+    submitted, the running one ends recorded, and the sweep exits 1 naming the entry and the OS
+    error. Once the entry can be written, the same command resumes."""
     import cluster.analysis.sweep as sweep
 
     spec = _untracked_spec(tmp_path, store_root, "rs", [0.1, 0.2, 0.3])
     planned = plan(spec, [])
     out = tmp_path / "out"
     ledger = Ledger(out / FOLDER, planned.spec.name, False)
-    broken, running, waiting = planned.records
+    running, broken, waiting = planned.records
     ledger.path(broken).mkdir(parents=True)  # its entry cannot be written
-    monkeypatch.setattr(sweep, "run_concurrently", on_fake_ray(placed=[0, 1], ends=[1, 0]))
+    monkeypatch.setattr(sweep, "run_concurrently", on_fake_ray(placed=[0], ends=[0]))
     assert main(["sweep", str(spec), "--out", str(out)]) == 1
-    printed = capsys.readouterr()
-    assert printed.err.startswith(
-        f"sweep rs: {broken.name}: recording its start failed (OSError: ledger entry "
-        f"{ledger.path(broken)}: IsADirectoryError: [Errno 21] Is a directory: "
+    assert capsys.readouterr().err == (
+        f"sweep rs: {broken.name}: recording its start failed (IsADirectoryError: [Errno 21] "
+        f"ledger entry {ledger.path(broken)}: Is a directory): not started; no trial started "
+        "after that (2 not started), the others running then ran to their end; fix the cause "
+        f"(the trials' ledger is {out / FOLDER}) and rerun the same command to resume\n"
     )
-    assert printed.err.endswith(
-        "); no trial started after that (1 not started), the others running then ran to their "
-        "end; "
-        f"fix the cause (the trials' ledger is {out / FOLDER}) and rerun the same command to "
-        "resume\n"
-    )
-    assert f"{broken.name}: recording it KILLED failed (OSError: ledger entry " in printed.out
     assert json.loads(ledger.path(running).read_text())["status"] == "KILLED"
-    assert not ledger.path(waiting).exists()  # never started
+    assert not ledger.path(waiting).exists()  # never submitted
 
     ledger.path(broken).rmdir()
     monkeypatch.setattr(sweep, "run_concurrently", on_fake_ray(placed=[0, 1, 2], ends=[0, 1, 2]))
@@ -336,6 +334,111 @@ def test_a_failure_to_record_a_trials_start_ends_the_sweep_resumably(
     assert "3 trial run(s), 0 finished before (resumed), 3 to run" in capsys.readouterr().out
     statuses = [json.loads(ledger.path(r).read_text())["status"] for r in planned.records]
     assert statuses == ["KILLED"] * 3
+
+
+def _on_a_disk(monkeypatch) -> list:
+    """``write_atomic`` (the ledger's writes) failing with ENOSPC, naming its temporary file as
+    the OS does, while the list returned is not empty."""
+    from datasets import locations
+
+    full, write_atomic = [], locations.write_atomic
+
+    def write(location, content) -> None:
+        if full:
+            raise OSError(errno.ENOSPC, "No space left on device", f"{location}.tmp")
+        write_atomic(location, content)
+
+    monkeypatch.setattr(locations, "write_atomic", write)
+    return full
+
+
+@pytest.mark.timeout(120)
+def test_a_trial_that_may_have_run_is_an_earlier_attempt_even_after_the_disk_filled(
+    tmp_path, store_root, monkeypatch, capsys
+):
+    """The disk fills as the first trial's task is submitted: its end cannot be written, and it
+    left no checkpoint. Its SUBMITTED entry, written before its task was, makes it an earlier
+    attempt to the rerun, which states no ε. The second trial's start cannot be written: it is
+    never submitted, and the sweep exits 1 (a rerun runs it: it never ran)."""
+    import cluster.analysis.sweep as sweep
+
+    spec = _untracked_spec(tmp_path, store_root, "fd", [0.1, 0.2])
+    planned = plan(spec, [])
+    out = tmp_path / "out"
+    first, second = planned.records
+    launched, full = [], _on_a_disk(monkeypatch)
+
+    def disk_fills(trial) -> None:
+        launched.append(trial.name)
+        full.append(True)
+
+    monkeypatch.setattr(
+        sweep, "run_concurrently", on_fake_ray(placed=[0], ends=[0], on_launch=disk_fills)
+    )
+    assert main(["sweep", str(spec), "--out", str(out)]) == 1
+    printed = capsys.readouterr()
+    assert launched == [first.name]
+    ledger = Ledger(out / FOLDER, planned.spec.name, False)
+    no_space = "(OSError: [Errno 28] ledger entry {}: No space left on device)"
+    assert f"{first.name}: recording it KILLED failed {no_space.format(ledger.path(first))}" in (
+        printed.out
+    )
+    assert printed.err.startswith(
+        f"sweep fd: {second.name}: recording its start failed "
+        f"{no_space.format(ledger.path(second))}: not started; "
+    )
+
+    full.clear()
+    planned, trials = _planned(spec)  # the rerun
+    rerun = _read_ledger(out / FOLDER, planned)
+    said = []
+    rerun.resume_killed(trials, said.append)
+    assert rerun.earlier_attempts() == [
+        f"{first.name} SUBMITTED (an earlier attempt, {ledger.path(first)})"
+    ]
+    assert f"{second.name}: runs again from round 0" not in said  # nothing of it ran
+    assert statement(planned, planned.records, rerun.earlier_attempts()).epsilon is None
+
+
+def test_a_trial_that_never_ran_leaves_the_ledger_as_it_was(tmp_path, store_root, monkeypatch):
+    """A trial submitted and then stopped before its placement group was created never ran:
+    the entry its SUBMITTED one replaced comes back (an earlier attempt's KILLED one), or none
+    where there was none. Where that cannot be written, the SUBMITTED entry stays (the error
+    raised names it, of the class and errno the OS gave), and the rerun counts an attempt that
+    never ran: the safe side."""
+    spec = _untracked_spec(tmp_path, store_root, "nr", [0.1])
+    planned, record, trial = _one_trial(spec)
+    ledger = _read_ledger(tmp_path / "out" / FOLDER, planned)
+    path = ledger.path(record)
+    ledger.submitting(trial)
+    record.status = "KILLED"
+    ledger.record(record, TrialResult(trial, started=False), None)
+    assert not path.exists()
+
+    path.mkdir(parents=True)
+    with pytest.raises(IsADirectoryError) as raised:
+        ledger.submitting(trial)
+    assert str(raised.value) == f"[Errno 21] ledger entry {path}: Is a directory"
+    path.rmdir()
+
+    ledger.submitting(trial)  # an attempt that ran, KILLED
+    ledger.record(record, TrialResult(trial), None)
+    killed = path.read_text()
+    ledger.submitting(trial)  # the next one never runs
+    ledger.record(record, TrialResult(trial, started=False), None)
+    assert path.read_text() == killed
+
+    ledger.submitting(trial)
+    _on_a_disk(monkeypatch).append(True)
+    with pytest.raises(OSError) as raised:
+        ledger.record(record, TrialResult(trial, started=False), None)
+    assert raised.value.errno == errno.ENOSPC
+    assert str(raised.value) == f"[Errno 28] ledger entry {path}: No space left on device"
+    assert json.loads(path.read_text())["status"] == "SUBMITTED"
+    planned, record, trial = _one_trial(spec)  # the rerun
+    rerun = _read_ledger(tmp_path / "out" / FOLDER, planned)
+    rerun.resume_killed([trial], lambda line: None)
+    assert rerun.earlier_attempts() == [f"{trial.name} SUBMITTED (an earlier attempt, {path})"]
 
 
 def test_a_cross_validated_rerun_refuses_a_tracking_switch_before_any_trial(
@@ -357,7 +460,7 @@ def test_a_cross_validated_rerun_refuses_a_tracking_switch_before_any_trial(
     out = tmp_path / "out"
     ledger = Ledger(out / FOLDER, planned.spec.name, True)
     ledger.read([final])
-    ledger.started(Trial(final.name, planned.configs[final.name]))
+    ledger.submitting(Trial(final.name, planned.configs[final.name]))
     ran = []
     monkeypatch.setattr(sweep, "run_concurrently", lambda trials, *args: ran.append(trials))
     untracked = ["--set", "tracking.enabled=false"]

@@ -38,7 +38,7 @@ from pathlib import Path
 import yaml
 
 from cluster.analysis.run_configs import assignments, build_config, run_setup
-from cluster.analysis.trials import RunsFailed
+from cluster.analysis.trials import RecordingFailed, RunsFailed
 from cluster.claims.privacy_plan import format_sigma
 from cluster.config import (
     ConfigError,
@@ -339,7 +339,7 @@ def run(args: argparse.Namespace) -> int:
     except BaseException as error:
         if parent is not None:
             parent.abandon("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
-        if isinstance(error, RunsFailed):
+        if isinstance(error, (RunsFailed, RecordingFailed)):
             print(f"compare: {error}", file=sys.stderr)
             return 1
         raise
@@ -367,7 +367,8 @@ def _run_all(
 ) -> dict[str, list]:
     """Every preset × seed (``cluster.analysis.trials``): one after another in this process, or with
     ``--concurrent N``, N at once on Ray; outcomes by label, in seed order. ``RunsFailed``
-    where a concurrent run failed (the others ran to their end)."""
+    where a concurrent run failed, ``RecordingFailed`` where handling a run's end raised (the
+    others ran to their end)."""
     from cluster.analysis.trials import Trial, calibrate, run_concurrently, run_in_process
 
     trials, keys = [], {}

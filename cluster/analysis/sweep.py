@@ -32,9 +32,10 @@ trials' ledger being a folder of the sweep's own (``sweep_ledger``: ``ledger/`` 
 tracking on too, so that a rerun that switched ``tracking.enabled`` exits 2 before any trial
 runs (each mode's ledger misses the other's attempts; the entries of every configuration's
 retraining after cross-validation are read with the others). A resumed trial's seconds are
-the sum over its attempts. Where a trial's start cannot be recorded (its RUNNING entry), or
-handling its end raises, no trial starts after it, the running ones end recorded, and the
-sweep exits 1 naming the trial and the error (``trials.RecordingFailed``); a rerun resumes.
+the sum over its attempts. Where a trial's start cannot be recorded (its SUBMITTED entry,
+written before its task is submitted: that trial is then not submitted), or handling its end
+raises, no trial starts after it, the running ones end recorded, and the sweep exits 1 naming
+the trial and the error (``trials.RecordingFailed``); a rerun resumes.
 """
 
 from __future__ import annotations
@@ -304,7 +305,7 @@ def _run_records(
         progress.finished(record, spec.select.metric)
 
     try:
-        run_concurrently(trials, concurrent, parent and parent.run_id, on_done, ledger.started)
+        run_concurrently(trials, concurrent, parent and parent.run_id, on_done, ledger.submitting)
     finally:  # the bar's line ended before any message that follows
         if progress.bar:
             print()
@@ -313,8 +314,9 @@ def _run_records(
 def _record(ledger, record: TrialRecord, result: TrialResult, uri: str | None, say) -> None:
     """``ledger.record``; a failure of it (its store, its file) is said, not raised: it runs
     as each trial ends, also while a stop signal ends the others, which must go on to their
-    checkpoints. The trial's attempt stays as the ledger last held it: an unfinished one a
-    rerun cannot continue runs again from round 0, and the sweep then states no ε."""
+    checkpoints. No accounting is lost: the trial's attempt stays as the ledger last held it
+    (its SUBMITTED entry; tracked, its MLflow run not tagged recorded), so a rerun runs it
+    again from round 0 and counts this attempt as an earlier one (no ε)."""
     try:
         ledger.record(record, result, uri)
     except Exception as error:

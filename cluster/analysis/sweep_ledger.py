@@ -5,12 +5,14 @@ It is a folder of the sweep's own, ``ledger/`` under its ``--out`` folder (so ``
 of an untracked sweep's identity: a rerun resumes only from the ledger under the same one),
 written with tracking on or off: one JSON file per trial, ``<its digest>.json`` (the trial's
 ``sweep_trial`` digest: hex and integers, never a config value, so the file stays in that
-folder), written atomically (``locations.write_atomic``) when the trial starts (status RUNNING:
-at the engine's first poll after its placement group was created, ``trials.RayTrials``, by when
-its task may have started) and when it ends (FINISHED, KILLED or FAILED; a trial stopped before
-it was placed never ran and writes nothing). A failed write raises ``OSError`` naming the
-entry: at the start it ends the sweep (no trial starts after it: ``trials.RecordingFailed``),
-at the end it is said (``sweep._record``)::
+folder), written atomically (``locations.write_atomic``) before the trial's task is submitted
+(status SUBMITTED: from then on it may run, ``trials.RayTrials``) and when it ends (FINISHED,
+KILLED or FAILED). A trial stopped before its placement group was created never ran: the entry
+its SUBMITTED one replaced is put back (none: the file is removed). A failed write raises the
+``OSError`` of the class and errno the OS gave, naming the entry (``[Errno 28] ledger entry
+<file>: No space left on device``): before the task it ends the sweep, the trial not submitted
+(no trial starts after it: ``trials.RecordingFailed``); at the end it is said
+(``sweep._record``), and the entry stays SUBMITTED, an earlier attempt to a rerun::
 
     version      1
     sweep        the spec's name
@@ -18,7 +20,8 @@ at the end it is said (``sweep._record``)::
     digest       its digest (configuration, seed, repeat)
     params       its config's params as a run records them (``sweep_resume.attempt_params``);
                  ``tracking.enabled`` among them says whether the attempt was tracked
-    status       RUNNING, KILLED, FAILED or FINISHED
+    status       SUBMITTED, KILLED, FAILED or FINISHED (RUNNING: written by earlier versions
+                 once the trial's placement group was created)
     checkpoint   where its checkpoint is (``checkpoint_path`` of its config and its MLflow
                  run; "" for a tracked attempt whose run is not known yet)
     seconds      what its attempts ran, summed (a resumed trial's killed part included)
@@ -35,23 +38,25 @@ which MLflow runs a tracked attempt left). An unusable entry is an earlier attem
 With tracking off a rerun resumes by the same rules as the MLflow path: a FINISHED entry is not
 run again (its recorded result is the trial's); a KILLED one whose params, checkpoint and config
 match the trial (``sweep_resume.continuation``) is continued from its checkpoint, so its ε is
-stated; any other entry (RUNNING: the sweep stopped without ending it; FAILED; KILLED without a
-matching checkpoint; an entry that cannot be read, or of another trial, or FINISHED without a
-``privacy`` that parses) runs again from round 0, a line saying why, and stays an earlier
-attempt: the sweep states no ε. So does a trial with no entry whose own checkpoint exists: an
-attempt of it ran without this ledger (under another ``--out``), and which attempts ran before
-that one is unknown. (One under another ``--out`` that left no checkpoint here, having stopped
-before its first or having been tracked, is not found: hence the same ``--out``.) Nothing is
-unpickled here: entries are JSON, and a checkpoint is read by the weights-only loader
-(``open_checkpoint``), only at the path the trial's own config gives (the entry's ``checkpoint``
-must be that one).
+stated; any other entry (SUBMITTED or RUNNING: the sweep did not see the trial end, and it may
+have run; FAILED; KILLED without a matching checkpoint, as one stopped before its first round
+leaves, which is counted though it may have trained on nothing; an entry that cannot be read,
+or of another trial, or FINISHED without a ``privacy`` that parses) runs again from round 0, a
+line saying why, and stays an earlier attempt: the sweep states no ε. So does a trial with no
+entry whose own checkpoint exists: an attempt of it ran without this ledger (under another
+``--out``), and which attempts ran before that one is unknown. (One under another ``--out``
+that left no checkpoint here, having stopped before its first or having been tracked, is not
+found: hence the same ``--out``.) Nothing is unpickled here: entries are JSON, and a
+checkpoint is read by the weights-only loader (``open_checkpoint``), only at the path the
+trial's own config gives (the entry's ``checkpoint`` must be that one).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from cluster.analysis.sweep_report import TrialRecord
@@ -69,7 +74,10 @@ from cluster.config import ConfigError
 
 FOLDER = "ledger"  # under the sweep's --out folder
 VERSION = 1
-STATUSES = ("RUNNING", "KILLED", "FAILED", "FINISHED")
+ENDED = ("KILLED", "FAILED", "FINISHED")
+# SUBMITTED: written before the trial's task is submitted; RUNNING: by earlier versions, once
+# its placement group was created. Either is an attempt the sweep did not see end.
+STATUSES = ("SUBMITTED", "RUNNING", *ENDED)
 DIGEST = re.compile(r"^[0-9a-f]{16}-seed-?[0-9]+(-repeat[0-9]+)?$")  # sweep_spec.trial_digest
 NUMBER = (int, float, type(None))
 FIELDS = {
@@ -90,6 +98,8 @@ class Ledger:
         self.records: dict[str, TrialRecord] = {}  # by trial name
         self.entries: dict[str, dict | str] = {}  # by trial name: its entry, or why unusable
         self.earlier: dict[str, list[str]] = {}  # by trial name: its earlier attempts
+        # by trial name: the bytes of the entry its SUBMITTED one replaced (None: there was none)
+        self.replaced: dict[str, bytes | None] = {}
 
     def path(self, record: TrialRecord) -> Path:
         if not DIGEST.match(record.digest):  # sweep_spec.trial_digest makes them so
@@ -224,16 +234,30 @@ class Ledger:
             return f"its checkpoint {entry['checkpoint']} is not the trial's, {path}"
         return continuation(entry["params"], None, float(entry["seconds"]), trial.config)
 
-    def started(self, trial: Trial) -> None:
-        """Write ``trial``'s entry RUNNING, as it starts."""
-        self._write(self._record(trial), trial, "RUNNING")
+    def submitting(self, trial: Trial) -> None:
+        """Write ``trial``'s entry SUBMITTED, before its task is submitted (it may run from
+        then on), keeping the entry it replaces for ``record`` to put back should the trial
+        never run. ``OSError`` naming the entry where it cannot be read or written: the trial
+        is then not submitted."""
+        path = self.path(self._record(trial))
+        with _naming(path):
+            self.replaced[trial.name] = path.read_bytes() if path.exists() else None
+        self._write(self._record(trial), trial, "SUBMITTED")
 
     def record(self, record: TrialRecord, result: TrialResult, uri: str | None) -> None:
         """Write the entry of ``result``'s trial as ``record`` ended it (``uri``: unused, the
-        MLflow runs are ``MlflowLedger``'s); one that never ran (stopped before it was placed)
-        leaves its entry be."""
+        MLflow runs are ``MlflowLedger``'s). One that never ran (stopped before its placement
+        group was created) gets back the entry its SUBMITTED one replaced (none: removed);
+        where that fails, the SUBMITTED entry stays, an earlier attempt to a rerun."""
         if result.started:
             self._write(record, result.trial, record.status)
+            return
+        path, replaced = self.path(record), self.replaced[record.name]
+        with _naming(path):
+            if replaced is None:
+                path.unlink()
+            else:
+                _write_bytes(path, replaced)
 
     def earlier_attempts(self) -> list[str]:
         """The attempts of the trials that no trial's accountant holds."""
@@ -247,9 +271,8 @@ class Ledger:
 
     def _write(self, record: TrialRecord, trial: Trial, status: str) -> None:
         from cluster.runtime.checkpoint import checkpoint_path
-        from datasets.locations import write_atomic
 
-        ended = status != "RUNNING"
+        ended = status in ENDED
         run_id = record.run_id if ended else None  # a tracked attempt's, once it ended
         unknown = trial.config.tracking.enabled and run_id is None
         entry = {
@@ -263,10 +286,25 @@ class Ledger:
             "privacy": record.privacy if ended else None,
             "earlier": self.earlier.get(record.name, []),
         }  # fmt: skip
-        text = json.dumps(entry, indent=1).encode()
-        try:
+        path = self.path(record)
+        with _naming(path):
             self.folder.mkdir(parents=True, exist_ok=True)
-            write_atomic(self.path(record), lambda file: file.write(text))
-        except OSError as error:  # the entry's path, whichever file the OS error names
-            name = type(error).__name__
-            raise OSError(f"ledger entry {self.path(record)}: {name}: {error}") from error
+            _write_bytes(path, json.dumps(entry, indent=1).encode())
+
+
+def _write_bytes(path: Path, content: bytes) -> None:
+    from datasets.locations import write_atomic
+
+    write_atomic(path, lambda file: file.write(content))
+
+
+@contextmanager
+def _naming(path: Path) -> Iterator[None]:
+    """An ``OSError`` inside raised again naming the entry ``path`` (whichever file the OS
+    error names: ``write_atomic`` writes a temporary sibling), of its class and errno:
+    ``[Errno 28] ledger entry <path>: No space left on device``."""
+    try:
+        yield
+    except OSError as error:
+        text = f"ledger entry {path}: {error.strerror or error}"
+        raise (OSError(text) if error.errno is None else OSError(error.errno, text)) from error

@@ -75,8 +75,10 @@ def final_record(planned: Planned, values: Values) -> TrialRecord:
 def trial_config(
     spec: SweepSpec, overrides: list[str], trial: SweepTrial, changes: dict | None = None
 ) -> ExperimentConfig:
-    """``trial``'s config (its values; or ``changes``, with its name and seed)."""
-    name = trial.name(spec.name) if changes is None else final_name(spec, trial)
+    """``trial``'s config (its values; or ``changes``, the retraining of ``final_record``,
+    with its name and seed); a ``ConfigError`` names which of the two it is."""
+    retraining = changes is not None
+    name = final_name(spec, trial) if retraining else trial.name(spec.name)
     extra = [f"seed={trial.seed}", f"tracking.run_name={json.dumps(name)}"]
     raw = merged(spec.base, overrides)
     if (raw.get("tracking") or {}).get("enabled", True) is False:  # an untracked checkpoint is
@@ -85,8 +87,11 @@ def trial_config(
     try:
         return build_config(spec.base, overrides, changes or dict(trial.values), extra)
     except ConfigError as error:
+        which = f"trial {trial.label()}"
+        if retraining:
+            which = f"the retraining of {trial.label()} on all training rows"
         raise ConfigError(
-            error.field_path, error.value, f"{error.fix} (trial {trial.label()}, seed {trial.seed})"
+            error.field_path, error.value, f"{error.fix} ({which}, seed {trial.seed})"
         ) from None
 
 

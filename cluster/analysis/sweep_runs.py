@@ -121,8 +121,8 @@ class MlflowLedger:
     def resume_killed(self, trials: list, say) -> list:
         return resume_killed(trials, self.planned.tracking, self.parent_run_id, say)
 
-    def started(self, trial) -> None:
-        self.local.started(trial)
+    def submitting(self, trial) -> None:
+        self.local.submitting(trial)
 
     def record(self, record: TrialRecord, result, uri: str | None) -> None:
         record_trial(record, uri, self.planned.spec.name)

@@ -55,15 +55,20 @@ def calibrate(config: ExperimentConfig, say: Callable[[str], None]) -> Experimen
 
 
 class RecordingFailed(RuntimeError):
-    """``on_start`` or ``on_done`` (recording a trial's start or end) raised: no trial started
-    after it, and the trials running then ran to their end, each recorded where it could be
-    (``RayTrials``). ``failures``: each ``name: recording its start/end failed (error)``."""
+    """``on_submit`` or ``on_done`` (recording a trial's start or end) raised: no trial was
+    submitted after it, the trials submitted whose placement group was not created yet were
+    cancelled, and the trials placed by then ran to their end, each recorded where it could be
+    (``RayTrials``). ``failures``: each ``name: recording its start/end failed (error)``;
+    ``not_started``: the trials that never ran (not submitted, or cancelled before their group
+    was created); ``stopped_starting``: those cancelled so whose group was created before they
+    ended (each may have started, and is recorded as a trial that ran)."""
 
-    def __init__(self, failures: list[str], not_started: int):
+    def __init__(self, failures: list[str], not_started: int, stopped_starting: int):
         self.failures = failures
+        stopped = f", {stopped_starting} stopped while starting" if stopped_starting else ""
         super().__init__(
-            f"{'; '.join(failures)}; no trial started after that ({not_started} not started), "
-            "the others running then ran to their end"
+            f"{'; '.join(failures)}; no trial started after that ({not_started} not started"
+            f"{stopped}), the others running then ran to their end"
         )
 
 
@@ -96,7 +101,10 @@ class TrialResult:
 
     @property
     def status(self) -> str:
-        """FINISHED, KILLED (a stop signal ended it) or FAILED (its error)."""
+        """FINISHED, KILLED (a stop signal ended it), FAILED (its error), or NOT RUN (``started``
+        False: stopped before its placement group was created)."""
+        if not self.started:
+            return "NOT RUN"
         if self.outcome is None:
             return "FAILED" if self.error is not None else "KILLED"
         return "KILLED" if self.outcome.interrupted else "FINISHED"
@@ -181,36 +189,35 @@ def run_in_process(
 
 @dataclass
 class Submitted:
-    """A trial whose task was submitted, in its placement ``group``; ``placed``: the ref that
-    resolves once that group is created (``group.ready()``, a wait in the GCS, no task)."""
+    """A trial whose task was submitted at ``start``, in its placement ``group``; ``withheld``:
+    cancelled after a recording failed, its group not created then (``RayTrials._withhold``)."""
 
     trial: Trial
     group: object
-    placed: object
     start: float
-    noted: bool = False  # its group was seen created (``on_start`` called, where given)
+    withheld: bool = False
 
 
 class RayTrials:
     """Trials as Ray tasks in placement groups (see the module doc), at most ``concurrent`` at
-    once (0: as many as the cluster holds). ``on_done`` is called in this thread as each ends;
-    ``on_start`` (where given) at the first poll (``POLL_S``) after its placement group is
-    created, from when its task may run (so possibly after it started), and before its
-    ``on_done`` (a trial submitted waits for its group while the trials before it hold the
-    cluster).
+    once (0: as many as the cluster holds). ``on_submit`` (where given) is called with each
+    trial before its task is submitted, since the task may run from then on (a trial submitted
+    waits for its placement group while the trials before it hold the cluster): where it
+    raises, the trial is not submitted. ``on_done`` is called in this thread as each submitted
+    trial ends; ``TrialResult.started`` False where its placement group was never created (it
+    never ran: the GCS's word, asked once the trial ended).
 
     A first stop signal (``StopSignals`` in its rounds phase) cancels every running trial: each
-    stops after its round and writes its checkpoint; no new trial starts, and ``run`` raises
-    ``Interrupted`` once they have ended. A second one cancels them again (each abandons its
-    round) and waits ``ABANDON_WAIT_S`` at most.
+    stops after its round and writes its checkpoint (one still waiting for its group never
+    runs); no new trial starts, and ``run`` raises ``Interrupted`` once they have ended. A
+    second one cancels them again (each abandons its round) and waits ``ABANDON_WAIT_S`` at
+    most.
 
-    An exception in ``on_start`` or ``on_done`` is kept, not raised at once: no trial starts
-    after it (the queued ones are not submitted, and those submitted whose placement group is
-    not created yet are cancelled), the trials placed by then run to their end and each is
-    passed to ``on_done``, then ``run`` raises ``RecordingFailed`` (or, where a stop signal came
-    meanwhile, ``Interrupted``, naming the failures too). A trial whose ``on_start`` raised may
-    be running unrecorded: it is cancelled, as at a stop signal (still starting, it ends before
-    its first round; else after its round, writing its checkpoint)."""
+    An exception in ``on_submit`` or ``on_done`` is kept, not raised at once: no trial is
+    submitted after it (nor the one whose ``on_submit`` raised), those submitted whose placement
+    group is not created yet are cancelled (``_withhold``), the trials placed by then run to
+    their end and each is passed to ``on_done``, then ``run`` raises ``RecordingFailed`` (or,
+    where a stop signal came meanwhile, ``Interrupted``, naming the failures too)."""
 
     def __init__(self, concurrent: int, parent_run_id: str | None, uri: str | None):
         import ray
@@ -220,43 +227,64 @@ class RayTrials:
         self.parent_run_id, self.uri = parent_run_id, uri
         self._remote = ray.remote(run_one)
         self._running: dict = {}  # object ref → Submitted
-        self._on_start: Callable[[Trial], None] | None = None
+        self._on_submit: Callable[[Trial], None] | None = None
         self._on_done: Callable[[TrialResult], None] = lambda result: None
-        self._failures: list[str] = []  # what on_start/on_done raised (``_call``)
-        self._stopped: set = set()  # refs cancelled once already (their start not recorded)
+        self._failures: list[str] = []  # what on_submit/on_done raised (``_call``)
+        self._unsubmitted = 0  # trials not submitted once a recording failed
+        self._withheld_placed: list[bool] = []  # per withheld trial ended: its group created
 
     def run(
         self,
         trials: list[Trial],
         on_done: Callable[[TrialResult], None],
-        on_start: Callable[[Trial], None] | None = None,
+        on_submit: Callable[[Trial], None] | None = None,
     ) -> list[TrialResult]:
         from cluster.runtime.interrupts import Interrupted, StopSignals
 
         stop = StopSignals.active()
         queue, results = list(trials), []
-        withheld: int | None = None  # not started after a recording failed
-        self._on_start, self._on_done, self._failures = on_start, on_done, []
-        self._stopped = set()
+        self._on_submit, self._on_done, self._failures = on_submit, on_done, []
+        self._unsubmitted, self._withheld_placed = 0, []
+        withheld = False  # the trials waiting for their groups once a recording failed
         try:
             while queue or self._running:
                 if stop is not None and stop.reason is not None:
-                    return self._stop(stop, (withheld or 0) + len(queue), results)
-                while queue and (not self.concurrent or len(self._running) < self.concurrent):
+                    return self._stop(stop, self._unsubmitted + len(queue), results)
+                while queue and not self._failures and self._has_room():
                     self._submit(queue.pop(0))
-                self._note_starts()
-                if self._failures and withheld is None:  # before the poll's wait: no group
-                    withheld = len(queue) + self._withhold()  # placed meanwhile starts
+                if self._failures and not withheld:  # before the poll's wait
+                    self._unsubmitted += len(queue)
                     queue.clear()
+                    self._withhold()
+                    withheld = True
                 self._record_ends(results)
         except Interrupted:
             self._cancel_all()
             raise
         if self._failures:
-            raise RecordingFailed(self._failures, withheld or 0)
+            placed = self._withheld_placed
+            raise RecordingFailed(
+                self._failures, self._unsubmitted + placed.count(False), placed.count(True)
+            )
         return results
 
+    def _has_room(self) -> bool:
+        return not self.concurrent or len(self._running) < self.concurrent
+
     def _submit(self, trial: Trial) -> None:
+        """``on_submit`` (where given), then the trial's task; where ``on_submit`` raised, the
+        trial is not submitted (the failure kept: ``_call``)."""
+        if self._on_submit is not None and not self._call(
+            self._on_submit, trial, trial, "its start", ": not started"
+        ):
+            self._unsubmitted += 1
+            return
+        ref, group = self._launch(trial)
+        self._running[ref] = Submitted(trial, group, time.perf_counter())
+
+    def _launch(self, trial: Trial) -> tuple[object, object]:
+        """The trial's placement group (``bundles``) and its task in bundle 0: (the task's
+        object ref, the group)."""
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -269,38 +297,19 @@ class RayTrials:
             max_retries=0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(group, 0),
         ).remote(trial, self.parent_run_id, self.uri)
-        self._running[ref] = Submitted(trial, group, group.ready(), time.perf_counter())
+        return ref, group
 
-    def _note_starts(self) -> None:
-        """Note each trial whose placement group was created since the last poll (``on_start``,
-        where given): one ``ray.wait`` over the ``placed`` refs not yet seen, whatever their
-        number."""
-        waiting = {s.placed: (ref, s) for ref, s in self._running.items() if not s.noted}
-        if not waiting:
-            return
-        placed, _ = self._ray.wait(list(waiting), num_returns=len(waiting), timeout=0)
-        for placed_ref in placed:
-            ref, submitted = waiting[placed_ref]
-            if not self._note_start(submitted):  # maybe running unrecorded: stopped as at a
-                self._ray.cancel(ref, recursive=False)  # stop signal (class doc)
-                self._stopped.add(ref)
-
-    def _note_start(self, submitted: Submitted) -> bool:
-        """Note the trial placed (``on_start``, where given, once); False where that raised."""
-        if submitted.noted:
-            return True
-        submitted.noted = True
-        if self._on_start is None:
-            return True
-        return self._call(self._on_start, submitted.trial, submitted.trial, "its start")
-
-    def _call(self, callback: Callable, argument, trial: Trial, what: str) -> bool:
+    def _call(
+        self, callback: Callable, argument, trial: Trial, what: str, consequence: str = ""
+    ) -> bool:
         """``callback(argument)``; False where it raised: the exception is kept for ``run`` to
         raise at the end (``RecordingFailed``), so that the other trials still end recorded."""
         try:
             callback(argument)
         except Exception as error:
-            self._failures.append(f"{trial.name}: recording {what} failed ({_error_text(error)})")
+            self._failures.append(
+                f"{trial.name}: recording {what} failed ({_error_text(error)}){consequence}"
+            )
             return False
         return True
 
@@ -310,19 +319,18 @@ class RayTrials:
             results.append(result)
             self._call(self._on_done, result, result.trial, "its end")
 
-    def _withhold(self) -> int:
-        """After a recording failed, no trial starts: cancel those submitted whose placement
-        group is not created yet (their task never ran; one placed meanwhile is stopped as at a
-        stop signal). How many were cancelled."""
-        self._note_starts()  # the trials placed by now run to their end
-        waiting = [ref for ref, submitted in self._running.items() if not submitted.noted]
-        for ref in waiting:
-            self._ray.cancel(ref, recursive=False)
-        return len(waiting)
+    def _withhold(self) -> None:
+        """After a recording failed, no trial starts: cancel each submitted one whose placement
+        group is not created yet (the GCS's word). Its task never runs, unless its group is
+        created as the cancel goes out (it then stops as at a stop signal): ``_collect`` tells
+        the two apart by its group once it ended. Those placed run to their end."""
+        for ref, submitted in self._running.items():
+            if not self._placed(submitted):
+                submitted.withheld = True
+                self._ray.cancel(ref, recursive=False)
 
     def _placed(self, submitted: Submitted) -> bool:
-        """Whether the trial's placement group was created (its task may have run since): the
-        GCS's word, asked once as the trial ends (its ``placed`` ref may lag behind it)."""
+        """Whether the trial's placement group was created (its task may have run since)."""
         table = self._ray.util.placement_group_table(submitted.group)
         return table["state"] != "PENDING"
 
@@ -333,16 +341,14 @@ class RayTrials:
         return [self._collect(ref) for ref in done]
 
     def _collect(self, ref) -> TrialResult:
-        """The ended trial of ``ref``: ``on_start`` first where it was placed and not yet
-        noted, so that every trial that may have run was noted before it is done; one stopped
-        before its group was created never ran (``started`` False)."""
+        """The ended trial of ``ref``. One whose placement group was not created by now never
+        ran (``started`` False): its task needs the group, and it has ended."""
         from ray.exceptions import RayError
 
-        submitted = self._running[ref]
+        submitted = self._running.pop(ref)
         placed = self._placed(submitted)
-        if placed:
-            self._note_start(submitted)
-        del self._running[ref]
+        if submitted.withheld:
+            self._withheld_placed.append(placed)
         try:
             result = self._ray.get(ref)
         except RayError as error:  # cancelled (KILLED), or its worker died (FAILED)
@@ -365,7 +371,8 @@ class RayTrials:
             f"sweep: stopping {running} running trial(s) after their round (each writes its "
             f"checkpoint); {not_started} not started"
         )
-        self._cancel_all(skip=self._stopped)  # those already stopping keep their round
+        withheld = {ref for ref, submitted in self._running.items() if submitted.withheld}
+        self._cancel_all(skip=withheld)  # cancelled once: one that started keeps its round
         deadline = None
         while self._running:
             try:
@@ -419,13 +426,13 @@ def run_concurrently(
     concurrent: int,
     parent_run_id: str | None,
     on_done: Callable[[TrialResult, str | None], None],
-    on_start: Callable[[Trial], None] | None = None,
+    on_submit: Callable[[Trial], None] | None = None,
 ) -> list[TrialResult]:
     """``trials`` on Ray (``RayTrials``): the cluster of their ``executor.address`` (an
     embedded Ray where none), each checked to fit first; tracked runs through one writer
     (``cluster.tracking.server``). ``on_done(result, uri)``: ``uri`` is where the runs are
-    tracked; ``on_start(trial)``: once its placement group is created, within a poll
-    (``RayTrials``: its task may have started by then). ``RecordingFailed`` where either
+    tracked; ``on_submit(trial)``: before its task is submitted (it may run from then on),
+    which a trial whose ``on_submit`` raised never is. ``RecordingFailed`` where either
     raised: the trials running then ended first, and no other started."""
     import contextlib
 
@@ -448,7 +455,7 @@ def run_concurrently(
         with writer as uri:
             engine = RayTrials(concurrent, parent_run_id, uri)
             with stop.rounds() if stop is not None else contextlib.nullcontext():
-                return engine.run(trials, lambda result: on_done(result, uri), on_start)
+                return engine.run(trials, lambda result: on_done(result, uri), on_submit)
     finally:
         with stop.finishing() if stop is not None else contextlib.nullcontext():
             disconnect()
