@@ -1,10 +1,10 @@
 """Many clients' local SGD in one set of kernels: ``torch.func.vmap`` over stacked parameters.
 
 ``train_clients`` is ``LocalTrainer.train`` for n clients at once. Each client draws its own
-mini-batch indices from its own generator, exactly as the sequential path does (``fresh``
-batches for the whole round at once: ``algorithms.fresh_batches``, bit for bit the sequential
-draws), so the batches, the number of steps and the learning rate are the same; the steps of
-all n clients then run as vmapped steps on an ``[n, d]`` parameter matrix (a linear layer
+mini-batch indices from its own generator, exactly as the sequential path does (``epoch`` and
+``fresh`` batches for the whole round at once: ``algorithms.round_batches``, bit for bit the
+sequential draws), so the batches, the number of steps and the learning rate are the same; the
+steps of all n clients then run as vmapped steps on an ``[n, d]`` parameter matrix (a linear layer
 becomes one batched matrix product, a convolution a grouped one). The weights equal the
 sequential path's up to float rounding (batched kernels sum in another order);
 ``tests/test_vectorized.py`` checks it.
@@ -48,15 +48,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from itertools import accumulate
 
 import torch
 from torch import nn
 from torch.func import grad, grad_and_value, vmap
 
 from algorithms.dpsgd import DpSgdGradient, clipped_sums, noise_block, noise_block_rows
-from algorithms.fresh_batches import fresh_batches
 from algorithms.local import LocalResult, LocalTrainer, ModelObjective, SgdGradient
+from algorithms.round_batches import epoch_batches, fresh_batches
 from models import GLOBAL_RNG_LAYERS
 
 MAX_CHUNK_FLOATS = 32 * 2**20  # 128 MiB of float32 per [chunk, d] matrix
@@ -211,15 +210,23 @@ def _sgd_step(objective: ModelObjective):
 
 def _step_batches(trainer, sizes, steps, generators, device):
     """(k, m) → (index, mask) of step k's batches of the chunk's first m clients, as
-    ``_padded_indices`` pads them: ``fresh`` batches drawn for the whole round at once
-    (``fresh_batches``, bit for bit ``trainer.batches``), others a step at a time from it."""
-    if trainer.batch_sampling != "fresh":
+    ``_padded_indices`` pads them: ``epoch`` and ``fresh`` batches drawn for the whole round at
+    once (``algorithms.round_batches``, bit for bit ``trainer.batches``), ``poisson`` a step at
+    a time from it."""
+    if trainer.batch_sampling == "poisson":
         draws = [trainer.batches(size, g) for size, g in zip(sizes, generators, strict=True)]
         return lambda k, m: _padded_indices([next(draws[i]) for i in range(m)], device)
-    index, mask = fresh_batches(sizes, steps, trainer.batch_size, generators)
+    draw = fresh_batches if trainer.batch_sampling == "fresh" else epoch_batches
+    index, lengths = draw(sizes, steps, trainer.batch_size, generators)
+    mask = (torch.arange(index.shape[2]) < lengths[..., None]).float()
+    widest = lengths.cummax(0).values.clamp(min=1)  # [i, k]: the widest batch of clients ≤ i
     index, mask = index.to(device), mask.to(device)
-    widths = list(accumulate((min(trainer.batch_size, size) for size in sizes), max))
-    return lambda k, m: (index[:m, k, : widths[m - 1]], mask[:m, : widths[m - 1]])
+
+    def batches(k: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+        width = int(widest[m - 1, k])
+        return index[:m, k, :width], mask[:m, k, :width]
+
+    return batches
 
 
 def _padded_indices(indices: list[torch.Tensor], device) -> tuple[torch.Tensor, torch.Tensor]:
