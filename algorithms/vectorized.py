@@ -48,6 +48,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from itertools import accumulate
 
 import torch
 from torch import nn
@@ -118,16 +119,51 @@ def train_clients(
     return results
 
 
-def _padded_stack(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """``[n, max_len, ...]``: each client's records, zero rows after its own. (``shape[0]``,
-    not ``len``: ``Tensor.__len__`` costs ≈ 1.4 µs, and a round asks thousands of times.)"""
-    lengths = [t.shape[0] for t in tensors]
-    if min(lengths) == max(lengths):
-        return torch.stack(tensors)
-    out = tensors[0].new_zeros((len(tensors), max(lengths), *tensors[0].shape[1:]))
-    for i, (t, length) in enumerate(zip(tensors, lengths, strict=True)):
-        out[i, :length] = t
-    return out
+@dataclass(frozen=True)
+class _ClientRows:
+    """A chunk's clients' records as one tensor of rows: client i's are rows ``starts[i]`` on of
+    ``x`` and ``y``. A step's batches are one ``index_select`` of those rows (a copy, the
+    values of ``x_i[index]``), where indexing a padded ``[n, max n_i, ...]`` stack with two
+    index tensors cost ≈ 4× as much, and the stack a copy of all the rows every round."""
+
+    x: torch.Tensor  # [N, ...]
+    y: torch.Tensor  # [N]
+    starts: torch.Tensor  # [n, 1]
+
+    @classmethod
+    def of(cls, data: list[tuple[torch.Tensor, torch.Tensor]]) -> _ClientRows:
+        """The clients' rows where they lie, if all of them are row ranges of the same two
+        tensors (a host's clients preloaded as one block: ``actors.client_data``); else their
+        concatenation."""
+        xs, ys = [x for x, _ in data], [y for _, y in data]
+        shared_x, shared_y = _row_ranges(xs), _row_ranges(ys)
+        if shared_x is None or shared_y is None or shared_x[1] != shared_y[1]:
+            starts = [0, *accumulate(y.shape[0] for y in ys)][:-1]
+            shared_x, shared_y = (torch.cat(xs), starts), (torch.cat(ys), starts)
+        device = shared_x[0].device
+        return cls(shared_x[0], shared_y[0], torch.tensor(shared_x[1], device=device)[:, None])
+
+    def batch(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x [m, B, ...], y [m, B]) of the [m, B] record indices of the first m clients."""
+        rows = (self.starts[: index.shape[0]] + index).flatten()
+        x = self.x.index_select(0, rows).unflatten(0, index.shape)
+        return x, self.y.index_select(0, rows).view(index.shape)
+
+
+def _row_ranges(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]] | None:
+    """(base, first rows) where every tensor is the rows [first, first + len) of one contiguous
+    tensor ``base`` (``tensor._base``: the tensor a slice views), else None."""
+    base = tensors[0]._base
+    if base is None or not base.is_contiguous():
+        return None
+    row, trailing, starts = base.stride(0), base.shape[1:], []
+    for t in tensors:
+        offset = t.storage_offset() - base.storage_offset()
+        same_rows = t.dtype == base.dtype and t.shape[1:] == trailing and t.is_contiguous()
+        if t._base is not base or not same_rows or offset % row:
+            return None
+        starts.append(offset // row)
+    return base, starts
 
 
 def _masked_loss(objective: ModelObjective):
@@ -162,7 +198,7 @@ def _train_chunk(
     steps = [trainer.num_steps(size) for size in sizes]
     rates = [trainer.local_lr(size) for size in sizes]
     lr = rates[0] if len(set(rates)) == 1 else torch.tensor(rates, device=device)[:, None]
-    xs, ys = _padded_stack([x for x, _ in data]), _padded_stack([y for _, y in data])
+    rows = _ClientRows.of(data)
 
     if isinstance(trainer.gradient, DpSgdGradient):
         step = _ClientsDpSgd.of(trainer, objective, params, sizes, steps, noise_generators)
@@ -175,8 +211,7 @@ def _train_chunk(
     for k in range(steps[0]):
         m = sum(s > k for s in steps)  # clients still training: a prefix
         index, mask = batches(k, m)
-        rows = torch.arange(m, device=device)[:, None]
-        xb, yb = xs[rows, index], ys[rows, index]
+        xb, yb = rows.batch(index)
         g, batch_loss, logits = step(k, w[:m], xb, yb, mask)
         lr_m = lr if isinstance(lr, float) else lr[:m]
         correction = None if corrections is None else corrections[:m]

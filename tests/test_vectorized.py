@@ -2,6 +2,8 @@
 to float rounding: same batches, steps, learning rate, loss and accuracy statistics; and a
 whole run with ``executor.vectorize: true`` reaches the sequential run's weights and ε."""
 
+from itertools import accumulate
+
 import pytest
 import torch
 from helpers import small_config
@@ -111,6 +113,33 @@ def test_chunks_group_clients_of_similar_step_counts(monkeypatch):
         slow = trainer.train(objective, params, x, y, torch_generator(1, 0, i))
         assert (fast[i].params - slow.params).abs().max() < TOLERANCE
         assert fast[i].steps == slow.steps
+
+
+def test_clients_in_one_block_train_as_clients_in_their_own_tensors():
+    """A host's preloaded clients are row ranges of one block, read where they lie (in any
+    order); clients in tensors of their own are concatenated: the same batches and weights,
+    bit for bit."""
+    import algorithms.vectorized as vectorized
+
+    objective = _objective("logreg", (40,))
+    params = ParamLayout.flatten(objective.model)
+    trainer = LocalTrainer(lr=0.1, batch_size=8, local_epochs=2, momentum=0.5)
+    own = _clients(UNEQUAL, (40,))
+    x_block, y_block = torch.cat([x for x, _ in own]), torch.cat([y for _, y in own])
+    bounds = [0, *accumulate(y.shape[0] for _, y in own)]
+    block = [(x_block[a:b], y_block[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    order = [3, 0, 6, 1, 5, 2, 4]
+    own, block = [own[i] for i in order], [block[i] for i in order]
+    assert vectorized._row_ranges([x for x, _ in block]) == (x_block, [bounds[i] for i in order])
+    assert vectorized._row_ranges([x for x, _ in own]) is None
+    generators = [[torch_generator(2, 0, i) for i in order] for _ in range(2)]
+    results = [
+        train_clients(trainer, objective, params, data, g)
+        for data, g in zip((own, block), generators, strict=True)
+    ]
+    for fast, slow in zip(*results, strict=True):
+        assert torch.equal(fast.params, slow.params)
+        assert (fast.loss_sum, fast.correct, fast.seen) == (slow.loss_sum, slow.correct, slow.seen)
 
 
 def test_not_vectorized_where_it_would_compute_something_else():
