@@ -83,33 +83,34 @@ def train_clients(
     trainer: LocalTrainer,
     objective: ModelObjective,
     params: torch.Tensor,
-    data: list[tuple[torch.Tensor, torch.Tensor]],
+    clients: ClientRows,
     generators: list[torch.Generator],
     corrections: torch.Tensor | None = None,
     noise_generators: list[torch.Generator] | None = None,
 ) -> list[LocalResult]:
     """``[trainer.train(objective, params, x, y, g, correction, noise_stream=...) for ...]``,
-    vectorised: ``generators`` each client's ``LOCAL_TRAINING`` stream, ``corrections`` an
+    vectorised: ``clients`` their records, ``generators`` each client's ``LOCAL_TRAINING``
+    stream, ``corrections`` an
     [n, d] matrix of SCAFFOLD's c − c_i (None: no correction), ``noise_generators`` each
     client's ``SAMPLE_NOISE`` stream (DP-SGD with σ_g > 0 needs them).
 
     Every client needs at least one record.
     """
-    sizes = [y.shape[0] for _, y in data]
+    sizes = clients.sizes
     if min(sizes, default=1) == 0:
         raise ValueError("train_clients: every client needs at least one record")
     steps = [trainer.num_steps(size) for size in sizes]
-    order = sorted(range(len(data)), key=lambda i: -steps[i])  # most steps first (stable)
+    order = sorted(range(len(sizes)), key=lambda i: -steps[i])  # most steps first (stable)
     d = params.numel()
     chunk = max(1, MAX_CHUNK_FLOATS // (d * _rows_per_client(trainer, steps, d)))
-    results: list[LocalResult | None] = [None] * len(data)
+    results: list[LocalResult | None] = [None] * len(sizes)
     for start in range(0, len(order), chunk):
         members = order[start : start + chunk]
         trained = _train_chunk(
             trainer,
             objective,
             params,
-            [data[i] for i in members],
+            clients.of(members),
             [generators[i] for i in members],
             None if corrections is None else corrections[members],
             None if noise_generators is None else [noise_generators[i] for i in members],
@@ -120,50 +121,34 @@ def train_clients(
 
 
 @dataclass(frozen=True)
-class _ClientRows:
-    """A chunk's clients' records as one tensor of rows: client i's are rows ``starts[i]`` on of
-    ``x`` and ``y``. A step's batches are one ``index_select`` of those rows (a copy, the
-    values of ``x_i[index]``), where indexing a padded ``[n, max n_i, ...]`` stack with two
-    index tensors cost ≈ 4× as much, and the stack a copy of all the rows every round."""
+class ClientRows:
+    """n clients' records as rows of two tensors: client i's are the ``sizes[i]`` rows of ``x``
+    and ``y`` from row ``starts[i]``. A step's batches are one ``index_select`` of those rows
+    (the values of ``x_i[index]``), where a padded ``[n, max n_i, ...]`` stack of the clients,
+    copied every round and indexed with two index tensors, cost ≈ 3× as much."""
 
     x: torch.Tensor  # [N, ...]
     y: torch.Tensor  # [N]
-    starts: torch.Tensor  # [n, 1]
+    starts: list[int]
+    sizes: list[int]
 
     @classmethod
-    def of(cls, data: list[tuple[torch.Tensor, torch.Tensor]]) -> _ClientRows:
-        """The clients' rows where they lie, if all of them are row ranges of the same two
-        tensors (a host's clients preloaded as one block: ``actors.client_data``); else their
-        concatenation."""
-        xs, ys = [x for x, _ in data], [y for _, y in data]
-        shared_x, shared_y = _row_ranges(xs), _row_ranges(ys)
-        if shared_x is None or shared_y is None or shared_x[1] != shared_y[1]:
-            starts = [0, *accumulate(y.shape[0] for y in ys)][:-1]
-            shared_x, shared_y = (torch.cat(xs), starts), (torch.cat(ys), starts)
-        device = shared_x[0].device
-        return cls(shared_x[0], shared_y[0], torch.tensor(shared_x[1], device=device)[:, None])
+    def concatenated(cls, data: list[tuple[torch.Tensor, torch.Tensor]]) -> ClientRows:
+        """The clients' ``(x, y)`` tensors, in this order, concatenated (one copy)."""
+        sizes = [y.shape[0] for _, y in data]
+        starts = [0, *accumulate(sizes)][:-1]
+        return cls(torch.cat([x for x, _ in data]), torch.cat([y for _, y in data]), starts, sizes)
 
-    def batch(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x [m, B, ...], y [m, B]) of the [m, B] record indices of the first m clients."""
-        rows = (self.starts[: index.shape[0]] + index).flatten()
-        x = self.x.index_select(0, rows).unflatten(0, index.shape)
-        return x, self.y.index_select(0, rows).view(index.shape)
+    def of(self, members: list[int]) -> ClientRows:
+        """The clients ``members`` (positions in this one), in that order; the same rows."""
+        starts, sizes = self.starts, self.sizes
+        return ClientRows(self.x, self.y, [starts[i] for i in members], [sizes[i] for i in members])
 
-
-def _row_ranges(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]] | None:
-    """(base, first rows) where every tensor is the rows [first, first + len) of one contiguous
-    tensor ``base`` (``tensor._base``: the tensor a slice views), else None."""
-    base = tensors[0]._base
-    if base is None or not base.is_contiguous():
-        return None
-    row, trailing, starts = base.stride(0), base.shape[1:], []
-    for t in tensors:
-        offset = t.storage_offset() - base.storage_offset()
-        same_rows = t.dtype == base.dtype and t.shape[1:] == trailing and t.is_contiguous()
-        if t._base is not base or not same_rows or offset % row:
-            return None
-        starts.append(offset // row)
-    return base, starts
+    def batches(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x [m, B, ...], y [m, B]) of the [m, B] row numbers ``rows``."""
+        flat = rows.flatten()
+        x = self.x.index_select(0, flat).unflatten(0, rows.shape)
+        return x, self.y.index_select(0, flat).view(rows.shape)
 
 
 def _masked_loss(objective: ModelObjective):
@@ -190,15 +175,15 @@ def _rows_per_client(trainer: LocalTrainer, steps: list[int], dim: int) -> int:
 
 
 def _train_chunk(
-    trainer, objective, params, data, generators, corrections, noise_generators
+    trainer, objective, params, clients, generators, corrections, noise_generators
 ) -> list[LocalResult]:
     """Clients ordered by step count, most first: at step k the active ones are a prefix."""
-    n, device = len(data), params.device
-    sizes = [y.shape[0] for _, y in data]
+    device, sizes = params.device, clients.sizes
+    n = len(sizes)
     steps = [trainer.num_steps(size) for size in sizes]
     rates = [trainer.local_lr(size) for size in sizes]
     lr = rates[0] if len(set(rates)) == 1 else torch.tensor(rates, device=device)[:, None]
-    rows = _ClientRows.of(data)
+    first_rows = torch.tensor(clients.starts, device=device)[:, None]
 
     if isinstance(trainer.gradient, DpSgdGradient):
         step = _ClientsDpSgd.of(trainer, objective, params, sizes, steps, noise_generators)
@@ -211,7 +196,7 @@ def _train_chunk(
     for k in range(steps[0]):
         m = sum(s > k for s in steps)  # clients still training: a prefix
         index, mask = batches(k, m)
-        xb, yb = rows.batch(index)
+        xb, yb = clients.batches(first_rows[:m] + index)
         g, batch_loss, logits = step(k, w[:m], xb, yb, mask)
         lr_m = lr if isinstance(lr, float) else lr[:m]
         correction = None if corrections is None else corrections[:m]
