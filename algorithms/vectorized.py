@@ -90,9 +90,8 @@ def train_clients(
 ) -> list[LocalResult]:
     """``[trainer.train(objective, params, x, y, g, correction, noise_stream=...) for ...]``,
     vectorised: ``clients`` their records, ``generators`` each client's ``LOCAL_TRAINING``
-    stream, ``corrections`` an
-    [n, d] matrix of SCAFFOLD's c − c_i (None: no correction), ``noise_generators`` each
-    client's ``SAMPLE_NOISE`` stream (DP-SGD with σ_g > 0 needs them).
+    stream, ``corrections`` an [n, d] matrix of SCAFFOLD's c − c_i (None: no correction),
+    ``noise_generators`` each client's ``SAMPLE_NOISE`` stream (DP-SGD with σ_g > 0 needs them).
 
     Every client needs at least one record.
     """
