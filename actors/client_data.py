@@ -18,6 +18,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from algorithms.vectorized import ClientRows
 from datasets.store import ClientArrays, ShardStore
 
 DEFAULT_CACHE_BYTES = 1 << 30  # 1 GiB of model-ready tensors per host
@@ -35,6 +36,8 @@ class ClientDataCache:
         """``to_tensors`` must convert row by row (a block's rows convert as each client's)."""
         self.store, self.to_tensors, self.max_bytes = store, to_tensors, max_bytes
         self._resident: dict[int, Tensors] = {}  # preloaded: views of one block, never evicted
+        self._block: Tensors | None = None  # the preloaded block
+        self._block_starts: dict[int, int] = {}  # each preloaded client's first row in it
         self._cached: OrderedDict[int, Tensors] = OrderedDict()
         self.resident_bytes = 0
         self.bytes = 0  # of the evictable clients
@@ -68,7 +71,18 @@ class ClientDataCache:
         bounds = np.concatenate([[0], np.cumsum(sizes)]).tolist()
         for cid, start, stop in zip(client_ids, bounds[:-1], bounds[1:], strict=True):
             self._resident[cid] = (x[start:stop], y[start:stop])
+            self._block_starts[cid] = start
+        self._block = (x, y)
         self.resident_bytes = _nbytes((x, y))
+
+    def rows(self, client_ids: list[int]) -> ClientRows:
+        """The clients' records as rows (``algorithms.vectorized``): read in place from the
+        preloaded block where all of them are in it, else concatenated (one copy)."""
+        starts = self._block_starts
+        if self._block is None or not all(cid in starts for cid in client_ids):
+            return ClientRows.concatenated([self[cid] for cid in client_ids])
+        sizes = self.store.client_sizes[client_ids].tolist()
+        return ClientRows(*self._block, [starts[cid] for cid in client_ids], sizes)
 
     def num_records(self, client_id: int) -> int:
         """The client's number of training records, from the store's index (nothing loaded)."""

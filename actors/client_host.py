@@ -220,9 +220,9 @@ class ClientHost:
         corrections = None
         if algorithm.control_variates:
             corrections = self._corrections(payload["control"], client_ids)
-        data = [self.data[cid] for cid in client_ids]
+        rows = self.data.rows(client_ids)
         results = train_clients(
-            trainer, self.objective, params, data, generators, corrections, noise
+            trainer, self.objective, params, rows, generators, corrections, noise
         )
         return dict(zip(client_ids, results, strict=True))
 

@@ -1,10 +1,10 @@
 """Many clients' local SGD in one set of kernels: ``torch.func.vmap`` over stacked parameters.
 
 ``train_clients`` is ``LocalTrainer.train`` for n clients at once. Each client draws its own
-mini-batch indices from its own generator, exactly as the sequential path does (``fresh``
-batches for the whole round at once: ``algorithms.fresh_batches``, bit for bit the sequential
-draws), so the batches, the number of steps and the learning rate are the same; the steps of
-all n clients then run as vmapped steps on an ``[n, d]`` parameter matrix (a linear layer
+mini-batch indices from its own generator, exactly as the sequential path does (``epoch`` and
+``fresh`` batches for the whole round at once: ``algorithms.round_batches``, bit for bit the
+sequential draws), so the batches, the number of steps and the learning rate are the same; the
+steps of all n clients then run as vmapped steps on an ``[n, d]`` parameter matrix (a linear layer
 becomes one batched matrix product, a convolution a grouped one). The weights equal the
 sequential path's up to float rounding (batched kernels sum in another order);
 ``tests/test_vectorized.py`` checks it.
@@ -55,8 +55,8 @@ from torch import nn
 from torch.func import grad, grad_and_value, vmap
 
 from algorithms.dpsgd import DpSgdGradient, clipped_sums, noise_block, noise_block_rows
-from algorithms.fresh_batches import fresh_batches
 from algorithms.local import LocalResult, LocalTrainer, ModelObjective, SgdGradient
+from algorithms.round_batches import epoch_batches, fresh_batches
 from models import GLOBAL_RNG_LAYERS
 
 MAX_CHUNK_FLOATS = 32 * 2**20  # 128 MiB of float32 per [chunk, d] matrix
@@ -83,33 +83,33 @@ def train_clients(
     trainer: LocalTrainer,
     objective: ModelObjective,
     params: torch.Tensor,
-    data: list[tuple[torch.Tensor, torch.Tensor]],
+    clients: ClientRows,
     generators: list[torch.Generator],
     corrections: torch.Tensor | None = None,
     noise_generators: list[torch.Generator] | None = None,
 ) -> list[LocalResult]:
     """``[trainer.train(objective, params, x, y, g, correction, noise_stream=...) for ...]``,
-    vectorised: ``generators`` each client's ``LOCAL_TRAINING`` stream, ``corrections`` an
-    [n, d] matrix of SCAFFOLD's c − c_i (None: no correction), ``noise_generators`` each
-    client's ``SAMPLE_NOISE`` stream (DP-SGD with σ_g > 0 needs them).
+    vectorised: ``clients`` their records, ``generators`` each client's ``LOCAL_TRAINING``
+    stream, ``corrections`` an [n, d] matrix of SCAFFOLD's c − c_i (None: no correction),
+    ``noise_generators`` each client's ``SAMPLE_NOISE`` stream (DP-SGD with σ_g > 0 needs them).
 
     Every client needs at least one record.
     """
-    sizes = [y.shape[0] for _, y in data]
+    sizes = clients.sizes
     if min(sizes, default=1) == 0:
         raise ValueError("train_clients: every client needs at least one record")
     steps = [trainer.num_steps(size) for size in sizes]
-    order = sorted(range(len(data)), key=lambda i: -steps[i])  # most steps first (stable)
+    order = sorted(range(len(sizes)), key=lambda i: -steps[i])  # most steps first (stable)
     d = params.numel()
     chunk = max(1, MAX_CHUNK_FLOATS // (d * _rows_per_client(trainer, steps, d)))
-    results: list[LocalResult | None] = [None] * len(data)
+    results: list[LocalResult | None] = [None] * len(sizes)
     for start in range(0, len(order), chunk):
         members = order[start : start + chunk]
         trained = _train_chunk(
             trainer,
             objective,
             params,
-            [data[i] for i in members],
+            clients.of(members),
             [generators[i] for i in members],
             None if corrections is None else corrections[members],
             None if noise_generators is None else [noise_generators[i] for i in members],
@@ -119,16 +119,35 @@ def train_clients(
     return results
 
 
-def _padded_stack(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """``[n, max_len, ...]``: each client's records, zero rows after its own. (``shape[0]``,
-    not ``len``: ``Tensor.__len__`` costs ≈ 1.4 µs, and a round asks thousands of times.)"""
-    lengths = [t.shape[0] for t in tensors]
-    if min(lengths) == max(lengths):
-        return torch.stack(tensors)
-    out = tensors[0].new_zeros((len(tensors), max(lengths), *tensors[0].shape[1:]))
-    for i, (t, length) in enumerate(zip(tensors, lengths, strict=True)):
-        out[i, :length] = t
-    return out
+@dataclass(frozen=True)
+class ClientRows:
+    """n clients' records as rows of two tensors: client i's are the ``sizes[i]`` rows of ``x``
+    and ``y`` from row ``starts[i]``. A step's batches are one ``index_select`` of those rows
+    (the values of ``x_i[index]``), where a padded ``[n, max n_i, ...]`` stack of the clients,
+    copied every round and indexed with two index tensors, cost ≈ 3× as much."""
+
+    x: torch.Tensor  # [N, ...]
+    y: torch.Tensor  # [N]
+    starts: list[int]
+    sizes: list[int]
+
+    @classmethod
+    def concatenated(cls, data: list[tuple[torch.Tensor, torch.Tensor]]) -> ClientRows:
+        """The clients' ``(x, y)`` tensors, in this order, concatenated (one copy)."""
+        sizes = [y.shape[0] for _, y in data]
+        starts = [0, *accumulate(sizes)][:-1]
+        return cls(torch.cat([x for x, _ in data]), torch.cat([y for _, y in data]), starts, sizes)
+
+    def of(self, members: list[int]) -> ClientRows:
+        """The clients ``members`` (positions in this one), in that order; the same rows."""
+        starts, sizes = self.starts, self.sizes
+        return ClientRows(self.x, self.y, [starts[i] for i in members], [sizes[i] for i in members])
+
+    def batches(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x [m, B, ...], y [m, B]) of the [m, B] row numbers ``rows``."""
+        flat = rows.flatten()
+        x = self.x.index_select(0, flat).unflatten(0, rows.shape)
+        return x, self.y.index_select(0, flat).view(rows.shape)
 
 
 def _masked_loss(objective: ModelObjective):
@@ -155,15 +174,15 @@ def _rows_per_client(trainer: LocalTrainer, steps: list[int], dim: int) -> int:
 
 
 def _train_chunk(
-    trainer, objective, params, data, generators, corrections, noise_generators
+    trainer, objective, params, clients, generators, corrections, noise_generators
 ) -> list[LocalResult]:
     """Clients ordered by step count, most first: at step k the active ones are a prefix."""
-    n, device = len(data), params.device
-    sizes = [y.shape[0] for _, y in data]
+    device, sizes = params.device, clients.sizes
+    n = len(sizes)
     steps = [trainer.num_steps(size) for size in sizes]
     rates = [trainer.local_lr(size) for size in sizes]
     lr = rates[0] if len(set(rates)) == 1 else torch.tensor(rates, device=device)[:, None]
-    xs, ys = _padded_stack([x for x, _ in data]), _padded_stack([y for _, y in data])
+    first_rows = torch.tensor(clients.starts, device=device)[:, None]
 
     if isinstance(trainer.gradient, DpSgdGradient):
         step = _ClientsDpSgd.of(trainer, objective, params, sizes, steps, noise_generators)
@@ -176,8 +195,7 @@ def _train_chunk(
     for k in range(steps[0]):
         m = sum(s > k for s in steps)  # clients still training: a prefix
         index, mask = batches(k, m)
-        rows = torch.arange(m, device=device)[:, None]
-        xb, yb = xs[rows, index], ys[rows, index]
+        xb, yb = clients.batches(first_rows[:m] + index)
         g, batch_loss, logits = step(k, w[:m], xb, yb, mask)
         lr_m = lr if isinstance(lr, float) else lr[:m]
         correction = None if corrections is None else corrections[:m]
@@ -211,15 +229,23 @@ def _sgd_step(objective: ModelObjective):
 
 def _step_batches(trainer, sizes, steps, generators, device):
     """(k, m) → (index, mask) of step k's batches of the chunk's first m clients, as
-    ``_padded_indices`` pads them: ``fresh`` batches drawn for the whole round at once
-    (``fresh_batches``, bit for bit ``trainer.batches``), others a step at a time from it."""
-    if trainer.batch_sampling != "fresh":
+    ``_padded_indices`` pads them: ``epoch`` and ``fresh`` batches drawn for the whole round at
+    once (``algorithms.round_batches``, bit for bit ``trainer.batches``), ``poisson`` a step at
+    a time from it."""
+    if trainer.batch_sampling == "poisson":
         draws = [trainer.batches(size, g) for size, g in zip(sizes, generators, strict=True)]
         return lambda k, m: _padded_indices([next(draws[i]) for i in range(m)], device)
-    index, mask = fresh_batches(sizes, steps, trainer.batch_size, generators)
+    draw = fresh_batches if trainer.batch_sampling == "fresh" else epoch_batches
+    index, lengths = draw(sizes, steps, trainer.batch_size, generators)
+    mask = (torch.arange(index.shape[2]) < lengths[..., None]).float()
+    widest = lengths.cummax(0).values.clamp(min=1)  # [i, k]: the widest batch of clients ≤ i
     index, mask = index.to(device), mask.to(device)
-    widths = list(accumulate((min(trainer.batch_size, size) for size in sizes), max))
-    return lambda k, m: (index[:m, k, : widths[m - 1]], mask[:m, : widths[m - 1]])
+
+    def batches(k: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+        width = int(widest[m - 1, k])
+        return index[:m, k, :width], mask[:m, k, :width]
+
+    return batches
 
 
 def _padded_indices(indices: list[torch.Tensor], device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -32,6 +32,7 @@ from actors.client_host import Broadcast, ClientHost
 from benchmarks.workloads import workload_config
 from cluster.runtime.cohort import sample_cohort
 from cluster.runtime.executors import torch_threads
+from cluster.runtime.experiment import kernels
 from cluster.runtime.initial_state import initial_params
 from cluster.runtime.store import open_store
 
@@ -42,7 +43,14 @@ def host_round_cpu(workload: str, overrides: list[str], rounds: int, profile: in
     store, _ = open_store(config)
     hosted = store.num_clients // 2
     algorithm = config.build_algorithm()
-    host = ClientHost(store.location, config.task, algorithm, config.seed, list(range(hosted)))
+    host = ClientHost(
+        store.location,
+        config.task,
+        algorithm,
+        config.seed,
+        list(range(hosted)),
+        kernels=kernels(config),
+    )
     _, params = initial_params(config, store)
     params = params.numpy()
     profiler = cProfile.Profile()

@@ -82,3 +82,19 @@ def test_preload_converts_one_block_equal_to_each_client(store_root):
     assert all(cache[c] is tensors for c, tensors in resident.items())
     assert cache.resident_bytes + cache.bytes <= cache.max_bytes
     assert len(loads) == 2 + 4  # 1, 3 and 4, then 1 again (evicted by 4)
+
+
+def test_rows_are_read_in_place_from_the_block_else_concatenated(store_root):
+    """``rows``: the preloaded block itself where every client asked for is in it (no copy),
+    else a concatenation; either way client i's rows are its own tensors."""
+    store, _ = open_store(small_config(store_root))
+    cache = ClientDataCache(store, lambda rows: (torch.tensor(rows.x), torch.tensor(rows.y)))
+    cache.preload([5, 2, 9, 0])
+    for asked in ([9, 0, 2], [9, 1, 2]):  # 1 is not in the block
+        rows = cache.rows(asked)
+        assert (rows.x is cache._block[0]) == (asked == [9, 0, 2])
+        for cid, start, size in zip(asked, rows.starts, rows.sizes, strict=True):
+            x, y = cache[cid]
+            assert size == cache.num_records(cid)
+            assert torch.equal(rows.x[start : start + size], x)
+            assert torch.equal(rows.y[start : start + size], y)

@@ -9,7 +9,7 @@ from helpers import small_config
 from algorithms.layout import ParamLayout
 from algorithms.local import LocalTrainer, ModelObjective, SamGradient
 from algorithms.rng import torch_generator
-from algorithms.vectorized import train_clients, vectorizable
+from algorithms.vectorized import ClientRows, train_clients, vectorizable
 from cluster.runtime.experiment import run_experiment
 from cluster.runtime.store import open_store
 from models import build_model
@@ -80,10 +80,8 @@ def test_vectorized_equals_sequential_per_client(model, shape, trainer, sizes):
     params = ParamLayout.flatten(objective.model)
     data = _clients(sizes, shape)
     assert vectorizable(trainer, objective)
-    n = len(data)
-    fast = train_clients(
-        trainer, objective, params, data, [torch_generator(0, 3, i) for i in range(n)]
-    )
+    generators = [torch_generator(0, 3, i) for i in range(len(data))]
+    fast = train_clients(trainer, objective, params, ClientRows.concatenated(data), generators)
     evals = objective.grad_evals
     for i, (x, y) in enumerate(data):
         slow = trainer.train(objective, params, x, y, torch_generator(0, 3, i))
@@ -104,13 +102,34 @@ def test_chunks_group_clients_of_similar_step_counts(monkeypatch):
     monkeypatch.setattr(vectorized, "MAX_CHUNK_FLOATS", 3 * params.numel())
     trainer = LocalTrainer(lr=0.1, batch_size=8, local_epochs=1)
     data = _clients(UNEQUAL, (40,))
-    fast = train_clients(
-        trainer, objective, params, data, [torch_generator(1, 0, i) for i in range(len(data))]
-    )
+    generators = [torch_generator(1, 0, i) for i in range(len(data))]
+    fast = train_clients(trainer, objective, params, ClientRows.concatenated(data), generators)
     for i, (x, y) in enumerate(data):
         slow = trainer.train(objective, params, x, y, torch_generator(1, 0, i))
         assert (fast[i].params - slow.params).abs().max() < TOLERANCE
         assert fast[i].steps == slow.steps
+
+
+def test_clients_read_in_place_train_as_clients_concatenated():
+    """A host's preloaded clients are row ranges of one block, read where they lie in any
+    order (``ClientDataCache.rows``); others are concatenated: the same batches and weights,
+    bit for bit."""
+    objective = _objective("logreg", (40,))
+    params = ParamLayout.flatten(objective.model)
+    trainer = LocalTrainer(lr=0.1, batch_size=8, local_epochs=2, momentum=0.5)
+    data = _clients(UNEQUAL, (40,))
+    block = ClientRows.concatenated(data)
+    order = [3, 0, 6, 1, 5, 2, 4]
+    in_place = block.of(order)
+    assert in_place.x is block.x and in_place.starts != sorted(in_place.starts)
+    rows = (in_place, ClientRows.concatenated([data[i] for i in order]))
+    results = [
+        train_clients(trainer, objective, params, r, [torch_generator(2, 0, i) for i in order])
+        for r in rows
+    ]
+    for fast, slow in zip(*results, strict=True):
+        assert torch.equal(fast.params, slow.params)
+        assert (fast.loss_sum, fast.correct, fast.seen) == (slow.loss_sum, slow.correct, slow.seen)
 
 
 def test_not_vectorized_where_it_would_compute_something_else():
@@ -124,7 +143,8 @@ def test_not_vectorized_where_it_would_compute_something_else():
     dropout = _objective("reddi_cnn", (1, 28, 28))
     assert not vectorizable(plain, dropout)
     with pytest.raises(ValueError, match="at least one record"):
-        train_clients(plain, objective, torch.zeros(410), _clients([3, 0], (40,)), [None, None])
+        empty = ClientRows.concatenated(_clients([3, 0], (40,)))
+        train_clients(plain, objective, torch.zeros(410), empty, [None, None])
 
 
 @pytest.mark.parametrize(
@@ -146,9 +166,9 @@ def test_a_vectorized_run_matches_the_sequential_run(store_root, tmp_path, monke
 
     batches = []
 
-    def counted(trainer, objective, params, data, *streams):
-        batches.append(len(data))
-        return train_clients(trainer, objective, params, data, *streams)
+    def counted(trainer, objective, params, clients, *streams):
+        batches.append(len(clients.sizes))
+        return train_clients(trainer, objective, params, clients, *streams)
 
     monkeypatch.setattr(client_host, "train_clients", counted)
     options = (

@@ -24,7 +24,7 @@ from algorithms.dpsgd import (
 from algorithms.layout import ParamLayout
 from algorithms.local import LocalTrainer, ModelObjective
 from algorithms.rng import Purpose, torch_generator
-from algorithms.vectorized import _rows_per_client, train_clients, vectorizable
+from algorithms.vectorized import ClientRows, _rows_per_client, train_clients, vectorizable
 from models import build_model
 
 TOLERANCE = 1e-6
@@ -60,7 +60,7 @@ def _both_paths(trainer, objective, data, corrections=None, noise_seed=0):
         trainer,
         objective,
         params,
-        data,
+        ClientRows.concatenated(data),
         _streams(n, Purpose.LOCAL_TRAINING),
         corrections,
         _streams(n, Purpose.SAMPLE_NOISE, noise_seed),
@@ -276,7 +276,8 @@ def test_a_vectorized_step_moves_each_client_by_its_clipped_gradient(scope):
     )
     data = _clients([1] * 12, (40,), scale=50.0)
     params = ParamLayout.flatten(objective.model)
-    results = train_clients(trainer, objective, params, data, _streams(12, Purpose.LOCAL_TRAINING))
+    rows = ClientRows.concatenated(data)
+    results = train_clients(trainer, objective, params, rows, _streams(12, Purpose.LOCAL_TRAINING))
     offsets = objective.layout.offsets if scope == "layer" else (0, params.numel())
     clipped = 0
     for result, (x, y) in zip(results, data, strict=True):
@@ -337,7 +338,7 @@ def test_vectorized_runs_match_sequential_runs_and_epsilon(
     vectorized = []
 
     def counted(*args):
-        vectorized.append(len(args[3]))
+        vectorized.append(len(args[3].sizes))
         return train_clients(*args)
 
     monkeypatch.setattr(client_host, "train_clients", counted)

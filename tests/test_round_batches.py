@@ -1,0 +1,46 @@
+"""``fresh_batches`` and ``epoch_batches`` draw, for many clients at once, exactly
+``LocalTrainer.batches``' batches (``randperm(n)[:b]`` per step; slices of a ``randperm(n)``
+per epoch) and leave every generator where those calls leave it, in one slice of clients or in
+several (``SWAP_ENTRIES`` cut)."""
+
+import pytest
+import torch
+
+import algorithms.round_batches as round_batches
+from algorithms.local import LocalTrainer
+from algorithms.round_batches import epoch_batches, fresh_batches
+
+# one record, fewer than a batch, exactly a batch, odd K·(n − 1) (K = 3, n = 16 and 2), equal
+# shapes sharing one draw, and large clients
+SIZES = [1, 7, 10, 16, 2, 50, 50, 50, 1000]
+STEPS = [3, 5, 10, 3, 3, 10, 10, 7, 2]
+
+
+def _generators(seed: int) -> list[torch.Generator]:
+    return [torch.Generator().manual_seed(seed * 100 + i) for i in range(len(SIZES))]
+
+
+@pytest.mark.parametrize("entries", [round_batches.SWAP_ENTRIES, 1, 40_000])  # all, 1 or 4
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("batch_size", [1, 3, 10, 64])
+@pytest.mark.parametrize("sampling", ["fresh", "epoch"])
+def test_round_batches_are_the_sequential_draws_bit_for_bit(
+    monkeypatch, entries, seed, batch_size, sampling
+):
+    monkeypatch.setattr(round_batches, "SWAP_ENTRIES", entries)
+    generators, reference = _generators(seed), _generators(seed)
+    draw = fresh_batches if sampling == "fresh" else epoch_batches
+    index, sizes = draw(SIZES, STEPS, batch_size, generators)
+    assert index.shape == (len(SIZES), max(STEPS), min(batch_size, max(SIZES)))
+    assert sizes.shape == index.shape[:2]
+    for i, (size, steps) in enumerate(zip(SIZES, STEPS, strict=True)):
+        trainer = LocalTrainer(
+            lr=0.1, batch_size=batch_size, local_steps=steps, batch_sampling=sampling
+        )
+        expected = list(trainer.batches(size, reference[i]))
+        assert sizes[i].tolist() == [len(b) for b in expected] + [0] * (max(STEPS) - steps)
+        for k, batch in enumerate(expected):
+            assert torch.equal(index[i, k, : len(batch)], batch)
+            assert not index[i, k, len(batch) :].any()  # padding 0
+        assert not index[i, steps:].any()
+        assert torch.equal(generators[i].get_state(), reference[i].get_state())
