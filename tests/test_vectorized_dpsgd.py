@@ -113,8 +113,9 @@ def test_vectorized_dp_sgd_on_the_cnn(sampling, scope, adjacency):
     """The MNIST CNN (ReLU, max-pool): most clients within 2.4e-7, but the batched (grouped)
     convolution rounds differently with the chunk's composition (a client alone or doubled
     in a chunk: 3e-8), and where that moves a pre-activation across a ReLU or max-pool kink
-    the per-example gradient jumps: measured up to 1.2e-4 (1.9e-4 relative) on one client."""
-    _assert_paths_agree("mnist_cnn", (1, 28, 28), sampling, scope, adjacency, 5e-4)
+    the per-example gradient jumps: measured up to 1.2e-4 (1.9e-4 relative) on one client,
+    and the loss sums that follow those steps by up to 1.7e-5 relative."""
+    _assert_paths_agree("mnist_cnn", (1, 28, 28), sampling, scope, adjacency, 5e-4, loss_rel=1e-4)
 
 
 @pytest.mark.parametrize("rows", [1, 3])
@@ -129,7 +130,9 @@ def test_noise_in_blocks_of_fewer_rows_than_steps_keeps_the_paths_equal(
     _assert_paths_agree("logreg", (40,), sampling, scope, adjacency, TOLERANCE, local_steps=7)
 
 
-def _assert_paths_agree(model, shape, sampling, scope, adjacency, tolerance, local_steps=4):
+def _assert_paths_agree(
+    model, shape, sampling, scope, adjacency, tolerance, local_steps=4, loss_rel=1e-5
+):
     objective = _objective(model, shape)
     trainer = _dp_trainer(
         sampling, scope, adjacency, local_steps, momentum=0.5, lr_scaling="inverse_sk"
@@ -148,7 +151,7 @@ def _assert_paths_agree(model, shape, sampling, scope, adjacency, tolerance, loc
             b.grad_evals,
             b.lr,
         )
-        assert a.loss_sum == pytest.approx(b.loss_sum, rel=1e-5, abs=1e-6)
+        assert a.loss_sum == pytest.approx(b.loss_sum, rel=loss_rel, abs=1e-6)
 
 
 def _defined_noise(steps: int, dim: int, rows: int) -> torch.Tensor:
