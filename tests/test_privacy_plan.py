@@ -41,6 +41,11 @@ def test_accounting_another_sampler_than_the_cohorts_has_no_epsilon(store_root):
     assert claim.tags()["privacy.dp_valid"] == "false"
     with pytest.raises(ConfigError, match="privacy.sampling: match"):
         small_config(store_root, *DP, "privacy.sampling=poisson", "privacy.target_epsilon=5")
+    # A noise cohort of the cohort's own size describes no deployment: still no ε.
+    same = f"privacy.noise_cohort_size={as_paper.cohort.size}"
+    no_op = small_config(store_root, *DP, "privacy.sampling=poisson", same)
+    assert no_op.deployment is None
+    assert not privacy_claim(no_op, no_op.build_algorithm()).dp_valid
     # A noise cohort claims ε for the deployment it describes, sampled as assumed.
     deployment = small_config(
         store_root,

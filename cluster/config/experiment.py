@@ -94,10 +94,11 @@ class ExperimentConfig:
     @property
     def sampling_mismatch(self) -> str | None:
         """Why no ε holds when ``privacy.sampling`` accounts another sampler than the cohort's
-        (DP-FedSAM's fixed cohort accounted as Poisson), else None. With a noise cohort
-        (``privacy.noise_cohort_size``) the ε is claimed for the deployment it describes, whose
-        sampler is the assumption, not for the simulated cohort: no mismatch."""
-        if self.sample_level or self.privacy.noise_cohort_size is not None:
+        (DP-FedSAM's fixed cohort accounted as Poisson), else None. Where the ε is claimed for
+        a deployment (``deployment``: a noise cohort or population other than the simulation's),
+        that deployment's sampler is the assumption, not the simulated cohort's: no mismatch. A
+        noise cohort equal to the cohort describes no deployment: the mismatch stands."""
+        if self.sample_level or self.deployment is not None:
             return None
         ran = assumption_for_sampler(self.cohort.sampling)
         if self.sampling_assumption == ran:
