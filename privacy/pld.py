@@ -56,24 +56,12 @@ import math
 
 from privacy.pld_numpy import Pld, identity
 from privacy.pld_runs import Runs, discretization_for, self_composed
-from privacy.rdp import rdp_epsilon
+from privacy.rdp import rdp_epsilon, validated, validated_delta
 
 DEFAULT_VALUE_DISCRETIZATION_INTERVAL = 1e-4
 DEFAULT_MAX_EPSILON = 100.0
 PROBE_LIMIT = 20.0  # the coarse PLD probe runs while the RDP bound is ≤ 20 × max_epsilon
 _MEMO_SIZE = 3  # composed PLDs kept per accountant, keyed by the merged history
-
-
-def validated(noise_multiplier: float, sample_rate: float, rounds: int = 1) -> tuple:
-    """(σ, q, rounds) as (float, float, int), or ValueError for values no accountant accepts."""
-    sigma, q = float(noise_multiplier), float(sample_rate)
-    if not (sigma >= 0.0 and math.isfinite(sigma)):
-        raise ValueError(f"noise_multiplier must be finite and >= 0, got {noise_multiplier}")
-    if not 0.0 <= q <= 1.0:
-        raise ValueError(f"sample_rate must be in [0, 1], got {sample_rate}")
-    if int(rounds) != rounds or rounds < 0:
-        raise ValueError(f"rounds must be a non-negative integer, got {rounds}")
-    return sigma, q, int(rounds)
 
 
 def extended(history: Runs, sigma: float, q: float, rounds: int) -> Runs:
@@ -120,14 +108,15 @@ class HistoryAccountant:
         self._eps_memo: dict[tuple[Runs, float], float] = {}
 
     def _epsilon(self, history: Runs, delta: float) -> float:
+        delta = validated_delta(delta)
         if not history:
             return 0.0
         if any(sigma == 0.0 and q > 0.0 and rounds > 0 for sigma, q, rounds in history):
             return math.inf
-        key = (history, float(delta))
+        key = (history, delta)
         if key not in self._eps_memo:
             try:
-                eps = self._guarded(history, float(delta))
+                eps = self._guarded(history, delta)
             except ValueError:
                 if not self.fallback_to_rdp:
                     raise
