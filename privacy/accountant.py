@@ -77,6 +77,11 @@ class RdpAccountant:
     def epsilon(self, delta: float) -> float:
         return self._epsilon(self._rdp, delta) if self.history else 0.0
 
+    def produced_by(self, delta: float) -> str:
+        """The accountant whose value ``epsilon(delta)`` is: always this one."""
+        del delta  # RDP never refuses
+        return self.name
+
     def epsilon_after(self, noise_multiplier: float, sample_rate: float, delta: float) -> float:
         """ε if one more round were composed, without composing it."""
         sigma, q, _ = validated(noise_multiplier, sample_rate)

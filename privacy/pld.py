@@ -105,25 +105,30 @@ class HistoryAccountant:
         self.max_epsilon = float(max_epsilon)
         self.fallback_to_rdp = bool(fallback_to_rdp)
         self.history: list[tuple[float, float, int]] = []  # (σ, q, rounds), merged when equal
-        self._eps_memo: dict[tuple[Runs, float], float] = {}
+        # (ε, the accountant that gave it: this one, or "rdp" where it fell back), per key
+        self._eps_memo: dict[tuple[Runs, float], tuple[float, str]] = {}
 
     def _epsilon(self, history: Runs, delta: float) -> float:
+        return self._epsilon_by(history, delta)[0]
+
+    def _epsilon_by(self, history: Runs, delta: float) -> tuple[float, str]:
+        """(ε, the name of the accountant whose value it is)."""
         delta = validated_delta(delta)
         if not history:
-            return 0.0
+            return 0.0, self.name
         if any(sigma == 0.0 and q > 0.0 and rounds > 0 for sigma, q, rounds in history):
-            return math.inf
+            return math.inf, self.name
         key = (history, delta)
         if key not in self._eps_memo:
             try:
-                eps = self._guarded(history, delta)
+                value = self._guarded(history, delta), self.name
             except ValueError:
                 if not self.fallback_to_rdp:
                     raise
-                eps = rdp_epsilon(history, delta)
+                value = rdp_epsilon(history, delta), "rdp"
             if len(self._eps_memo) >= 64:
                 self._eps_memo.clear()
-            self._eps_memo[key] = eps
+            self._eps_memo[key] = value
         return self._eps_memo[key]
 
     def _guarded(self, history: Runs, delta: float) -> float:
@@ -155,6 +160,11 @@ class HistoryAccountant:
 
     def epsilon(self, delta: float) -> float:
         return self._epsilon(tuple(self.history), delta)
+
+    def produced_by(self, delta: float) -> str:
+        """The accountant whose value ``epsilon(delta)`` is: this one, or ``rdp`` where this one
+        refused it (beyond ``max_epsilon``) and ``fallback_to_rdp`` gave the RDP bound."""
+        return self._epsilon_by(tuple(self.history), delta)[1]
 
     def epsilon_after(self, noise_multiplier: float, sample_rate: float, delta: float) -> float:
         """ε if one more round were composed, without composing it."""

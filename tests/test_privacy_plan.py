@@ -14,6 +14,7 @@ from cluster.config import ConfigError
 from privacy.accountant import RdpAccountant, WorRdpAccountant, accountant_class
 from privacy.calibration import epsilon_for
 from privacy.pld import PldAccountant
+from privacy.rdp import rdp_epsilon
 
 DP = ("algorithm.name=dp_fedavg", "algorithm.clip_norm=1.0", "algorithm.noise_multiplier=1.0")
 
@@ -165,3 +166,27 @@ def test_calibrate_rounds_is_the_largest_budgeted_number(store_root):
     with pytest.raises(ConfigError, match="even one round"):
         calibrated(impossible)
     assert math.isfinite(rounds)
+
+
+def test_an_rdp_fallback_is_labelled_rdp_not_the_refusing_accountant(store_root):
+    """σ = 0.05: PLD refuses ε beyond its range and the run's accountant falls back to the RDP
+    bound; the ε, the accounting text, the tags and the report name RDP as its source."""
+    config = small_config(store_root, *DP, "cohort.sampling=poisson", "rounds=3")
+    weak = small_config(
+        store_root, *DP[:2], "algorithm.noise_multiplier=0.05", "cohort.sampling=poisson"
+    )
+    for cfg, source in ((config, "pld"), (weak, "rdp")):
+        claim = privacy_claim(cfg, cfg.build_algorithm())
+        accountant = claim.new_accountant()
+        for round_index in range(3):
+            claim.charge(accountant, round_index)
+        assert accountant.produced_by(claim.delta) == source
+        reported = claim.reported_by(accountant)
+        assert reported.tags()["privacy.accountant"] == source
+        if source == "pld":
+            assert reported is claim
+            continue
+        runs = [(claim.noise_multiplier, claim.sample_rate, 3)]
+        assert accountant.epsilon(claim.delta) == rdp_epsilon(runs, claim.delta)
+        assert "client-level, rdp (pld refused: ε beyond its range)" in reported.accounting_text
+        assert reported.tags()["privacy.accountant_refused"] == "pld"

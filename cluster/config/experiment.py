@@ -110,6 +110,22 @@ class ExperimentConfig:
         )
 
     @property
+    def record_copies(self) -> str | None:
+        """Why no record-level ε holds where the partition may copy rows (``dirichlet`` with
+        ``samples_per_client`` refills exhausted class pools), else None: a row held by k
+        clients, or k times by one, moves up to k noisy updates where the accountant assumes
+        one, and the default δ = R^-1.1 counts the copies as records."""
+        p = self.data.partition
+        if not self.sample_level or p.method != "dirichlet" or p.samples_per_client is None:
+            return None
+        return (
+            "data.partition dirichlet with samples_per_client refills exhausted class pools, so "
+            "a record may sit in several clients and several times in one: its influence is up "
+            "to its number of copies times what the record-level accountant assumes (and δ "
+            "counts copies as records)"
+        )
+
+    @property
     def sample_level(self) -> bool:
         """Record-level DP (DP-SGD in the clients) rather than client-level."""
         return self.algorithm.name in SAMPLE_LEVEL_PRESETS
@@ -203,12 +219,14 @@ class ExperimentConfig:
 
     @property
     def unaccounted_reason(self) -> str | None:
-        """Why the configured preset's mechanism has no ε (read off its pipeline, or a sampling
-        assumption that is not the cohort's), else None."""
+        """Why the configured preset's mechanism has no ε (read off its pipeline, a sampling
+        assumption that is not the cohort's, or records copied for a record-level ε), else
+        None."""
         if self.algorithm.name not in PRIVATE_PRESETS:
             return None
         # structural: any σ > 0
-        return self._build_algorithm(1.0).unaccounted_reason or self.sampling_mismatch
+        reason = self._build_algorithm(1.0).unaccounted_reason
+        return reason or self.sampling_mismatch or self.record_copies
 
     def _build_algorithm(self, noise_multiplier: float | None) -> Algorithm:
         a, local = self.algorithm, self.algorithm.local
