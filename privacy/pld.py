@@ -94,7 +94,8 @@ class HistoryAccountant:
     ``fallback_to_rdp``: where the tight computation is refused or fails (ε beyond
     ``max_epsilon``, a PRV grid too large, an opacus error), return the RDP bound instead of
     raising ``ValueError``. It is still a valid upper bound, only looser; runs use it so that a
-    budget-free run with a very large ε keeps reporting one.
+    budget-free run with a very large ε keeps reporting one, and ``produced_by`` then names
+    ``rdp`` as its source.
     """
 
     name: str
