@@ -33,7 +33,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from privacy.rdp import ORDERS, epsilon_from_rdp, round_rdp
+from privacy.rdp import ORDERS, epsilon_from_rdp, round_rdp, validated
 from privacy.subsampling_wor import gaussian_rdp, rdp_subsampled_without_replacement
 
 WOR_ORDERS = tuple(range(2, 257))
@@ -77,9 +77,15 @@ class RdpAccountant:
     def epsilon(self, delta: float) -> float:
         return self._epsilon(self._rdp, delta) if self.history else 0.0
 
+    def produced_by(self, delta: float) -> str:
+        """The accountant whose value ``epsilon(delta)`` is: always this one."""
+        del delta  # RDP never refuses
+        return self.name
+
     def epsilon_after(self, noise_multiplier: float, sample_rate: float, delta: float) -> float:
         """ε if one more round were composed, without composing it."""
-        return self._epsilon(self._rdp + self._curve(noise_multiplier, sample_rate), delta)
+        sigma, q, _ = validated(noise_multiplier, sample_rate)
+        return self._epsilon(self._rdp + self._curve(sigma, q), delta)
 
     def state_dict(self) -> dict:
         return {"history": [list(h) for h in self.history]}
@@ -186,8 +192,9 @@ def append_rounds(
     rounds: int,
 ) -> tuple[float, float]:
     """Add ``rounds`` at (σ, q) to a (σ, q, rounds) history, merged into its last run when
-    equal; returns the (σ, q) key."""
-    key = (float(noise_multiplier), float(sample_rate))
+    equal; returns the (σ, q) key (ValueError for values no accountant accepts)."""
+    *key, rounds = validated(noise_multiplier, sample_rate, rounds)
+    key = tuple(key)
     if history and history[-1][:2] == key:
         history[-1] = (*key, history[-1][2] + rounds)
     else:

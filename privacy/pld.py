@@ -56,24 +56,12 @@ import math
 
 from privacy.pld_numpy import Pld, identity
 from privacy.pld_runs import Runs, discretization_for, self_composed
-from privacy.rdp import rdp_epsilon
+from privacy.rdp import rdp_epsilon, validated, validated_delta
 
 DEFAULT_VALUE_DISCRETIZATION_INTERVAL = 1e-4
 DEFAULT_MAX_EPSILON = 100.0
 PROBE_LIMIT = 20.0  # the coarse PLD probe runs while the RDP bound is ≤ 20 × max_epsilon
 _MEMO_SIZE = 3  # composed PLDs kept per accountant, keyed by the merged history
-
-
-def validated(noise_multiplier: float, sample_rate: float, rounds: int = 1) -> tuple:
-    """(σ, q, rounds) as (float, float, int), or ValueError for values no accountant accepts."""
-    sigma, q = float(noise_multiplier), float(sample_rate)
-    if not (sigma >= 0.0 and math.isfinite(sigma)):
-        raise ValueError(f"noise_multiplier must be finite and >= 0, got {noise_multiplier}")
-    if not 0.0 <= q <= 1.0:
-        raise ValueError(f"sample_rate must be in [0, 1], got {sample_rate}")
-    if int(rounds) != rounds or rounds < 0:
-        raise ValueError(f"rounds must be a non-negative integer, got {rounds}")
-    return sigma, q, int(rounds)
 
 
 def extended(history: Runs, sigma: float, q: float, rounds: int) -> Runs:
@@ -106,7 +94,8 @@ class HistoryAccountant:
     ``fallback_to_rdp``: where the tight computation is refused or fails (ε beyond
     ``max_epsilon``, a PRV grid too large, an opacus error), return the RDP bound instead of
     raising ``ValueError``. It is still a valid upper bound, only looser; runs use it so that a
-    budget-free run with a very large ε keeps reporting one.
+    budget-free run with a very large ε keeps reporting one, and ``produced_by`` then names
+    ``rdp`` as its source.
     """
 
     name: str
@@ -117,24 +106,30 @@ class HistoryAccountant:
         self.max_epsilon = float(max_epsilon)
         self.fallback_to_rdp = bool(fallback_to_rdp)
         self.history: list[tuple[float, float, int]] = []  # (σ, q, rounds), merged when equal
-        self._eps_memo: dict[tuple[Runs, float], float] = {}
+        # (ε, the accountant that gave it: this one, or "rdp" where it fell back), per key
+        self._eps_memo: dict[tuple[Runs, float], tuple[float, str]] = {}
 
     def _epsilon(self, history: Runs, delta: float) -> float:
+        return self._epsilon_by(history, delta)[0]
+
+    def _epsilon_by(self, history: Runs, delta: float) -> tuple[float, str]:
+        """(ε, the name of the accountant whose value it is)."""
+        delta = validated_delta(delta)
         if not history:
-            return 0.0
+            return 0.0, self.name
         if any(sigma == 0.0 and q > 0.0 and rounds > 0 for sigma, q, rounds in history):
-            return math.inf
-        key = (history, float(delta))
+            return math.inf, self.name
+        key = (history, delta)
         if key not in self._eps_memo:
             try:
-                eps = self._guarded(history, float(delta))
+                value = self._guarded(history, delta), self.name
             except ValueError:
                 if not self.fallback_to_rdp:
                     raise
-                eps = rdp_epsilon(history, delta)
+                value = rdp_epsilon(history, delta), "rdp"
             if len(self._eps_memo) >= 64:
                 self._eps_memo.clear()
-            self._eps_memo[key] = eps
+            self._eps_memo[key] = value
         return self._eps_memo[key]
 
     def _guarded(self, history: Runs, delta: float) -> float:
@@ -166,6 +161,11 @@ class HistoryAccountant:
 
     def epsilon(self, delta: float) -> float:
         return self._epsilon(tuple(self.history), delta)
+
+    def produced_by(self, delta: float) -> str:
+        """The accountant whose value ``epsilon(delta)`` is: this one, or ``rdp`` where this one
+        refused it (beyond ``max_epsilon``) and ``fallback_to_rdp`` gave the RDP bound."""
+        return self._epsilon_by(tuple(self.history), delta)[1]
 
     def epsilon_after(self, noise_multiplier: float, sample_rate: float, delta: float) -> float:
         """ε if one more round were composed, without composing it."""

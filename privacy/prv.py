@@ -50,8 +50,9 @@ import math
 
 import numpy as np
 
-from privacy.pld import HistoryAccountant, Runs, extended, validated
+from privacy.pld import HistoryAccountant, Runs, extended
 from privacy.prv_grid import grid_points, prv_epsilon
+from privacy.rdp import validated
 
 DEFAULT_EPS_ERROR = 0.01  # opacus's default
 DEFAULT_MAX_EPSILON = 100.0

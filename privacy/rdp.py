@@ -83,6 +83,26 @@ def _log_a_frac(q: float, sigma: float, alpha: float) -> float:
             return _log_add(log_a0, log_a1)
 
 
+def validated(noise_multiplier: float, sample_rate: float, rounds: int = 1) -> tuple:
+    """(σ, q, rounds) as (float, float, int), or ValueError for values no accountant accepts
+    (a NaN or infinite σ or q would never end ``_log_a_frac``'s series)."""
+    sigma, q = float(noise_multiplier), float(sample_rate)
+    if not (sigma >= 0.0 and math.isfinite(sigma)):
+        raise ValueError(f"noise_multiplier must be finite and >= 0, got {noise_multiplier}")
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"sample_rate must be in [0, 1], got {sample_rate}")
+    if int(rounds) != rounds or rounds < 0:
+        raise ValueError(f"rounds must be a non-negative integer, got {rounds}")
+    return sigma, q, int(rounds)
+
+
+def validated_delta(delta: float) -> float:
+    """δ as a float, or ValueError outside (0, 1) (NaN included): no (ε, δ) bound has one."""
+    if not 0.0 < float(delta) < 1.0:
+        raise ValueError(f"delta must be in (0, 1), got {delta}")
+    return float(delta)
+
+
 def _order_rdp(q: float, sigma: float, alpha: float) -> float:
     if q == 0:
         return 0.0
@@ -100,6 +120,7 @@ def _order_rdp(q: float, sigma: float, alpha: float) -> float:
 def subsampled_gaussian_rdp(sample_rate: float, noise_multiplier: float, orders) -> np.ndarray:
     """RDP ε(α) of one Poisson-subsampled Gaussian release (rate q, multiplier σ) at each
     order, add/remove-one adjacency; ∞ where σ = 0 < q."""
+    noise_multiplier, sample_rate, _ = validated(noise_multiplier, sample_rate)
     return np.array([_order_rdp(sample_rate, noise_multiplier, a) for a in orders], np.float64)
 
 
@@ -111,7 +132,9 @@ def round_rdp(noise_multiplier: float, sample_rate: float) -> np.ndarray:
 
 def epsilon_from_rdp(orders, rdp, delta: float) -> float:
     """(ε, δ) from an RDP curve, Balle et al. 2020 Thm 21, minimised over the orders (∞
-    where every order is)."""
+    where every order is; at least 0: the bound can dip below where a curve is near 0, and no
+    mechanism has ε < 0)."""
+    delta = validated_delta(delta)
     alphas = np.atleast_1d(np.asarray(orders, dtype=np.float64))
     curve = np.atleast_1d(np.asarray(rdp, dtype=np.float64))
     if alphas.shape != curve.shape:
@@ -119,7 +142,7 @@ def epsilon_from_rdp(orders, rdp, delta: float) -> float:
     eps = curve - (np.log(delta) + np.log(alphas)) / (alphas - 1) + np.log((alphas - 1) / alphas)
     if np.isnan(eps).all():
         return math.inf
-    return float(eps[np.nanargmin(eps)])
+    return max(0.0, float(eps[np.nanargmin(eps)]))
 
 
 def rdp_epsilon(history, delta: float) -> float:

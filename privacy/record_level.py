@@ -181,6 +181,12 @@ class RecordLevelAccountant:
     def epsilon(self, delta: float) -> float:
         return self.epsilon_of_history(self.history, delta) if self.history else 0.0
 
+    def produced_by(self, delta: float) -> str:
+        """The accountant whose value ``epsilon(delta)`` is: always this method (it never falls
+        back; a refusal is a ``ValueError``)."""
+        del delta
+        return self.name
+
     def epsilon_after(self, noise_multiplier: float, client_rate: float, delta: float) -> float:
         params = self._checked(noise_multiplier, client_rate)
         return self.epsilon_of_history(_extended(self.history, *params, 1), delta)

@@ -102,6 +102,24 @@ def test_clopper_pearson_and_the_rate_bound():
     assert epsilon_from_rates(0.9, 0.1, 0.0) == pytest.approx(math.log(9))
 
 
+@pytest.mark.parametrize(
+    ("option", "expect"),
+    [
+        (["--confidence", "nan"], "--confidence = nan: out of range; give a confidence level"),
+        (["--confidence", "1.5"], "--confidence = 1.5"),
+        (["--trials", "5"], "--trials = 5: out of range; give at least 20 trials per world"),
+        (["--dim", "0"], "--dim = 0"),
+        (["--seed", "-1"], "--seed = -1"),
+        (["--noise-scale-for-testing", "inf"], "--noise-scale-for-testing = inf"),
+    ],
+)
+def test_audit_cli_refuses_out_of_range_options(option, expect, tmp_path, capsys):
+    """Before the config is read (a path that does not exist is never reached)."""
+    assert main(["audit", str(tmp_path / "absent.yaml"), *option]) == 2
+    out, err = capsys.readouterr()
+    assert expect in err and out == "", (out, err)
+
+
 def test_audit_cli_exit_codes(store_root, capsys):
     args = ["audit", "configs/quickstart.yaml", "--trials", "300", "--dim", "8"]
     sets = ["--set", f"data.store_root={store_root}"]

@@ -816,6 +816,17 @@ CASES = [
         untracked_overwrite(code_in_checkpoint),
         ("checkpoint.dir", "does not read as a checkpoint", "objects this code does not load"),
     ),
+    # --- s42 privacy
+    Case(
+        "ε budget 3e38",
+        run_with({"privacy.target_epsilon": 3e38}),
+        ("privacy.target_epsilon = 3e+38", "above 100", "at most 100"),
+    ),
+    Case(
+        "one client, default δ",
+        run_with({"data.num_clients": 1, "cohort.size": 1}),
+        ("privacy.delta = None", "N = 1 client", "set privacy.delta"),
+    ),
 ]
 
 

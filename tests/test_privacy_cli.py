@@ -129,3 +129,37 @@ def test_adaptive_clipping_is_charged(capsys):
     assert "σ_eff=0.8944" in out
     adaptive = _rows(out)
     assert all(float(adaptive[k]) > float(fixed[k]) for k in fixed)
+
+
+@pytest.mark.timeout(60)  # a NaN σ once looped forever in the RDP series
+@pytest.mark.parametrize(
+    ("given", "expect"),
+    [
+        (["--sigma", "nan"], "--sigma = nan: out of range; give a finite noise multiplier"),
+        (["--sigma", "inf"], "--sigma = inf"),
+        (["--sigma", "-1"], "--sigma = -1.0"),
+        (["--q", "nan"], "--q = nan: out of range; give a sampling rate in (0, 1]"),
+        (["--q", "1.5"], "--q = 1.5"),
+        (["--delta", "1.5"], "--delta = 1.5: out of range; give a δ in (0, 1)"),
+        (["--delta", "nan"], "--delta = nan"),
+        (["--rounds", "-5"], "--rounds = -5: out of range; give at least 1 round"),
+        (["--target-epsilon", "nan"], "--target-epsilon = nan"),
+        (["--count-noise", "0"], "--count-noise = 0.0"),
+        (["--client-cohort", "0"], "--client-cohort = 0"),
+        (["--sample-level", "--l", "nan", "--s", "0.1", "--clients", "10"], "--l = nan"),
+        (["--sample-level", "--l", "0.1", "--s", "2", "--clients", "10"], "--s = 2.0"),
+        (["--sample-level", "--l", "0.1", "--s", "0.1", "--local-steps", "0"], "--local-steps = 0"),
+        (["--sample-level", "--l", "0.1", "--s", "0.1", "--clients", "0"], "--clients = 0"),
+        (["--dpsfl-paper", "--target-epsilon", "1", "--clip", "inf"], "--clip = inf"),
+    ],
+)
+def test_out_of_range_numbers_are_refused_before_any_work(given, expect, capsys):
+    """Every numeric argument outside its range is exit 2 with the flag, the value and the
+    range: no hang (NaN σ), no negative ε (δ > 1), no ε of nothing (negative rounds)."""
+    base = {"--sigma": "1", "--q": "0.1", "--rounds": "10", "--delta": "1e-5", "--local-steps": "1"}
+    for flag in given:
+        base.pop(flag, None)
+    argv = ["privacy", *given, *(part for item in base.items() for part in item)]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert expect in err and out == "", (out, err)

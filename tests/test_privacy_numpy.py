@@ -11,9 +11,10 @@ import pytest
 from opacus.accountants import PRVAccountant, RDPAccountant
 from opacus.accountants.analysis.rdp import compute_rdp
 
-from privacy.accountant import RdpAccountant
+from privacy.accountant import RdpAccountant, WorRdpAccountant
+from privacy.pld import PldAccountant
 from privacy.prv import PrvAccountant
-from privacy.rdp import ORDERS, subsampled_gaussian_rdp
+from privacy.rdp import ORDERS, rdp_epsilon, subsampled_gaussian_rdp
 
 # (q, σ, rounds, δ): the calculator's documented row (DP-FedSAM's ε 8.51), the quickstart's
 # (q 0.2, σ 1, 100 rounds), small and large q, σ near and far from 1.
@@ -51,6 +52,44 @@ def test_epsilon_equals_opacus(ours, theirs, q, sigma, rounds, delta):
     accountant.step(sigma, q, rounds)
     reference = _opacus(theirs(), sigma, q, rounds).get_epsilon(delta)
     assert accountant.epsilon(delta) == pytest.approx(reference, rel=1e-10)
+
+
+def test_epsilon_is_never_negative():
+    """At σ = 100 Thm 21's conversion dips below 0 (−0.00097 at q 0.2, δ 0.0063): clamped."""
+    assert rdp_epsilon([(100.0, 0.2, 1)], 0.0063) == 0.0
+    accountant = RdpAccountant()
+    accountant.step(100.0, 0.2, 3)
+    assert accountant.epsilon(0.0063) == 0.0
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.timeout(30)  # a NaN σ once never ended _log_a_frac's series
+@pytest.mark.parametrize(
+    "accountant", [RdpAccountant, WorRdpAccountant, PldAccountant, PrvAccountant]
+)
+@pytest.mark.parametrize(
+    ("sigma", "q", "delta"),
+    [
+        (NAN, 0.1, 1e-5),
+        (INF, 0.1, 1e-5),
+        (1.0, NAN, 1e-5),
+        (-1.0, 0.1, 1e-5),
+        (1.0, 0.1, NAN),
+        (1.0, 0.1, 1.5),
+        (1.0, 0.1, 0.0),
+    ],
+)
+def test_accountants_refuse_what_no_mechanism_has(accountant, sigma, q, delta):
+    with pytest.raises(ValueError, match="noise_multiplier|sample_rate|delta"):
+        acc = accountant()
+        acc.step(sigma, q, 10)
+        acc.epsilon(delta)
+    with pytest.raises(ValueError, match="noise_multiplier|sample_rate|delta"):
+        accountant().epsilon_after(sigma, q, delta)
+    with pytest.raises(ValueError, match="noise_multiplier|sample_rate|delta"):
+        rdp_epsilon([(sigma, q, 10)], delta)
 
 
 def test_prv_of_heterogeneous_rounds_equals_opacus():

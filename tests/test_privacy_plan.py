@@ -14,6 +14,7 @@ from cluster.config import ConfigError
 from privacy.accountant import RdpAccountant, WorRdpAccountant, accountant_class
 from privacy.calibration import epsilon_for
 from privacy.pld import PldAccountant
+from privacy.rdp import rdp_epsilon
 
 DP = ("algorithm.name=dp_fedavg", "algorithm.clip_norm=1.0", "algorithm.noise_multiplier=1.0")
 
@@ -41,6 +42,11 @@ def test_accounting_another_sampler_than_the_cohorts_has_no_epsilon(store_root):
     assert claim.tags()["privacy.dp_valid"] == "false"
     with pytest.raises(ConfigError, match="privacy.sampling: match"):
         small_config(store_root, *DP, "privacy.sampling=poisson", "privacy.target_epsilon=5")
+    # A noise cohort of the cohort's own size describes no deployment: still no ε.
+    same = f"privacy.noise_cohort_size={as_paper.cohort.size}"
+    no_op = small_config(store_root, *DP, "privacy.sampling=poisson", same)
+    assert no_op.deployment is None
+    assert not privacy_claim(no_op, no_op.build_algorithm()).dp_valid
     # A noise cohort claims ε for the deployment it describes, sampled as assumed.
     deployment = small_config(
         store_root,
@@ -160,3 +166,27 @@ def test_calibrate_rounds_is_the_largest_budgeted_number(store_root):
     with pytest.raises(ConfigError, match="even one round"):
         calibrated(impossible)
     assert math.isfinite(rounds)
+
+
+def test_an_rdp_fallback_is_labelled_rdp_not_the_refusing_accountant(store_root):
+    """σ = 0.05: PLD refuses ε beyond its range and the run's accountant falls back to the RDP
+    bound; the ε, the accounting text, the tags and the report name RDP as its source."""
+    config = small_config(store_root, *DP, "cohort.sampling=poisson", "rounds=3")
+    weak = small_config(
+        store_root, *DP[:2], "algorithm.noise_multiplier=0.05", "cohort.sampling=poisson"
+    )
+    for cfg, source in ((config, "pld"), (weak, "rdp")):
+        claim = privacy_claim(cfg, cfg.build_algorithm())
+        accountant = claim.new_accountant()
+        for round_index in range(3):
+            claim.charge(accountant, round_index)
+        assert accountant.produced_by(claim.delta) == source
+        reported = claim.reported_by(accountant)
+        assert reported.tags()["privacy.accountant"] == source
+        if source == "pld":
+            assert reported is claim
+            continue
+        runs = [(claim.noise_multiplier, claim.sample_rate, 3)]
+        assert accountant.epsilon(claim.delta) == rdp_epsilon(runs, claim.delta)
+        assert "client-level, rdp (pld refused: ε beyond its range)" in reported.accounting_text
+        assert reported.tags()["privacy.accountant_refused"] == "pld"

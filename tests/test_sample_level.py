@@ -469,3 +469,22 @@ def test_deployment_default_delta_counts_the_deployments_records():
     config = small_config("unused", *fedavg, *DEPLOYMENT[:2])
     claim = privacy_claim(config, config.build_algorithm(), [100] * 20)
     assert claim.delta == pytest.approx((100 * 20 * 400 / 20) ** -1.1, rel=1e-12)
+
+
+def test_a_partition_that_copies_records_has_no_record_level_epsilon():
+    """``dirichlet`` with ``samples_per_client`` refills class pools: a record may sit in
+    several clients, so its influence is up to its copy count times what the accountant
+    assumes. The run trains, dp_valid=false with the reason; budgets are refused."""
+    fedavg = ("algorithm.name=dp_fedavg_sample", *SCAFFOLD_DP[1:], "privacy.delta=1e-5")
+    copying = "data.partition={method: dirichlet, alpha: 0.5, samples_per_client: 200}"
+    config = small_config("unused", *fedavg, copying)
+    claim = privacy_claim(config, config.build_algorithm(), [200] * 20)
+    assert not claim.dp_valid and claim.new_accountant() is None
+    assert "a record may sit in several clients" in claim.unaccounted_reason
+    assert claim.tags()["privacy.dp_valid"] == "false"
+    with pytest.raises(ConfigError, match="remove data.partition.samples_per_client"):
+        small_config("unused", *fedavg, copying, "privacy.target_epsilon=5")
+    disjoint = small_config("unused", *fedavg, "data.partition={method: dirichlet, alpha: 0.5}")
+    assert privacy_claim(disjoint, disjoint.build_algorithm(), [100] * 20).dp_valid
+    client_level = small_config("unused", "algorithm.name=dp_fedavg", *SCAFFOLD_DP[1:3], copying)
+    assert client_level.record_copies is None  # a client's data is the unit: copies are data

@@ -2,16 +2,18 @@
 
 A claim (``PrivacyClaim`` for client-level presets, ``SampleLevelClaim`` for sample-level ones)
 supplies its fields (``preset``, ``unaccounted_reason``, ``accountant_name``, ``delta``,
-``cohort_sampler``, ``deployment``), its ``unit`` (what the ε protects), ``noise_multiplier``
-(0: no noise), ``valid_threat_model`` (the threat model its ε holds under) and what differs by
-unit: how its ε is qualified, its accountant's assumption, its start-of-run notices and its
-mechanism's tags. This base derives the rest (status, threat model, the terminal text of an ε,
-the accounting text, the notices, the tags, the report's head), so that a run reads
-identically whatever its unit where the two units mean the same thing.
+``cohort_sampler``, ``deployment``, ``fallback_accountant``), its ``unit`` (what the ε
+protects), ``noise_multiplier`` (0: no noise), ``valid_threat_model`` (the threat model its ε
+holds under) and what differs by unit: how its ε is qualified, its accountant's assumption,
+its start-of-run notices and its mechanism's tags. This base derives the rest (status, threat
+model, the terminal text of an ε, the accounting text, the notices, the tags, the report's
+head), so that a run reads identically whatever its unit where the two units mean the same
+thing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from abc import ABC, abstractmethod
 
@@ -25,6 +27,9 @@ class ClaimStatus(ABC):
     cohort_sampler: str
     # "C_n of N clients per round": the deployment the ε is claimed for (None: this run)
     deployment: str | None
+    # The accountant whose bound the run's ε is where ``accountant_name`` refused it (beyond
+    # its range: the RDP bound a run falls back to); None while ``accountant_name`` gives it.
+    fallback_accountant: str | None
 
     @property
     @abstractmethod
@@ -96,9 +101,27 @@ class ClaimStatus(ABC):
         return f"ε {epsilon:.3f}{self._epsilon_qualifier(vs_server)}"
 
     @property
+    def reporting_accountant(self) -> str:
+        """The accountant whose value the reported ε is."""
+        return self.fallback_accountant or self.accountant_name
+
+    def reported_by(self, accountant) -> ClaimStatus:
+        """This claim, naming the accountant that produced ``accountant``'s ε (its
+        ``produced_by``): a fallback to the RDP bound is said, never labelled as the tight
+        accountant."""
+        used = accountant.produced_by(self.delta)
+        if used == self.accountant_name:
+            return self
+        return dataclasses.replace(self, fallback_accountant=used)
+
+    @property
     def accounting_text(self) -> str:
-        """What the ε is accounted as: unit, accountant, assumption, and for which deployment."""
-        text = f"{self.unit}-level, {self.accountant_name}{self._assumption_text}"
+        """What the ε is accounted as: unit, accountant (the fallback's, where the configured
+        one refused), assumption, and for which deployment."""
+        name = self.accountant_name
+        if self.fallback_accountant is not None:
+            name = f"{self.fallback_accountant} ({name} refused: ε beyond its range)"
+        text = f"{self.unit}-level, {name}{self._assumption_text}"
         if self.deployment is not None:
             text += f"; for a deployment of {self.deployment}, not this simulation's cohort"
         return text
@@ -131,7 +154,9 @@ class ClaimStatus(ABC):
             {"privacy.delta": f"{self.delta:g}", "privacy.cohort_sampler": self.cohort_sampler}
         )
         if self.dp_valid:
-            tags["privacy.accountant"] = self.accountant_name
+            tags["privacy.accountant"] = self.reporting_accountant
+            if self.fallback_accountant is not None:
+                tags["privacy.accountant_refused"] = self.accountant_name
             tags.update(self._assumption_tags())
             tags["privacy.epsilon_for"] = self.deployment or "this run"
         return tags

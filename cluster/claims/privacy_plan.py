@@ -83,6 +83,7 @@ class PrivacyClaim(ClaimStatus):
     # DPSFL-AC: std of the noise on the adaptive clip's count Σ(b_i − ½) (None: no such count)
     count_noise_on_sum: float | None = None
     deployment: str | None = None  # the deployment a noise cohort claims ε for
+    fallback_accountant: str | None = None  # set by ``reported_by`` after a run
 
     @property
     def update_noise_multiplier(self) -> float:
@@ -310,7 +311,8 @@ def privacy_report(
         report.update(epsilon=None, epsilon_not_available=claim.unaccounted_reason)
         return report
     report.update(
-        accountant=claim.accountant_name,
+        accountant=claim.reporting_accountant,
+        accountant_refused=claim.fallback_accountant and claim.accountant_name,
         sampling_assumption=claim.assumption,
         adjacency=ADJACENCY[claim.assumption],
         calibrate=config.privacy.calibrate,

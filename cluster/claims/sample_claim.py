@@ -75,6 +75,7 @@ class SampleLevelClaim(ClaimStatus):
     cohort_sampler: str = "fixed"
     warm_start: str | None = None  # None, paper, authors_code
     deployment: str | None = None  # the deployment of a noise cohort the ε is claimed for
+    fallback_accountant: str | None = None  # set by ``reported_by`` after a run
 
     @property
     def noise_multiplier(self) -> float:
@@ -268,7 +269,7 @@ def sample_level_claim(config, algorithm, client_sizes=None) -> SampleLevelClaim
     return SampleLevelClaim(
         preset=config.algorithm.name,
         rule=algorithm.sample_dp,
-        unaccounted_reason=algorithm.unaccounted_reason,
+        unaccounted_reason=algorithm.unaccounted_reason or config.record_copies,
         client_rate=config.accounting_sample_rate,
         data_rate=record_rate(batch, client_sizes) if known else math.nan,
         local_steps=config.algorithm.local.local_steps,

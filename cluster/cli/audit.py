@@ -19,6 +19,8 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from cluster.cli.ranges import Range, at_least_one, check_ranges, positive
+
 # The audits (torch) are imported when one runs, so that `audit --help` starts at once.
 if TYPE_CHECKING:
     from cluster.config import ExperimentConfig
@@ -46,6 +48,17 @@ def add_parser(commands, help_text: str) -> None:
         help="TEST ONLY: multiply the noise the mechanism adds (the accountant keeps σ)",
     )
     p.set_defaults(handler=run)
+
+
+# Each numeric option's range (cluster.cli.ranges), checked before the config is read.
+_RANGES: dict[str, Range] = {
+    # privacy.audit.check_audit_inputs's minimum: 10 trials to pick a test, 10 to run it
+    "trials": (lambda v: v >= 20, "at least 20 trials per world"),
+    "confidence": (lambda v: 0.0 < v < 1.0, "a confidence level in (0, 1), such as 0.95"),
+    "dim": (at_least_one, "an update dimension of at least 1"),
+    "seed": (lambda v: 0 <= v < 2**63, "a seed in [0, 2**63)"),
+    "noise_scale_for_testing": (positive, "a finite factor > 0 (1: the mechanism's own noise)"),
+}
 
 
 def accounted_mechanism(config: ExperimentConfig) -> ExperimentConfig:
@@ -98,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
     from privacy.audit_sample import audit_sample_round
 
     try:
+        check_ranges(args, _RANGES)
         config = load_config(args.config, args.set)
         noised = (
             config.algorithm.noise_multiplier

@@ -7,6 +7,8 @@ import functools
 import math
 import sys
 
+from cluster.cli.ranges import Range, at_least_one, check_ranges, positive, rate
+
 # The accountants (client level: NumPy/SciPy only, no torch, dp-accounting or scipy.stats,
 # tests/test_privacy_numpy.py; sample level: dp-accounting) are imported when a calculation
 # runs, so that `privacy --help` starts at once.
@@ -82,6 +84,27 @@ def add_parser(commands, help_text: str) -> None:
     p.set_defaults(handler=run)
 
 
+# Each numeric argument's range (cluster.cli.ranges): a NaN σ or q would never end the RDP
+# series, δ ≥ 1 gives a negative ε, negative rounds an ε of nothing.
+_RANGES: dict[str, Range] = {
+    "sigma": (lambda v: 0.0 <= v < math.inf, "a finite noise multiplier >= 0"),
+    "q": (rate, "a sampling rate in (0, 1]"),
+    "l": (rate, "a sampling rate in (0, 1]"),
+    "s": (rate, "a sampling rate in (0, 1]"),
+    "delta": (lambda v: 0.0 < v < 1.0, "a δ in (0, 1), such as 1e-5"),
+    "target_epsilon": (positive, "a finite ε > 0"),
+    "count_noise": (positive, "a finite σ_b > 0"),
+    "clip": (positive, "a finite clip norm > 0"),
+    "rounds": (at_least_one, "at least 1 round"),
+    "client_cohort": (at_least_one, "at least 1 client"),
+    "local_steps": (at_least_one, "at least 1 step"),
+    "clients": (at_least_one, "at least 1 client"),
+    "samples_per_client": (at_least_one, "at least 1 record"),
+    "sketch_rows": (at_least_one, "at least 1 row"),
+    "cohort": (at_least_one, "at least 1 client"),
+}
+
+
 def _need(args: argparse.Namespace, *names: str) -> None:
     missing = [f"--{n.replace('_', '-')}" for n in names if getattr(args, n) is None]
     if missing:
@@ -151,8 +174,6 @@ def _vs_server(args: argparse.Namespace) -> None:
     from privacy.participation import epsilon_vs_server
 
     _need(args, "sigma", "rounds")
-    if args.client_cohort < 1:
-        raise ValueError(f"--client-cohort must be >= 1, got {args.client_cohort}")
     per_client = args.sigma / math.sqrt(args.client_cohort)
     print(f"against a server that sees each upload (per-client σ/√C_n = {per_client:.4g}):")
     for label, factor in (("zero-out", 1.0), ("replace-one", 2.0)):
@@ -224,6 +245,7 @@ def _dpsfl_paper(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        check_ranges(args, _RANGES)
         if args.dpsfl_paper:
             _dpsfl_paper(args)
             return 0

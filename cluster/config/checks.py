@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from algorithms.presets import PRESETS, PRIVATE_PRESETS
+from algorithms.presets import CLIENT_LEVEL_PRESETS, PRESETS, PRIVATE_PRESETS
 from cluster.config.algorithm_checks import validate_algorithm
 from cluster.config.data import validate_partition, validate_preparation, validate_validation
 from cluster.config.errors import ConfigError, check_seed, choice, positive
@@ -20,6 +20,7 @@ from datasets.tasks import TASKS
 from datasets.vision import EMNIST_SPLITS
 from models import PRETRAINED_LOADERS
 from privacy.accountant import accountants_for
+from privacy.pld import DEFAULT_MAX_EPSILON
 
 
 def validate(c: ExperimentConfig) -> None:
@@ -149,6 +150,14 @@ def validate_privacy(c: ExperimentConfig) -> None:
         raise ConfigError(
             "privacy.delta", p.delta, f"δ must be in (0, 1), e.g. {c.population**-1.1:.3g}"
         )
+    if p.delta is None and c.population == 1 and c.algorithm.name in CLIENT_LEVEL_PRESETS:
+        raise ConfigError(
+            "privacy.delta",
+            None,
+            "unset, so δ = N^-1.1 = 1 for a population of N = 1 client: such a δ allows "
+            "publishing that client's data in the clear; raise data.num_clients (or "
+            "privacy.population) to the population to protect, or set privacy.delta, e.g. 1e-5",
+        )
     if p.population is not None and p.population < c.data.num_clients:
         raise ConfigError(
             "privacy.population",
@@ -200,7 +209,10 @@ def validate_privacy(c: ExperimentConfig) -> None:
             f"{c.algorithm.name} as configured has no ε to calibrate or budget ({reason}); "
             "remove it and set algorithm.noise_multiplier, or use the accounted variant "
             + (
-                "(clip_rule: fixed with a clip_norm)"
+                "(a partition that gives each row to one client: remove "
+                "data.partition.samples_per_client)"
+                if c.record_copies
+                else "(clip_rule: fixed with a clip_norm)"
                 if c.sample_level or c.algorithm.clip_rule == "median"
                 else "(privacy.sampling: match)"
                 if c.sampling_mismatch
@@ -217,6 +229,14 @@ def validate_privacy(c: ExperimentConfig) -> None:
         )
     if p.target_epsilon is not None:
         positive("privacy.target_epsilon", p.target_epsilon, "8.0")
+        if p.target_epsilon > DEFAULT_MAX_EPSILON:
+            raise ConfigError(
+                "privacy.target_epsilon",
+                p.target_epsilon,
+                f"above {DEFAULT_MAX_EPSILON:g}, where an ε is no meaningful guarantee and the "
+                "PLD and PRV accountants refuse to compute one (a calibrated σ would be near 0); "
+                f"give a budget of at most {DEFAULT_MAX_EPSILON:g}, e.g. 8.0",
+            )
         if c.algorithm.name not in PRIVATE_PRESETS:
             raise ConfigError(
                 "privacy.target_epsilon",

@@ -94,10 +94,11 @@ class ExperimentConfig:
     @property
     def sampling_mismatch(self) -> str | None:
         """Why no ε holds when ``privacy.sampling`` accounts another sampler than the cohort's
-        (DP-FedSAM's fixed cohort accounted as Poisson), else None. With a noise cohort
-        (``privacy.noise_cohort_size``) the ε is claimed for the deployment it describes, whose
-        sampler is the assumption, not for the simulated cohort: no mismatch."""
-        if self.sample_level or self.privacy.noise_cohort_size is not None:
+        (DP-FedSAM's fixed cohort accounted as Poisson), else None. Where the ε is claimed for
+        a deployment (``deployment``: a noise cohort or population other than the simulation's),
+        that deployment's sampler is the assumption, not the simulated cohort's: no mismatch. A
+        noise cohort equal to the cohort describes no deployment: the mismatch stands."""
+        if self.sample_level or self.deployment is not None:
             return None
         ran = assumption_for_sampler(self.cohort.sampling)
         if self.sampling_assumption == ran:
@@ -106,6 +107,22 @@ class ExperimentConfig:
             f"the cohort is sampled {self.cohort.sampling} but privacy.sampling accounts "
             f"{self.sampling_assumption.replace('_', ' ')} sampling: no accountant's ε holds "
             "for the sampler that runs"
+        )
+
+    @property
+    def record_copies(self) -> str | None:
+        """Why no record-level ε holds where the partition may copy rows (``dirichlet`` with
+        ``samples_per_client`` refills exhausted class pools), else None: a row held by k
+        clients, or k times by one, moves up to k noisy updates where the accountant assumes
+        one, and the default δ = R^-1.1 counts the copies as records."""
+        p = self.data.partition
+        if not self.sample_level or p.method != "dirichlet" or p.samples_per_client is None:
+            return None
+        return (
+            "data.partition dirichlet with samples_per_client refills exhausted class pools, so "
+            "a record may sit in several clients and several times in one: its influence is up "
+            "to its number of copies times what the record-level accountant assumes (and δ "
+            "counts copies as records)"
         )
 
     @property
@@ -202,12 +219,14 @@ class ExperimentConfig:
 
     @property
     def unaccounted_reason(self) -> str | None:
-        """Why the configured preset's mechanism has no ε (read off its pipeline, or a sampling
-        assumption that is not the cohort's), else None."""
+        """Why the configured preset's mechanism has no ε (read off its pipeline, a sampling
+        assumption that is not the cohort's, or records copied for a record-level ε), else
+        None."""
         if self.algorithm.name not in PRIVATE_PRESETS:
             return None
         # structural: any σ > 0
-        return self._build_algorithm(1.0).unaccounted_reason or self.sampling_mismatch
+        reason = self._build_algorithm(1.0).unaccounted_reason
+        return reason or self.sampling_mismatch or self.record_copies
 
     def _build_algorithm(self, noise_multiplier: float | None) -> Algorithm:
         a, local = self.algorithm, self.algorithm.local

@@ -439,7 +439,8 @@ def _finish_run(
     eps = final_epsilon(result.history)
     tags = {"stop_reason": result.stop_reason, "checkpoint": str(checkpoint)}
     line = run_description(sim.claim, result.history, config.total_rounds, result.stop_reason, eps)
-    run.set_tags({**tags, DESCRIPTION_TAG: line})
+    # the claim's tags again: its accountant is the one whose ε stands (after a fallback)
+    run.set_tags({**tags, **sim.claim.tags(), DESCRIPTION_TAG: line})
     summary = {
         "rounds": len(result.history),
         "stop_reason": result.stop_reason,

@@ -364,6 +364,8 @@ class Simulation:
                 stop_reason = stop_reason or self._end_reason(stop)
                 if stop_reason is not None:
                     finish()
+                    if self.accountant is not None:  # the ε's accountant (after a fallback)
+                        self.claim = self.claim.reported_by(self.accountant)
                     return SimulationResult(
                         self.state.params, self.history, stop_reason, self.recoveries
                     )
