@@ -65,13 +65,25 @@ def draws_from_global_rng(model: nn.Module) -> bool:
     return any(isinstance(m, GLOBAL_RNG_LAYERS) for m in model.modules())
 
 
+def input_problem(name: str, shape: tuple[int, ...]) -> str | None:
+    """Why model ``name`` cannot take rows of ``shape`` (None: it can), known before it is
+    built: the config checks ask it of the rows a source gives after its preprocessing."""
+    if name in _IMAGE_MODELS and len(shape) not in (2, 3):
+        return f"model {name!r} needs an image shape (C, H, W) or (H, W), got {shape}"
+    if name == "mlp_pca60" and prod(shape) != 60:
+        return (
+            f"model 'mlp_pca60' takes the 60 PCA features of DP-SCAFFOLD's MNIST setup, got "
+            f"input shape {shape}"
+        )
+    return None
+
+
 def _image_shape(name: str, shape: tuple[int, ...]) -> tuple[int, int, int]:
     """(C, H, W) from a (C, H, W) or one-channel (H, W) input shape."""
-    if len(shape) == 2:
-        return (1, shape[0], shape[1])
-    if len(shape) == 3:
-        return (shape[0], shape[1], shape[2])
-    raise ValueError(f"model {name!r} needs an image shape (C, H, W) or (H, W), got {shape}")
+    problem = input_problem(name, shape)
+    if problem is not None:
+        raise ValueError(problem)
+    return (1, *shape) if len(shape) == 2 else tuple(shape)
 
 
 # Models on images: name -> constructor (num_classes, channels, (H, W)).
@@ -92,11 +104,9 @@ def _image_model(name: str, shape: tuple[int, ...], num_classes: int) -> nn.Modu
 
 
 def _mlp_pca60(shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    if prod(shape) != 60:
-        raise ValueError(
-            f"model 'mlp_pca60' takes the 60 PCA features of DP-SCAFFOLD's MNIST setup, got "
-            f"input shape {shape}; apply the PCA in preprocessing, or build models.mlp.Mlp"
-        )
+    problem = input_problem("mlp_pca60", shape)
+    if problem is not None:
+        raise ValueError(f"{problem}; apply the PCA in preprocessing, or build models.mlp.Mlp")
     return Mlp(60, 200, num_classes)
 
 
@@ -130,6 +140,7 @@ __all__ = [
     "ReddiCnn",
     "ResNet9",
     "build_model",
+    "input_problem",
     "resnet10_gn",
     "resnet18_gn",
 ]

@@ -20,11 +20,17 @@ from cluster.tracking.process import _spawn
 
 
 def small_config(store_root, *overrides: str):
+    """A small local run of ``overrides``; synthetic data of 100 rows a user, unless an override
+    names another source (``data.synthetic`` is refused for it)."""
+    sources = [o.partition("=")[2] for o in overrides if o.startswith("data.source=")]
+    synthetic = (
+        [] if sources and sources[-1] != "synthetic" else ["data.synthetic.samples_per_user=100"]
+    )
     base = [
         f"data.store_root={store_root}",
         f"checkpoint.dir={store_root}/checkpoints",
         "data.num_clients=20",
-        "data.synthetic.samples_per_user=100",
+        *synthetic,
         "cohort.size=5",
         "rounds=5",
         "algorithm.name=fedavg",

@@ -270,7 +270,7 @@ def a_file(name: str, changes_for: Callable[[Path], dict]):
 
 def empty_dataset_root(workdir: Path, _store: Path) -> list[str]:
     (workdir / "data").mkdir()
-    changes = {"task": "mnist_cnn", "data.source": "mnist", "data.root": str(workdir / "data")}
+    changes = {**MNIST, "data.root": str(workdir / "data")}
     return ["run", str(config_file(workdir, changes))]
 
 
@@ -295,9 +295,30 @@ def a_symlink(target: str, field: str):
     return prepare
 
 
+def spec_with_base(command: str, base: str):
+    """``command`` (sweep or compare) of a spec in ``specs/`` whose ``base:`` is ``base``
+    (``link.yaml``: a symlink there to /etc/passwd)."""
+
+    def prepare(workdir: Path, _store: Path) -> list[str]:
+        specs = workdir / "specs"
+        specs.mkdir()
+        (specs / "link.yaml").symlink_to("/etc/passwd")
+        rest = {"space": {"seed": [1]}} if command == "sweep" else {"runs": {"a": {}}}
+        (specs / "spec.yaml").write_text(yaml.safe_dump({"base": base, **rest}))
+        return [command, str(specs / "spec.yaml")]
+
+    return prepare
+
+
 INF, NAN = float("inf"), float("nan")
 SKETCHED = {"algorithm.name": "dpsfl", "algorithm.local.lr": 1.0}
-MNIST = {"task": "mnist_cnn", "data.source": "mnist"}
+MNIST = {"task": "mnist_cnn", "data.source": "mnist", "data.synthetic": {}}  # BASE's: defaults
+MNIST_PCA = {**MNIST, "task": "mnist_pca_mlp"}
+FEDAVG = {
+    "algorithm.name": "fedavg",
+    "algorithm.clip_norm": None,
+    "algorithm.noise_multiplier": None,
+}
 FINITE = ("finite number", ".nan is never accepted")
 ONE_FILE_NAME = "it names files, so it must be one file name"
 NOT_RAY = ("not a Ray address", "HOST:PORT", "ray://HOST:PORT", "auto")
@@ -339,11 +360,11 @@ CASES = [
         Case(f"top level {name}", run_with(text=text), ("CONFIG", "must hold a YAML mapping", held))
         for name, text, held in [
             ("empty", "", "holds nothing"),
-            ("0", "0\n", "holds the int 0"),
-            ("false", "false\n", "holds the bool False"),
-            ("[]", "[]\n", "holds the list []"),
+            ("0", "0\n", "holds a number"),
+            ("false", "false\n", "holds true or false"),
+            ("[]", "[]\n", "holds a list"),
             ("~", "~\n", "holds nothing"),
-            ("string", "quickstart\n", "holds the str 'quickstart'"),
+            ("string", "quickstart\n", "holds a string"),
             ("comments", "# rounds: 3\n", "holds nothing"),
         ]
     ),
@@ -826,6 +847,102 @@ CASES = [
         "one client, default δ",
         run_with({"data.num_clients": 1, "cohort.size": 1}),
         ("privacy.delta = None", "N = 1 client", "set privacy.delta"),
+    ),
+    # --- s42 config checks
+    Case(
+        "σ·C beyond float32",
+        run_with({"algorithm.noise_multiplier": 3e38, "algorithm.clip_norm": 3e38}),
+        ("algorithm.noise_multiplier = 3e+38", "σ·C = 9e+76 is beyond float32's largest"),
+    ),
+    Case(
+        "σ·C·server_lr beyond float32",
+        run_with(
+            {
+                "algorithm.noise_multiplier": 1e20,
+                "algorithm.clip_norm": 1e10,
+                "algorithm.server_lr": 1e10,
+            }
+        ),
+        ("algorithm.noise_multiplier = 1e+20", "σ·C·algorithm.server_lr = 1e+40"),
+    ),
+    Case(
+        "σ·C·lr beyond float32, sample level",
+        run_with(
+            {
+                "algorithm.name": "dp_fedavg_sample",
+                "algorithm.noise_multiplier": 1e20,
+                "algorithm.clip_norm": 1e10,
+                "algorithm.local.lr": 1e10,
+            }
+        ),
+        ("σ·C·algorithm.local.lr = 1e+40", "lower noise_multiplier or clip_norm"),
+    ),
+    Case(
+        "synthetic options on MNIST",
+        run_with({**MNIST, "data.synthetic": {"alpha": 5.0, "num_features": 7}}),
+        ("data.synthetic.alpha = 5.0", "only for source synthetic", "reads mnist"),
+    ),
+    Case(
+        "download of synthetic data",
+        run_with({"data.download": True}),
+        ("data.download = True", "synthetic has none to fetch"),
+    ),
+    *(
+        Case(
+            f"{field} on fedavg",
+            run_with({**FEDAVG, field: value}),
+            (f"{field} = ", "fedavg is non-private; use dp_fedavg or remove it"),
+        )
+        for field, value in [
+            ("privacy.noise_cohort_size", 5),
+            ("privacy.accountant", "prv"),
+            ("privacy.delta", 0.5),
+            ("privacy.population", 100000),
+            ("privacy.sampling", "poisson"),
+        ]
+    ),
+    Case(
+        "address with the local executor",
+        run_with({"executor.kind": "local"}, "--address", "203.0.113.7:6379"),
+        ("executor.address = '203.0.113.7:6379'", "the local executor runs in this process"),
+    ),
+    Case(
+        "local threads beyond the machine",
+        run_with({"executor.kind": "local", "executor.cpus_per_actor": 1024}),
+        ("executor.cpus_per_actor = 1024.0", "each run 1024 torch threads, this machine has"),
+    ),
+    *(
+        Case(
+            f"{command} base {name}",
+            spec_with_base(command, base),
+            ("base = ", "must name a config file inside the spec's directory"),
+        )
+        for command in ("sweep", "compare")
+        for name, base in [
+            ("../ escape", "../" * 12 + "etc/passwd"),
+            ("absolute", "/etc/passwd"),
+            ("symlink out", "link.yaml"),
+        ]
+    ),
+    Case(
+        "PCA task without PCA",
+        run_with(MNIST_PCA),
+        ("data.pca_components = None", "takes the 60 PCA features", "pca_components: 60"),
+    ),
+    Case(
+        "PCA task with 30 components",
+        run_with({**MNIST_PCA, "data.pca_components": 30}),
+        ("data.pca_components = 30", "got input shape (30,)", "pca_components: 60"),
+    ),
+    Case(
+        "CNN on PCA features",
+        run_with({**MNIST, "data.pca_components": 60}),
+        ("data.pca_components = 60", "needs an image shape", "remove data.pca_components"),
+    ),
+    Case(
+        "PCA components beyond the pixels",
+        run_with({**MNIST, "data.pca_components": 100000}),
+        ("data.pca_components = 100000", "must be in [1, 784]"),
     ),
 ]
 

@@ -168,10 +168,20 @@ def test_store_root_is_absolute_for_actors(monkeypatch, tmp_path):
     assert config.data.resolved_store_root() == tmp_path.resolve() / "elsewhere"
 
 
+def test_an_empty_directory_variable_is_unset_not_the_working_directory(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    for name in ("DPFL_STORE_ROOT", "DPFL_CHECKPOINT_DIR", "DPFL_DATA_ROOT"):
+        monkeypatch.setenv(name, "")
+    config = load_config(None, ["data.store_root=shards", "checkpoint.dir=ckpt", "data.root=raw"])
+    assert config.data.resolved_store_root() == tmp_path.resolve() / "shards"
+    assert config.checkpoint_dir == tmp_path.resolve() / "ckpt"
+    assert config.data.resolved_data_root() == tmp_path.resolve() / "raw"
+
+
 def test_a_quoted_number_is_read_as_written(tmp_path):
     """YAML 1.1 leaves '.5' and '.inf' quoted (and 1e-5) as strings: each is the number it
     spells, .inf only where it has a meaning."""
-    c = load_config(None, ["algorithm.local.lr='.5'", "privacy.delta=1e-5"])
+    c = load_config(None, [*DP, "algorithm.local.lr='.5'", "privacy.delta=1e-5"])
     assert c.algorithm.local.lr == 0.5 and c.privacy.delta == 1e-5
     c = load_config(None, [*DP, "algorithm.clip_norm='.inf'", "algorithm.noise_multiplier=0"])
     assert c.algorithm.clip_norm == float("inf")

@@ -94,6 +94,8 @@ def test_a_missing_data_root_fails_before_any_work_with_the_paths(tmp_path, caps
             "--set",
             "data.source=mnist",
             "--set",
+            "data.synthetic={}",  # the quickstart's synthetic options, back to the defaults
+            "--set",
             f"data.root={tmp_path / 'nowhere'}",
             "--set",
             f"data.store_root={tmp_path / 'shards'}",

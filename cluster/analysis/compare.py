@@ -38,6 +38,7 @@ from pathlib import Path
 import yaml
 
 from cluster.analysis.run_configs import assignments, build_config, run_setup
+from cluster.analysis.sweep_spec import read_base
 from cluster.analysis.trials import RecordingFailed, RunsFailed
 from cluster.claims.privacy_plan import format_sigma
 from cluster.config import (
@@ -61,7 +62,7 @@ def load_spec(
         )
     base = spec["base"]
     if isinstance(base, str):
-        base = read_yaml_mapping(path.parent / base)
+        base = read_base(path, base)
     runs = spec["runs"]
     if not isinstance(runs, dict) or not runs:
         raise ConfigError("runs", runs, "a mapping label → overrides, e.g. {dp_fedavg: {...}}")

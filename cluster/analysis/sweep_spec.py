@@ -232,7 +232,7 @@ def load(path: Path) -> SweepSpec:
         )
     base = raw["base"]
     if isinstance(base, str):
-        base = read_yaml_mapping(path.parent / base)
+        base = read_base(path, base)
     if not isinstance(base, dict):
         raise ConfigError("base", base, "a config mapping, or a config file's path")
     method, seed, samples, num_trials = _search(raw.get("search") or {})
@@ -250,6 +250,22 @@ def load(path: Path) -> SweepSpec:
         _seeds(raw.get("seeds", 1)),
         _selection(raw.get("select") or {}),
     )
+
+
+def read_base(spec: Path, base: str) -> dict:
+    """The config mapping of a spec's ``base:`` file (sweep and compare specs): a path relative
+    to the spec's directory that stays inside it once ``..`` and symlinks are resolved (a spec
+    from elsewhere cannot make the command read, say, ``/etc/passwd``)."""
+    directory = spec.parent.resolve()
+    target = (directory / base).resolve()
+    if Path(base).is_absolute() or not target.is_relative_to(directory):
+        raise ConfigError(
+            "base",
+            base,
+            f"must name a config file inside the spec's directory {directory}, relative to "
+            "it (e.g. base.yaml), symlinks included; copy the file there",
+        )
+    return read_yaml_mapping(target)
 
 
 def _search(search: Any) -> tuple[str, int | None, int | None, dict | None]:

@@ -86,10 +86,12 @@ def _tracking_failure(error: TrackingError, verbose: bool) -> str:
 
 def _input_errors() -> tuple[type[Exception], ...]:
     """What bad input raises: a config field, a file, a shard store that cannot be read as
-    written, the Ray cluster's size."""
+    written, the Ray cluster's size, config values whose products overflow float32 in a round
+    (``NonFiniteModel``)."""
     from cluster.config import ConfigError
     from cluster.runtime.ray_runtime import ResourceError
+    from cluster.runtime.simulation import NonFiniteModel
     from datasets.store import StoreError
     from datasets.vision import SourceMissingError
 
-    return ConfigError, SourceMissingError, StoreError, ResourceError
+    return ConfigError, SourceMissingError, StoreError, ResourceError, NonFiniteModel

@@ -130,7 +130,24 @@ def _after_warmup(config) -> str:
     return f" after {warmup} warm-up rounds" if warmup else ""
 
 
+def check_address_used(config) -> None:
+    """``executor.address`` names the Ray a run connects to; one run on the local executor
+    connects to none, so it would be ignored. (A sweep's or compare's trials on the local
+    executor do run on the Ray it names, ``cluster.analysis.trials``: not refused there.)"""
+    from cluster.config import ConfigError
+
+    e = config.executor
+    if e.kind == "local" and e.address is not None:
+        raise ConfigError(
+            "executor.address",
+            e.address,
+            "connects to a Ray cluster; the local executor runs in this process: set "
+            "executor.kind=ray (--executor ray), or remove executor.address (--address)",
+        )
+
+
 def _execute(config, checkpoint: dict | None, verbose: bool) -> int:
+    check_address_used(config)
     try:
         return _execute_in_session(config, checkpoint, verbose)
     finally:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from algorithms.presets import PRIVATE_PRESETS, SAMPLE_LEVEL_PRESETS, SKETCH_PRESETS, presets_taking
 from cluster.config.algorithm import validate_preset_options
-from cluster.config.errors import ConfigError, positive, start_from
+from cluster.config.errors import FLOAT_LIMIT, ConfigError, positive, start_from
 from cluster.config.families import validate_noise_support, validate_sample_level, validate_sketch
 
 if TYPE_CHECKING:
@@ -91,6 +91,8 @@ def validate_algorithm(c: ExperimentConfig) -> None:
                 a.clip_norm,
                 "noise needs a finite clip norm to bound sensitivity; set C > 0",
             )
+        if noised and a.noise_multiplier is not None and a.clip_norm is not None:
+            check_noise_fits_float32(c)
         if a.weighting != "uniform":
             raise ConfigError(
                 "algorithm.weighting",
@@ -127,6 +129,28 @@ def validate_algorithm(c: ExperimentConfig) -> None:
     validate_preset_options(a)
     if a.name in SKETCH_PRESETS:
         validate_sketch(c)
+
+
+def check_noise_fits_float32(c: ExperimentConfig) -> None:
+    """σ·C, the std of the noise on the sum, times the learning rates that carry the noise into
+    the float32 model (the server's; the local one too where the noise is added to each batch
+    gradient, sample-level), must stay a float32 number: beyond it the model becomes inf and
+    the run would go on with an ε for noise that never reached it."""
+    a = c.algorithm
+    rates = [("algorithm.server_lr", a.server_lr)]
+    if c.sample_level:
+        rates.append(("algorithm.local.lr", a.local.lr))
+    reach, product = a.noise_multiplier * a.clip_norm, "σ·C"
+    for name, rate in rates:
+        if rate > 1:
+            reach, product = reach * rate, f"{product}·{name}"
+    if reach > FLOAT_LIMIT:
+        raise ConfigError(
+            "algorithm.noise_multiplier",
+            a.noise_multiplier,
+            f"{product} = {reach:.3g} is beyond float32's largest number {FLOAT_LIMIT:g}: the "
+            "noise would make the model inf; lower noise_multiplier or clip_norm",
+        )
 
 
 def validate_client_median(c) -> None:

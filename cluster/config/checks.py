@@ -4,21 +4,28 @@ algorithm's: ``algorithm_checks``); a section's checks of itself stay with its s
 
 from __future__ import annotations
 
+import math
 import os
+from dataclasses import asdict
 
 from algorithms.presets import CLIENT_LEVEL_PRESETS, PRESETS, PRIVATE_PRESETS
 from cluster.config.algorithm_checks import validate_algorithm
-from cluster.config.data import validate_partition, validate_preparation, validate_validation
+from cluster.config.data import (
+    DataConfig,
+    validate_partition,
+    validate_preparation,
+    validate_validation,
+)
 from cluster.config.errors import ConfigError, check_seed, choice, positive
 from cluster.config.experiment import ExperimentConfig
 from cluster.config.families import validate_warm_start
 from cluster.config.runtime import ExecutorConfig, check_name, in_ray_job, ray_endpoint
 from datasets.glue import GLUE_SOURCES, folder_problem
 from datasets.partition import PARTITION_METHODS
-from datasets.sources import SOURCES
+from datasets.sources import SOURCES, source_shape
 from datasets.tasks import TASKS
-from datasets.vision import EMNIST_SPLITS
-from models import PRETRAINED_LOADERS
+from datasets.vision import EMNIST_SPLITS, SOURCE_NAMES, image_shape
+from models import PRETRAINED_LOADERS, input_problem
 from privacy.accountant import accountants_for
 from privacy.pld import DEFAULT_MAX_EPSILON
 
@@ -66,18 +73,11 @@ def validate_data(c: ExperimentConfig) -> None:
         raise ConfigError(
             "data.test_per_client", c.data.test_per_client, "must be >= 1 (e.g. 100) or null"
         )
-    if c.data.pca_components is not None and (
-        c.data.source not in ("mnist", "mnist_test_split") or c.data.pca_components < 1
-    ):
-        raise ConfigError(
-            "data.pca_components",
-            c.data.pca_components,
-            "only for sources mnist and mnist_test_split, >= 1 (DP-SCAFFOLD: 60)",
-        )
     validate_preparation(c.data)
     validate_pretrained(c)
     if c.data.only_digits and c.data.source != "femnist":
         raise ConfigError("data.only_digits", True, "only for source femnist; remove it")
+    check_source_options(c.data)
     if c.data.source == "synthetic":
         for name in ("alpha", "beta"):
             if getattr(s, name) < 0:
@@ -99,6 +99,71 @@ def validate_data(c: ExperimentConfig) -> None:
     validate_partition(p)
     if c.data.validation is not None:
         validate_validation(c.data.validation, c.data.num_clients)
+    check_model_input(c)  # last: the source's row shape needs its options checked
+
+
+def fields_set(section) -> list[tuple[str, object]]:
+    """(name, value) of each field of the config section ``section`` (a dataclass whose fields
+    all have defaults) that is set away from its default, in the section's order."""
+    default = type(section)()
+    return [(k, v) for k, v in asdict(section).items() if v != getattr(default, k)]
+
+
+PCA_SOURCES = ("mnist", "mnist_test_split")
+
+
+def check_model_input(c: ExperimentConfig) -> None:
+    """``data.pca_components``: for the MNIST sources, at most their pixels; and the rows the
+    source gives after it (features, or images) are what the task's model takes
+    (``models.input_problem``), so a mismatch fails here, not after the store is built."""
+    d = c.data
+    if d.pca_components is not None and d.source not in PCA_SOURCES:
+        raise ConfigError(
+            "data.pca_components",
+            d.pca_components,
+            f"only for sources {' and '.join(PCA_SOURCES)}; remove it",
+        )
+    if d.pca_components is not None:
+        pixels = math.prod(image_shape(d.source))
+        if not 1 <= d.pca_components <= pixels:
+            raise ConfigError(
+                "data.pca_components",
+                d.pca_components,
+                f"must be in [1, {pixels}] (the images' pixels), e.g. 60 (DP-SCAFFOLD's)",
+            )
+    model = TASKS[c.task].model_name
+    shape, _ = source_shape(d.source, d.source_options())
+    problem = input_problem(model, shape)
+    if problem is not None:
+        fix = (
+            "set data.pca_components: 60"
+            if model == "mlp_pca60"
+            else f"remove data.pca_components ({model} takes the images)"
+        )
+        raise ConfigError(
+            "data.pca_components", d.pca_components, f"task {c.task}: {problem}; {fix}"
+        )
+
+
+def check_source_options(d: DataConfig) -> None:
+    """``data.synthetic`` (any field away from its default) only for source synthetic, and
+    ``data.download`` only for the sources it fetches (the vision ones): elsewhere they would be
+    ignored."""
+    changed = fields_set(d.synthetic)
+    if d.source != "synthetic" and changed:
+        name, value = changed[0]
+        raise ConfigError(
+            f"data.synthetic.{name}",
+            value,
+            f"only for source synthetic, and this run reads {d.source}; remove it",
+        )
+    if d.download and d.source not in SOURCE_NAMES:
+        raise ConfigError(
+            "data.download",
+            True,
+            f"fetches the files of sources {', '.join(SOURCE_NAMES)}; {d.source} has none to "
+            "fetch: remove it",
+        )
 
 
 def validate_pretrained(c: ExperimentConfig) -> None:
@@ -146,6 +211,11 @@ def validate_cohort(c: ExperimentConfig) -> None:
 
 def validate_privacy(c: ExperimentConfig) -> None:
     p = c.privacy
+    changed = fields_set(p)
+    if c.algorithm.name not in PRIVATE_PRESETS and changed:  # no ε is accounted: all unused
+        name, value = changed[0]
+        fix = f"{c.algorithm.name} is non-private; use dp_fedavg or remove it"
+        raise ConfigError(f"privacy.{name}", value, fix)
     if p.delta is not None and not 0 < p.delta < 1:
         raise ConfigError(
             "privacy.delta", p.delta, f"δ must be in (0, 1), e.g. {c.population**-1.1:.3g}"
@@ -236,12 +306,6 @@ def validate_privacy(c: ExperimentConfig) -> None:
                 f"above {DEFAULT_MAX_EPSILON:g}, where an ε is no meaningful guarantee and the "
                 "PLD and PRV accountants refuse to compute one (a calibrated σ would be near 0); "
                 f"give a budget of at most {DEFAULT_MAX_EPSILON:g}, e.g. 8.0",
-            )
-        if c.algorithm.name not in PRIVATE_PRESETS:
-            raise ConfigError(
-                "privacy.target_epsilon",
-                p.target_epsilon,
-                f"{c.algorithm.name} is non-private; use dp_fedavg or remove it",
             )
         if not c.algorithm.noise_multiplier and p.calibrate != "sigma":
             raise ConfigError(

@@ -20,6 +20,11 @@ def short_repr(value: Any) -> str:
     return _VALUE_REPR.repr(value)
 
 
+# float32's normal range: the model computes in float32, so a larger magnitude overflows, and
+# squaring or inverting a smaller one (1e-300) underflows to 0 or overflows in float64 too
+FLOAT_LIMIT, FLOAT_TINY = 3.4e38, 1.2e-38
+
+
 class ConfigError(ValueError):
     def __init__(self, field_path: str, value: Any, fix: str):
         self.field_path, self.value, self.fix = field_path, value, fix

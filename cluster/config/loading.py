@@ -21,7 +21,7 @@ from typing import Any, Literal
 import yaml
 
 from cluster.config.checks import validate
-from cluster.config.errors import ConfigError, short_repr
+from cluster.config.errors import FLOAT_LIMIT, FLOAT_TINY, ConfigError
 from cluster.config.experiment import ExperimentConfig
 
 MAX_CONFIG_BYTES = 1 << 20  # a config is a few kB; this bounds what a wrong path makes us read
@@ -30,9 +30,6 @@ _PASS_A_FILE = "pass a YAML config file, e.g. configs/quickstart.yaml"
 # Float fields where .inf has a meaning the README documents, and that meaning. Everywhere else
 # only finite numbers are accepted; .nan never.
 INFINITY_MEANS = {"algorithm.clip_norm": "no clipping, allowed only with noise_multiplier: 0"}
-# float32's normal range: the model computes in float32, so a larger magnitude overflows, and
-# squaring or inverting a smaller one (1e-300) underflows to 0 or overflows in float64 too
-FLOAT_LIMIT, FLOAT_TINY = 3.4e38, 1.2e-38
 INT_LIMIT = 2**63  # int64, as numpy and torch hold integers
 
 
@@ -269,13 +266,24 @@ def read_yaml_mapping(path: Path) -> dict:
             f"not valid YAML ({_yaml_problem(error)}); {_yaml_fix(error, 'fix that line')}",
         ) from None
     if not isinstance(raw, dict):
-        held = "nothing" if raw is None else f"the {type(raw).__name__} {short_repr(raw)}"
         raise ConfigError(
             "CONFIG",
             str(path),
-            f"must hold a YAML mapping of config fields (lines like `rounds: 10`); it holds {held}",
+            "must hold a YAML mapping of config fields (lines like `rounds: 10`); it holds "
+            + _yaml_kind(raw),
         )
     return raw
+
+
+# What a file that is no mapping holds, in words: never its content (a wrong path, say a spec's
+# ``base: ../../etc/passwd``, must not print the file it names).
+_YAML_KINDS = {bool: "true or false", int: "a number", float: "a number", str: "a string"}
+
+
+def _yaml_kind(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    return _YAML_KINDS.get(type(value), f"a {type(value).__name__}")
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> ExperimentConfig:

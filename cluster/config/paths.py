@@ -11,12 +11,14 @@ from datasets.locations import Location, LocationError, ObjectLocation, parse_lo
 
 
 def configured_path(field: str, variable: str, value: str, object_store: bool = False) -> Location:
-    """``$variable`` if set, else ``value`` (the config's ``field``), ``$VARS`` expanded: an
+    """``$variable`` if set and not empty (an empty one is unset, as an empty
+    ``MLFLOW_TRACKING_URI`` is: never the working directory), else ``value`` (the config's
+    ``field``), ``$VARS`` expanded: an
     ``ObjectLocation`` for a URI where the field takes one (``object_store``), else a ``Path``
     with ``~`` expanded, not resolved (a relative path stays relative: where it resolves is the
     caller's decision). A malformed URI, a URI where only a local path will do, or a ``~user``
     naming no user is a ``ConfigError`` naming where the value came from."""
-    source, text = (variable, os.environ[variable]) if variable in os.environ else (field, value)
+    source, text = (variable, os.environ[variable]) if os.environ.get(variable) else (field, value)
     try:
         location = parse_location(os.path.expandvars(text))
     except LocationError as error:

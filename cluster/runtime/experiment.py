@@ -36,7 +36,7 @@ from cluster.runtime.run_names import (
     run_title,
     stopped_description,
 )
-from cluster.runtime.simulation import Simulation, SimulationResult
+from cluster.runtime.simulation import NonFiniteModel, Simulation, SimulationResult
 from cluster.runtime.store import open_store
 from cluster.tracking.process import TrackingError, TrackingRun, flatten
 from cluster.tracking.settings import tracking_uri
@@ -401,6 +401,11 @@ def _run_rounds(
             except HostsUnavailable as error:  # the driver is at its last valid point: kept
                 with stop.finishing():
                     raise HostsUnavailable(f"{error}; {keep_stopped_run()}") from error
+            except NonFiniteModel as error:  # no checkpoint of the inf model: the last one kept
+                kept = "no checkpoint was written"
+                if written is not None:
+                    kept = f"its last checkpoint, of round {written[1]}: {written[0]}"
+                raise NonFiniteModel(f"{error}; {kept}") from error
             stop.settle()  # from here to the command's end a signal only sets the exit code
         # A signal that came as the last round ended stopped nothing: the run is complete.
         interrupted = stop.reason is not None and result.stop_reason.startswith(stop.reason)

@@ -56,8 +56,10 @@ def preflight(config: ExperimentConfig) -> None:
         check_ray_address(field, address)
         if address in (None, "local"):  # an embedded Ray on this machine
             check_machine_fits(config)
-    elif config.executor.gpus_per_actor > 0:  # the local hosts share this machine's GPU
-        check_machine_fits(config)
+    else:
+        check_host_threads(config)
+        if config.executor.gpus_per_actor > 0:  # the local hosts share this machine's GPU
+            check_machine_fits(config)
     check_writable_location("checkpoint.dir", config.checkpoint_dir)
 
 
@@ -270,6 +272,22 @@ def check_machine_fits(config: ExperimentConfig) -> None:
             f"{e.num_actors} actors need {need:g} {resource}s, this machine has {have:g}: lower "
             f"executor.num_actors or executor.{field}, or give executor.address of a larger "
             "cluster",
+        )
+
+
+def check_host_threads(config: ExperimentConfig) -> None:
+    """The local executor's hosts run on this machine at ``int(cpus_per_actor)`` torch threads
+    each (``make_executor``): more than its CPUs only oversubscribes it. The hosts together
+    may hold more than its CPUs (they take turns where a model has dropout, and a Ray trial
+    reserves the CPUs: ``trials``)."""
+    e, cpus = config.executor, _cpu_count()
+    if int(e.cpus_per_actor) > cpus:
+        raise ConfigError(
+            "executor.cpus_per_actor",
+            e.cpus_per_actor,
+            f"the local executor's hosts each run {int(e.cpus_per_actor)} torch threads, this "
+            f"machine has {cpus} CPUs: lower executor.cpus_per_actor to at most {cpus}, or set "
+            "executor.kind=ray with executor.address of a larger cluster",
         )
 
 

@@ -31,7 +31,7 @@ from datasets.store import ShardStore
 
 # How long lost actors may take to be running again, somewhere ($DPFL_RESTART_TIMEOUT_S: an
 # autoscaling cluster may need minutes to add a node).
-RESTART_TIMEOUT_S = float(os.environ.get("DPFL_RESTART_TIMEOUT_S", "120"))
+RESTART_TIMEOUT_S = float(os.environ.get("DPFL_RESTART_TIMEOUT_S") or "120")  # empty: unset
 
 
 PING_S = 5.0  # how long a restarted actor may take to answer its first call
