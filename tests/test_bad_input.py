@@ -816,6 +816,27 @@ CASES = [
         untracked_overwrite(code_in_checkpoint),
         ("checkpoint.dir", "does not read as a checkpoint", "objects this code does not load"),
     ),
+    # --- s42 data and sizes
+    Case(
+        "store of other partition",
+        with_store(lambda store: None, {"data.partition": {"method": "dirichlet", "alpha": 0.1}}),
+        ("data.partition = {", "'method': 'dirichlet'", "set data.partition={method: natural}"),
+    ),
+    Case(
+        "store of other features",
+        with_store(lambda store: None, {"data.synthetic.num_features": 20}),
+        ("data.synthetic.num_features = 20", "built with 40", "remove data.store"),
+    ),
+    Case(
+        "synthetic model too big",
+        run_with({"data.synthetic.num_features": 50000, "data.synthetic.num_classes": 50000}),
+        ("data.synthetic = ", "50000 features, 50000 classes", "GiB, this machine has"),
+    ),
+    Case(
+        "sketch tables too big",
+        run_with({**SKETCHED, "algorithm.sketch_rows": 1, "algorithm.sketch_cols": 2 * 10**9}),
+        ("algorithm.sketch_cols = 2000000000", "float64 sketch tables", "GiB, this machine has"),
+    ),
 ]
 
 
