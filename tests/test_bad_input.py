@@ -837,6 +837,19 @@ CASES = [
         run_with({**SKETCHED, "algorithm.sketch_rows": 1, "algorithm.sketch_cols": 2 * 10**9}),
         ("algorithm.sketch_cols = 2000000000", "float64 sketch tables", "GiB, this machine has"),
     ),
+    Case(
+        "dirichlet draws over rows",
+        run_with(
+            {
+                "data.partition": {
+                    "method": "dirichlet",
+                    "alpha": 0.5,
+                    "samples_per_client": 10**12,
+                }
+            }
+        ),
+        ("data.partition.samples_per_client = 1000000000000", "at most 160", "no store"),
+    ),
 ]
 
 
