@@ -850,6 +850,16 @@ CASES = [
         ),
         ("data.partition.samples_per_client = 1000000000000", "at most 160", "no store"),
     ),
+    Case(
+        "validation fraction holds out none",
+        run_with({"data.validation": {"fraction": 0.01}}),
+        ("data.validation.fraction = 0.01", "nothing is left to validate", "1/16 = 0.0625"),
+    ),
+    Case(
+        "validation fold empty",
+        run_with({"data.validation": {"folds": 1000000, "fold": 999999}}),
+        ("data.validation.folds = 1000000", "holds out no row", "at most 16"),
+    ),
 ]
 
 

@@ -8,6 +8,8 @@ import functools
 import os
 from dataclasses import asdict, fields
 
+import numpy as np
+
 from cluster.config import ConfigError, DataConfig, ExperimentConfig, PartitionConfig
 from cluster.config.loading import override_text
 from cluster.runtime.memory import check_fits_memory
@@ -23,7 +25,7 @@ from datasets.partition import PartitionError, make_partitioner
 from datasets.preparation import split_preparation
 from datasets.sources import build_or_open_store
 from datasets.store import ShardStore, StoreError
-from datasets.validation import validation_store
+from datasets.validation import held_out_rows, validation_store
 
 
 def open_store(config: ExperimentConfig) -> tuple[ShardStore, bool]:
@@ -48,22 +50,47 @@ def open_store(config: ExperimentConfig) -> tuple[ShardStore, bool]:
         if d.test_per_client:  # every host draws these: a failure here, not in an actor
             store.matched_test_sets(d.test_per_client, config.seed)
     except PartitionError as error:  # bad input that only the data's rows could reveal
-        field = f"data.{error.field}"
-        value = functools.reduce(getattr, field.split(".")[1:], d)
-        kept = {"test_per_client": "", "validation": "; no validation store was written"}.get(
-            error.field.split(".")[0], "; no store was written"
-        )
-        raise ConfigError(field, value, f"{error}{kept}") from None
+        raise _refused_partition(error, d) from None
     return store, built
+
+
+def _refused_partition(error: PartitionError, d: DataConfig) -> ConfigError:
+    """The ``ConfigError`` of ``error`` on its ``data.`` field, saying which store was not
+    written."""
+    field = f"data.{error.field}"
+    value = functools.reduce(getattr, field.split(".")[1:], d)
+    kept = {"test_per_client": "", "validation": "; no validation store was written"}.get(
+        error.field.split(".")[0], "; no store was written"
+    )
+    return ConfigError(field, value, f"{error}{kept}")
+
+
+def check_known_validation_rows(config: ExperimentConfig) -> None:
+    """Where every client's training row count is known before any data is made (synthetic
+    users, natural partition: round(train_fraction · samples_per_user) each), the
+    ``data.validation`` rows or folds are checked on it as ``datasets.validation`` will cut
+    them: none left to train on, or none held out, is refused before any store is built."""
+    d, s = config.data, config.data.synthetic
+    if d.validation is None or d.validation.kind == "clients" or d.store is not None:
+        return
+    if d.source != "synthetic" or d.partition.method != "natural":
+        return
+    rows = round(s.train_fraction * s.samples_per_user)
+    try:
+        held_out_rows(np.array([rows]), d.validation.describe(), config.seed)
+    except PartitionError as error:
+        raise _refused_partition(error, d) from None
 
 
 def check_data(config: ExperimentConfig) -> None:
     """``data.store`` opens and is intact; else the store the config keys is intact if built,
     or its root can take it and the raw files it would be built from are there (or can be
-    downloaded into a writable ``data.root``)."""
+    downloaded into a writable ``data.root``). A validation split is checked where the rows
+    are known (``check_known_validation_rows``)."""
     from datasets.sources import existing_store_path
     from datasets.vision import SOURCE_NAMES
 
+    check_known_validation_rows(config)
     d = config.data
     location = d.store
     if location is None:
