@@ -4,6 +4,7 @@ before any work: what does not fit is a ``ConfigError`` naming the field, not a 
 
 from __future__ import annotations
 
+import math
 import os
 
 from cluster.config import ConfigError, ExperimentConfig
@@ -47,4 +48,25 @@ def check_sketch_fits(config: ExperimentConfig) -> None:
         tables * rows * cols * 8,
         f"holding the server's {tables} float64 sketch tables of {rows} × {cols} counters",
         "lower algorithm.sketch_cols or sketch_rows (DPSFL's defaults: 5 × 500000)",
+    )
+
+
+def check_drawn_rows_fit(config: ExperimentConfig) -> None:
+    """A ``dirichlet`` partition with ``samples_per_client`` n stores n rows for each of its
+    clients, whatever the dataset's size (rows repeat): at one byte a value (uint8 images;
+    float features take four) and eight a label, they fit this machine's memory while the
+    store is written."""
+    from datasets.sources import source_shape
+
+    d = config.data
+    n = d.partition.samples_per_client
+    if d.partition.method != "dirichlet" or n is None:
+        return
+    values = math.prod(source_shape(*config.store_parameters[:2])[0])
+    check_fits_memory(
+        "data.partition.samples_per_client",
+        n,
+        d.partitioned_clients * n * (values + 8),
+        f"storing {d.partitioned_clients} clients × {n} rows of {values} values",
+        "lower samples_per_client or data.num_clients",
     )

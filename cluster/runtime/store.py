@@ -12,7 +12,7 @@ import numpy as np
 
 from cluster.config import ConfigError, DataConfig, ExperimentConfig, PartitionConfig
 from cluster.config.loading import override_text
-from cluster.runtime.memory import check_fits_memory
+from cluster.runtime.memory import check_drawn_rows_fit, check_fits_memory
 from cluster.runtime.storage_checks import (
     check_object_store,
     check_writable_dir,
@@ -106,6 +106,7 @@ def check_data(config: ExperimentConfig) -> None:
                 _check_raw_files(config)
             elif d.source == "synthetic":
                 check_synthetic_fits(config)
+            check_drawn_rows_fit(config)
             return
         location = str(built)
     else:
