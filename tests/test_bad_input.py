@@ -848,7 +848,12 @@ CASES = [
                 }
             }
         ),
-        ("data.partition.samples_per_client = 1000000000000", "at most 160", "no store"),
+        ("data.partition.samples_per_client = 1000000000000", "10 clients × 1000000000000 rows"),
+    ),
+    Case(
+        "dirichlet_class min_size 0",
+        run_with({"data.partition": {"method": "dirichlet_class", "alpha": 0.5, "min_size": 0}}),
+        ("data.partition.min_size = 0", "a client without rows cannot train"),
     ),
     Case(
         "validation fraction holds out none",
