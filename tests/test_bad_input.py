@@ -298,6 +298,7 @@ def a_symlink(target: str, field: str):
 INF, NAN = float("inf"), float("nan")
 SKETCHED = {"algorithm.name": "dpsfl", "algorithm.local.lr": 1.0}
 MNIST = {"task": "mnist_cnn", "data.source": "mnist"}
+DRAWS = {"method": "dirichlet", "alpha": 0.5}  # + samples_per_client
 FINITE = ("finite number", ".nan is never accepted")
 ONE_FILE_NAME = "it names files, so it must be one file name"
 NOT_RAY = ("not a Ray address", "HOST:PORT", "ray://HOST:PORT", "auto")
@@ -838,17 +839,14 @@ CASES = [
         ("algorithm.sketch_cols = 2000000000", "float64 sketch tables", "GiB, this machine has"),
     ),
     Case(
-        "dirichlet draws over rows",
-        run_with(
-            {
-                "data.partition": {
-                    "method": "dirichlet",
-                    "alpha": 0.5,
-                    "samples_per_client": 10**12,
-                }
-            }
-        ),
+        "dirichlet draws over memory",
+        run_with({"data.partition": dict(DRAWS, samples_per_client=10**12)}),
         ("data.partition.samples_per_client = 1000000000000", "10 clients × 1000000000000 rows"),
+    ),
+    Case(
+        "dirichlet draws over rows",
+        run_with({"data.partition": dict(DRAWS, samples_per_client=1000)}),
+        ("data.partition.samples_per_client = 1000", "at most 160", "no store was written"),
     ),
     Case(
         "dirichlet_class min_size 0",
