@@ -72,6 +72,7 @@ class IIDPartitioner(Partitioner):
     method = "iid"
 
     def split(self, data, num_clients, rng):
+        _check_clients(num_clients, len(data), self.method)
         return [np.sort(part) for part in np.array_split(rng.permutation(len(data)), num_clients)]
 
 
@@ -99,6 +100,15 @@ class DirichletClientPrior(Partitioner):
             raise ValueError(f"samples_per_client must be >= 1, got {self.samples_per_client}")
 
     def split(self, data, num_clients, rng):
+        if self.samples_per_client is None:
+            _check_clients(num_clients, len(data), self.method)
+        elif self.samples_per_client > len(data):
+            raise PartitionError(
+                "partition.samples_per_client",
+                f"dirichlet: {self.samples_per_client} draws per client, more than the "
+                f"dataset's {len(data)} rows (DP-FedPGN: 500 of 50,000); lower it to at most "
+                f"{len(data)}",
+            )
         classes, labels = np.unique(data.y, return_inverse=True)
         members = [np.flatnonzero(labels == c) for c in range(len(classes))]
         pools = [rng.permutation(rows).tolist() for rows in members]
@@ -132,11 +142,18 @@ def _check_alpha(alpha: float) -> None:
         raise ValueError(f"the Dirichlet concentration α must be a finite number > 0, got {alpha}")
 
 
-def _check_clients(num_clients: int, n: int) -> None:
+def _check_clients(num_clients: int, n: int, method: str) -> None:
+    """At least one client, and a row for each (a client without rows cannot train)."""
     if num_clients < 1:
         raise ValueError(f"num_clients must be >= 1, got {num_clients}")
     if n == 0:
         raise ValueError("cannot partition an empty dataset")
+    if num_clients > n:
+        raise PartitionError(
+            "num_clients",
+            f"{method}: {num_clients} clients but the dataset has {n} rows, so some client "
+            f"would get none; lower data.num_clients to at most {n}",
+        )
 
 
 @dataclass(frozen=True)
@@ -170,7 +187,7 @@ class DirichletPerClass(Partitioner):
 
     def split(self, data, num_clients, rng):
         n = len(data)
-        _check_clients(num_clients, n)
+        _check_clients(num_clients, n, self.method)
         if self.min_size * num_clients > n:
             raise PartitionError(
                 "partition.min_size",
@@ -235,7 +252,7 @@ class ShardsPartitioner(Partitioner):
 
     def split(self, data, num_clients, rng):
         n, k = len(data), self.classes_per_client
-        _check_clients(num_clients, n)
+        _check_clients(num_clients, n, self.method)
         if num_clients * k > n:
             raise PartitionError(
                 "partition.classes_per_client",
@@ -281,7 +298,7 @@ class SingleLabelSkew(Partitioner):
 
     def split(self, data, num_clients, rng):
         n = self.samples_per_client or len(data) // num_clients
-        _check_clients(num_clients, len(data))
+        _check_clients(num_clients, len(data), self.method)
         if n * num_clients > len(data):
             raise PartitionError(
                 "partition.samples_per_client",

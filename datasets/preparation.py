@@ -76,11 +76,19 @@ def split_preparation(options: dict) -> tuple[dict, Preparation]:
 
 
 def subsample_rows(data: LabeledArrays, fraction: float, seed: int) -> LabeledArrays:
-    """round(fraction·N) of the N rows, uniformly without replacement, in their order."""
+    """round(fraction·N) of the N rows, uniformly without replacement, in their order;
+    ``PartitionError`` where that is none of them."""
     if not 0 < fraction <= 1:
         raise ValueError(f"train_subsample_fraction must be in (0, 1], got {fraction}")
+    count = round(fraction * len(data))
+    if count == 0 and len(data):
+        raise PartitionError(
+            "train_subsample_fraction",
+            f"keeps round({fraction:g}·{len(data)}) = 0 of the {len(data)} training rows; "
+            f"raise it to at least 1/{len(data)} = {1 / len(data):.3g}",
+        )
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), SUBSAMPLE_STREAM]))
-    keep = rng.choice(len(data), size=round(fraction * len(data)), replace=False)
+    keep = rng.choice(len(data), size=count, replace=False)
     return data.take(np.sort(keep))
 
 
@@ -108,7 +116,8 @@ def hold_out_client_tests(
 ) -> tuple[LabeledArrays, list[np.ndarray]]:
     """(the held-out test rows, owned by their client, and each client's remaining training
     rows): round(fraction·n_i) of client i's n_i rows, uniformly at random. Raises
-    PartitionError when a client would keep no training row, or when a held-out row is also
+    PartitionError when a client would keep no training row, when no client would hold out
+    one, or when a held-out row is also
     another client's training row (partitions that repeat rows)."""
     if not 0 < fraction < 1:
         raise ValueError(f"client_test_fraction must be in (0, 1), got {fraction}")
@@ -127,6 +136,14 @@ def hold_out_client_tests(
         kept.append(rows[~chosen])
         held.append(rows[chosen])
     rows = np.concatenate(held) if held else np.empty(0, dtype=np.int64)
+    largest = max((len(c) for c in clients), default=0)
+    if largest and not len(rows):
+        raise PartitionError(
+            "client_test_fraction",
+            f"holds out round(fraction·n) = 0 rows of every client (the largest has {largest}), "
+            f"so the test set would be empty; raise it to at least 1/{largest} = "
+            f"{1 / largest:.3g}",
+        )
     if len(kept) and np.isin(rows, np.concatenate(kept)).any():
         raise PartitionError(
             "client_test_fraction",

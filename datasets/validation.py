@@ -19,8 +19,9 @@ every process):
   (``DataConfig.partitioned_clients``); a seeded choice of H of them is held out whole, the
   other N (in their order) are the training clients, numbered 0..N−1.
 
-A client left without a training row by ``fraction`` or ``folds`` is refused
-(``PartitionError``, which the run reports as a ``ConfigError`` on that field).
+A client left without a training row by ``fraction`` or ``folds`` is refused, and so are
+options that hold out no row at all (``PartitionError``, which the run reports as a
+``ConfigError`` on that field).
 """
 
 from __future__ import annotations
@@ -56,10 +57,10 @@ def validation_rng(seed: int) -> np.random.Generator:
 def held_out_rows(sizes: np.ndarray, spec: dict, seed: int) -> list[np.ndarray]:
     """Per client, the sorted indices (into its own rows) held out by ``fraction`` or
     ``folds``/``fold``; ``PartitionError`` where a client would keep no training row."""
-    rng = validation_rng(seed)
+    rng, sizes = validation_rng(seed), np.asarray(sizes)
     field = "validation.fraction" if "fraction" in spec else "validation.folds"
     held = []
-    for client, size in enumerate(np.asarray(sizes).tolist()):
+    for client, size in enumerate(sizes.tolist()):
         order = rng.permutation(size)
         if "fraction" in spec:
             chosen = order[: int(np.floor(spec["fraction"] * size + 0.5))]
@@ -73,7 +74,24 @@ def held_out_rows(sizes: np.ndarray, spec: dict, seed: int) -> list[np.ndarray]:
                 "hold out clients instead (data.validation.clients)",
             )
         held.append(np.sort(chosen))
+    if sizes.size and not any(len(rows) for rows in held):
+        raise PartitionError(field, _none_held_out(spec, int(sizes.max())))
     return held
+
+
+def _none_held_out(spec: dict, largest: int) -> str:
+    """Why ``spec`` holds out no row of clients of at most ``largest`` rows, and the fix."""
+    if "fraction" in spec:
+        return (
+            f"{spec} holds out round(fraction·n) = 0 rows of every client (the largest has "
+            f"{largest}), so nothing is left to validate on; raise data.validation.fraction "
+            f"to at least 1/{largest} = {1 / largest:.3g}"
+        )
+    return (
+        f"{spec} holds out no row: fold {spec['fold']} of every client's rows is empty (the "
+        f"largest client has {largest}); lower data.validation.folds to at most {largest} and "
+        "keep fold below it"
+    )
 
 
 def held_out_clients(num_partitioned: int, spec: dict, num_clients: int, seed: int) -> np.ndarray:

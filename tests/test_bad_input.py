@@ -319,6 +319,7 @@ FEDAVG = {
     "algorithm.clip_norm": None,
     "algorithm.noise_multiplier": None,
 }
+DRAWS = {"method": "dirichlet", "alpha": 0.5}  # + samples_per_client
 FINITE = ("finite number", ".nan is never accepted")
 ONE_FILE_NAME = "it names files, so it must be one file name"
 NOT_RAY = ("not a Ray address", "HOST:PORT", "ray://HOST:PORT", "auto")
@@ -943,6 +944,52 @@ CASES = [
         "PCA components beyond the pixels",
         run_with({**MNIST, "data.pca_components": 100000}),
         ("data.pca_components = 100000", "must be in [1, 784]"),
+    ),
+    # --- s42 data and sizes
+    Case(
+        "store of other partition",
+        with_store(lambda store: None, {"data.partition": {"method": "dirichlet", "alpha": 0.1}}),
+        ("data.partition = {", "'method': 'dirichlet'", "set data.partition={method: natural}"),
+    ),
+    Case(
+        "store of other features",
+        with_store(lambda store: None, {"data.synthetic.num_features": 20}),
+        ("data.synthetic.num_features = 20", "built with 40", "remove data.store"),
+    ),
+    Case(
+        "synthetic model too big",
+        run_with({"data.synthetic.num_features": 50000, "data.synthetic.num_classes": 50000}),
+        ("data.synthetic = ", "50000 features, 50000 classes", "GiB, this machine has"),
+    ),
+    Case(
+        "sketch tables too big",
+        run_with({**SKETCHED, "algorithm.sketch_rows": 1, "algorithm.sketch_cols": 2 * 10**9}),
+        ("algorithm.sketch_cols = 2000000000", "float64 sketch tables", "GiB, this machine has"),
+    ),
+    Case(
+        "dirichlet draws over memory",
+        run_with({"data.partition": dict(DRAWS, samples_per_client=10**12)}),
+        ("data.partition.samples_per_client = 1000000000000", "10 clients × 1000000000000 rows"),
+    ),
+    Case(
+        "dirichlet draws over rows",
+        run_with({"data.partition": dict(DRAWS, samples_per_client=1000)}),
+        ("data.partition.samples_per_client = 1000", "at most 160", "no store was written"),
+    ),
+    Case(
+        "dirichlet_class min_size 0",
+        run_with({"data.partition": {"method": "dirichlet_class", "alpha": 0.5, "min_size": 0}}),
+        ("data.partition.min_size = 0", "a client without rows cannot train"),
+    ),
+    Case(
+        "validation fraction holds out none",
+        run_with({"data.validation": {"fraction": 0.01}}),
+        ("data.validation.fraction = 0.01", "nothing is left to validate", "1/16 = 0.0625"),
+    ),
+    Case(
+        "validation fold empty",
+        run_with({"data.validation": {"folds": 1000000, "fold": 999999}}),
+        ("data.validation.folds = 1000000", "holds out no row", "at most 16"),
     ),
 ]
 

@@ -90,6 +90,18 @@ def test_a_client_left_without_training_rows_or_shared_rows_are_refused():
         hold_out_client_tests(_rows(15), shared, 0.5, seed=0)
 
 
+def test_fractions_that_keep_no_row_are_refused_with_the_smallest_that_does():
+    with pytest.raises(PartitionError, match=r"raise it to at least 1/8 = 0.125") as error:
+        subsample_rows(_rows(8), 0.06, seed=0)  # round(0.48) = 0
+    assert error.value.field == "train_subsample_fraction"
+    clients = [np.arange(0, 4), np.arange(4, 10)]
+    with pytest.raises(PartitionError, match=r"the test set would be empty.* 1/6 ") as error:
+        hold_out_client_tests(_rows(10), clients, 0.08, seed=0)  # round(0.48) = 0
+    assert error.value.field == "client_test_fraction"
+    test, _ = hold_out_client_tests(_rows(10), clients, 1 / 6, seed=0)
+    assert len(test) == 2  # round(6/6) and round(4/6): one row of each client
+
+
 def test_unset_options_key_no_store_and_split_off_the_source_options():
     config = small_config("/tmp/unused", "data.source=mnist_test_split", "task=mnist_cnn")
     assert config.data.source_options() == {}

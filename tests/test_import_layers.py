@@ -21,16 +21,22 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("actors", "algorithms", "benchmarks", "cluster", "datasets", "models", "privacy")
 
 # Lowest first: a module may import its own layer and those below it, never one above. A
-# module's layer is that of the longest prefix naming it. The run's data store and its round
-# records sit below the privacy claims and the tracking: a sample-level claim is computed from
-# the store's client sizes, and the tracker writes the round records.
+# module's layer is that of the longest prefix naming it. The run's data store (with the memory
+# checks it uses) and its round records sit below the privacy claims and the tracking: a
+# sample-level claim is computed from the store's client sizes, and the tracker writes the round
+# records.
 LAYERS = (
     ("models",),
     ("datasets",),
     ("algorithms",),
     ("actors", "privacy"),
     ("cluster.config",),
-    ("cluster.runtime.records", "cluster.runtime.store", "cluster.runtime.storage_checks"),
+    (
+        "cluster.runtime.memory",
+        "cluster.runtime.records",
+        "cluster.runtime.store",
+        "cluster.runtime.storage_checks",
+    ),
     ("cluster.claims", "cluster.tracking"),
     ("cluster.runtime",),
     ("cluster.analysis",),

@@ -110,3 +110,17 @@ def test_the_cli_slices_a_tracked_checkpoint_and_logs_to_its_run(
     error = capsys.readouterr().err
     assert "MLFLOW_TRACKING_URI" in error and "--no-mlflow" in error
     assert (tmp_path / "elsewhere" / "landscape.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("options", "largest"),
+    [(["--dims", "2", "--steps", "1000001"], 315), (["--slices", "5", "--steps", "20001"], 19999)],
+)
+def test_a_grid_of_too_many_evaluations_is_refused_before_the_checkpoint_is_read(
+    options, largest, tmp_path, capsys
+):
+    """Its cost is checked first: the checkpoint named does not even exist."""
+    assert main(["landscape", str(tmp_path / "absent.pt"), *options]) == 2
+    err = capsys.readouterr().err
+    assert "model evaluations, over 100000" in err and f"at most {largest} here" in err
+    assert "Traceback" not in err

@@ -51,6 +51,7 @@ def _mnist_config(store_root, mnist_store, *overrides):
         "data.source=mnist_test_split",
         f"data.store={mnist_store}",
         "data.num_clients=100",
+        "data.partition={method: dirichlet, alpha: 0.3}",
         *overrides,
     )
 

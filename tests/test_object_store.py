@@ -225,6 +225,7 @@ def test_the_command_line_partitions_runs_and_resumes_on_s3(s3, tmp_path, monkey
     monkeypatch.chdir(tmp_path)
     settings = ["--executor", "local", "--set", "rounds=2", "--set", "cohort.size=5",
                 "--set", f"data.store={store}", "--set", "data.num_clients=20",
+                "--set", "data.synthetic.samples_per_user=5000",
                 "--set", f"checkpoint.dir={s3.uri('ck')}",
                 "--set", "tracking.enabled=false"]  # fmt: skip
     assert main(["run", str(REPO / "configs/quickstart.yaml"), *settings]) == 0

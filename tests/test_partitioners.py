@@ -11,6 +11,7 @@ from datasets.partition import (
     PARTITION_METHODS,
     DirichletClientPrior,
     DirichletPerClass,
+    PartitionError,
     ShardsPartitioner,
     largest_remainder,
     make_partitioner,
@@ -102,6 +103,22 @@ def test_dirichlet_class_respects_min_size():
     parts = _split(DirichletPerClass(0.5, min_size=80), 5)
     assert min(len(p) for p in parts) >= 80
     assert len(np.unique(np.concatenate(parts))) == N
+
+
+@pytest.mark.parametrize("name", PARTITIONERS)
+def test_more_clients_than_rows_is_refused_naming_num_clients(name):
+    """A client without rows could not train (a round used to fail in it)."""
+    with pytest.raises(PartitionError, match=r"30 clients but the dataset has 20 rows") as error:
+        _split(PARTITIONERS[name], 0, data=_unbalanced(20), clients=30)
+    assert error.value.field == "num_clients"
+
+
+def test_dirichlet_draws_per_client_are_at_most_the_datasets_rows():
+    too_many = DirichletClientPrior(0.5, samples_per_client=10**12)
+    with pytest.raises(PartitionError, match=r"more than the dataset's 5000 rows") as error:
+        _split(too_many, 0)
+    assert error.value.field == "partition.samples_per_client"
+    assert all(len(p) == N for p in _split(DirichletClientPrior(0.5, N), 0, clients=2))
 
 
 def test_dirichlet_class_rejects_impossible_min_size_up_front():

@@ -4,6 +4,8 @@ The same code path as real data: CIFAR-10 pickle batches (ResNet9 with augmentat
 federated-EMNIST HDF5 (natural partition by writer, Reddi et al.'s CNN with dropout).
 """
 
+import shlex
+
 import numpy as np
 from helpers import run_local, small_config
 from test_vision_sources import femnist_writers, patch_cifar_md5, write_cifar, write_femnist_file
@@ -13,20 +15,22 @@ from datasets.store import ShardStore
 
 
 def _partition(tmp_path, dataset, root, clients, method, capsys):
+    """(the store ``partition`` wrote, the ``--set`` settings it says a run uses it with)."""
     out = tmp_path / f"{dataset}-store"
     args = ["partition", "--dataset", dataset, "--root", str(root), "--clients", str(clients)]
     assert main([*args, "--method", method, "--out", str(out)]) == 0
-    assert "use it with: --set data.store=" in capsys.readouterr().out
-    return out
+    (hint,) = [line for line in capsys.readouterr().out.splitlines() if "use it with:" in line]
+    words = shlex.split(hint.removeprefix("use it with:"))
+    assert words[::2] == ["--set"] * (len(words) // 2) and words[1] == f"data.store={out}"
+    return out, words[1::2]
 
 
-def _run(store_root, store, task, source, clients, *extra):
+def _run(store_root, settings, task, clients, *extra):
+    """Two rounds of ``task`` on the store ``settings`` (the partition hint's) name."""
     config = small_config(
         store_root,
         f"task={task}",
-        f"data.source={source}",
-        f"data.store={store}",
-        f"data.num_clients={clients}",
+        *settings,
         f"cohort.size={clients}",
         "rounds=2",
         "algorithm.local.local_steps=2",
@@ -39,10 +43,10 @@ def _run(store_root, store, task, source, clients, *extra):
 def test_cifar10_resnet9_runs_from_pickle_batches(tmp_path, monkeypatch, capsys, store_root):
     write_cifar(tmp_path / "raw", "cifar10", np.random.default_rng(0))
     patch_cifar_md5(monkeypatch, "cifar10", tmp_path / "raw")
-    store = _partition(tmp_path, "cifar10", tmp_path / "raw", 2, "iid", capsys)
+    store, settings = _partition(tmp_path, "cifar10", tmp_path / "raw", 2, "iid", capsys)
     assert ShardStore.open(store).client(0).x.shape == (5, 3, 32, 32)
-    first = _run(store_root, store, "cifar10_resnet9", "cifar10", 2)
-    again = _run(store_root, store, "cifar10_resnet9", "cifar10", 2)
+    first = _run(store_root, settings, "cifar10_resnet9", 2)
+    again = _run(store_root, settings, "cifar10_resnet9", 2)
     assert first.history[-1].test_accuracy is not None
     # Augmentation is seeded per (round, client): the run is reproducible bit for bit.
     assert np.array_equal(first.state.params.numpy(), again.state.params.numpy())
@@ -54,11 +58,11 @@ def test_femnist_natural_partition_by_writer_runs(tmp_path, capsys, store_root):
     train = femnist_writers(rng, writers, 62)
     write_femnist_file(tmp_path / "fed_emnist_train.h5", train)
     write_femnist_file(tmp_path / "fed_emnist_test.h5", femnist_writers(rng, writers, 62))
-    store = _partition(tmp_path, "femnist", tmp_path, 3, "natural", capsys)
+    store, settings = _partition(tmp_path, "femnist", tmp_path, 3, "natural", capsys)
     opened = ShardStore.open(store)
     assert opened.client_sizes.tolist() == [4, 6, 5]  # client i is writer i (sorted ids)
     np.testing.assert_array_equal(opened.client(1).y, train["f0001_41"][1])
-    first = _run(store_root, store, "femnist_cnn", "femnist", 3)
-    again = _run(store_root, store, "femnist_cnn", "femnist", 3)
+    first = _run(store_root, settings, "femnist_cnn", 3)
+    again = _run(store_root, settings, "femnist_cnn", 3)
     # Dropout draws from torch's global RNG, which each client round seeds: reproducible.
     assert np.array_equal(first.state.params.numpy(), again.state.params.numpy())

@@ -11,6 +11,7 @@ from cluster.config import ConfigError
 from cluster.runtime.executors import LocalExecutor
 from cluster.runtime.experiment import run_experiment, validation_tags
 from cluster.runtime.store import open_store
+from datasets.partition import PartitionError
 from datasets.validation import held_out_clients, held_out_rows
 from tests.helpers import run_local, small_config
 
@@ -116,6 +117,22 @@ def test_a_client_left_without_training_rows_is_refused(store_root, value, field
     assert error.value.field_path == f"data.validation.{field}"
     assert "leaving it none to train on" in str(error.value)
     assert "no validation store was written" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "spec, fix",
+    [
+        ({"fraction": 0.01}, "raise data.validation.fraction to at least 1/40 = 0.025"),
+        ({"fraction": 1.2e-38}, "raise data.validation.fraction to at least 1/40"),
+        ({"folds": 1000000, "fold": 999999}, "lower data.validation.folds to at most 40"),
+    ],
+)
+def test_options_that_hold_out_no_row_are_refused(spec, fix):
+    """An empty validation table could not be stored (it failed as it was written)."""
+    with pytest.raises(PartitionError, match="nothing is left|holds out no row") as error:
+        held_out_rows(np.array([40, 12, 0]), spec, seed=0)
+    assert fix in str(error.value)
+    assert error.value.field == f"validation.{next(iter(spec))}"
 
 
 def test_sample_level_accounting_uses_the_training_rows_that_remain(store_root):

@@ -43,17 +43,40 @@ def add_parser(commands, help_text: str) -> None:
     p.set_defaults(handler=run)
 
 
+# Model evaluations one command may ask for (--slices × --steps ** --dims): the default is
+# 21 ** 2 = 441 a slice; a grid past this is a typo, not a plot (10⁶ steps in 2-D held a 7 TiB
+# grid).
+MAX_POINTS = 100_000
+
+
 def _check(args: argparse.Namespace) -> None:
     from cluster.config import ConfigError
 
     if args.steps < 3 or args.steps % 2 == 0:
         raise ConfigError("--steps", args.steps, "an odd number >= 3, so the grid holds the model")
+    points = args.slices * args.steps**args.dims
+    if args.slices >= 1 and points > MAX_POINTS:
+        raise ConfigError(
+            "--steps",
+            args.steps,
+            f"--slices {args.slices} × --steps {args.steps} ** --dims {args.dims} = {points} "
+            f"model evaluations, over {MAX_POINTS}; lower --steps (at most "
+            f"{_largest_steps(args.slices, args.dims)} here) or --slices",
+        )
     if not (args.span > 0 and math.isfinite(args.span)):
         raise ConfigError("--span", args.span, "must be > 0 (e.g. 1.0)")
     if args.slices < 1:
         raise ConfigError("--slices", args.slices, "must be >= 1 (e.g. 5 for a mean ± std)")
     if args.rows < 1:
         raise ConfigError("--rows", args.rows, "must be >= 1 (e.g. 2000)")
+
+
+def _largest_steps(slices: int, dims: int) -> int:
+    """The largest odd --steps whose grid keeps ``slices`` slices within ``MAX_POINTS``."""
+    steps = int((MAX_POINTS / slices) ** (1 / dims))
+    while slices * steps**dims > MAX_POINTS:
+        steps -= 1
+    return steps if steps % 2 else steps - 1
 
 
 def _rows(store, split: str, count: int, seed: int):

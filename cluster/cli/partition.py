@@ -134,6 +134,7 @@ def _write_report(counts, out: Location) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from cluster.config import ConfigError, ExperimentConfig, validate_data
+    from cluster.config.loading import override_text
     from datasets.partition_report import format_summary, partition_summary
 
     data = _data_config(args)
@@ -161,8 +162,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {store.num_clients} clients to {args.out} in {time.perf_counter() - start:.1f} s")
     print(format_summary(partition_summary(counts, counts.shape[1])))
     print(f"report: {', '.join(paths)}")
+    partition = {k: v for k, v in dataclasses.asdict(data.partition).items() if v is not None}
     print(
         f"use it with: --set data.store={args.out} --set data.source={args.dataset} "
-        f"--set data.num_clients={store.num_clients}"
+        f"--set data.num_clients={store.num_clients} "
+        f"--set 'data.partition={override_text(partition)}'"
     )
     return 0

@@ -269,8 +269,12 @@ def validate_partition(p: PartitionConfig) -> None:
             p.iid_fraction,
             "label_skew needs the i.i.d. fraction γ in [0, 1] (DP-SCAFFOLD: 0, 0.1 or 1)",
         )
-    if p.min_size is not None and p.min_size < 0:
-        raise ConfigError("data.partition.min_size", p.min_size, "must be >= 0, e.g. 10")
+    if p.min_size is not None and p.min_size < 1:
+        raise ConfigError(
+            "data.partition.min_size",
+            p.min_size,
+            "must be >= 1: a client without rows cannot train; e.g. 10 (the default)",
+        )
     if p.classes_per_client is not None and p.classes_per_client < 1:
         raise ConfigError(
             "data.partition.classes_per_client", p.classes_per_client, "must be >= 1, e.g. 2"

@@ -179,6 +179,13 @@ def _load_yaml(text: str) -> Any:
         raise yaml.YAMLError(str(error)) from None
 
 
+def override_text(value: Any) -> str:
+    """``value`` as the right side of a ``--set`` writes it (one line of YAML flow style), so
+    that ``apply_override`` reads it back as ``value``."""
+    text = yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=2**31 - 1)
+    return text.strip().removesuffix("...").strip()
+
+
 def apply_override(raw: dict, assignment: str) -> None:
     """Apply one ``a.b.c=value`` override (value parsed as YAML) to a raw config mapping."""
     key, sep, text = assignment.partition("=")

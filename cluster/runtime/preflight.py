@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 from cluster.config import ConfigError, ExperimentConfig
 from cluster.config.runtime import ray_endpoint
+from cluster.runtime.memory import check_sketch_fits
 from cluster.runtime.storage_checks import check_writable_dir, check_writable_location
 from cluster.runtime.store import check_data
 from cluster.tracking.settings import sqlite_path, tracking_uri
@@ -49,6 +50,7 @@ def preflight(config: ExperimentConfig) -> None:
     (``check_no_checkpoint_overwritten``); programs that call ``run_experiment`` own their
     checkpoint directories."""
     check_data(config)
+    check_sketch_fits(config)
     if config.tracking.enabled:
         check_tracking_uri()
     if config.executor.kind == "ray":

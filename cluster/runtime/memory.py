@@ -1,0 +1,72 @@
+"""This machine's memory against the largest arrays a run would allocate at once, checked
+before any work: what does not fit is a ``ConfigError`` naming the field, not a ``MemoryError``
+(or the kernel's OOM killer) once the run is under way."""
+
+from __future__ import annotations
+
+import math
+import os
+
+from cluster.config import ConfigError, ExperimentConfig
+
+# float64 l × m tables the FetchSGD server rule holds at once in a step, at the least
+# (``algorithms.fetchsgd.FetchSgdServerRule.step``): the momentum and error it carries, the
+# round's noisy mean and the new momentum.
+SERVER_SKETCH_TABLES = 4
+
+
+def physical_memory() -> int:
+    """Bytes of physical memory on this machine."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_fits_memory(field: str, value: object, need: int, what: str, fix: str) -> None:
+    """A ``ConfigError`` on ``field`` when ``need`` bytes (what ``what`` allocates) exceed this
+    machine's memory."""
+    have = physical_memory()
+    if need > have:
+        raise ConfigError(
+            field,
+            value,
+            f"{what} needs about {need / 2**30:.3g} GiB, this machine has {have / 2**30:.3g} "
+            f"GiB: {fix}",
+        )
+
+
+def check_sketch_fits(config: ExperimentConfig) -> None:
+    """A sketching algorithm's server tables (``SERVER_SKETCH_TABLES`` float64 l × m tables)
+    fit this machine's memory: the server runs in the driver."""
+    from algorithms.fetchsgd import FetchSgdServerRule
+
+    server = config.build_algorithm().server
+    if not isinstance(server, FetchSgdServerRule):
+        return
+    rows, cols, tables = server.upload.rows, server.upload.cols, SERVER_SKETCH_TABLES
+    check_fits_memory(
+        "algorithm.sketch_cols",
+        cols,
+        tables * rows * cols * 8,
+        f"holding the server's {tables} float64 sketch tables of {rows} × {cols} counters",
+        "lower algorithm.sketch_cols or sketch_rows (DPSFL's defaults: 5 × 500000)",
+    )
+
+
+def check_drawn_rows_fit(config: ExperimentConfig) -> None:
+    """A ``dirichlet`` partition with ``samples_per_client`` n stores n rows for each of its
+    clients, whatever the dataset's size (rows repeat): at one byte a value (uint8 images;
+    float features take four) and eight a label, they fit this machine's memory while the
+    store is written."""
+    from datasets.sources import source_shape
+
+    d = config.data
+    n = d.partition.samples_per_client
+    if d.partition.method != "dirichlet" or n is None:
+        return
+    values = math.prod(source_shape(*config.store_parameters[:2])[0])
+    check_fits_memory(
+        "data.partition.samples_per_client",
+        n,
+        d.partitioned_clients * n * (values + 8),
+        f"storing {d.partitioned_clients} clients × {n} rows of {values} values",
+        "lower samples_per_client or data.num_clients",
+    )

@@ -1,0 +1,69 @@
+"""Memory checks before any work (cluster/runtime/memory.py): the largest arrays a run would
+hold at once, against this machine's memory (here a stand-in size)."""
+
+import pytest
+
+from cluster.config import ConfigError, load_config
+from cluster.runtime import memory
+from cluster.runtime.store import check_synthetic_fits
+
+GIB = 2**30
+FETCHSGD = [
+    "algorithm.name=fetchsgd",
+    "algorithm.local={lr: 1.0, momentum: 0.0, local_steps: 1}",
+]
+SMALL_SYNTHETIC = ["data.num_clients=10", "cohort.size=5", "data.synthetic.samples_per_user=10"]
+DRAWN = "data.partition={method: dirichlet, alpha: 0.5, samples_per_client: 1000}"
+
+
+@pytest.fixture
+def one_gib(monkeypatch):
+    """This machine, as the checks see it, has 1 GiB."""
+    monkeypatch.setattr(memory, "physical_memory", lambda: GIB)
+
+
+def _config(*overrides):
+    return load_config(None, ["executor.kind=local", *overrides])
+
+
+@pytest.mark.parametrize(
+    ("check", "overrides", "field", "fits"),
+    [
+        # 4 tables × 5 × 10⁷ counters × 8 bytes = 1.6 GB; the defaults (5 × 500000) take 80 MB
+        (
+            memory.check_sketch_fits,
+            [*FETCHSGD, "algorithm.sketch_cols=10000000"],
+            "algorithm.sketch_cols",
+            FETCHSGD,
+        ),
+        # three 2000 × 30000 float64 model arrays: 1.44 GB (2000 × 2000: 96 MB)
+        (
+            check_synthetic_fits,
+            [
+                *SMALL_SYNTHETIC,
+                "data.synthetic.num_features=2000",
+                "data.synthetic.num_classes=30000",
+            ],
+            "data.synthetic",
+            [
+                *SMALL_SYNTHETIC,
+                "data.synthetic.num_features=2000",
+                "data.synthetic.num_classes=2000",
+            ],
+        ),
+        # 100 clients × 1000 rows × (784 + 8) bytes = 79 MB fits; 2000 clients: 1.58 GB
+        (
+            memory.check_drawn_rows_fit,
+            ["task=mnist_cnn", "data.source=mnist", DRAWN, "data.num_clients=2000"],
+            "data.partition.samples_per_client",
+            ["task=mnist_cnn", "data.source=mnist", DRAWN, "data.num_clients=100"],
+        ),
+    ],
+    ids=["sketch tables", "synthetic model arrays", "drawn rows"],
+)
+def test_what_does_not_fit_is_refused_naming_the_field(check, overrides, field, fits, one_gib):
+    with pytest.raises(ConfigError) as refused:
+        check(_config(*overrides))
+    assert refused.value.field_path == field
+    assert "this machine has 1 GiB" in str(refused.value)
+    check(_config(*fits))
