@@ -60,7 +60,7 @@ def _sliced_shuffles(
     ``randperm(n_i)`` calls in a row (``_shuffles``), clients in slices of at most
     ``SWAP_ENTRIES`` permutation entries."""
     perm = torch.zeros((len(sizes), max(draws), width), dtype=torch.int64)
-    per_slice = max(1, SWAP_ENTRIES // (max(draws) * max(sizes)))
+    per_slice = max(1, SWAP_ENTRIES // max(1, max(draws) * max(sizes)))  # 0: no steps
     for start in range(0, len(sizes), per_slice):
         part = slice(start, start + per_slice)
         shuffles = _shuffles(sizes[part], draws[part], generators[part], width)

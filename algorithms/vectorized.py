@@ -133,7 +133,10 @@ class ClientRows:
 
     @classmethod
     def concatenated(cls, data: list[tuple[torch.Tensor, torch.Tensor]]) -> ClientRows:
-        """The clients' ``(x, y)`` tensors, in this order, concatenated (one copy)."""
+        """The clients' ``(x, y)`` tensors, in this order, concatenated (one copy); no clients:
+        empty rows (nothing to read)."""
+        if not data:
+            return cls(torch.empty(0), torch.empty(0, dtype=torch.int64), [], [])
         sizes = [y.shape[0] for _, y in data]
         starts = [0, *accumulate(sizes)][:-1]
         return cls(torch.cat([x for x, _ in data]), torch.cat([y for _, y in data]), starts, sizes)

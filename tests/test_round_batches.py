@@ -44,3 +44,12 @@ def test_round_batches_are_the_sequential_draws_bit_for_bit(
             assert not index[i, k, len(batch) :].any()  # padding 0
         assert not index[i, steps:].any()
         assert torch.equal(generators[i].get_state(), reference[i].get_state())
+
+
+@pytest.mark.parametrize("draw", [fresh_batches, epoch_batches])
+def test_clients_with_no_steps_get_no_batches_and_draw_nothing(draw):
+    generators = [torch.Generator().manual_seed(i) for i in range(2)]
+    states = [g.get_state() for g in generators]
+    index, sizes = draw([5, 3], [0, 0], 2, generators)
+    assert index.shape == (2, 0, 2) and sizes.shape == (2, 0)
+    assert all(torch.equal(g.get_state(), s) for g, s in zip(generators, states, strict=True))

@@ -194,3 +194,10 @@ def test_a_vectorized_run_matches_the_sequential_run(store_root, tmp_path, monke
     assert [r.metrics["clip_fraction"] for r in sequential.history] == [
         r.metrics["clip_fraction"] for r in vectorized.history
     ]
+
+
+def test_an_empty_cohort_trains_no_client():
+    objective = _objective("logreg", (40,))
+    params = ParamLayout.flatten(objective.model)
+    trainer = LocalTrainer(lr=0.1, batch_size=8, local_steps=2)
+    assert train_clients(trainer, objective, params, ClientRows.concatenated([]), []) == []
