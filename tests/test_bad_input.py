@@ -916,7 +916,7 @@ CASES = [
         Case(
             f"{command} base {name}",
             spec_with_base(command, base),
-            ("base = ", "must name a config file inside the spec's directory"),
+            ("base = ", "must name a config file inside the directory of the spec"),
         )
         for command in ("sweep", "compare")
         for name, base in [

@@ -67,3 +67,27 @@ def test_what_does_not_fit_is_refused_naming_the_field(check, overrides, field, 
     assert refused.value.field_path == field
     assert "this machine has 1 GiB" in str(refused.value)
     check(_config(*fits))
+
+
+@pytest.mark.parametrize(
+    "preset",
+    [
+        ["algorithm.name=dp_fedavg", "algorithm.clip_norm=1.0"],
+        [
+            "algorithm.name=dpsfl",
+            "algorithm.clip_norm=1.0",
+            "algorithm.local={lr: 1.0, momentum: 0.0, local_steps: 1}",
+        ],
+    ],
+    ids=["dp_fedavg", "dpsfl"],
+)
+def test_an_uncalibrated_config_is_checked_before_its_sigma_is_known(preset, one_gib):
+    """``run`` checks before it calibrates: σ unset must not stop the sketch check."""
+    config = _config(
+        *preset,
+        "algorithm.noise_multiplier=null",
+        "privacy.calibrate=sigma",
+        "privacy.target_epsilon=8.0",
+    )
+    assert config.algorithm.noise_multiplier is None
+    memory.check_sketch_fits(config)

@@ -66,3 +66,15 @@ def test_femnist_natural_partition_by_writer_runs(tmp_path, capsys, store_root):
     again = _run(store_root, settings, "femnist_cnn", 3)
     # Dropout draws from torch's global RNG, which each client round seeds: reproducible.
     assert np.array_equal(first.state.params.numpy(), again.state.params.numpy())
+
+
+def test_the_partition_hint_names_the_source_options_the_store_was_built_with():
+    from cluster.cli.partition import _store_settings
+    from cluster.config import DataConfig
+
+    def hint(**data) -> list[str]:
+        return shlex.split(_store_settings("out", DataConfig(**data), 10))[1::2]
+
+    assert "data.split=letters" in hint(source="emnist", split="letters")
+    assert "data.only_digits=true" in hint(source="femnist", only_digits=True)
+    assert not [s for s in hint(source="femnist") if s.startswith(("data.split", "data.only"))]

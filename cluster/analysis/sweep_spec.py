@@ -262,8 +262,9 @@ def read_base(spec: Path, base: str) -> dict:
         raise ConfigError(
             "base",
             base,
-            f"must name a config file inside the spec's directory {directory}, relative to "
-            "it (e.g. base.yaml), symlinks included; copy the file there",
+            f"must name a config file inside the directory of the spec {spec}, relative to "
+            "it (e.g. base.yaml), symlinks included; copy the file there, or write the config "
+            "into the spec as base: {…}",
         )
     return read_yaml_mapping(target)
 

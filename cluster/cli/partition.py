@@ -134,7 +134,6 @@ def _write_report(counts, out: Location) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from cluster.config import ConfigError, ExperimentConfig, validate_data
-    from cluster.config.loading import override_text
     from datasets.partition_report import format_summary, partition_summary
 
     data = _data_config(args)
@@ -162,10 +161,29 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {store.num_clients} clients to {args.out} in {time.perf_counter() - start:.1f} s")
     print(format_summary(partition_summary(counts, counts.shape[1])))
     print(f"report: {', '.join(paths)}")
-    partition = {k: v for k, v in dataclasses.asdict(data.partition).items() if v is not None}
-    print(
-        f"use it with: --set data.store={args.out} --set data.source={args.dataset} "
-        f"--set data.num_clients={store.num_clients} "
-        f"--set 'data.partition={override_text(partition)}'"
-    )
+    print(f"use it with: {_store_settings(args.out, data, store.num_clients)}")
     return 0
+
+
+def _store_settings(out: str, data: DataConfig, num_clients: int) -> str:
+    """The ``--set`` options a run needs to read the store at ``out`` that ``data`` built: its
+    location, source and clients, its partition and the source's options set away from their
+    defaults (a run's config must match the store's, ``check_store_options``)."""
+    from cluster.config import DataConfig
+    from cluster.config.loading import override_text
+
+    partition = {k: v for k, v in dataclasses.asdict(data.partition).items() if v is not None}
+    default = DataConfig(source=data.source)
+    options = [
+        f"--set data.{name}={override_text(getattr(data, name))}"
+        for name in ("split", "only_digits")
+        if getattr(data, name) != getattr(default, name)
+    ]
+    return " ".join(
+        [
+            f"--set data.store={out} --set data.source={data.source}",
+            f"--set data.num_clients={num_clients}",
+            f"--set 'data.partition={override_text(partition)}'",
+            *options,
+        ]
+    )

@@ -38,7 +38,7 @@ def check_sketch_fits(config: ExperimentConfig) -> None:
     fit this machine's memory: the server runs in the driver."""
     from algorithms.fetchsgd import FetchSgdServerRule
 
-    server = config.build_algorithm().server
+    server = config._build_algorithm(1.0).server  # structure only: σ may be uncalibrated yet
     if not isinstance(server, FetchSgdServerRule):
         return
     rows, cols, tables = server.upload.rows, server.upload.cols, SERVER_SKETCH_TABLES
