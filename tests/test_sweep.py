@@ -260,9 +260,11 @@ def test_a_rerun_resumes_a_killed_trial_only_from_its_own_matching_checkpoint(
 ):
     """Under the sweep's parent run, a KILLED run whose params are the trial's and whose
     checkpoint is that run's, of the trial's config, is continued; a KILLED run without a
-    checkpoint, with another run's checkpoint, with another config's, or whose params differ, is
-    not (the trial runs from round 0; a line says why), nor a FAILED run or one under another
-    parent. The continued run is no earlier attempt; the others stay ones (no ε)."""
+    checkpoint, with another run's checkpoint, with another config's, whose params differ, or
+    whose completed rounds are not all in its checkpoint (tagged ``rounds_not_in_checkpoint``
+    by a second stop signal), is not (the trial runs from round 0; a line says why), nor a
+    FAILED run or one under another parent. The continued run is no earlier attempt; the
+    others stay ones (no ε)."""
     from dataclasses import replace
 
     from cluster.analysis.sweep_resume import resume_killed
@@ -271,13 +273,13 @@ def test_a_rerun_resumes_a_killed_trial_only_from_its_own_matching_checkpoint(
     from cluster.runtime.checkpoint import checkpoint_path, save_checkpoint
     from cluster.tracking.process import flatten
 
-    space = {"algorithm.local.lr": [0.05, 0.1, 0.2, 0.3, 0.4, 0.5]}
+    space = {"algorithm.local.lr": [0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6]}
     planned = plan(
         _write(tmp_path, "rk", {"base": _base(store_root, tmp_path), "space": space}), []
     )
     trials = [Trial(r.name, calibrate(planned.configs[r.name], lambda line: None))
               for r in planned.records]  # fmt: skip
-    resumed, missing, other_run, other_config, other_params, failed = trials
+    resumed, missing, other_run, other_config, other_params, failed, abandoned = trials
     uri = sqlite_store(tmp_path / "mlflow.db")
     planned.tracking = (uri, "sweep")
     client = MlflowClient(uri)
@@ -299,26 +301,29 @@ def test_a_rerun_resumes_a_killed_trial_only_from_its_own_matching_checkpoint(
     changed = flatten(other_params.config.to_dict()) | {"algorithm.clip_norm": "0.7"}
     ids[other_params.name] = run(other_params, params=changed)
     ids[failed.name] = run(failed, status="FAILED")
+    ids[abandoned.name] = run(abandoned)
+    client.set_tag(ids[abandoned.name], "rounds_not_in_checkpoint", "3")
     elsewhere_id = run(resumed, under=elsewhere, start=3)
     path = checkpoint(resumed, ids[resumed.name])
     client.set_tag(ids[resumed.name], "sweep_seconds", "12.500")  # what it ran before its kill
     checkpoint(resumed, elsewhere_id)
     checkpoint_path(config, ids[other_run.name]).write_bytes(path.read_bytes())
     checkpoint(other_config, ids[other_config.name], other_run.config)
-    for trial in (other_params, failed):
+    for trial in (other_params, failed, abandoned):
         checkpoint(trial, ids[trial.name])
 
     said = []
     after = resume_killed(trials, planned.tracking, parent, said.append)
-    assert [t.resume for t in after] == [path, None, None, None, None, None]
+    assert [t.resume for t in after] == [path, None, None, None, None, None, None]
     assert [t.config for t in after] == [t.config for t in trials]
-    assert [t.seconds_before for t in after] == [12.5, 0, 0, 0, 0, 0]  # its seconds add up
+    assert [t.seconds_before for t in after] == [12.5, 0, 0, 0, 0, 0, 0]  # its seconds add up
     why = {
         older: f"the trial resumes its newer run {ids[resumed.name]}",
         ids[missing.name]: f"no checkpoint at {checkpoint_path(config, ids[missing.name])}",
         ids[other_run.name]: f"continues run {ids[resumed.name]}, not this one",
         ids[other_config.name]: "written for another config (algorithm.local.lr differs)",
         ids[other_params.name]: "its param algorithm.clip_norm is '0.7', the trial's is '0.5'",
+        ids[abandoned.name]: "3 round(s) it completed are in no checkpoint",
     }
     for run_id, reason in why.items():
         assert any(f"KILLED run {run_id} is not resumed (" in line and reason in line
@@ -327,7 +332,7 @@ def test_a_rerun_resumes_a_killed_trial_only_from_its_own_matching_checkpoint(
     assert f"{continued}from {path} (12 s before)" in said
     assert f"{missing.name}: runs again from round 0" in said
     assert not any(failed.name in line or elsewhere_id in line for line in said)
-    assert len(said) == len(why) + 1 + 4  # a line per refused run, the resumed, the reruns
+    assert len(said) == len(why) + 1 + 5  # a line per refused run, the resumed, the reruns
 
     for record, trial in zip(planned.records, trials, strict=True):  # as the rerun holds them
         record.run_id = ids[trial.name] if trial is resumed else None
@@ -508,8 +513,9 @@ def test_a_failed_recording_while_a_stop_signal_ends_the_trials_ends_the_others(
             raise ValueError("no privacy")
         done.append(result.trial)
 
-    def signal_comes(trial) -> None:  # once the trials are submitted
-        stop.reason, stop.signum = "interrupted by SIGINT", signal.SIGINT
+    def signal_comes(trial) -> None:  # as the last trial is submitted
+        if trial is trials[-1]:
+            stop.reason, stop.signum = "interrupted by SIGINT", signal.SIGINT
 
     with StopSignals(lambda line: None) as stop, pytest.raises(Interrupted) as raised:
         engine.run(trials, on_done, signal_comes)
@@ -545,6 +551,96 @@ def test_a_first_stop_signal_leaves_the_round_of_a_withheld_trial_that_started(
     assert ray.cancelled == ["task2"]  # once, by the withholding
     assert str(raised.value).startswith("interrupted by SIGINT: 1 trial(s) stopped, 0 not ")
     assert engine._running == {}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("unsaved", [0, 3])
+def test_a_trial_whose_rounds_are_not_all_in_its_checkpoint_ends_abandoned(
+    tmp_path, store_root, monkeypatch, unsaved
+):
+    """A second cancel abandons a trial's round (``Interrupted`` out of its run): where rounds
+    it completed are in no checkpoint (checkpoint.every 5, rounds 6-8 run, round 9 abandoned)
+    it ends ABANDONED, never continued by a rerun; else KILLED, its checkpoint holding every
+    round it ran."""
+    from cluster.analysis.trials import run_one
+    from cluster.runtime import experiment
+    from cluster.runtime.interrupts import Interrupted
+
+    trial = _three_trials(tmp_path, store_root)[0]
+
+    def abandoning(config, **options):
+        error = Interrupted(signal.SIGINT, "second SIGINT: the round in progress abandoned")
+        error.unsaved_rounds = unsaved
+        raise error
+
+    monkeypatch.setattr(experiment, "run_experiment", abandoning)
+    result = run_one(trial, None, None)
+    assert result.status == ("ABANDONED" if unsaved else "KILLED") and result.error is None
+
+
+@pytest.mark.parametrize(
+    ("ran", "written", "resumed", "unsaved"),
+    [(8, 5, None, 3), (8, 8, None, 0), (8, None, 5, 3), (5, None, 5, 0), (None, None, 5, 0),
+     (3, None, None, 3)],
+)  # fmt: skip
+def test_the_rounds_a_run_completed_beyond_its_checkpoint(ran, written, resumed, unsaved):
+    """Its last checkpoint written, else the one it resumed from (unchanged), else none."""
+    from cluster.runtime.experiment import unsaved_rounds
+
+    kept = None if written is None else ("checkpoint.pt", written)
+    resume = None if resumed is None else {"simulation": {"rounds_done": resumed}}
+    assert unsaved_rounds(ran, kept, resume) == unsaved
+
+
+class _Stubborn(_Ray):
+    """A Ray whose tasks end only when cancelled by force (their rounds never end)."""
+
+    def cancel(self, ref, recursive=False, force=False):
+        self.log.append(f"cancel {ref}{' force' if force else ''}")
+        if force:
+            super().cancel(ref, recursive)
+
+
+@pytest.mark.timeout(60)
+def test_a_trial_cancelled_by_force_ends_abandoned(tmp_path, store_root, monkeypatch):
+    """After a second stop signal the trials that did not end within ``ABANDON_WAIT_S`` are
+    cancelled by force: how many rounds each ran past its checkpoint is unknown, so each ends
+    ABANDONED (never continued), not KILLED."""
+    from cluster.analysis import trials as engine_module
+    from cluster.runtime.interrupts import Interrupted, StopSignals
+
+    monkeypatch.setattr(engine_module, "ABANDON_WAIT_S", 0.0)
+    trials = _three_trials(tmp_path, store_root)[:1]
+    ray, done = _Stubborn(), []
+    engine = _engine_on(ray, placed=[0])
+
+    def two_signals(trial) -> None:
+        stop.reason, stop.signum, stop._abort = "interrupted by SIGINT", signal.SIGINT, 2
+
+    with StopSignals(lambda line: None) as stop, pytest.raises(Interrupted):
+        engine.run(trials, done.append, two_signals)
+    assert [r.status for r in done] == ["ABANDONED"]
+    assert ray.log[-1] == "cancel task0 force" and engine._running == {}
+
+
+@pytest.mark.timeout(60)
+def test_a_stop_signal_while_trials_are_submitted_submits_no_more(tmp_path, store_root):
+    """With no limit on trials at once all are submitted in one pass: a stop signal during it
+    (here as the first trial's start is recorded) submits no more; the one submitted is
+    cancelled, the others are not started."""
+    from cluster.runtime.interrupts import Interrupted, StopSignals
+
+    trials = _three_trials(tmp_path, store_root)
+    ray = _Ray()
+    engine = _engine_on(ray, placed=[0])
+
+    def signal_comes(trial) -> None:
+        stop.reason, stop.signum = "interrupted by SIGINT", signal.SIGINT
+
+    with StopSignals(lambda line: None) as stop, pytest.raises(Interrupted) as raised:
+        engine.run(trials, lambda result: None, signal_comes)
+    assert ray.log == [f"launch {trials[0].name}"] and ray.cancelled == ["task0"]
+    assert "1 trial(s) stopped, 2 not started" in str(raised.value)
 
 
 # ------------------------------------------------------------------------- slow: on Ray

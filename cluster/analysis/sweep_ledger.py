@@ -7,11 +7,11 @@ written with tracking on or off: one JSON file per trial, ``<its digest>.json`` 
 ``sweep_trial`` digest: hex and integers, never a config value, so the file stays in that
 folder), written atomically (``locations.write_atomic``) before the trial's task is submitted
 (status SUBMITTED: from then on it may run, ``trials.RayTrials``) and when it ends (FINISHED,
-KILLED or FAILED). A trial stopped before its placement group was created never ran: the entry
-its SUBMITTED one replaced is put back (none: the file is removed). A failed write raises the
-``OSError`` of the class and errno the OS gave, naming the entry (``[Errno 28] ledger entry
-<file>: No space left on device``): before the task it ends the sweep, the trial not submitted
-(no trial starts after it: ``trials.RecordingFailed``); at the end it is said
+KILLED, ABANDONED or FAILED). A trial stopped before its placement group was created never ran:
+the entry its SUBMITTED one replaced is put back (none: the file is removed). A failed write
+raises the ``OSError`` of the class and errno the OS gave, naming the entry (``[Errno 28]
+ledger entry <file>: No space left on device``): before the task it ends the sweep, the trial
+not submitted (no trial starts after it: ``trials.RecordingFailed``); at the end it is said
 (``sweep._record``), and the entry stays SUBMITTED, an earlier attempt to a rerun::
 
     version      1
@@ -20,8 +20,9 @@ its SUBMITTED one replaced is put back (none: the file is removed). A failed wri
     digest       its digest (configuration, seed, repeat)
     params       its config's params as a run records them (``sweep_resume.attempt_params``);
                  ``tracking.enabled`` among them says whether the attempt was tracked
-    status       SUBMITTED, KILLED, FAILED or FINISHED (RUNNING: written by earlier versions
-                 once the trial's placement group was created)
+    status       SUBMITTED, KILLED, ABANDONED (``TrialResult.abandoned``: rounds it ran are
+                 in no checkpoint, never continued), FAILED or FINISHED (RUNNING: written by
+                 earlier versions once the trial's placement group was created)
     checkpoint   where its checkpoint is (``checkpoint_path`` of its config and its MLflow
                  run; "" for a tracked attempt whose run is not known yet)
     seconds      what its attempts ran, summed (a resumed trial's killed part included)
@@ -36,18 +37,18 @@ tracking off finds they ran: a sweep reruns with tracking as its attempts ran, o
 which MLflow runs a tracked attempt left). An unusable entry is an earlier attempt either way.
 
 With tracking off a rerun resumes by the same rules as the MLflow path: a FINISHED entry is not
-run again (its recorded result is the trial's); a KILLED one whose params, checkpoint and config
-match the trial (``sweep_resume.continuation``) is continued from its checkpoint, so its ε is
-stated; any other entry (SUBMITTED or RUNNING: the sweep did not see the trial end, and it may
-have run; FAILED; KILLED without a matching checkpoint, as one stopped before its first round
-leaves, which is counted though it may have trained on nothing; an entry that cannot be read,
-or of another trial, or FINISHED without a ``privacy`` that parses) runs again from round 0, a
-line saying why, and stays an earlier attempt: the sweep states no ε. So does a trial with no
-entry whose own checkpoint exists: an attempt of it ran without this ledger (under another
-``--out``), and which attempts ran before that one is unknown. (One under another ``--out``
-that left no checkpoint here, having stopped before its first or having been tracked, is not
-found: hence the same ``--out``.) Nothing is unpickled here: entries are JSON, and a
-checkpoint is read by the weights-only loader (``open_checkpoint``), only at the path the
+run again (its recorded result is the trial's); a KILLED one whose params, checkpoint and
+config match the trial (``sweep_resume.continuation``) is continued from its checkpoint, so its
+ε is stated; any other entry (SUBMITTED or RUNNING: the sweep did not see the trial end, and it
+may have run; ABANDONED; FAILED; KILLED without a matching checkpoint, as one stopped before
+its first round leaves, which is counted though it may have trained on nothing; an entry that
+cannot be read, or of another trial, or FINISHED without a ``privacy`` that parses) runs again
+from round 0, a line saying why, and stays an earlier attempt: the sweep states no ε. So does a
+trial with no entry whose own checkpoint exists: an attempt of it ran without this ledger
+(under another ``--out``), and which attempts ran before that one is unknown. (One under
+another ``--out`` that left no checkpoint here, having stopped before its first or having been
+tracked, is not found: hence the same ``--out``.) Nothing is unpickled here: entries are JSON,
+and a checkpoint is read by the weights-only loader (``open_checkpoint``), only at the path the
 trial's own config gives (the entry's ``checkpoint`` must be that one).
 """
 
@@ -74,7 +75,7 @@ from cluster.config import ConfigError
 
 FOLDER = "ledger"  # under the sweep's --out folder
 VERSION = 1
-ENDED = ("KILLED", "FAILED", "FINISHED")
+ENDED = ("KILLED", "ABANDONED", "FAILED", "FINISHED")
 # SUBMITTED: written before the trial's task is submitted; RUNNING: by earlier versions, once
 # its placement group was created. Either is an attempt the sweep did not see end.
 STATUSES = ("SUBMITTED", "RUNNING", *ENDED)

@@ -98,13 +98,20 @@ class TrialResult:
     extra: dict = field(default_factory=dict)  # what a caller adds (the sweep's records)
     # False: stopped while its placement group waited for resources, so it never ran
     started: bool = True
+    # True: stopped with rounds it completed in no checkpoint, or how many unknown (a second
+    # stop signal abandoned its round before they were checkpointed; a forced cancel)
+    abandoned: bool = False
 
     @property
     def status(self) -> str:
-        """FINISHED, KILLED (a stop signal ended it), FAILED (its error), or NOT RUN (``started``
-        False: stopped before its placement group was created)."""
+        """FINISHED, KILLED (a stop signal ended it: its checkpoint holds every round it ran,
+        so it may be continued), ABANDONED (``abandoned``: never continued), FAILED (its
+        error), or NOT RUN (``started`` False: stopped before its placement group was
+        created)."""
         if not self.started:
             return "NOT RUN"
+        if self.abandoned:
+            return "ABANDONED"
         if self.outcome is None:
             return "FAILED" if self.error is not None else "KILLED"
         return "KILLED" if self.outcome.interrupted else "FINISHED"
@@ -149,6 +156,7 @@ def run_one(trial: Trial, parent_run_id: str | None, uri: str | None) -> TrialRe
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", OWN_SERVER_TIMEOUT_S)  # when busy
     from cluster.runtime.checkpoint import load_checkpoint
     from cluster.runtime.experiment import run_experiment
+    from cluster.runtime.interrupts import Interrupted
 
     start = time.perf_counter()
     try:
@@ -156,6 +164,9 @@ def run_one(trial: Trial, parent_run_id: str | None, uri: str | None) -> TrialRe
         outcome = run_experiment(
             trial.config, resume=resume, calibrate=False, parent_run_id=parent_run_id
         )
+    except Interrupted as error:  # a second cancel: KILLED, or ABANDONED where rounds it ran
+        seconds = time.perf_counter() - start  # are in no checkpoint (a rerun never continues it)
+        return TrialResult(trial, seconds=seconds, abandoned=error.unsaved_rounds > 0)
     except Exception as error:  # recorded; the other trials go on
         return TrialResult(trial, error=_error_text(error), seconds=time.perf_counter() - start)
     return TrialResult(trial, outcome, seconds=time.perf_counter() - start)
@@ -209,9 +220,11 @@ class RayTrials:
 
     A first stop signal (``StopSignals`` in its rounds phase) cancels every running trial: each
     stops after its round and writes its checkpoint (one still waiting for its group never
-    runs); no new trial starts, and ``run`` raises ``Interrupted`` once they have ended. A
-    second one cancels them again (each abandons its round) and waits ``ABANDON_WAIT_S`` at
-    most.
+    runs); no new trial starts (nor is one submitted after it, even within a pass that submits
+    many), and ``run`` raises ``Interrupted`` once they have ended. A second one cancels them
+    again (each abandons its round: ABANDONED where rounds it completed are in no checkpoint,
+    ``run_one``) and waits ``ABANDON_WAIT_S`` at most, then cancels those left by force (each
+    ABANDONED: the rounds it ran past its checkpoint are unknown).
 
     An exception in ``on_submit`` or ``on_done`` is kept, not raised at once: no trial is
     submitted after it (nor the one whose ``on_submit`` raised), those submitted whose placement
@@ -232,6 +245,7 @@ class RayTrials:
         self._failures: list[str] = []  # what on_submit/on_done raised (``_call``)
         self._unsubmitted = 0  # trials not submitted once a recording failed
         self._withheld_placed: list[bool] = []  # per withheld trial ended: its group created
+        self._forced: set = set()  # the object refs cancelled by force (``_stop``)
 
     def run(
         self,
@@ -244,13 +258,13 @@ class RayTrials:
         stop = StopSignals.active()
         queue, results = list(trials), []
         self._on_submit, self._on_done, self._failures = on_submit, on_done, []
-        self._unsubmitted, self._withheld_placed = 0, []
+        self._unsubmitted, self._withheld_placed, self._forced = 0, [], set()
         withheld = False  # the trials waiting for their groups once a recording failed
         try:
             while queue or self._running:
-                if stop is not None and stop.reason is not None:
+                if _stopping(stop):
                     return self._stop(stop, self._unsubmitted + len(queue), results)
-                while queue and not self._failures and self._has_room():
+                while queue and not self._failures and self._has_room() and not _stopping(stop):
                     self._submit(queue.pop(0))
                 if self._failures and not withheld:  # before the poll's wait
                     self._unsubmitted += len(queue)
@@ -357,6 +371,9 @@ class RayTrials:
             stopped = cancelled or isinstance(cause, KeyboardInterrupt)
             result = TrialResult(submitted.trial, error=None if stopped else _error_text(error))
             result.seconds, result.started = time.perf_counter() - submitted.start, placed
+            # forced: its worker killed mid-round, how many rounds it ran past its checkpoint
+            # unknown
+            result.abandoned = stopped and ref in self._forced
         finally:
             self._ray.util.remove_placement_group(submitted.group)  # and any actor left in it
         return result
@@ -383,6 +400,7 @@ class RayTrials:
                     deadline = time.monotonic() + ABANDON_WAIT_S
             if deadline is not None and time.monotonic() > deadline:
                 for ref in self._running:
+                    self._forced.add(ref)
                     self._ray.cancel(ref, force=True)
             self._record_ends(results)
         failed = "".join(f"; {failure}" for failure in self._failures)
@@ -400,6 +418,11 @@ class RayTrials:
         for ref in self._running:
             if ref not in skip:
                 self._ray.cancel(ref, recursive=False)
+
+
+def _stopping(stop) -> bool:
+    """Whether a stop signal came (``stop``: the command's ``StopSignals``, or None)."""
+    return stop is not None and stop.reason is not None
 
 
 RAY_START_TRIES = 3
