@@ -643,6 +643,38 @@ def test_a_stop_signal_while_trials_are_submitted_submits_no_more(tmp_path, stor
     assert "1 trial(s) stopped, 2 not started" in str(raised.value)
 
 
+@pytest.mark.timeout(60)
+def test_an_error_out_of_the_engine_ends_the_running_trials_recorded_first(tmp_path, store_root):
+    """A launch that raises (Ray's error) once the first trial runs and the second waits for
+    its group: both are cancelled and passed to ``on_done`` (the second NOT RUN, its earlier
+    ledger entry put back) before the error is raised again; none is left to the disconnect."""
+    trials = _three_trials(tmp_path, store_root)
+    ray, done = _Ray(), []
+
+    def failing(trial) -> None:
+        if trial is trials[2]:
+            raise RuntimeError("GCS unreachable")
+
+    engine = _engine_on(ray, placed=[0], on_launch=failing)
+    with pytest.raises(RuntimeError, match="GCS unreachable"):
+        engine.run(trials, done.append, lambda trial: None)
+    assert [(r.trial, r.status) for r in done] == [(trials[0], "KILLED"), (trials[1], "NOT RUN")]
+    assert ray.cancelled == ["task0", "task1"] and engine._running == {}
+
+
+@pytest.mark.timeout(60)
+def test_a_group_the_gcs_has_no_state_for_counts_as_placed(tmp_path, store_root):
+    """``placement_group_table`` gives {} for a group it does not know (ray's ``state.py``):
+    the trial may have run, so it is recorded as one that ran, not lost to a KeyError."""
+    trials = _three_trials(tmp_path, store_root)[:1]
+    ray, done = _Ray(), []
+    ray.ends = ["task0"]
+    ray.util.placement_group_table = lambda group: {}
+    engine = _engine_on(ray, placed=[])
+    engine.run(trials, done.append)
+    assert [(r.trial, r.started) for r in done] == [(trials[0], True)]
+
+
 # ------------------------------------------------------------------------- slow: on Ray
 
 

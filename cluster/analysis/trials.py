@@ -27,6 +27,7 @@ on loopback in front of it (``cluster.tracking.server``), for the whole run of t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -230,7 +231,9 @@ class RayTrials:
     submitted after it (nor the one whose ``on_submit`` raised), those submitted whose placement
     group is not created yet are cancelled (``_withhold``), the trials placed by then run to
     their end and each is passed to ``on_done``, then ``run`` raises ``RecordingFailed`` (or,
-    where a stop signal came meanwhile, ``Interrupted``, naming the failures too)."""
+    where a stop signal came meanwhile, ``Interrupted``, naming the failures too). Any other
+    exception (Ray's, the GCS's, a launch's) is raised again once the running trials were
+    cancelled and have ended, each passed to ``on_done`` (``_drain``)."""
 
     def __init__(self, concurrent: int, parent_run_id: str | None, uri: str | None):
         import ray
@@ -253,7 +256,7 @@ class RayTrials:
         on_done: Callable[[TrialResult], None],
         on_submit: Callable[[Trial], None] | None = None,
     ) -> list[TrialResult]:
-        from cluster.runtime.interrupts import Interrupted, StopSignals
+        from cluster.runtime.interrupts import StopSignals
 
         stop = StopSignals.active()
         queue, results = list(trials), []
@@ -272,8 +275,8 @@ class RayTrials:
                     self._withhold()
                     withheld = True
                 self._record_ends(results)
-        except Interrupted:
-            self._cancel_all()
+        except BaseException as error:  # a stop's Interrupted (none left running), Ray's error
+            self._drain(stop, results, error)
             raise
         if self._failures:
             placed = self._withheld_placed
@@ -344,9 +347,14 @@ class RayTrials:
                 self._ray.cancel(ref, recursive=False)
 
     def _placed(self, submitted: Submitted) -> bool:
-        """Whether the trial's placement group was created (its task may have run since)."""
-        table = self._ray.util.placement_group_table(submitted.group)
-        return table["state"] != "PENDING"
+        """Whether the trial's placement group was created (its task may have run since). Where
+        the GCS does not say (no state for the group, or an error asking), it may have been: the
+        safe side, the trial counted as one that ran."""
+        try:
+            table = self._ray.util.placement_group_table(submitted.group)
+        except Exception:
+            return True
+        return table.get("state") != "PENDING"
 
     def _finished(self, timeout: float) -> list[TrialResult]:
         if not self._running:
@@ -374,8 +382,9 @@ class RayTrials:
             # forced: its worker killed mid-round, how many rounds it ran past its checkpoint
             # unknown
             result.abandoned = stopped and ref in self._forced
-        finally:
-            self._ray.util.remove_placement_group(submitted.group)  # and any actor left in it
+        finally:  # and any actor left in it; where that fails, the disconnect removes them
+            with contextlib.suppress(Exception):
+                self._ray.util.remove_placement_group(submitted.group)
         return result
 
     def _stop(self, stop, not_started: int, results: list) -> list[TrialResult]:
@@ -388,12 +397,45 @@ class RayTrials:
             f"sweep: stopping {running} running trial(s) after their round (each writes its "
             f"checkpoint); {not_started} not started"
         )
+        self._cancel_once()
+        self._wait_out(stop, results)
+        failed = "".join(f"; {failure}" for failure in self._failures)
+        raise Interrupted(
+            stop.signum,
+            f"{stop.reason}: {running} trial(s) stopped, {not_started} not started{failed}; "
+            "rerun the same command to resume",
+        )
+
+    def _drain(self, stop, results: list[TrialResult], error: BaseException) -> None:
+        """After ``error`` out of ``run``'s loop: cancel every running trial once (each stops
+        after its round, with its checkpoint; one waiting for its group never runs) and wait
+        for them to end as at a stop signal, each passed to ``on_done`` (one that never ran gets
+        its earlier ledger entry back), so that none is killed unrecorded by the disconnect. An
+        error meanwhile ends the wait, noted on ``error``: the trials left are killed by the
+        disconnect, their SUBMITTED entries earlier attempts to a rerun."""
+        try:
+            self._cancel_once()
+            self._wait_out(stop, results)
+        except Exception as failure:
+            error.add_note(f"waiting for the running trials to end failed: {_error_text(failure)}")
+
+    def _cancel_once(self) -> None:
+        """Cancel each running trial but the withheld (cancelled already): one that started
+        stops after its round and keeps it."""
         withheld = {ref for ref, submitted in self._running.items() if submitted.withheld}
-        self._cancel_all(skip=withheld)  # cancelled once: one that started keeps its round
+        self._cancel_all(skip=withheld)
+
+    def _wait_out(self, stop, results: list[TrialResult]) -> None:
+        """Wait for the cancelled trials to end, each passed to ``on_done``. A second stop
+        signal (``stop``: None where none are installed) cancels them again (each abandons its
+        round), and those left after ``ABANDON_WAIT_S`` are cancelled by force."""
+        from cluster.runtime.interrupts import Interrupted
+
         deadline = None
         while self._running:
             try:
-                stop.check_round()
+                if stop is not None:
+                    stop.check_round()
             except Interrupted:
                 if deadline is None:  # the second signal: the trials abandon their rounds
                     self._cancel_all()
@@ -403,12 +445,6 @@ class RayTrials:
                     self._forced.add(ref)
                     self._ray.cancel(ref, force=True)
             self._record_ends(results)
-        failed = "".join(f"; {failure}" for failure in self._failures)
-        raise Interrupted(
-            stop.signum,
-            f"{stop.reason}: {running} trial(s) stopped, {not_started} not started{failed}; "
-            "rerun the same command to resume",
-        )
 
     def _cancel_all(self, skip: set = frozenset()) -> None:
         """Interrupt each running trial's task but those in ``skip`` (its stop handler ends it:
