@@ -59,6 +59,7 @@ import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 from cluster.analysis.sweep_report import TrialRecord
 from cluster.analysis.sweep_resume import (
@@ -74,6 +75,7 @@ from cluster.analysis.trials import Trial, TrialResult
 from cluster.config import ConfigError
 
 FOLDER = "ledger"  # under the sweep's --out folder
+LOCK = ".lock"  # in it: held by the sweep using the ledger (``Ledger.hold``), its pid inside
 VERSION = 1
 ENDED = ("KILLED", "ABANDONED", "FAILED", "FINISHED")
 # SUBMITTED: written before the trial's task is submitted; RUNNING: by earlier versions, once
@@ -89,6 +91,18 @@ FIELDS = {
 TRACKED = "tracking.enabled"  # the param that says whether an attempt was tracked
 
 
+class LedgerInUse(RuntimeError):
+    """Another process holds the ledger ``folder`` (``Ledger.hold``); ``pid``: its process id
+    as it wrote it ("" where it is not known)."""
+
+    def __init__(self, folder: Path, pid: str):
+        who = f"process {pid}" if pid else "another process"
+        super().__init__(
+            f"the ledger {folder} is in use by {who} (a sweep on the same --out, running or "
+            "ending its trials); wait for it to end, or give another --out"
+        )
+
+
 class Ledger:
     """The trials of one sweep, kept in ``folder`` (see the module doc); ``tracked``: whether
     this run of the sweep tracks them in MLflow. With tracking off, the sweep's ledger (the same
@@ -101,6 +115,32 @@ class Ledger:
         self.earlier: dict[str, list[str]] = {}  # by trial name: its earlier attempts
         # by trial name: the bytes of the entry its SUBMITTED one replaced (None: there was none)
         self.replaced: dict[str, bytes | None] = {}
+        self.submitted: dict[str, bytes] = {}  # by trial name: its SUBMITTED entry's bytes
+
+    def hold(self) -> IO[str]:
+        """The ledger, this process's alone until the file returned is closed (or the process
+        ends, however): an exclusive ``flock`` on its ``LOCK`` file, taken at once, else
+        ``LedgerInUse`` (a sweep still running, or ending its trials after Ctrl-C, on the same
+        ``--out``, whose entries would change under it); ``OSError`` naming the file where it
+        cannot be opened."""
+        import fcntl
+        import os
+
+        lock = self.folder / LOCK
+        with _naming(lock):
+            self.folder.mkdir(parents=True, exist_ok=True)
+            file = open(lock, "a+")  # noqa: SIM115  (held open for the sweep's lifetime)
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            file.seek(0)
+            holder = file.read().strip()
+            file.close()
+            raise LedgerInUse(self.folder, holder) from None
+        file.truncate(0)
+        file.write(f"{os.getpid()}\n")
+        file.flush()
+        return file
 
     def path(self, record: TrialRecord) -> Path:
         if not DIGEST.match(record.digest):  # sweep_spec.trial_digest makes them so
@@ -243,18 +283,22 @@ class Ledger:
         path = self.path(self._record(trial))
         with _naming(path):
             self.replaced[trial.name] = path.read_bytes() if path.exists() else None
-        self._write(self._record(trial), trial, "SUBMITTED")
+        self.submitted[trial.name] = self._write(self._record(trial), trial, "SUBMITTED")
 
     def record(self, record: TrialRecord, result: TrialResult, uri: str | None) -> None:
         """Write the entry of ``result``'s trial as ``record`` ended it (``uri``: unused, the
         MLflow runs are ``MlflowLedger``'s). One that never ran (stopped before its placement
-        group was created) gets back the entry its SUBMITTED one replaced (none: removed);
-        where that fails, the SUBMITTED entry stays, an earlier attempt to a rerun."""
+        group was created) gets back the entry its SUBMITTED one replaced (none: removed), where
+        the file still holds the SUBMITTED entry this process wrote (else another process wrote
+        it since: left as it is); where that fails, the SUBMITTED entry stays, an earlier
+        attempt to a rerun."""
         if result.started:
             self._write(record, result.trial, record.status)
             return
         path, replaced = self.path(record), self.replaced[record.name]
         with _naming(path):
+            if path.read_bytes() != self.submitted[record.name]:
+                return
             if replaced is None:
                 path.unlink()
             else:
@@ -270,7 +314,8 @@ class Ledger:
     def _file(self, trial: Trial) -> str:
         return str(self.path(self._record(trial)))
 
-    def _write(self, record: TrialRecord, trial: Trial, status: str) -> None:
+    def _write(self, record: TrialRecord, trial: Trial, status: str) -> bytes:
+        """Write the entry; its bytes."""
         from cluster.runtime.checkpoint import checkpoint_path
 
         ended = status in ENDED
@@ -287,10 +332,11 @@ class Ledger:
             "privacy": record.privacy if ended else None,
             "earlier": self.earlier.get(record.name, []),
         }  # fmt: skip
-        path = self.path(record)
+        path, content = self.path(record), json.dumps(entry, indent=1).encode()
         with _naming(path):
             self.folder.mkdir(parents=True, exist_ok=True)
-            _write_bytes(path, json.dumps(entry, indent=1).encode())
+            _write_bytes(path, content)
+        return content
 
 
 def _write_bytes(path: Path, content: bytes) -> None:
