@@ -240,6 +240,64 @@ def test_a_resumed_sweep_accounts_for_its_earlier_attempts(tmp_path, store_root)
     assert tuning.epsilon is None and "KILLED KILLED (an earlier attempt" in tuning.reason
 
 
+def test_a_tracked_rerun_counts_the_ledgers_attempts_that_mlflow_does_not_hold(
+    tmp_path, store_root, sqlite_store
+):
+    """Tracking on, a rerun against a store whose parent run holds none of the attempts the
+    local ledger recorded (another directory's sqlite:///mlflow.db, a deleted child run): a
+    SUBMITTED entry (its run unknown) and a FAILED one whose run is no child of the parent are
+    earlier attempts (no ε); a KILLED one whose run is a child is MLflow's earlier attempt,
+    counted once."""
+    from cluster.analysis.sweep import statement
+    from cluster.analysis.sweep_ledger import FOLDER, Ledger
+    from cluster.analysis.sweep_runs import MlflowLedger
+    from cluster.analysis.trials import Trial, TrialResult
+
+    space = {"algorithm.local.lr": [0.05, 0.1, 0.2]}
+    planned = plan(
+        _write(tmp_path, "tl", {"base": _base(store_root, tmp_path), "space": space}), []
+    )
+    trials = [Trial(r.name, planned.configs[r.name]) for r in planned.records]
+    uri = sqlite_store(tmp_path / "mlflow.db")
+    planned.tracking = (uri, "sweep")
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("sweep")
+    parent = client.create_run(experiment).info.run_id
+    killed = _child_run(client, experiment, parent, trials[2].config, "KILLED", 1)
+    ledger = Ledger(tmp_path / "out" / FOLDER, planned.spec.name, True)
+    ledger.read(planned.records)
+    for trial, record, run_id, status in zip(
+        trials,
+        planned.records,
+        [None, "0123456789abcdef", killed],
+        ["SUBMITTED", "FAILED", "KILLED"],
+        strict=True,
+    ):
+        ledger.submitting(trial)
+        if status != "SUBMITTED":
+            record.status, record.run_id = status, run_id
+            ledger.record(record, TrialResult(trial), None)
+
+    planned = plan(
+        _write(tmp_path, "tl", {"base": _base(store_root, tmp_path), "space": space}), []
+    )
+    planned.tracking = (uri, "sweep")
+    rerun = MlflowLedger(
+        planned, parent, Ledger(tmp_path / "out" / FOLDER, planned.spec.name, True)
+    )
+    rerun.find_finished(planned.records)
+    submitted, failed, _ = planned.records
+    folder = tmp_path / "out" / FOLDER
+    assert rerun.earlier_attempts() == [
+        f"{trials[2].name} KILLED (an earlier attempt, run {killed})",
+        f"{submitted.name} SUBMITTED (an earlier attempt in {folder / submitted.digest}.json, its "
+        f"run unknown: not under the parent run {parent})",
+        f"{failed.name} FAILED (an earlier attempt in {folder / failed.digest}.json, run "
+        f"0123456789abcdef: not under the parent run {parent})",
+    ]
+    assert statement(planned, [], rerun.earlier_attempts()).epsilon is None
+
+
 def _child_run(client, experiment, parent, config, status, start, params=None) -> str:
     """A run of ``config`` (its params, or ``params``) under ``parent``, ended ``status``."""
     from mlflow.entities import Param

@@ -33,8 +33,10 @@ not submitted (no trial starts after it: ``trials.RecordingFailed``); at the end
 With tracking on, the sweep's trials are resumed from the MLflow store
 (``sweep_runs.MlflowLedger``); this ledger then only records them, so that a rerun with
 tracking off finds they ran: a sweep reruns with tracking as its attempts ran, or exits 2
-(``Ledger.read``: the MLflow runs never see an untracked attempt, this ledger never sees
-which MLflow runs a tracked attempt left). An unusable entry is an earlier attempt either way.
+(``Ledger.read``: the MLflow runs never see an untracked attempt), and so that a tracked rerun
+counts those of its entries whose runs the MLflow store does not hold under the parent run
+(``sweep_runs.unmatched_entries``: another store, a deleted run). An unusable entry is an
+earlier attempt either way.
 
 With tracking off a rerun resumes by the same rules as the MLflow path: a FINISHED entry is not
 run again (its recorded result is the trial's); a KILLED one whose params, checkpoint and
