@@ -702,6 +702,29 @@ def test_a_stop_signal_while_trials_are_submitted_submits_no_more(tmp_path, stor
 
 
 @pytest.mark.timeout(60)
+def test_a_stop_counts_the_trials_waiting_for_their_groups_as_not_started(tmp_path, store_root):
+    """Three trials submitted, one placed: a stop signal stops 1 and leaves 2 not started (they
+    end NOT RUN), in its first line and in ``Interrupted``."""
+    from cluster.runtime.interrupts import Interrupted, StopSignals
+
+    trials, said = _three_trials(tmp_path, store_root), []
+    ray = _Ray()
+    engine = _engine_on(ray, placed=[0])
+
+    def signal_comes(trial) -> None:
+        if trial is trials[-1]:
+            stop.reason, stop.signum = "interrupted by SIGINT", signal.SIGINT
+
+    with StopSignals(said.append) as stop, pytest.raises(Interrupted) as raised:
+        engine.run(trials, lambda result: None, signal_comes)
+    assert said == [
+        "sweep: stopping 1 running trial(s) after their round (each writes its checkpoint); "
+        "2 not started"
+    ]
+    assert str(raised.value).startswith("interrupted by SIGINT: 1 trial(s) stopped, 2 not started")
+
+
+@pytest.mark.timeout(60)
 def test_an_error_out_of_the_engine_ends_the_running_trials_recorded_first(tmp_path, store_root):
     """A launch that raises (Ray's error) once the first trial runs and the second waits for
     its group: both are cancelled and passed to ``on_done`` (the second NOT RUN, its earlier

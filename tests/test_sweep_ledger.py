@@ -486,6 +486,17 @@ def test_a_second_sweep_on_the_same_out_exits_2_naming_the_ledger_and_its_holder
         main(["sweep", str(spec), "--out", str(tmp_path / "out")])
 
 
+def test_an_os_error_without_its_message_names_its_errno_once(tmp_path):
+    """An ``OSError`` with an errno and no message (``OSError(28, None)``) is named by the OS's
+    message for that errno, the errno said once."""
+    from cluster.analysis.sweep_ledger import _naming
+
+    path = tmp_path / "entry.json"
+    with pytest.raises(OSError) as raised, _naming(path):
+        raise OSError(errno.ENOSPC, None)
+    assert str(raised.value) == f"[Errno 28] ledger entry {path}: No space left on device"
+
+
 def test_a_cross_validated_rerun_refuses_a_tracking_switch_before_any_trial(
     tmp_path, store_root, monkeypatch, capsys
 ):

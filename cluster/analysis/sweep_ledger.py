@@ -57,6 +57,7 @@ trial's own config gives (the entry's ``checkpoint`` must be that one).
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -126,7 +127,6 @@ class Ledger:
         ``--out``, whose entries would change under it); ``OSError`` naming the file where it
         cannot be opened."""
         import fcntl
-        import os
 
         lock = self.folder / LOCK
         with _naming(lock):
@@ -355,5 +355,7 @@ def _naming(path: Path) -> Iterator[None]:
     try:
         yield
     except OSError as error:
-        text = f"ledger entry {path}: {error.strerror or error}"
-        raise (OSError(text) if error.errno is None else OSError(error.errno, text)) from error
+        if error.errno is None:
+            raise OSError(f"ledger entry {path}: {error}") from error
+        what = error.strerror or os.strerror(error.errno)  # str(error) would repeat the errno
+        raise OSError(error.errno, f"ledger entry {path}: {what}") from error

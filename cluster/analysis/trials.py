@@ -392,17 +392,20 @@ class RayTrials:
         in progress, ``ABANDON_WAIT_S`` at most), then raise ``Interrupted``."""
         from cluster.runtime.interrupts import Interrupted
 
-        running = len(self._running)
+        pending = sum(not self._placed(submitted) for submitted in self._running.values())
         stop.say(
-            f"sweep: stopping {running} running trial(s) after their round (each writes its "
-            f"checkpoint); {not_started} not started"
+            f"sweep: stopping {len(self._running) - pending} running trial(s) after their round "
+            f"(each writes its checkpoint); {not_started + pending} not started"
         )
+        before = len(results)
         self._cancel_once()
         self._wait_out(stop, results)
+        ran = sum(result.started for result in results[before:])  # NOT RUN: never started
         failed = "".join(f"; {failure}" for failure in self._failures)
         raise Interrupted(
             stop.signum,
-            f"{stop.reason}: {running} trial(s) stopped, {not_started} not started{failed}; "
+            f"{stop.reason}: {ran} trial(s) stopped, "
+            f"{not_started + len(results) - before - ran} not started{failed}; "
             "rerun the same command to resume",
         )
 
