@@ -416,6 +416,9 @@ class _Ray:
             placement_group_table=self._table, remove_placement_group=lambda group: None
         )
 
+    def cluster_resources(self) -> dict[str, float]:
+        return {"CPU": 100.0}  # room for every trial of a test
+
     def wait(self, refs, num_returns, timeout):
         assert num_returns == 1 and timeout > 0  # a poll for an ended task: the next of ``ends``
         ended = [r for r in self.ends if r in refs][:1]
@@ -699,6 +702,25 @@ def test_a_stop_signal_while_trials_are_submitted_submits_no_more(tmp_path, stor
         engine.run(trials, lambda result: None, signal_comes)
     assert ray.log == [f"launch {trials[0].name}"] and ray.cancelled == ["task0"]
     assert "1 trial(s) stopped, 2 not started" in str(raised.value)
+
+
+@pytest.mark.timeout(60)
+def test_with_no_cap_a_trial_is_submitted_once_the_cluster_can_hold_it(tmp_path, store_root):
+    """``concurrent`` 0 on a cluster that holds two of the trials: two are submitted (each
+    written SUBMITTED first), the third only once one of them ended, so that a crash never
+    leaves a trial that could not have run as an earlier attempt."""
+    from cluster.analysis.trials import bundles
+
+    trials = _three_trials(tmp_path, store_root)
+    ray = _Ray()
+    need = sum(b["CPU"] for b in bundles(trials[0].config))
+    ray.cluster_resources = lambda: {"CPU": 2 * need}
+    ray.ends = ["task0", "task1", "task2"]
+    engine = _engine_on(ray, placed=[0, 1, 2])
+    engine.run(trials, lambda result: ray.log.append(f"end {result.trial.name}"))
+    first, second, third = (t.name for t in trials)
+    assert ray.log == [f"launch {first}", f"launch {second}", f"end {first}",
+                       f"launch {third}", f"end {second}", f"end {third}"]  # fmt: skip
 
 
 @pytest.mark.timeout(60)

@@ -213,11 +213,12 @@ class Submitted:
 class RayTrials:
     """Trials as Ray tasks in placement groups (see the module doc), at most ``concurrent`` at
     once (0: as many as the cluster holds). ``on_submit`` (where given) is called with each
-    trial before its task is submitted, since the task may run from then on (a trial submitted
-    waits for its placement group while the trials before it hold the cluster): where it
-    raises, the trial is not submitted. ``on_done`` is called in this thread as each submitted
-    trial ends; ``TrialResult.started`` False where its placement group was never created (it
-    never ran: the GCS's word, asked once the trial ended).
+    trial before its task is submitted, since the task may run from then on: where it raises,
+    the trial is not submitted. A trial is submitted only once its bundles fit in the cluster's
+    CPUs and GPUs beside those of the trials running (``_has_room``); it may still wait for its
+    placement group (the bundles packed on a node, Ray's other work). ``on_done`` is called in
+    this thread as each submitted trial ends; ``TrialResult.started`` False where its placement
+    group was never created (it never ran: the GCS's word, asked once the trial ended).
 
     A first stop signal (``StopSignals`` in its rounds phase) cancels every running trial: each
     stops after its round and writes its checkpoint (one still waiting for its group never
@@ -262,12 +263,18 @@ class RayTrials:
         queue, results = list(trials), []
         self._on_submit, self._on_done, self._failures = on_submit, on_done, []
         self._unsubmitted, self._withheld_placed, self._forced = 0, [], set()
+        self._total = self._ray.cluster_resources()
         withheld = False  # the trials waiting for their groups once a recording failed
         try:
             while queue or self._running:
                 if _stopping(stop):
                     return self._stop(stop, self._unsubmitted + len(queue), results)
-                while queue and not self._failures and self._has_room() and not _stopping(stop):
+                while (
+                    queue
+                    and not self._failures
+                    and self._has_room(queue[0])
+                    and not _stopping(stop)
+                ):
                     self._submit(queue.pop(0))
                 if self._failures and not withheld:  # before the poll's wait
                     self._unsubmitted += len(queue)
@@ -285,8 +292,19 @@ class RayTrials:
             )
         return results
 
-    def _has_room(self) -> bool:
-        return not self.concurrent or len(self._running) < self.concurrent
+    def _has_room(self, trial: Trial) -> bool:
+        """Whether ``trial`` may be submitted now: fewer than ``concurrent`` running (0: no
+        cap), and its bundles fit in the cluster's CPUs and GPUs beside those of the trials
+        submitted (so that, with no cap, a trial is submitted only once its group can be
+        created, not all at the start, each one SUBMITTED in the ledger)."""
+        if self.concurrent and len(self._running) >= self.concurrent:
+            return False
+        shapes = [bundles(t.config) for t in (trial, *(s.trial for s in self._running.values()))]
+        return all(
+            sum(b.get(resource, 0.0) for shape in shapes for b in shape)
+            <= self._total.get(resource, 0.0) + 1e-9
+            for resource in ("CPU", "GPU")
+        )
 
     def _submit(self, trial: Trial) -> None:
         """``on_submit`` (where given), then the trial's task; where ``on_submit`` raised, the
