@@ -622,7 +622,7 @@ def test_a_trial_whose_rounds_are_not_all_in_its_checkpoint_ends_abandoned(
     """A second cancel abandons a trial's round (``Interrupted`` out of its run): where rounds
     it completed are in no checkpoint (checkpoint.every 5, rounds 6-8 run, round 9 abandoned)
     it ends ABANDONED, never continued by a rerun; else KILLED, its checkpoint holding every
-    round it ran."""
+    round it ran. Either way its MLflow run is passed on."""
     from cluster.analysis.trials import run_one
     from cluster.runtime import experiment
     from cluster.runtime.interrupts import Interrupted
@@ -631,12 +631,13 @@ def test_a_trial_whose_rounds_are_not_all_in_its_checkpoint_ends_abandoned(
 
     def abandoning(config, **options):
         error = Interrupted(signal.SIGINT, "second SIGINT: the round in progress abandoned")
-        error.unsaved_rounds = unsaved
+        error.unsaved_rounds, error.run_id = unsaved, "run-of-the-trial"
         raise error
 
     monkeypatch.setattr(experiment, "run_experiment", abandoning)
     result = run_one(trial, None, None)
     assert result.status == ("ABANDONED" if unsaved else "KILLED") and result.error is None
+    assert result.run_id == "run-of-the-trial"  # its ledger entry names it (its checkpoint's)
 
 
 @pytest.mark.parametrize(

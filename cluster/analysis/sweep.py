@@ -96,9 +96,9 @@ def fill(record: TrialRecord, result: TrialResult, metric: str, role: str) -> No
     record.status, record.error = result.status, result.error or ""
     record.seconds = result.trial.seconds_before + result.seconds  # over its attempts
     outcome = result.outcome
+    record.run_id = result.run_id if outcome is None else outcome.run_id
     if outcome is None:
         return
-    record.run_id = outcome.run_id
     record.metric, record.test_accuracy = final_metric(outcome, metric), outcome.final_accuracy
     record.epsilon = outcome.claim.epsilon_text(outcome.epsilon, outcome.epsilon_vs_server)
     if record.status == "FINISHED":

@@ -114,9 +114,10 @@ def unmatched_entries(planned: Planned, parent_run_id: str, local) -> list[str]:
     the sweep found it, of which the MLflow store holds no run under the parent: an entry
     whose run (the stem of its checkpoint, named by the run) is no child of the parent nor its
     record's run (found finished), or whose run is not known (SUBMITTED: the sweep did not see
-    it end). Such an attempt ran against another store (a relative ``MLFLOW_TRACKING_URI`` from
-    another directory), under a parent run since replaced, or its run was deleted: its rounds
-    are in no accountant this run reads. (An unusable entry is ``local``'s earlier attempt.)"""
+    it end; a trial that failed, or was cancelled by force, without reporting its run). Such an
+    attempt ran against another store (a relative ``MLFLOW_TRACKING_URI`` from another
+    directory), under a parent run since replaced, or its run was deleted: its rounds are in no
+    accountant this run reads. (An unusable entry is ``local``'s earlier attempt.)"""
     children = {run.info.run_id for run in child_runs(planned, parent_run_id)}
     lines = []
     for record in planned.all_records():

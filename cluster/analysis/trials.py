@@ -102,6 +102,7 @@ class TrialResult:
     # True: stopped with rounds it completed in no checkpoint, or how many unknown (a second
     # stop signal abandoned its round before they were checkpointed; a forced cancel)
     abandoned: bool = False
+    run_id: str | None = None  # its MLflow run where it has no outcome (a second cancel)
 
     @property
     def status(self) -> str:
@@ -167,7 +168,8 @@ def run_one(trial: Trial, parent_run_id: str | None, uri: str | None) -> TrialRe
         )
     except Interrupted as error:  # a second cancel: KILLED, or ABANDONED where rounds it ran
         seconds = time.perf_counter() - start  # are in no checkpoint (a rerun never continues it)
-        return TrialResult(trial, seconds=seconds, abandoned=error.unsaved_rounds > 0)
+        abandoned = error.unsaved_rounds > 0
+        return TrialResult(trial, seconds=seconds, abandoned=abandoned, run_id=error.run_id)
     except Exception as error:  # recorded; the other trials go on
         return TrialResult(trial, error=_error_text(error), seconds=time.perf_counter() - start)
     return TrialResult(trial, outcome, seconds=time.perf_counter() - start)

@@ -435,6 +435,8 @@ def _run_rounds(
             error.checkpoint = written
             ran = len(sim.history) if sim is not None else None
             error.unsaved_rounds = unsaved_rounds(ran, written, resume)
+            if sim is not None and run is not None:  # open before the simulation was made
+                error.run_id = run.run_id
         if run is not None:  # a second Ctrl-C is the user's stop, not a failure
             _abandon(run, error, config, written, resume)
         raise

@@ -49,6 +49,7 @@ class Interrupted(KeyboardInterrupt):
         # round after them before a checkpoint of them was written): a resume from the
         # checkpoint left would omit them from its ε (``experiment.unsaved_rounds``)
         self.unsaved_rounds = 0
+        self.run_id: str | None = None  # the interrupted run's MLflow run, once its rounds began
 
     @property
     def exit_code(self) -> int:
