@@ -205,3 +205,22 @@ def test_a_killed_driver_resumes_bit_for_bit_on_ray(store_root, tmp_path, tracki
     assert torch.equal(final["simulation"]["params"], straight.result.params)
     assert tracking.get_run(run_id).info.status == "FINISHED"
     assert _steps(tracking, run_id) == list(range(1, 9))
+
+
+def test_a_run_whose_completed_rounds_are_not_all_in_its_checkpoint_is_tagged_so(store_root):
+    """A second signal abandoning round 9 of a run checkpointed every 5 rounds: its MLflow run
+    ends KILLED tagged ``rounds_not_in_checkpoint`` 3 (rounds 6-8), which a sweep never
+    continues; a run whose checkpoint holds every round is not tagged."""
+    from types import SimpleNamespace
+
+    from cluster.runtime.experiment import _abandon
+
+    config = small_config(store_root, "rounds=10", "checkpoint.every=5")
+    for unsaved, tags in [(3, {"rounds_not_in_checkpoint": "3"}), (0, {})]:
+        ended = []
+        run = SimpleNamespace(set_tags=ended.append, abandon=ended.append)
+        error = Interrupted(signal.SIGINT, "second SIGINT: the round in progress abandoned")
+        error.unsaved_rounds = unsaved
+        _abandon(run, error, config, ("checkpoint.pt", 8 - unsaved), None)
+        assert ended[0].keys() - {"mlflow.note.content"} == tags.keys()
+        assert {k: ended[0][k] for k in tags} == tags and ended[1] == "KILLED"

@@ -240,6 +240,64 @@ def test_a_resumed_sweep_accounts_for_its_earlier_attempts(tmp_path, store_root)
     assert tuning.epsilon is None and "KILLED KILLED (an earlier attempt" in tuning.reason
 
 
+def test_a_tracked_rerun_counts_the_ledgers_attempts_that_mlflow_does_not_hold(
+    tmp_path, store_root, sqlite_store
+):
+    """Tracking on, a rerun against a store whose parent run holds none of the attempts the
+    local ledger recorded (another directory's sqlite:///mlflow.db, a deleted child run): a
+    SUBMITTED entry (its run unknown) and a FAILED one whose run is no child of the parent are
+    earlier attempts (no ε); a KILLED one whose run is a child is MLflow's earlier attempt,
+    counted once."""
+    from cluster.analysis.sweep import statement
+    from cluster.analysis.sweep_ledger import FOLDER, Ledger
+    from cluster.analysis.sweep_runs import MlflowLedger
+    from cluster.analysis.trials import Trial, TrialResult
+
+    space = {"algorithm.local.lr": [0.05, 0.1, 0.2]}
+    planned = plan(
+        _write(tmp_path, "tl", {"base": _base(store_root, tmp_path), "space": space}), []
+    )
+    trials = [Trial(r.name, planned.configs[r.name]) for r in planned.records]
+    uri = sqlite_store(tmp_path / "mlflow.db")
+    planned.tracking = (uri, "sweep")
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("sweep")
+    parent = client.create_run(experiment).info.run_id
+    killed = _child_run(client, experiment, parent, trials[2].config, "KILLED", 1)
+    ledger = Ledger(tmp_path / "out" / FOLDER, planned.spec.name, True)
+    ledger.read(planned.records)
+    for trial, record, run_id, status in zip(
+        trials,
+        planned.records,
+        [None, "0123456789abcdef", killed],
+        ["SUBMITTED", "FAILED", "KILLED"],
+        strict=True,
+    ):
+        ledger.submitting(trial)
+        if status != "SUBMITTED":
+            record.status, record.run_id = status, run_id
+            ledger.record(record, TrialResult(trial), None)
+
+    planned = plan(
+        _write(tmp_path, "tl", {"base": _base(store_root, tmp_path), "space": space}), []
+    )
+    planned.tracking = (uri, "sweep")
+    rerun = MlflowLedger(
+        planned, parent, Ledger(tmp_path / "out" / FOLDER, planned.spec.name, True)
+    )
+    rerun.find_finished(planned.records)
+    submitted, failed, _ = planned.records
+    folder = tmp_path / "out" / FOLDER
+    assert rerun.earlier_attempts() == [
+        f"{trials[2].name} KILLED (an earlier attempt, run {killed})",
+        f"{submitted.name} SUBMITTED (an earlier attempt in {folder / submitted.digest}.json, its "
+        f"run unknown: not under the parent run {parent})",
+        f"{failed.name} FAILED (an earlier attempt in {folder / failed.digest}.json, run "
+        f"0123456789abcdef: not under the parent run {parent})",
+    ]
+    assert statement(planned, [], rerun.earlier_attempts()).epsilon is None
+
+
 def _child_run(client, experiment, parent, config, status, start, params=None) -> str:
     """A run of ``config`` (its params, or ``params``) under ``parent``, ended ``status``."""
     from mlflow.entities import Param
@@ -260,9 +318,11 @@ def test_a_rerun_resumes_a_killed_trial_only_from_its_own_matching_checkpoint(
 ):
     """Under the sweep's parent run, a KILLED run whose params are the trial's and whose
     checkpoint is that run's, of the trial's config, is continued; a KILLED run without a
-    checkpoint, with another run's checkpoint, with another config's, or whose params differ, is
-    not (the trial runs from round 0; a line says why), nor a FAILED run or one under another
-    parent. The continued run is no earlier attempt; the others stay ones (no ε)."""
+    checkpoint, with another run's checkpoint, with another config's, whose params differ, or
+    whose completed rounds are not all in its checkpoint (tagged ``rounds_not_in_checkpoint``
+    by a second stop signal), is not (the trial runs from round 0; a line says why), nor a
+    FAILED run or one under another parent. The continued run is no earlier attempt; the
+    others stay ones (no ε)."""
     from dataclasses import replace
 
     from cluster.analysis.sweep_resume import resume_killed
@@ -271,13 +331,13 @@ def test_a_rerun_resumes_a_killed_trial_only_from_its_own_matching_checkpoint(
     from cluster.runtime.checkpoint import checkpoint_path, save_checkpoint
     from cluster.tracking.process import flatten
 
-    space = {"algorithm.local.lr": [0.05, 0.1, 0.2, 0.3, 0.4, 0.5]}
+    space = {"algorithm.local.lr": [0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6]}
     planned = plan(
         _write(tmp_path, "rk", {"base": _base(store_root, tmp_path), "space": space}), []
     )
     trials = [Trial(r.name, calibrate(planned.configs[r.name], lambda line: None))
               for r in planned.records]  # fmt: skip
-    resumed, missing, other_run, other_config, other_params, failed = trials
+    resumed, missing, other_run, other_config, other_params, failed, abandoned = trials
     uri = sqlite_store(tmp_path / "mlflow.db")
     planned.tracking = (uri, "sweep")
     client = MlflowClient(uri)
@@ -299,26 +359,29 @@ def test_a_rerun_resumes_a_killed_trial_only_from_its_own_matching_checkpoint(
     changed = flatten(other_params.config.to_dict()) | {"algorithm.clip_norm": "0.7"}
     ids[other_params.name] = run(other_params, params=changed)
     ids[failed.name] = run(failed, status="FAILED")
+    ids[abandoned.name] = run(abandoned)
+    client.set_tag(ids[abandoned.name], "rounds_not_in_checkpoint", "3")
     elsewhere_id = run(resumed, under=elsewhere, start=3)
     path = checkpoint(resumed, ids[resumed.name])
     client.set_tag(ids[resumed.name], "sweep_seconds", "12.500")  # what it ran before its kill
     checkpoint(resumed, elsewhere_id)
     checkpoint_path(config, ids[other_run.name]).write_bytes(path.read_bytes())
     checkpoint(other_config, ids[other_config.name], other_run.config)
-    for trial in (other_params, failed):
+    for trial in (other_params, failed, abandoned):
         checkpoint(trial, ids[trial.name])
 
     said = []
     after = resume_killed(trials, planned.tracking, parent, said.append)
-    assert [t.resume for t in after] == [path, None, None, None, None, None]
+    assert [t.resume for t in after] == [path, None, None, None, None, None, None]
     assert [t.config for t in after] == [t.config for t in trials]
-    assert [t.seconds_before for t in after] == [12.5, 0, 0, 0, 0, 0]  # its seconds add up
+    assert [t.seconds_before for t in after] == [12.5, 0, 0, 0, 0, 0, 0]  # its seconds add up
     why = {
         older: f"the trial resumes its newer run {ids[resumed.name]}",
         ids[missing.name]: f"no checkpoint at {checkpoint_path(config, ids[missing.name])}",
         ids[other_run.name]: f"continues run {ids[resumed.name]}, not this one",
         ids[other_config.name]: "written for another config (algorithm.local.lr differs)",
         ids[other_params.name]: "its param algorithm.clip_norm is '0.7', the trial's is '0.5'",
+        ids[abandoned.name]: "3 round(s) it completed are in no checkpoint",
     }
     for run_id, reason in why.items():
         assert any(f"KILLED run {run_id} is not resumed (" in line and reason in line
@@ -327,7 +390,7 @@ def test_a_rerun_resumes_a_killed_trial_only_from_its_own_matching_checkpoint(
     assert f"{continued}from {path} (12 s before)" in said
     assert f"{missing.name}: runs again from round 0" in said
     assert not any(failed.name in line or elsewhere_id in line for line in said)
-    assert len(said) == len(why) + 1 + 4  # a line per refused run, the resumed, the reruns
+    assert len(said) == len(why) + 1 + 5  # a line per refused run, the resumed, the reruns
 
     for record, trial in zip(planned.records, trials, strict=True):  # as the rerun holds them
         record.run_id = ids[trial.name] if trial is resumed else None
@@ -352,6 +415,9 @@ class _Ray:
         self.util = SimpleNamespace(
             placement_group_table=self._table, remove_placement_group=lambda group: None
         )
+
+    def cluster_resources(self) -> dict[str, float]:
+        return {"CPU": 100.0}  # room for every trial of a test
 
     def wait(self, refs, num_returns, timeout):
         assert num_returns == 1 and timeout > 0  # a poll for an ended task: the next of ``ends``
@@ -508,8 +574,9 @@ def test_a_failed_recording_while_a_stop_signal_ends_the_trials_ends_the_others(
             raise ValueError("no privacy")
         done.append(result.trial)
 
-    def signal_comes(trial) -> None:  # once the trials are submitted
-        stop.reason, stop.signum = "interrupted by SIGINT", signal.SIGINT
+    def signal_comes(trial) -> None:  # as the last trial is submitted
+        if trial is trials[-1]:
+            stop.reason, stop.signum = "interrupted by SIGINT", signal.SIGINT
 
     with StopSignals(lambda line: None) as stop, pytest.raises(Interrupted) as raised:
         engine.run(trials, on_done, signal_comes)
@@ -545,6 +612,171 @@ def test_a_first_stop_signal_leaves_the_round_of_a_withheld_trial_that_started(
     assert ray.cancelled == ["task2"]  # once, by the withholding
     assert str(raised.value).startswith("interrupted by SIGINT: 1 trial(s) stopped, 0 not ")
     assert engine._running == {}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("unsaved", [0, 3])
+def test_a_trial_whose_rounds_are_not_all_in_its_checkpoint_ends_abandoned(
+    tmp_path, store_root, monkeypatch, unsaved
+):
+    """A second cancel abandons a trial's round (``Interrupted`` out of its run): where rounds
+    it completed are in no checkpoint (checkpoint.every 5, rounds 6-8 run, round 9 abandoned)
+    it ends ABANDONED, never continued by a rerun; else KILLED, its checkpoint holding every
+    round it ran. Either way its MLflow run is passed on."""
+    from cluster.analysis.trials import run_one
+    from cluster.runtime import experiment
+    from cluster.runtime.interrupts import Interrupted
+
+    trial = _three_trials(tmp_path, store_root)[0]
+
+    def abandoning(config, **options):
+        error = Interrupted(signal.SIGINT, "second SIGINT: the round in progress abandoned")
+        error.unsaved_rounds, error.run_id = unsaved, "run-of-the-trial"
+        raise error
+
+    monkeypatch.setattr(experiment, "run_experiment", abandoning)
+    result = run_one(trial, None, None)
+    assert result.status == ("ABANDONED" if unsaved else "KILLED") and result.error is None
+    assert result.run_id == "run-of-the-trial"  # its ledger entry names it (its checkpoint's)
+
+
+@pytest.mark.parametrize(
+    ("ran", "written", "resumed", "unsaved"),
+    [(8, 5, None, 3), (8, 8, None, 0), (8, None, 5, 3), (5, None, 5, 0), (None, None, 5, 0),
+     (3, None, None, 3)],
+)  # fmt: skip
+def test_the_rounds_a_run_completed_beyond_its_checkpoint(ran, written, resumed, unsaved):
+    """Its last checkpoint written, else the one it resumed from (unchanged), else none."""
+    from cluster.runtime.experiment import unsaved_rounds
+
+    kept = None if written is None else ("checkpoint.pt", written)
+    resume = None if resumed is None else {"simulation": {"rounds_done": resumed}}
+    assert unsaved_rounds(ran, kept, resume) == unsaved
+
+
+class _Stubborn(_Ray):
+    """A Ray whose tasks end only when cancelled by force (their rounds never end)."""
+
+    def cancel(self, ref, recursive=False, force=False):
+        self.log.append(f"cancel {ref}{' force' if force else ''}")
+        if force:
+            super().cancel(ref, recursive)
+
+
+@pytest.mark.timeout(60)
+def test_a_trial_cancelled_by_force_ends_abandoned(tmp_path, store_root, monkeypatch):
+    """After a second stop signal the trials that did not end within ``ABANDON_WAIT_S`` are
+    cancelled by force: how many rounds each ran past its checkpoint is unknown, so each ends
+    ABANDONED (never continued), not KILLED."""
+    from cluster.analysis import trials as engine_module
+    from cluster.runtime.interrupts import Interrupted, StopSignals
+
+    monkeypatch.setattr(engine_module, "ABANDON_WAIT_S", 0.0)
+    trials = _three_trials(tmp_path, store_root)[:1]
+    ray, done = _Stubborn(), []
+    engine = _engine_on(ray, placed=[0])
+
+    def two_signals(trial) -> None:
+        stop.reason, stop.signum, stop._abort = "interrupted by SIGINT", signal.SIGINT, 2
+
+    with StopSignals(lambda line: None) as stop, pytest.raises(Interrupted):
+        engine.run(trials, done.append, two_signals)
+    assert [r.status for r in done] == ["ABANDONED"]
+    assert ray.log[-1] == "cancel task0 force" and engine._running == {}
+
+
+@pytest.mark.timeout(60)
+def test_a_stop_signal_while_trials_are_submitted_submits_no_more(tmp_path, store_root):
+    """With no limit on trials at once all are submitted in one pass: a stop signal during it
+    (here as the first trial's start is recorded) submits no more; the one submitted is
+    cancelled, the others are not started."""
+    from cluster.runtime.interrupts import Interrupted, StopSignals
+
+    trials = _three_trials(tmp_path, store_root)
+    ray = _Ray()
+    engine = _engine_on(ray, placed=[0])
+
+    def signal_comes(trial) -> None:
+        stop.reason, stop.signum = "interrupted by SIGINT", signal.SIGINT
+
+    with StopSignals(lambda line: None) as stop, pytest.raises(Interrupted) as raised:
+        engine.run(trials, lambda result: None, signal_comes)
+    assert ray.log == [f"launch {trials[0].name}"] and ray.cancelled == ["task0"]
+    assert "1 trial(s) stopped, 2 not started" in str(raised.value)
+
+
+@pytest.mark.timeout(60)
+def test_with_no_cap_a_trial_is_submitted_once_the_cluster_can_hold_it(tmp_path, store_root):
+    """``concurrent`` 0 on a cluster that holds two of the trials: two are submitted (each
+    written SUBMITTED first), the third only once one of them ended, so that a crash never
+    leaves a trial that could not have run as an earlier attempt."""
+    from cluster.analysis.trials import bundles
+
+    trials = _three_trials(tmp_path, store_root)
+    ray = _Ray()
+    need = sum(b["CPU"] for b in bundles(trials[0].config))
+    ray.cluster_resources = lambda: {"CPU": 2 * need}
+    ray.ends = ["task0", "task1", "task2"]
+    engine = _engine_on(ray, placed=[0, 1, 2])
+    engine.run(trials, lambda result: ray.log.append(f"end {result.trial.name}"))
+    first, second, third = (t.name for t in trials)
+    assert ray.log == [f"launch {first}", f"launch {second}", f"end {first}",
+                       f"launch {third}", f"end {second}", f"end {third}"]  # fmt: skip
+
+
+@pytest.mark.timeout(60)
+def test_a_stop_counts_the_trials_waiting_for_their_groups_as_not_started(tmp_path, store_root):
+    """Three trials submitted, one placed: a stop signal stops 1 and leaves 2 not started (they
+    end NOT RUN), in its first line and in ``Interrupted``."""
+    from cluster.runtime.interrupts import Interrupted, StopSignals
+
+    trials, said = _three_trials(tmp_path, store_root), []
+    ray = _Ray()
+    engine = _engine_on(ray, placed=[0])
+
+    def signal_comes(trial) -> None:
+        if trial is trials[-1]:
+            stop.reason, stop.signum = "interrupted by SIGINT", signal.SIGINT
+
+    with StopSignals(said.append) as stop, pytest.raises(Interrupted) as raised:
+        engine.run(trials, lambda result: None, signal_comes)
+    assert said == [
+        "sweep: stopping 1 running trial(s) after their round (each writes its checkpoint); "
+        "2 not started"
+    ]
+    assert str(raised.value).startswith("interrupted by SIGINT: 1 trial(s) stopped, 2 not started")
+
+
+@pytest.mark.timeout(60)
+def test_an_error_out_of_the_engine_ends_the_running_trials_recorded_first(tmp_path, store_root):
+    """A launch that raises (Ray's error) once the first trial runs and the second waits for
+    its group: both are cancelled and passed to ``on_done`` (the second NOT RUN, its earlier
+    ledger entry put back) before the error is raised again; none is left to the disconnect."""
+    trials = _three_trials(tmp_path, store_root)
+    ray, done = _Ray(), []
+
+    def failing(trial) -> None:
+        if trial is trials[2]:
+            raise RuntimeError("GCS unreachable")
+
+    engine = _engine_on(ray, placed=[0], on_launch=failing)
+    with pytest.raises(RuntimeError, match="GCS unreachable"):
+        engine.run(trials, done.append, lambda trial: None)
+    assert [(r.trial, r.status) for r in done] == [(trials[0], "KILLED"), (trials[1], "NOT RUN")]
+    assert ray.cancelled == ["task0", "task1"] and engine._running == {}
+
+
+@pytest.mark.timeout(60)
+def test_a_group_the_gcs_has_no_state_for_counts_as_placed(tmp_path, store_root):
+    """``placement_group_table`` gives {} for a group it does not know (ray's ``state.py``):
+    the trial may have run, so it is recorded as one that ran, not lost to a KeyError."""
+    trials = _three_trials(tmp_path, store_root)[:1]
+    ray, done = _Ray(), []
+    ray.ends = ["task0"]
+    ray.util.placement_group_table = lambda group: {}
+    engine = _engine_on(ray, placed=[])
+    engine.run(trials, done.append)
+    assert [(r.trial, r.started) for r in done] == [(trials[0], True)]
 
 
 # ------------------------------------------------------------------------- slow: on Ray

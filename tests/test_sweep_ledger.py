@@ -441,6 +441,62 @@ def test_a_trial_that_never_ran_leaves_the_ledger_as_it_was(tmp_path, store_root
     assert rerun.earlier_attempts() == [f"{trial.name} SUBMITTED (an earlier attempt, {path})"]
 
 
+def test_a_trial_that_never_ran_leaves_another_sweeps_entry_alone(tmp_path, store_root):
+    """Sweep A submits T, then a rerun B (on the same --out) writes T's SUBMITTED entry and
+    runs T; A's T, stopped before its group was created, never ran: A puts nothing back over
+    B's entry (only its own SUBMITTED bytes are replaced)."""
+    spec = _untracked_spec(tmp_path, store_root, "cs", [0.1])
+    planned, record, trial = _one_trial(spec)
+    first = _read_ledger(tmp_path / "out" / FOLDER, planned)
+    first.submitting(trial)
+    planned, record_b, trial_b = _one_trial(spec)
+    second = _read_ledger(tmp_path / "out" / FOLDER, planned)
+    second.resume_killed([trial_b], lambda line: None)  # A's SUBMITTED T: an earlier attempt
+    second.submitting(trial_b)
+    written = first.path(record).read_bytes()
+    record.status = "NOT RUN"
+    first.record(record, TrialResult(trial, started=False), None)
+    assert first.path(record).read_bytes() == written
+
+
+def test_a_second_sweep_on_the_same_out_exits_2_naming_the_ledger_and_its_holder(
+    tmp_path, store_root, monkeypatch, capsys
+):
+    """The ledger is held (an exclusive flock) for a sweep's lifetime: a second sweep on the
+    same --out, while the first runs or ends its trials, exits 2 at once, naming the folder and
+    the process holding it, and runs no trial; once the holder lets go, it runs."""
+    import cluster.analysis.sweep as sweep_module
+
+    spec = _untracked_spec(tmp_path, store_root, "lk", [0.1])
+    planned = plan(spec, [])
+    folder = tmp_path / "out" / FOLDER
+    held = Ledger(folder, planned.spec.name, False).hold()
+
+    def no_trial_runs(*args, **kwargs):
+        raise AssertionError("a trial ran while another sweep held the ledger")
+
+    monkeypatch.setattr(sweep_module, "run_concurrently", no_trial_runs)
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == (
+        f"sweep: the ledger {folder} is in use by process {os.getpid()} (a sweep on the same "
+        "--out, running or ending its trials); wait for it to end, or give another --out\n"
+    )
+    held.close()
+    with pytest.raises(AssertionError, match="a trial ran"):
+        main(["sweep", str(spec), "--out", str(tmp_path / "out")])
+
+
+def test_an_os_error_without_its_message_names_its_errno_once(tmp_path):
+    """An ``OSError`` with an errno and no message (``OSError(28, None)``) is named by the OS's
+    message for that errno, the errno said once."""
+    from cluster.analysis.sweep_ledger import _naming
+
+    path = tmp_path / "entry.json"
+    with pytest.raises(OSError) as raised, _naming(path):
+        raise OSError(errno.ENOSPC, None)
+    assert str(raised.value) == f"[Errno 28] ledger entry {path}: No space left on device"
+
+
 def test_a_cross_validated_rerun_refuses_a_tracking_switch_before_any_trial(
     tmp_path, store_root, monkeypatch, capsys
 ):

@@ -52,7 +52,7 @@ import yaml
 
 from cluster.analysis.compare import write_csv
 from cluster.analysis.run_configs import assignments, merged, run_setup
-from cluster.analysis.sweep_ledger import FOLDER, Ledger
+from cluster.analysis.sweep_ledger import FOLDER, Ledger, LedgerInUse
 from cluster.analysis.sweep_plan import Planned, plan, selected_changes, validation_kind
 from cluster.analysis.sweep_report import (
     TrialRecord,
@@ -96,9 +96,9 @@ def fill(record: TrialRecord, result: TrialResult, metric: str, role: str) -> No
     record.status, record.error = result.status, result.error or ""
     record.seconds = result.trial.seconds_before + result.seconds  # over its attempts
     outcome = result.outcome
+    record.run_id = result.run_id if outcome is None else outcome.run_id
     if outcome is None:
         return
-    record.run_id = outcome.run_id
     record.metric, record.test_accuracy = final_metric(outcome, metric), outcome.final_accuracy
     record.epsilon = outcome.claim.epsilon_text(outcome.epsilon, outcome.epsilon_vs_server)
     if record.status == "FINISHED":
@@ -229,6 +229,18 @@ def run(args: argparse.Namespace) -> int:
         )
     first, out = planned.configs[records[0].name], Path(args.out or f"sweeps/{spec.name}")
     ledger = Ledger(out / FOLDER, spec.name, first.tracking.enabled)  # under --out: both modes
+    try:  # one sweep at a time on an --out: none changes another's entries
+        held = ledger.hold()
+    except (LedgerInUse, OSError) as error:
+        print(f"sweep: {error}", file=sys.stderr)
+        return 2
+    with held:
+        return _run_held(planned, ledger, first, out, args.concurrent)
+
+
+def _run_held(planned: Planned, ledger: Ledger, first: ExperimentConfig, out: Path, concurrent):
+    """The sweep, its ledger held (``Ledger.hold``)."""
+    spec, records = planned.spec, planned.records
     try:  # before a parent run opens: refuses a switch of tracking, the retrainings' included
         ledger.read([*records, *planned.finals.values()])
     except ConfigError as error:
@@ -239,9 +251,9 @@ def run(args: argparse.Namespace) -> int:
         ledger = MlflowLedger(planned, parent.run_id, ledger)
     ledger.find_finished(records)
     try:
-        _run_records(planned, ledger, parent, args.concurrent, records, "trial")
+        _run_records(planned, ledger, parent, concurrent, records, "trial")
         if spec.cross_validated:
-            _retrain(planned, ledger, parent, args.concurrent)
+            _retrain(planned, ledger, parent, concurrent)
     except BaseException as error:
         if parent is not None:
             parent.abandon("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")

@@ -7,11 +7,11 @@ written with tracking on or off: one JSON file per trial, ``<its digest>.json`` 
 ``sweep_trial`` digest: hex and integers, never a config value, so the file stays in that
 folder), written atomically (``locations.write_atomic``) before the trial's task is submitted
 (status SUBMITTED: from then on it may run, ``trials.RayTrials``) and when it ends (FINISHED,
-KILLED or FAILED). A trial stopped before its placement group was created never ran: the entry
-its SUBMITTED one replaced is put back (none: the file is removed). A failed write raises the
-``OSError`` of the class and errno the OS gave, naming the entry (``[Errno 28] ledger entry
-<file>: No space left on device``): before the task it ends the sweep, the trial not submitted
-(no trial starts after it: ``trials.RecordingFailed``); at the end it is said
+KILLED, ABANDONED or FAILED). A trial stopped before its placement group was created never ran:
+the entry its SUBMITTED one replaced is put back (none: the file is removed). A failed write
+raises the ``OSError`` of the class and errno the OS gave, naming the entry (``[Errno 28]
+ledger entry <file>: No space left on device``): before the task it ends the sweep, the trial
+not submitted (no trial starts after it: ``trials.RecordingFailed``); at the end it is said
 (``sweep._record``), and the entry stays SUBMITTED, an earlier attempt to a rerun::
 
     version      1
@@ -20,8 +20,9 @@ its SUBMITTED one replaced is put back (none: the file is removed). A failed wri
     digest       its digest (configuration, seed, repeat)
     params       its config's params as a run records them (``sweep_resume.attempt_params``);
                  ``tracking.enabled`` among them says whether the attempt was tracked
-    status       SUBMITTED, KILLED, FAILED or FINISHED (RUNNING: written by earlier versions
-                 once the trial's placement group was created)
+    status       SUBMITTED, KILLED, ABANDONED (``TrialResult.abandoned``: rounds it ran are
+                 in no checkpoint, never continued), FAILED or FINISHED (RUNNING: written by
+                 earlier versions once the trial's placement group was created)
     checkpoint   where its checkpoint is (``checkpoint_path`` of its config and its MLflow
                  run; "" for a tracked attempt whose run is not known yet)
     seconds      what its attempts ran, summed (a resumed trial's killed part included)
@@ -32,32 +33,36 @@ its SUBMITTED one replaced is put back (none: the file is removed). A failed wri
 With tracking on, the sweep's trials are resumed from the MLflow store
 (``sweep_runs.MlflowLedger``); this ledger then only records them, so that a rerun with
 tracking off finds they ran: a sweep reruns with tracking as its attempts ran, or exits 2
-(``Ledger.read``: the MLflow runs never see an untracked attempt, this ledger never sees
-which MLflow runs a tracked attempt left). An unusable entry is an earlier attempt either way.
+(``Ledger.read``: the MLflow runs never see an untracked attempt), and so that a tracked rerun
+counts those of its entries whose runs the MLflow store does not hold under the parent run
+(``sweep_runs.unmatched_entries``: another store, a deleted run). An unusable entry is an
+earlier attempt either way.
 
 With tracking off a rerun resumes by the same rules as the MLflow path: a FINISHED entry is not
-run again (its recorded result is the trial's); a KILLED one whose params, checkpoint and config
-match the trial (``sweep_resume.continuation``) is continued from its checkpoint, so its ε is
-stated; any other entry (SUBMITTED or RUNNING: the sweep did not see the trial end, and it may
-have run; FAILED; KILLED without a matching checkpoint, as one stopped before its first round
-leaves, which is counted though it may have trained on nothing; an entry that cannot be read,
-or of another trial, or FINISHED without a ``privacy`` that parses) runs again from round 0, a
-line saying why, and stays an earlier attempt: the sweep states no ε. So does a trial with no
-entry whose own checkpoint exists: an attempt of it ran without this ledger (under another
-``--out``), and which attempts ran before that one is unknown. (One under another ``--out``
-that left no checkpoint here, having stopped before its first or having been tracked, is not
-found: hence the same ``--out``.) Nothing is unpickled here: entries are JSON, and a
-checkpoint is read by the weights-only loader (``open_checkpoint``), only at the path the
+run again (its recorded result is the trial's); a KILLED one whose params, checkpoint and
+config match the trial (``sweep_resume.continuation``) is continued from its checkpoint, so its
+ε is stated; any other entry (SUBMITTED or RUNNING: the sweep did not see the trial end, and it
+may have run; ABANDONED; FAILED; KILLED without a matching checkpoint, as one stopped before
+its first round leaves, which is counted though it may have trained on nothing; an entry that
+cannot be read, or of another trial, or FINISHED without a ``privacy`` that parses) runs again
+from round 0, a line saying why, and stays an earlier attempt: the sweep states no ε. So does a
+trial with no entry whose own checkpoint exists: an attempt of it ran without this ledger
+(under another ``--out``), and which attempts ran before that one is unknown. (One under
+another ``--out`` that left no checkpoint here, having stopped before its first or having been
+tracked, is not found: hence the same ``--out``.) Nothing is unpickled here: entries are JSON,
+and a checkpoint is read by the weights-only loader (``open_checkpoint``), only at the path the
 trial's own config gives (the entry's ``checkpoint`` must be that one).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 from cluster.analysis.sweep_report import TrialRecord
 from cluster.analysis.sweep_resume import (
@@ -73,8 +78,9 @@ from cluster.analysis.trials import Trial, TrialResult
 from cluster.config import ConfigError
 
 FOLDER = "ledger"  # under the sweep's --out folder
+LOCK = ".lock"  # in it: held by the sweep using the ledger (``Ledger.hold``), its pid inside
 VERSION = 1
-ENDED = ("KILLED", "FAILED", "FINISHED")
+ENDED = ("KILLED", "ABANDONED", "FAILED", "FINISHED")
 # SUBMITTED: written before the trial's task is submitted; RUNNING: by earlier versions, once
 # its placement group was created. Either is an attempt the sweep did not see end.
 STATUSES = ("SUBMITTED", "RUNNING", *ENDED)
@@ -86,6 +92,18 @@ FIELDS = {
     "epsilon": str, "error": str, "privacy": (dict, type(None)), "earlier": list,
 }  # fmt: skip
 TRACKED = "tracking.enabled"  # the param that says whether an attempt was tracked
+
+
+class LedgerInUse(RuntimeError):
+    """Another process holds the ledger ``folder`` (``Ledger.hold``); ``pid``: its process id
+    as it wrote it ("" where it is not known)."""
+
+    def __init__(self, folder: Path, pid: str):
+        who = f"process {pid}" if pid else "another process"
+        super().__init__(
+            f"the ledger {folder} is in use by {who} (a sweep on the same --out, running or "
+            "ending its trials); wait for it to end, or give another --out"
+        )
 
 
 class Ledger:
@@ -100,6 +118,31 @@ class Ledger:
         self.earlier: dict[str, list[str]] = {}  # by trial name: its earlier attempts
         # by trial name: the bytes of the entry its SUBMITTED one replaced (None: there was none)
         self.replaced: dict[str, bytes | None] = {}
+        self.submitted: dict[str, bytes] = {}  # by trial name: its SUBMITTED entry's bytes
+
+    def hold(self) -> IO[str]:
+        """The ledger, this process's alone until the file returned is closed (or the process
+        ends, however): an exclusive ``flock`` on its ``LOCK`` file, taken at once, else
+        ``LedgerInUse`` (a sweep still running, or ending its trials after Ctrl-C, on the same
+        ``--out``, whose entries would change under it); ``OSError`` naming the file where it
+        cannot be opened."""
+        import fcntl
+
+        lock = self.folder / LOCK
+        with _naming(lock):
+            self.folder.mkdir(parents=True, exist_ok=True)
+            file = open(lock, "a+")  # noqa: SIM115  (held open for the sweep's lifetime)
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            file.seek(0)
+            holder = file.read().strip()
+            file.close()
+            raise LedgerInUse(self.folder, holder) from None
+        file.truncate(0)
+        file.write(f"{os.getpid()}\n")
+        file.flush()
+        return file
 
     def path(self, record: TrialRecord) -> Path:
         if not DIGEST.match(record.digest):  # sweep_spec.trial_digest makes them so
@@ -242,18 +285,22 @@ class Ledger:
         path = self.path(self._record(trial))
         with _naming(path):
             self.replaced[trial.name] = path.read_bytes() if path.exists() else None
-        self._write(self._record(trial), trial, "SUBMITTED")
+        self.submitted[trial.name] = self._write(self._record(trial), trial, "SUBMITTED")
 
     def record(self, record: TrialRecord, result: TrialResult, uri: str | None) -> None:
         """Write the entry of ``result``'s trial as ``record`` ended it (``uri``: unused, the
         MLflow runs are ``MlflowLedger``'s). One that never ran (stopped before its placement
-        group was created) gets back the entry its SUBMITTED one replaced (none: removed);
-        where that fails, the SUBMITTED entry stays, an earlier attempt to a rerun."""
+        group was created) gets back the entry its SUBMITTED one replaced (none: removed), where
+        the file still holds the SUBMITTED entry this process wrote (else another process wrote
+        it since: left as it is); where that fails, the SUBMITTED entry stays, an earlier
+        attempt to a rerun."""
         if result.started:
             self._write(record, result.trial, record.status)
             return
         path, replaced = self.path(record), self.replaced[record.name]
         with _naming(path):
+            if path.read_bytes() != self.submitted[record.name]:
+                return
             if replaced is None:
                 path.unlink()
             else:
@@ -269,7 +316,8 @@ class Ledger:
     def _file(self, trial: Trial) -> str:
         return str(self.path(self._record(trial)))
 
-    def _write(self, record: TrialRecord, trial: Trial, status: str) -> None:
+    def _write(self, record: TrialRecord, trial: Trial, status: str) -> bytes:
+        """Write the entry; its bytes."""
         from cluster.runtime.checkpoint import checkpoint_path
 
         ended = status in ENDED
@@ -286,10 +334,11 @@ class Ledger:
             "privacy": record.privacy if ended else None,
             "earlier": self.earlier.get(record.name, []),
         }  # fmt: skip
-        path = self.path(record)
+        path, content = self.path(record), json.dumps(entry, indent=1).encode()
         with _naming(path):
             self.folder.mkdir(parents=True, exist_ok=True)
-            _write_bytes(path, json.dumps(entry, indent=1).encode())
+            _write_bytes(path, content)
+        return content
 
 
 def _write_bytes(path: Path, content: bytes) -> None:
@@ -306,5 +355,7 @@ def _naming(path: Path) -> Iterator[None]:
     try:
         yield
     except OSError as error:
-        text = f"ledger entry {path}: {error.strerror or error}"
-        raise (OSError(text) if error.errno is None else OSError(error.errno, text)) from error
+        if error.errno is None:
+            raise OSError(f"ledger entry {path}: {error}") from error
+        what = error.strerror or os.strerror(error.errno)  # str(error) would repeat the errno
+        raise OSError(error.errno, f"ledger entry {path}: {what}") from error

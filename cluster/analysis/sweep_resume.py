@@ -18,7 +18,10 @@ attempt's accountant, and it is no earlier attempt (``sweep_runs.earlier_attempt
 - that config is the trial's config, field for field, and the checkpoint continues that attempt
   (its ``run_id``: the MLflow run's, None where untracked).
 
-Any other KILLED attempt is not continued: the trial runs from round 0, and the killed attempt
+A KILLED run tagged ``rounds_not_in_checkpoint`` (``run_names.UNSAVED_TAG``: a second stop
+signal abandoned its round before the rounds it completed were checkpointed) is never
+continued; nor is an ABANDONED ledger entry (the same, or a forced cancel, untracked). Any
+other KILLED attempt is not continued: the trial runs from round 0, and the killed attempt
 stays an earlier one (the sweep then states no ε), with the reason. FAILED attempts are never
 continued. A continued trial's seconds are the sum over its attempts (``Resumption.seconds``).
 """
@@ -30,6 +33,7 @@ from dataclasses import dataclass, replace
 
 from cluster.analysis.trials import Trial
 from cluster.config import ConfigError, ExperimentConfig
+from cluster.runtime.run_names import UNSAVED_TAG
 from datasets.locations import Location, LocationError
 
 SECONDS = "sweep_seconds"  # a trial's seconds, summed over its attempts (a resumed trial's)
@@ -152,7 +156,13 @@ def resumption(runs: list, config: ExperimentConfig) -> tuple[Resumption | None,
             refused.append(Refusal(run_id, f"the trial resumes its newer run {found.run_id}"))
             continue
         seconds = float(run.data.tags.get(SECONDS, 0.0))  # what it ran before it was killed
-        continued = continuation(run.data.params, run_id, seconds, config)
+        unsaved = run.data.tags.get(UNSAVED_TAG)
+        continued = (
+            continuation(run.data.params, run_id, seconds, config)
+            if unsaved is None
+            else f"{unsaved} round(s) it completed are in no checkpoint (a second stop signal "
+            "abandoned its round)"
+        )
         if isinstance(continued, Resumption):
             found = continued
         else:

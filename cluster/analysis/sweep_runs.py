@@ -83,11 +83,8 @@ def record_trial(record: TrialRecord, uri: str | None, spec_name: str) -> None:
         client.set_tag(record.run_id, key, value)
 
 
-def earlier_attempts(planned: Planned, parent_run_id: str) -> list[str]:
-    """The parent run's children that no record holds: trials of an earlier attempt at the
-    sweep (resumed) that did not finish, or were not recorded, and were run again from round 0
-    (a KILLED run continued from its checkpoint is its trial's run: ``sweep_resume``). They
-    trained on the private data too, and their rounds are in no trial's privacy."""
+def child_runs(planned: Planned, parent_run_id: str) -> list:
+    """The parent run's child runs, every status."""
     from mlflow.tracking import MlflowClient
 
     uri, experiment = planned.tracking
@@ -95,14 +92,47 @@ def earlier_attempts(planned: Planned, parent_run_id: str) -> list[str]:
     found = client.get_experiment_by_name(experiment)
     if found is None:
         return []
-    held = {r.run_id for r in planned.all_records() if r.run_id}
     query = f"tags.mlflow.parentRunId = '{parent_run_id}'"
-    runs = client.search_runs([found.experiment_id], query, max_results=50_000)
+    return client.search_runs([found.experiment_id], query, max_results=50_000)
+
+
+def earlier_attempts(planned: Planned, parent_run_id: str) -> list[str]:
+    """The parent run's children that no record holds: trials of an earlier attempt at the
+    sweep (resumed) that did not finish, or were not recorded, and were run again from round 0
+    (a KILLED run continued from its checkpoint is its trial's run: ``sweep_resume``). They
+    trained on the private data too, and their rounds are in no trial's privacy."""
+    held = {r.run_id for r in planned.all_records() if r.run_id}
     return [
         f"{run.info.run_name} {run.info.status} (an earlier attempt, run {run.info.run_id})"
-        for run in runs
+        for run in child_runs(planned, parent_run_id)
         if run.info.run_id not in held
     ]
+
+
+def unmatched_entries(planned: Planned, parent_run_id: str, local) -> list[str]:
+    """The attempts that ``local`` (the sweep's ``sweep_ledger.Ledger``) held as this run of
+    the sweep found it, of which the MLflow store holds no run under the parent: an entry
+    whose run (the stem of its checkpoint, named by the run) is no child of the parent nor its
+    record's run (found finished), or whose run is not known (SUBMITTED: the sweep did not see
+    it end; a trial that failed, or was cancelled by force, without reporting its run). Such an
+    attempt ran against another store (a relative ``MLFLOW_TRACKING_URI`` from another
+    directory), under a parent run since replaced, or its run was deleted: its rounds are in no
+    accountant this run reads. (An unusable entry is ``local``'s earlier attempt.)"""
+    children = {run.info.run_id for run in child_runs(planned, parent_run_id)}
+    lines = []
+    for record in planned.all_records():
+        entry = local.entries.get(record.name)
+        if not isinstance(entry, dict):
+            continue
+        run_id = Path(entry["checkpoint"]).stem if entry["checkpoint"] else None
+        if run_id is not None and (run_id in children or run_id == record.run_id):
+            continue
+        lines.append(
+            f"{record.name} {entry['status']} (an earlier attempt in {local.path(record)}, "
+            f"{'its run unknown' if run_id is None else f'run {run_id}'}: not under the "
+            f"parent run {parent_run_id})"
+        )
+    return lines
 
 
 class MlflowLedger:
@@ -129,6 +159,11 @@ class MlflowLedger:
         self.local.record(record, result, uri)
 
     def earlier_attempts(self) -> list[str]:
-        """The unheld child runs, and what the local ledger holds as earlier attempts (its
-        unusable entries: whether they were tracked is unknown)."""
-        return [*earlier_attempts(self.planned, self.parent_run_id), *self.local.earlier_attempts()]
+        """The unheld child runs, the local ledger's attempts of which the parent holds no run
+        (``unmatched_entries``), and what it holds as earlier attempts (those its entries
+        carry, and its unusable entries: whether they were tracked is unknown)."""
+        return [
+            *earlier_attempts(self.planned, self.parent_run_id),
+            *unmatched_entries(self.planned, self.parent_run_id, self.local),
+            *self.local.earlier_attempts(),
+        ]

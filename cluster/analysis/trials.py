@@ -27,6 +27,7 @@ on loopback in front of it (``cluster.tracking.server``), for the whole run of t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -98,13 +99,21 @@ class TrialResult:
     extra: dict = field(default_factory=dict)  # what a caller adds (the sweep's records)
     # False: stopped while its placement group waited for resources, so it never ran
     started: bool = True
+    # True: stopped with rounds it completed in no checkpoint, or how many unknown (a second
+    # stop signal abandoned its round before they were checkpointed; a forced cancel)
+    abandoned: bool = False
+    run_id: str | None = None  # its MLflow run where it has no outcome (a second cancel)
 
     @property
     def status(self) -> str:
-        """FINISHED, KILLED (a stop signal ended it), FAILED (its error), or NOT RUN (``started``
-        False: stopped before its placement group was created)."""
+        """FINISHED, KILLED (a stop signal ended it: its checkpoint holds every round it ran,
+        so it may be continued), ABANDONED (``abandoned``: never continued), FAILED (its
+        error), or NOT RUN (``started`` False: stopped before its placement group was
+        created)."""
         if not self.started:
             return "NOT RUN"
+        if self.abandoned:
+            return "ABANDONED"
         if self.outcome is None:
             return "FAILED" if self.error is not None else "KILLED"
         return "KILLED" if self.outcome.interrupted else "FINISHED"
@@ -149,6 +158,7 @@ def run_one(trial: Trial, parent_run_id: str | None, uri: str | None) -> TrialRe
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", OWN_SERVER_TIMEOUT_S)  # when busy
     from cluster.runtime.checkpoint import load_checkpoint
     from cluster.runtime.experiment import run_experiment
+    from cluster.runtime.interrupts import Interrupted
 
     start = time.perf_counter()
     try:
@@ -156,6 +166,10 @@ def run_one(trial: Trial, parent_run_id: str | None, uri: str | None) -> TrialRe
         outcome = run_experiment(
             trial.config, resume=resume, calibrate=False, parent_run_id=parent_run_id
         )
+    except Interrupted as error:  # a second cancel: KILLED, or ABANDONED where rounds it ran
+        seconds = time.perf_counter() - start  # are in no checkpoint (a rerun never continues it)
+        abandoned = error.unsaved_rounds > 0
+        return TrialResult(trial, seconds=seconds, abandoned=abandoned, run_id=error.run_id)
     except Exception as error:  # recorded; the other trials go on
         return TrialResult(trial, error=_error_text(error), seconds=time.perf_counter() - start)
     return TrialResult(trial, outcome, seconds=time.perf_counter() - start)
@@ -201,23 +215,28 @@ class Submitted:
 class RayTrials:
     """Trials as Ray tasks in placement groups (see the module doc), at most ``concurrent`` at
     once (0: as many as the cluster holds). ``on_submit`` (where given) is called with each
-    trial before its task is submitted, since the task may run from then on (a trial submitted
-    waits for its placement group while the trials before it hold the cluster): where it
-    raises, the trial is not submitted. ``on_done`` is called in this thread as each submitted
-    trial ends; ``TrialResult.started`` False where its placement group was never created (it
-    never ran: the GCS's word, asked once the trial ended).
+    trial before its task is submitted, since the task may run from then on: where it raises,
+    the trial is not submitted. A trial is submitted only once its bundles fit in the cluster's
+    CPUs and GPUs beside those of the trials running (``_has_room``); it may still wait for its
+    placement group (the bundles packed on a node, Ray's other work). ``on_done`` is called in
+    this thread as each submitted trial ends; ``TrialResult.started`` False where its placement
+    group was never created (it never ran: the GCS's word, asked once the trial ended).
 
     A first stop signal (``StopSignals`` in its rounds phase) cancels every running trial: each
     stops after its round and writes its checkpoint (one still waiting for its group never
-    runs); no new trial starts, and ``run`` raises ``Interrupted`` once they have ended. A
-    second one cancels them again (each abandons its round) and waits ``ABANDON_WAIT_S`` at
-    most.
+    runs); no new trial starts (nor is one submitted after it, even within a pass that submits
+    many), and ``run`` raises ``Interrupted`` once they have ended. A second one cancels them
+    again (each abandons its round: ABANDONED where rounds it completed are in no checkpoint,
+    ``run_one``) and waits ``ABANDON_WAIT_S`` at most, then cancels those left by force (each
+    ABANDONED: the rounds it ran past its checkpoint are unknown).
 
     An exception in ``on_submit`` or ``on_done`` is kept, not raised at once: no trial is
     submitted after it (nor the one whose ``on_submit`` raised), those submitted whose placement
     group is not created yet are cancelled (``_withhold``), the trials placed by then run to
     their end and each is passed to ``on_done``, then ``run`` raises ``RecordingFailed`` (or,
-    where a stop signal came meanwhile, ``Interrupted``, naming the failures too)."""
+    where a stop signal came meanwhile, ``Interrupted``, naming the failures too). Any other
+    exception (Ray's, the GCS's, a launch's) is raised again once the running trials were
+    cancelled and have ended, each passed to ``on_done`` (``_drain``)."""
 
     def __init__(self, concurrent: int, parent_run_id: str | None, uri: str | None):
         import ray
@@ -232,6 +251,7 @@ class RayTrials:
         self._failures: list[str] = []  # what on_submit/on_done raised (``_call``)
         self._unsubmitted = 0  # trials not submitted once a recording failed
         self._withheld_placed: list[bool] = []  # per withheld trial ended: its group created
+        self._forced: set = set()  # the object refs cancelled by force (``_stop``)
 
     def run(
         self,
@@ -239,18 +259,24 @@ class RayTrials:
         on_done: Callable[[TrialResult], None],
         on_submit: Callable[[Trial], None] | None = None,
     ) -> list[TrialResult]:
-        from cluster.runtime.interrupts import Interrupted, StopSignals
+        from cluster.runtime.interrupts import StopSignals
 
         stop = StopSignals.active()
         queue, results = list(trials), []
         self._on_submit, self._on_done, self._failures = on_submit, on_done, []
-        self._unsubmitted, self._withheld_placed = 0, []
+        self._unsubmitted, self._withheld_placed, self._forced = 0, [], set()
+        self._total = self._ray.cluster_resources()
         withheld = False  # the trials waiting for their groups once a recording failed
         try:
             while queue or self._running:
-                if stop is not None and stop.reason is not None:
+                if _stopping(stop):
                     return self._stop(stop, self._unsubmitted + len(queue), results)
-                while queue and not self._failures and self._has_room():
+                while (
+                    queue
+                    and not self._failures
+                    and self._has_room(queue[0])
+                    and not _stopping(stop)
+                ):
                     self._submit(queue.pop(0))
                 if self._failures and not withheld:  # before the poll's wait
                     self._unsubmitted += len(queue)
@@ -258,8 +284,8 @@ class RayTrials:
                     self._withhold()
                     withheld = True
                 self._record_ends(results)
-        except Interrupted:
-            self._cancel_all()
+        except BaseException as error:  # a stop's Interrupted (none left running), Ray's error
+            self._drain(stop, results, error)
             raise
         if self._failures:
             placed = self._withheld_placed
@@ -268,8 +294,19 @@ class RayTrials:
             )
         return results
 
-    def _has_room(self) -> bool:
-        return not self.concurrent or len(self._running) < self.concurrent
+    def _has_room(self, trial: Trial) -> bool:
+        """Whether ``trial`` may be submitted now: fewer than ``concurrent`` running (0: no
+        cap), and its bundles fit in the cluster's CPUs and GPUs beside those of the trials
+        submitted (so that, with no cap, a trial is submitted only once its group can be
+        created, not all at the start, each one SUBMITTED in the ledger)."""
+        if self.concurrent and len(self._running) >= self.concurrent:
+            return False
+        shapes = [bundles(t.config) for t in (trial, *(s.trial for s in self._running.values()))]
+        return all(
+            sum(b.get(resource, 0.0) for shape in shapes for b in shape)
+            <= self._total.get(resource, 0.0) + 1e-9
+            for resource in ("CPU", "GPU")
+        )
 
     def _submit(self, trial: Trial) -> None:
         """``on_submit`` (where given), then the trial's task; where ``on_submit`` raised, the
@@ -330,9 +367,14 @@ class RayTrials:
                 self._ray.cancel(ref, recursive=False)
 
     def _placed(self, submitted: Submitted) -> bool:
-        """Whether the trial's placement group was created (its task may have run since)."""
-        table = self._ray.util.placement_group_table(submitted.group)
-        return table["state"] != "PENDING"
+        """Whether the trial's placement group was created (its task may have run since). Where
+        the GCS does not say (no state for the group, or an error asking), it may have been: the
+        safe side, the trial counted as one that ran."""
+        try:
+            table = self._ray.util.placement_group_table(submitted.group)
+        except Exception:
+            return True
+        return table.get("state") != "PENDING"
 
     def _finished(self, timeout: float) -> list[TrialResult]:
         if not self._running:
@@ -357,8 +399,12 @@ class RayTrials:
             stopped = cancelled or isinstance(cause, KeyboardInterrupt)
             result = TrialResult(submitted.trial, error=None if stopped else _error_text(error))
             result.seconds, result.started = time.perf_counter() - submitted.start, placed
-        finally:
-            self._ray.util.remove_placement_group(submitted.group)  # and any actor left in it
+            # forced: its worker killed mid-round, how many rounds it ran past its checkpoint
+            # unknown
+            result.abandoned = stopped and ref in self._forced
+        finally:  # and any actor left in it; where that fails, the disconnect removes them
+            with contextlib.suppress(Exception):
+                self._ray.util.remove_placement_group(submitted.group)
         return result
 
     def _stop(self, stop, not_started: int, results: list) -> list[TrialResult]:
@@ -366,31 +412,62 @@ class RayTrials:
         in progress, ``ABANDON_WAIT_S`` at most), then raise ``Interrupted``."""
         from cluster.runtime.interrupts import Interrupted
 
-        running = len(self._running)
+        pending = sum(not self._placed(submitted) for submitted in self._running.values())
         stop.say(
-            f"sweep: stopping {running} running trial(s) after their round (each writes its "
-            f"checkpoint); {not_started} not started"
+            f"sweep: stopping {len(self._running) - pending} running trial(s) after their round "
+            f"(each writes its checkpoint); {not_started + pending} not started"
         )
+        before = len(results)
+        self._cancel_once()
+        self._wait_out(stop, results)
+        ran = sum(result.started for result in results[before:])  # NOT RUN: never started
+        failed = "".join(f"; {failure}" for failure in self._failures)
+        raise Interrupted(
+            stop.signum,
+            f"{stop.reason}: {ran} trial(s) stopped, "
+            f"{not_started + len(results) - before - ran} not started{failed}; "
+            "rerun the same command to resume",
+        )
+
+    def _drain(self, stop, results: list[TrialResult], error: BaseException) -> None:
+        """After ``error`` out of ``run``'s loop: cancel every running trial once (each stops
+        after its round, with its checkpoint; one waiting for its group never runs) and wait
+        for them to end as at a stop signal, each passed to ``on_done`` (one that never ran gets
+        its earlier ledger entry back), so that none is killed unrecorded by the disconnect. An
+        error meanwhile ends the wait, noted on ``error``: the trials left are killed by the
+        disconnect, their SUBMITTED entries earlier attempts to a rerun."""
+        try:
+            self._cancel_once()
+            self._wait_out(stop, results)
+        except Exception as failure:
+            error.add_note(f"waiting for the running trials to end failed: {_error_text(failure)}")
+
+    def _cancel_once(self) -> None:
+        """Cancel each running trial but the withheld (cancelled already): one that started
+        stops after its round and keeps it."""
         withheld = {ref for ref, submitted in self._running.items() if submitted.withheld}
-        self._cancel_all(skip=withheld)  # cancelled once: one that started keeps its round
+        self._cancel_all(skip=withheld)
+
+    def _wait_out(self, stop, results: list[TrialResult]) -> None:
+        """Wait for the cancelled trials to end, each passed to ``on_done``. A second stop
+        signal (``stop``: None where none are installed) cancels them again (each abandons its
+        round), and those left after ``ABANDON_WAIT_S`` are cancelled by force."""
+        from cluster.runtime.interrupts import Interrupted
+
         deadline = None
         while self._running:
             try:
-                stop.check_round()
+                if stop is not None:
+                    stop.check_round()
             except Interrupted:
                 if deadline is None:  # the second signal: the trials abandon their rounds
                     self._cancel_all()
                     deadline = time.monotonic() + ABANDON_WAIT_S
             if deadline is not None and time.monotonic() > deadline:
                 for ref in self._running:
+                    self._forced.add(ref)
                     self._ray.cancel(ref, force=True)
             self._record_ends(results)
-        failed = "".join(f"; {failure}" for failure in self._failures)
-        raise Interrupted(
-            stop.signum,
-            f"{stop.reason}: {running} trial(s) stopped, {not_started} not started{failed}; "
-            "rerun the same command to resume",
-        )
 
     def _cancel_all(self, skip: set = frozenset()) -> None:
         """Interrupt each running trial's task but those in ``skip`` (its stop handler ends it:
@@ -400,6 +477,11 @@ class RayTrials:
         for ref in self._running:
             if ref not in skip:
                 self._ray.cancel(ref, recursive=False)
+
+
+def _stopping(stop) -> bool:
+    """Whether a stop signal came (``stop``: the command's ``StopSignals``, or None)."""
+    return stop is not None and stop.reason is not None
 
 
 RAY_START_TRIES = 3

@@ -31,6 +31,7 @@ from cluster.runtime.round_metrics import final_epsilon
 from cluster.runtime.run_names import (
     DESCRIPTION_TAG,
     NAME_TAG,
+    UNSAVED_TAG,
     run_description,
     run_name,
     run_title,
@@ -299,8 +300,24 @@ def _abandon(
     checkpoint it ``written`` last, else the one it resumed from (``resume``), unchanged."""
     resumed_rounds = resume["simulation"]["rounds_done"] if resume is not None else None
     line = stopped_description(error, written, config.total_rounds, resumed_rounds)
-    run.set_tags({DESCRIPTION_TAG: line})
+    unsaved = error.unsaved_rounds if isinstance(error, Interrupted) else 0
+    run.set_tags({DESCRIPTION_TAG: line} | ({UNSAVED_TAG: str(unsaved)} if unsaved else {}))
     run.abandon(_end_status(error))
+
+
+def unsaved_rounds(
+    ran: int | None, written: tuple[Location, int] | None, resume: dict | None
+) -> int:
+    """How many of the ``ran`` rounds (None: the simulation never started, so none beyond the
+    checkpoint resumed from) the run's checkpoint lacks: the one it ``written`` last, else the
+    one it resumed from (``resume``), unchanged, else none. Above 0 only where a second stop
+    signal abandoned a round before the rounds before it were checkpointed: a resume from that
+    checkpoint would run them again, their released outputs missing from its ε."""
+    if ran is None:
+        return 0
+    if written is not None:
+        return ran - written[1]
+    return ran - (resume["simulation"]["rounds_done"] if resume is not None else 0)
 
 
 def _end_status(error: BaseException) -> str:
@@ -333,6 +350,7 @@ def _run_rounds(
 
     announce_once_open()
     written: tuple[Location, int] | None = None  # the last checkpoint this run wrote, its round
+    sim: Simulation | None = None
     try:
         if run is not None:  # it opened while Ray started; a store that refused it ends the
             run.wait_open()  # command here (exit 2), before any round
@@ -420,6 +438,10 @@ def _run_rounds(
     except BaseException as error:
         if isinstance(error, Interrupted):  # say where the completed rounds are kept
             error.checkpoint = written
+            ran = len(sim.history) if sim is not None else None
+            error.unsaved_rounds = unsaved_rounds(ran, written, resume)
+            if sim is not None and run is not None:  # open before the simulation was made
+                error.run_id = run.run_id
         if run is not None:  # a second Ctrl-C is the user's stop, not a failure
             _abandon(run, error, config, written, resume)
         raise

@@ -45,6 +45,11 @@ class Interrupted(KeyboardInterrupt):
         self.signum = signum
         # (path, round) of the last checkpoint the interrupted run wrote, where it wrote one
         self.checkpoint: tuple[object, int] | None = None
+        # rounds the run completed that no checkpoint holds (a second signal abandoned the
+        # round after them before a checkpoint of them was written): a resume from the
+        # checkpoint left would omit them from its ε (``experiment.unsaved_rounds``)
+        self.unsaved_rounds = 0
+        self.run_id: str | None = None  # the interrupted run's MLflow run, once its rounds began
 
     @property
     def exit_code(self) -> int:

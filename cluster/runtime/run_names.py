@@ -29,6 +29,9 @@ SEPARATOR = " · "
 SHORT_ID = 6  # characters of the run id in its name
 NAME_TAG = "mlflow.runName"
 DESCRIPTION_TAG = "mlflow.note.content"
+# On a run whose last checkpoint lacks rounds it completed (a second stop signal abandoned the
+# round after them): how many. A sweep never continues such a run (``sweep_resume``).
+UNSAVED_TAG = "rounds_not_in_checkpoint"
 
 
 def run_title(config: ExperimentConfig) -> str:
