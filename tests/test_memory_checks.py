@@ -91,3 +91,16 @@ def test_an_uncalibrated_config_is_checked_before_its_sigma_is_known(preset, one
     )
     assert config.algorithm.noise_multiplier is None
     memory.check_sketch_fits(config)
+
+
+def test_a_container_limit_below_the_machine_is_the_memory_checked(tmp_path, monkeypatch):
+    limit, unlimited, missing = tmp_path / "v2", tmp_path / "v1", tmp_path / "none"
+    limit.write_text("1073741824\n")
+    unlimited.write_text("max\n")
+    assert memory.cgroup_limit(limit) == GIB
+    assert memory.cgroup_limit(unlimited) is None and memory.cgroup_limit(missing) is None
+    monkeypatch.setattr(memory, "CGROUP_LIMIT_FILES", (unlimited, missing))
+    machine = memory.physical_memory()
+    assert machine > GIB
+    monkeypatch.setattr(memory, "CGROUP_LIMIT_FILES", (unlimited, limit))
+    assert memory.physical_memory() == GIB

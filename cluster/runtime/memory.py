@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 
 from cluster.config import ConfigError, ExperimentConfig
 
@@ -15,9 +16,29 @@ from cluster.config import ConfigError, ExperimentConfig
 SERVER_SKETCH_TABLES = 4
 
 
+# Where a container's memory limit is read: cgroup v2, then v1. A pod (KubeRay) or container
+# limited below its node's memory is killed at its limit, not at the node's.
+CGROUP_LIMIT_FILES = (
+    Path("/sys/fs/cgroup/memory.max"),
+    Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
+)
+
+
 def physical_memory() -> int:
-    """Bytes of physical memory on this machine."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    """Bytes of memory this process may use: this machine's physical memory, or its
+    container's cgroup limit where that is lower."""
+    machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return min([machine, *filter(None, map(cgroup_limit, CGROUP_LIMIT_FILES))])
+
+
+def cgroup_limit(path: Path) -> int | None:
+    """The limit in a cgroup memory file, in bytes; None where there is none ("max", absent
+    or unreadable)."""
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
 
 
 def check_fits_memory(field: str, value: object, need: int, what: str, fix: str) -> None:
