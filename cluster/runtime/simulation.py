@@ -152,9 +152,10 @@ class Simulation:
         ctx = context.result()
         before = self.state.params
         if warmup:  # c_i⁰ only: x stays x⁰
-            self.state = algorithm.server.control_step(self.state, total, ctx)
+            step = algorithm.server.control_step(self.state, total, ctx)
         else:
-            self.state = finite_step(algorithm.server_step(self.state, total, ctx), round_index)
+            step = algorithm.server_step(self.state, total, ctx)
+        self.state = finite_step(step, round_index)
         record = RoundRecord(round_index + 1, 0.0, len(cohort), metrics=round_metrics(total))
         record.update_norms = array("f", [r.pre_clip_norm for r in total.reports if not r.dropped])
         record.metrics["warmup"] = float(warmup)
@@ -475,19 +476,23 @@ class NonFiniteModel(RuntimeError):
 
 
 def finite_step(state: ServerState, round_index: int) -> ServerState:
-    """``state``, the server step of round ``round_index`` (0-based), if every parameter is a
-    finite number; else ``NonFiniteModel``, before the driver takes it (a run on an inf model
-    would go on evaluating and reporting an ε for a model that is no longer one)."""
-    finite = torch.isfinite(state.params)
-    if bool(finite.all()):
-        return state
-    bad = state.params.numel() - int(finite.sum())
-    raise NonFiniteModel(
-        f"round {round_index + 1}: the server step left {bad} of the model's "
-        f"{state.params.numel()} parameters inf or NaN (float32 overflowed): lower "
-        "algorithm.local.lr, algorithm.server_lr, algorithm.noise_multiplier or "
-        f"algorithm.clip_norm; the run stopped at round {round_index}"
-    )
+    """``state``, the server step of round ``round_index`` (0-based), if every number it keeps
+    (the parameters and each extra: momentum, SCAFFOLD's c, a sketch's tables) is finite; else
+    ``NonFiniteModel``, before the driver takes it (a run on an inf model would go on
+    evaluating and reporting an ε for a model that is no longer one, and an inf momentum or c
+    reaches the parameters a round later, after a checkpoint had kept it)."""
+    for name, tensor in {"parameters": state.params, **state.extras}.items():
+        finite = torch.isfinite(tensor)
+        if bool(finite.all()):
+            continue
+        bad = tensor.numel() - int(finite.sum())
+        raise NonFiniteModel(
+            f"round {round_index + 1}: the server step left {bad} of the {tensor.numel()} "
+            f"numbers of its {name} inf or NaN (float32 overflowed): lower algorithm.local.lr, "
+            "algorithm.server_lr, algorithm.noise_multiplier or algorithm.clip_norm; the run "
+            f"stopped at round {round_index}"
+        )
+    return state
 
 
 def _wait_check(stop: StopSignals | None) -> Callable[[], None] | None:
