@@ -190,3 +190,26 @@ def test_an_rdp_fallback_is_labelled_rdp_not_the_refusing_accountant(store_root)
         assert accountant.epsilon(claim.delta) == rdp_epsilon(runs, claim.delta)
         assert "client-level, rdp (pld refused: ε beyond its range)" in reported.accounting_text
         assert reported.tags()["privacy.accountant_refused"] == "pld"
+
+
+def test_a_run_stopped_after_a_fallback_ends_tagged_with_the_rdp_accountant(store_root):
+    """A run that fails after its accountant fell back keeps no stale ``pld`` tag: its end
+    (``_abandon``) sets the claim's tags as its last ε's accountant reports them."""
+    from types import SimpleNamespace
+
+    from cluster.runtime.experiment import _abandon
+
+    weak = small_config(
+        store_root, *DP[:2], "algorithm.noise_multiplier=0.05", "cohort.sampling=poisson"
+    )
+    claim = privacy_claim(weak, weak.build_algorithm())
+    accountant = claim.new_accountant()
+    for round_index in range(3):
+        claim.charge(accountant, round_index)
+    ended = []
+    run = SimpleNamespace(set_tags=ended.append, abandon=ended.append)
+    sim = SimpleNamespace(claim=claim, accountant=accountant)
+    _abandon(run, RuntimeError("round 4 failed"), weak, None, None, sim)
+    assert claim.tags()["privacy.accountant"] == "pld"  # as the run's start tagged it
+    assert ended[0]["privacy.accountant"] == "rdp"
+    assert ended[0]["privacy.accountant_refused"] == "pld" and ended[1] == "FAILED"

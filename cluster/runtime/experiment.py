@@ -295,14 +295,29 @@ def _abandon(
     config: ExperimentConfig,
     written: tuple[Location, int] | None,
     resume: dict | None,
+    sim: Simulation | None = None,
 ) -> None:
     """End the run that ``error`` stopped before it finished, described by what it kept: the
-    checkpoint it ``written`` last, else the one it resumed from (``resume``), unchanged."""
+    checkpoint it ``written`` last, else the one it resumed from (``resume``), unchanged. With
+    the ``sim`` that ran, the claim's tags again: the accountant of the last ε it logged (after
+    a fallback)."""
     resumed_rounds = resume["simulation"]["rounds_done"] if resume is not None else None
     line = stopped_description(error, written, config.total_rounds, resumed_rounds)
     unsaved = error.unsaved_rounds if isinstance(error, Interrupted) else 0
-    run.set_tags({DESCRIPTION_TAG: line} | ({UNSAVED_TAG: str(unsaved)} if unsaved else {}))
+    tags = {DESCRIPTION_TAG: line} | ({UNSAVED_TAG: str(unsaved)} if unsaved else {})
+    run.set_tags(_claim_tags(sim) | tags)
     run.abandon(_end_status(error))
+
+
+def _claim_tags(sim: Simulation | None) -> dict[str, str]:
+    """The claim's tags as its last logged ε's accountant reports it; none without a
+    simulation, or where asking the accountant fails too (the run's error is the one to raise)."""
+    if sim is None or sim.accountant is None:
+        return {}
+    try:
+        return sim.claim.reported_by(sim.accountant).tags()
+    except Exception:  # noqa: BLE001  (the tags set at the run's start stay)
+        return {}
 
 
 def unsaved_rounds(
@@ -443,7 +458,7 @@ def _run_rounds(
             if sim is not None and run is not None:  # open before the simulation was made
                 error.run_id = run.run_id
         if run is not None:  # a second Ctrl-C is the user's stop, not a failure
-            _abandon(run, error, config, written, resume)
+            _abandon(run, error, config, written, resume, sim)
         raise
     run_id = run.run_id if run is not None else None
     uri = run.uri if run is not None else None
