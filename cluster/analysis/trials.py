@@ -128,12 +128,22 @@ def bundles(config: ExperimentConfig) -> list[dict[str, float]]:
     return [{"CPU": DRIVER_CPU}, *[dict(actor) for _ in range(e.num_actors)]]
 
 
+def resources_needed(trials: Iterable[Trial]) -> dict[str, float]:
+    """The CPUs and GPUs the trials' bundles take together."""
+    shapes = [bundles(trial.config) for trial in trials]
+    return {r: sum(b.get(r, 0.0) for shape in shapes for b in shape) for r in ("CPU", "GPU")}
+
+
+def fit_in(needed: dict[str, float], total: dict[str, float]) -> bool:
+    """Whether ``needed`` (``resources_needed``) fits in the cluster's ``total``."""
+    return all(need <= total.get(r, 0.0) + 1e-9 for r, need in needed.items())
+
+
 def check_fits(trials: Iterable[Trial], total: dict[str, float]) -> None:
     """A trial whose bundles the cluster cannot hold would wait for good: refused first."""
     for trial in trials:
-        for resource in ("CPU", "GPU"):
-            need = sum(b.get(resource, 0.0) for b in bundles(trial.config))
-            if need > total.get(resource, 0.0) + 1e-9:
+        for resource, need in resources_needed([trial]).items():
+            if not fit_in({resource: need}, total):
                 e = trial.config.executor
                 raise ConfigError(
                     "executor",
@@ -301,12 +311,8 @@ class RayTrials:
         created, not all at the start, each one SUBMITTED in the ledger)."""
         if self.concurrent and len(self._running) >= self.concurrent:
             return False
-        shapes = [bundles(t.config) for t in (trial, *(s.trial for s in self._running.values()))]
-        return all(
-            sum(b.get(resource, 0.0) for shape in shapes for b in shape)
-            <= self._total.get(resource, 0.0) + 1e-9
-            for resource in ("CPU", "GPU")
-        )
+        running = (submitted.trial for submitted in self._running.values())
+        return fit_in(resources_needed([trial, *running]), self._total)
 
     def _submit(self, trial: Trial) -> None:
         """``on_submit`` (where given), then the trial's task; where ``on_submit`` raised, the
