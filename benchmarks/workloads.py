@@ -210,6 +210,9 @@ EXECUTORS = {
 for base in ("ray", "local"):
     EXECUTORS[f"{base}_sequential"] = [*EXECUTORS[base], "executor.vectorize=false"]
     EXECUTORS[f"{base}_vectorized"] = [*EXECUTORS[base], "executor.vectorize=true"]
+# Ray as above, its first round waiting for the actors (no rounds in the driver meanwhile:
+# ``executor.overlap_start``, cluster/runtime/overlapped_start.py).
+EXECUTORS["ray_waiting"] = [*EXECUTORS["ray"], "executor.overlap_start=false"]
 # Ray as above, but connecting to a Ray already running on this machine (``running_ray``,
 # started once outside every timing, as ``ray start --head`` is once for many runs).
 RUNNING_RAY = "ray_running"

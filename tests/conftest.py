@@ -26,6 +26,7 @@ RAY_MODULES = {
     "test_multinode",
     "test_multinode_object_store",
     "test_object_store",
+    "test_overlapped_start",
     "test_ray_job",
     "test_ray_runtime",
     "test_recovery",

@@ -336,6 +336,7 @@ def validate_runtime(c: ExperimentConfig) -> None:
     if e.address is not None:
         ray_endpoint("executor.address", e.address)
     check_keep_warm(e)
+    check_overlap_start(e)
     if e.kind == "local" and e.placement != "pack":
         raise ConfigError(
             "executor.placement",
@@ -408,6 +409,27 @@ def check_keep_warm(e: ExecutorConfig) -> None:
 
 
 MIN_KEEP_WARM_S, MAX_KEEP_WARM_S = 1.0, 86400.0
+
+
+def check_overlap_start(e: ExecutorConfig) -> None:
+    """``executor.overlap_start: true`` only where it applies: an embedded Ray with CPU actors
+    (``cluster.runtime.overlapped_start``); ``auto`` leaves it off elsewhere."""
+    if e.overlap_start is not True:
+        return
+    why = None
+    if e.kind != "ray":
+        why = "the local executor's hosts are in this process from the start"
+    elif e.address is not None or os.environ.get("RAY_ADDRESS") or in_ray_job():
+        why = "a running Ray's actors may be on other machines, where this process has no data"
+    elif e.gpus_per_actor > 0:
+        why = "hosts in this process would hold a CUDA context for the whole run"
+    if why is not None:
+        raise ConfigError(
+            "executor.overlap_start",
+            e.overlap_start,
+            f"runs the first rounds in this process while an embedded Ray with CPU actors "
+            f"starts; here {why}: set executor.overlap_start=auto or false",
+        )
 
 
 RESOURCE_UNIT = 0.0001  # Ray refuses a fractional resource finer than this

@@ -43,6 +43,12 @@ class ExecutorConfig:
     # seconds after the run, for the next run with the same code and executor settings, which
     # then skips their process start and imports (cluster/runtime/warm_pool.py). 0: none.
     keep_warm_s: float = 0.0
+    # With an embedded Ray and CPU actors: the first rounds run in this process, on hosts given
+    # the same clients as the actors (bit-identical rounds), while Ray and its actors start;
+    # the actors take over once they answer (cluster/runtime/overlapped_start.py). auto: where
+    # the clients' data, held twice meanwhile, takes at most a quarter of this machine's
+    # memory; true: also beyond; false: the first round waits for the actors.
+    overlap_start: Literal["auto", True, False] = "auto"
 
 
 def in_ray_job() -> bool:

@@ -21,9 +21,11 @@ from cluster.claims.privacy_plan import (
 )
 from cluster.config import ExperimentConfig
 from cluster.config.data import ValidationConfig
+from cluster.runtime import overlapped_start
 from cluster.runtime.checkpoint import checkpoint_path, save_checkpoint
 from cluster.runtime.executors import HostsUnavailable, LocalExecutor
 from cluster.runtime.interrupts import Interrupted, StopSignals, stop_signals
+from cluster.runtime.overlapped_start import OverlappedStart
 from cluster.runtime.preflight import preflight
 from cluster.runtime.ray_executor import RayExecutor
 from cluster.runtime.records import RoundRecord
@@ -81,48 +83,88 @@ def make_executor(
     verbose: bool = False,
 ):
     algorithm = config.build_algorithm()
-    e = config.executor
-    if e.kind == "local":
-        # In process, each host is an "actor" on a thread, with the same thread budget.
-        return LocalExecutor(
-            store,
-            config.task,
-            algorithm,
-            config.seed,
-            num_hosts=e.num_actors,
-            device=host_device(config),
-            test_per_client=config.data.test_per_client,
-            kernels=kernels(config),
-            intra_op_threads=max(1, int(e.cpus_per_actor)),
-        )
+    if config.executor.kind == "local":
+        return _local_executor(config, store, algorithm)
     # Before Ray starts: where several nodes share one disk (the multi-node test cluster on one
     # machine shares a session directory), another node unpacking the job's working_dir rewrites
     # the package under this driver, and an import that lands in that window is not found.
     import actors.ray_actor  # noqa: F401
-    from cluster.runtime.ray_runtime import check_resources, connect
 
     stop = StopSignals.active()
-    with stop.around_ray() if stop is not None else contextlib.nullcontext():
-        session = connect(e.address, verbose)
-        say(session.describe())
-        if session.embedded:
-            check_resources(e.num_actors, e.cpus_per_actor, e.gpus_per_actor)
-        executor = RayExecutor(
+    overlap, why_not = overlapped_start.applies(config, store)
+    if why_not is not None:
+        say(why_not)
+    if overlap:  # the first rounds here while Ray starts on a thread
+
+        def start_ray(tell: Callable[[str], None], hooks: overlapped_start.StartHooks):
+            return _start_ray(config, store, algorithm, tell, verbose, hooks)
+
+        return OverlappedStart(
+            lambda: _local_executor(config, store, algorithm),
+            start_ray,
             store,
-            config.task,
-            algorithm,
-            config.seed,
-            e.num_actors,
-            e.cpus_per_actor,
-            e.gpus_per_actor,
-            test_per_client=config.data.test_per_client,
-            kernels=kernels(config),
-            placement=e.placement,
-            keep_warm_s=e.keep_warm_s,
-            say=say,
+            say,
+            on_connected=stop.reinstall if stop is not None else lambda: None,
         )
-        say(executor.describe_placement())
-        return executor
+    with stop.around_ray() if stop is not None else contextlib.nullcontext():
+        return _start_ray(config, store, algorithm, say, verbose)
+
+
+def _local_executor(config: ExperimentConfig, store: ShardStore, algorithm) -> LocalExecutor:
+    """In process, each host an "actor" on a thread, with the same thread budget."""
+    e = config.executor
+    return LocalExecutor(
+        store,
+        config.task,
+        algorithm,
+        config.seed,
+        num_hosts=e.num_actors,
+        device=host_device(config),
+        test_per_client=config.data.test_per_client,
+        kernels=kernels(config),
+        intra_op_threads=max(1, int(e.cpus_per_actor)),
+    )
+
+
+def _start_ray(
+    config: ExperimentConfig,
+    store: ShardStore,
+    algorithm,
+    say: Callable[[str], None],
+    verbose: bool,
+    hooks: overlapped_start.StartHooks | None = None,
+) -> RayExecutor | None:
+    """Connect to Ray and start the actors; returns once they answer. Started on a thread of
+    ``OverlappedStart``'s: its ``hooks`` are told when Ray is connected and the actors are
+    created, and a start cancelled by then creates none (None)."""
+    from cluster.runtime.ray_runtime import check_resources, connect
+
+    e = config.executor
+    session = connect(e.address, verbose)
+    if hooks is not None:
+        hooks.connected()
+        if hooks.cancelled():
+            return None
+    say(session.describe())
+    if session.embedded:
+        check_resources(e.num_actors, e.cpus_per_actor, e.gpus_per_actor)
+    executor = RayExecutor(
+        store,
+        config.task,
+        algorithm,
+        config.seed,
+        e.num_actors,
+        e.cpus_per_actor,
+        e.gpus_per_actor,
+        test_per_client=config.data.test_per_client,
+        kernels=kernels(config),
+        placement=e.placement,
+        keep_warm_s=e.keep_warm_s,
+        say=say,
+        created=hooks.created if hooks is not None else lambda actors: None,
+    )
+    say(executor.describe_placement())
+    return executor
 
 
 @dataclass
@@ -480,6 +522,8 @@ def _finish_run(
     ParamLayout.of(sim.model).load_into(sim.model, result.params)
     eps = final_epsilon(result.history)
     tags = {"stop_reason": result.stop_reason, "checkpoint": str(checkpoint)}
+    if isinstance(sim.executor, OverlappedStart):  # the rounds before the actors took over
+        tags["executor.rounds_in_process"] = str(sim.executor.rounds_in_process)
     line = run_description(sim.claim, result.history, config.total_rounds, result.stop_reason, eps)
     # the claim's tags again: its accountant is the one whose ε stands (after a fallback)
     run.set_tags({**tags, **sim.claim.tags(), DESCRIPTION_TAG: line})

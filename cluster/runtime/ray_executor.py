@@ -91,10 +91,13 @@ class RayExecutor(HostPool):
         placement: str = "pack",
         keep_warm_s: float = 0.0,
         say: Callable[[str], None] = lambda message: None,
+        created: Callable[[list], None] = lambda actors: None,
     ):
         """``keep_warm_s`` > 0: the hosts are a warm pool's actors (``warm_pool``), kept that
         many idle seconds after the run for the next one; where no pool can be leased (another
-        run holds it) or inside a trial's placement group, fresh actors, as ``say`` tells."""
+        run holds it) or inside a trial's placement group, fresh actors, as ``say`` tells.
+        ``created`` gets fresh actors' handles before their start is waited for (to kill them
+        from another thread, which ends the wait with ``RayActorError``)."""
         import ray
         from ray.util import get_current_placement_group
 
@@ -126,6 +129,7 @@ class RayExecutor(HostPool):
             if group is None:
                 make_room(num_actors, cpus_per_actor, gpus_per_actor)
             self.actors = [self._fresh_actor(options, group, index) for index in range(num_actors)]
+            created(self.actors)
             self.placement = self.actor_info()
         self.devices = [info["device"] for info in self.placement]
 

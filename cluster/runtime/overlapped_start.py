@@ -1,0 +1,311 @@
+"""``OverlappedStart``: an embedded Ray's first rounds run in this process while Ray starts.
+
+An embedded Ray costs a run on 2 cores 5–9 s before its actors answer: Ray's own processes
+(≈ 2.7 s of CPU) and each actor's interpreter importing Ray and torch (≈ 4 s of CPU each:
+``docs/benchmarks.md``), none of which a run can skip, since Ray gives every job fresh worker
+processes. Meanwhile this process has the store open, torch imported and the model built. So
+the rounds start at once on the local executor's hosts, as many as the actors and each pinned
+the same clients (``HostPool``): every round is bit-identical to the actors' (the two
+executors agree bit for bit, ``cluster.runtime.executors``). Ray starts on a thread; at the
+first call after its actors answered, on the caller's thread, the clients' states (SCAFFOLD's
+c_i) move to the actors, the in-process hosts are closed and the actors take every call from
+there. What the run computes does not depend on when that happens; only its wall time does.
+
+Applies to an embedded Ray with CPU actors only (``applies``): a cluster's actors are on other
+machines, where this process should hold no clients' data, and a GPU would keep this
+process's CUDA context for the whole run. While both exist the clients' data is held twice
+(each host caches at most ``DEFAULT_CACHE_BYTES`` of it), so ``auto`` leaves it off where that
+would take more than ``MEMORY_SHARE`` of this machine's memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from contextlib import contextmanager
+
+import numpy as np
+
+from actors.client_data import DEFAULT_CACHE_BYTES
+from cluster.config import ExperimentConfig
+from cluster.config.runtime import in_ray_job
+from cluster.runtime.central_optimum import central_optimum
+from cluster.runtime.executors import HostPool, HostsUnavailable, LocalExecutor
+from cluster.runtime.memory import physical_memory
+from datasets.store import ShardStore
+
+MEMORY_SHARE = 0.25  # of this machine's memory that a second copy of the hosts' data may take
+
+
+def starts_embedded_ray(config: ExperimentConfig) -> bool:
+    """Whether ``ray_runtime.connect`` would start a Ray of its own for this run (no address,
+    no ``$RAY_ADDRESS``, not a Ray job, no Ray already connected in this process)."""
+    e = config.executor
+    if e.kind != "ray" or e.address or os.environ.get("RAY_ADDRESS") or in_ray_job():
+        return False
+    ray = sys.modules.get("ray")
+    return ray is None or not ray.is_initialized()
+
+
+def in_process_bytes(store: ShardStore, num_hosts: int) -> int:
+    """The hosts' data in this process, at most: every training row as float32 values and an
+    int64 label, or each host's cache budget where that is less."""
+    rows = int(store.offsets[-1])
+    values = int(np.prod(store.manifest["x_shape"]))
+    return min(rows * (4 * values + 8), num_hosts * DEFAULT_CACHE_BYTES)
+
+
+def applies(config: ExperimentConfig, store: ShardStore) -> tuple[bool, str | None]:
+    """Whether this run overlaps Ray's start with its first rounds, and, where ``auto`` leaves
+    it off on an embedded Ray, why (a line for the terminal)."""
+    e = config.executor
+    if e.overlap_start is False or not starts_embedded_ray(config) or e.gpus_per_actor > 0:
+        return False, None
+    need, have = in_process_bytes(store, e.num_actors), physical_memory()
+    if e.overlap_start == "auto" and need > MEMORY_SHARE * have:
+        return False, (
+            f"executor: the actors start before the first round (overlap_start: the clients' "
+            f"data, {need / 2**30:.3g} GiB, would be held twice meanwhile, on a machine of "
+            f"{have / 2**30:.3g} GiB)"
+        )
+    return True, None
+
+
+class StartHooks:
+    """What a Ray start on ``OverlappedStart``'s thread tells it, and asks it: ``connected()``
+    once Ray is connected, ``created(actors)`` with the fresh actors' handles before their
+    start is waited for, ``cancelled()`` whether the run no longer needs them."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._connected = threading.Event()
+        self._cancelled = False
+        self._actors: list = []
+
+    def connected(self) -> None:
+        self._connected.set()
+
+    def is_connected(self) -> bool:
+        return self._connected.is_set()
+
+    def created(self, actors: list) -> None:
+        with self._lock:
+            self._actors = list(actors)
+            if not self._cancelled:
+                return
+        _kill(actors)  # cancelled as they were created
+
+    def cancelled(self) -> bool:
+        with self._lock:
+            return self._cancelled
+
+    def cancel(self) -> None:
+        """No actor is needed any more: those created are killed (their start's wait ends with
+        an error), none is created after this."""
+        with self._lock:
+            self._cancelled = True
+            actors = self._actors
+        _kill(actors)
+
+
+def _kill(actors: list) -> None:
+    import ray
+
+    for actor in actors:
+        ray.kill(actor)
+
+
+StartRay = Callable[[Callable[[str], None], StartHooks], HostPool | None]
+
+
+class OverlappedStart:
+    """Every call of a ``HostPool`` goes to the local executor until ``start_ray`` (run on a
+    thread from construction) has returned the started Ray executor, and to that one from the
+    first call after it. ``say`` gets, on the caller's thread, the lines the start left and
+    one at the hand-over."""
+
+    def __init__(
+        self,
+        make_local: Callable[[], LocalExecutor],
+        start_ray: StartRay,
+        store: ShardStore,
+        say: Callable[[str], None] = lambda message: None,
+        on_connected: Callable[[], None] = lambda: None,
+    ):
+        """Ray's start begins first, then ``make_local()`` builds the in-process hosts.
+        ``start_ray(say, hooks)`` connects to Ray and starts the actors, telling ``hooks``
+        (``StartHooks``), and returns their executor once they answer (None: cancelled first).
+        ``on_connected`` is called once, on the caller's thread, at the first call after Ray
+        connected (to give the stop signals their handlers back: Ray's core replaced
+        SIGTERM's)."""
+        self._store = store
+        self._say = say
+        self._on_connected = on_connected
+        self._hooks = StartHooks()
+        self._reclaimed = False
+        self._lines: list[str] = []
+        self._started_at = time.monotonic()
+        self.rounds_in_process = 0
+        self._ray: Future | None = Future()
+        starter = threading.Thread(target=self._start, args=(start_ray,), name="ray-start")
+        starter.daemon = True
+        starter.start()
+        try:
+            local = make_local()
+        except BaseException:
+            self._close_ray()
+            raise
+        self._pool: HostPool = local
+        self._local: LocalExecutor | None = local
+
+    def _start(self, start_ray: StartRay) -> None:
+        """The thread that starts Ray, and then lives as long as this process: Ray's processes
+        die with the thread that started them (``prctl(PR_SET_PDEATHSIG)``, in
+        ``ray._private.utils``), and they must outlive ``ray.shutdown``."""
+        try:
+            with _no_thread_warning():
+                self._ray.set_result(start_ray(self._lines.append, self._hooks))
+        except BaseException as error:  # noqa: BLE001  (raised where the actors are called)
+            self._ray.set_exception(error)
+        finally:
+            self._hooks.connected()  # or failed: either way no more of Ray starts
+        threading.Event().wait()
+
+    def _current(self) -> HostPool:
+        """The executor that takes the next call: the actors once they answer."""
+        if self._hooks.is_connected() and not self._reclaimed:
+            self._reclaimed = True
+            self._on_connected()
+        if self._ray is not None and self._ray.done():
+            self._hand_over()
+        return self._pool
+
+    def _hand_over(self) -> None:
+        future, self._ray = self._ray, None
+        try:
+            actors = future.result()
+        except Exception as error:  # the driver is at its last completed round: kept
+            self._flush_lines()
+            raise HostsUnavailable(
+                f"executor: the embedded Ray did not start ({type(error).__name__}: {error}) "
+                f"after {self.rounds_in_process} rounds ran in this process"
+            ) from error
+        try:
+            actors.load_client_states(self._local.client_states())
+        except BaseException:
+            actors.close()
+            raise
+        self._local.close()
+        self._pool, self._local = actors, None
+        self._flush_lines()
+        waited = time.monotonic() - self._started_at
+        self._say(
+            f"executor: the actors took over after round {self.rounds_in_process} (Ray started "
+            f"in {waited:.1f} s while rounds 1–{self.rounds_in_process} ran in this process)"
+            if self.rounds_in_process
+            else f"executor: the actors answered after {waited:.1f} s, before the first round"
+        )
+
+    def _flush_lines(self) -> None:
+        for line in self._lines:
+            self._say(line)
+        self._lines.clear()
+
+    def run_round(self, round_index, broadcast, cohort, nominal, check=None):
+        pool = self._current()
+        result = pool.run_round(round_index, broadcast, cohort, nominal, check)
+        if pool is self._local:
+            self.rounds_in_process += 1
+        return result
+
+    def evaluate(self, params: np.ndarray, split: str = "test"):
+        return self._current().evaluate(params, split)
+
+    def evaluate_clients(self, params: np.ndarray):
+        return self._current().evaluate_clients(params)
+
+    def train_diagnostics(self, params: np.ndarray):
+        return self._current().train_diagnostics(params)
+
+    def client_states(self) -> dict:
+        return self._current().client_states()
+
+    def load_client_states(self, states: dict) -> None:
+        self._current().load_client_states(states)
+
+    def central_optimum(self, task: str, weight_decay: float) -> float | None:
+        """In this process, from the store, whichever hosts train (it runs on its own thread
+        for most of the run)."""
+        return central_optimum(self._store, task, weight_decay)
+
+    @property
+    def can_lose_hosts(self) -> bool:
+        """True from the start: the actors, which can be lost, take over during the run, and
+        a loss after that rolls back to a point kept before it."""
+        return True
+
+    def await_hosts(self, timeout_s: float | None = None, check=None) -> None:
+        self._pool.await_hosts(timeout_s, check)
+
+    def describe_placement(self) -> str:
+        if self._local is not None:
+            return f"{self._local.num_hosts} hosts in this process (the embedded Ray starting)"
+        return self._pool.describe_placement()
+
+    def _close_ray(self) -> None:
+        """The start not handed over, ended: actors created are killed, none is created from
+        here, and a ``ray.init`` in progress is waited for (it cannot be cut short); an error
+        of that start changes nothing now."""
+        if self._ray is None:
+            return
+        self._hooks.cancel()
+        if not self._hooks.is_connected():
+            self._say("executor: waiting for the embedded Ray to finish starting, to stop it")
+        if self._ray.exception() is None and self._ray.result() is not None:
+            self._ray.result().close()
+        self._ray = None
+
+    @property
+    def num_hosts(self) -> int:
+        return self._pool.num_hosts
+
+    def close(self) -> None:
+        """Close whichever executors exist. A Ray still starting is waited for (``ray.init``
+        cannot be cut short), then its actors killed."""
+        if self._local is not None and self.rounds_in_process:
+            self._say(
+                f"executor: every round ({self.rounds_in_process}) ran in this process before "
+                "the embedded Ray's actors answered"
+            )
+        self._close_ray()
+        if self._local is not None:
+            self._local.close()
+        else:
+            self._pool.close()
+
+
+@contextmanager
+def _no_thread_warning():
+    """Ray's driver warns that it set no SIGTERM handler when ``ray.init`` runs off the main
+    thread: this process's stop signals handle SIGTERM (``cluster.runtime.interrupts``)."""
+    worker_log = logging.getLogger("ray._private.worker")
+    quiet = _DropMessage("SIGTERM handler is not set")
+    worker_log.addFilter(quiet)
+    try:
+        yield
+    finally:
+        worker_log.removeFilter(quiet)
+
+
+class _DropMessage(logging.Filter):
+    def __init__(self, text: str):
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.text not in record.getMessage()
