@@ -444,6 +444,26 @@ CASES = [
         ("executor.keep_warm_s = 600", "an embedded Ray ends with this run"),
     ),
     Case(
+        "overlap start on the local executor",
+        run_with({"executor.kind": "local", "executor.overlap_start": True}),
+        ("executor.overlap_start = True", "the local executor's hosts are in this process"),
+    ),
+    Case(
+        "overlap start on a running Ray",
+        run_with({"executor.address": "127.0.0.1:6379", "executor.overlap_start": True}),
+        ("executor.overlap_start = True", "a running Ray's actors may be on other machines"),
+    ),
+    Case(
+        "overlap start with GPU actors",
+        run_with({"executor.gpus_per_actor": 0.5, "executor.overlap_start": True}),
+        ("executor.overlap_start = True", "would hold a CUDA context"),
+    ),
+    Case(
+        "overlap start maybe",
+        run_with({"executor.overlap_start": "maybe"}),
+        ("executor.overlap_start = 'maybe'", "must be one of 'auto', True, False"),
+    ),
+    Case(
         "keep warm 0.5 s",
         run_with({"executor.keep_warm_s": 0.5}),
         ("executor.keep_warm_s = 0.5", "0 (none) or in [1, 86400]"),
