@@ -64,7 +64,7 @@ class HeldStart:
 
 @pytest.fixture
 def held_start(monkeypatch):
-    monkeypatch.setattr(overlapped_start, "starts_embedded_ray", lambda config: True)
+    monkeypatch.setattr(overlapped_start, "ray_here_only", lambda config: True)
     start = HeldStart()
     monkeypatch.setattr(experiment, "_start_ray", start)
     return start
@@ -134,7 +134,7 @@ def test_a_run_that_ends_before_the_actors_answer_cancels_their_start(
 def test_a_ray_that_fails_to_start_stops_the_run_at_its_last_round_kept(
     store_root, tmp_path, monkeypatch
 ):
-    monkeypatch.setattr(overlapped_start, "starts_embedded_ray", lambda config: True)
+    monkeypatch.setattr(overlapped_start, "ray_here_only", lambda config: True)
     start = HeldStart(failure=RuntimeError("raylet did not register"))
     monkeypatch.setattr(experiment, "_start_ray", start)
     with pytest.raises(HostsUnavailable) as error:
@@ -143,8 +143,8 @@ def test_a_ray_that_fails_to_start_stops_the_run_at_its_last_round_kept(
             on_round=_released_after(start, 1),
         )
     message = str(error.value)
-    assert "the embedded Ray did not start (RuntimeError: raylet did not register)" in message
-    assert "after 1 rounds ran in this process" in message
+    assert "Ray's actors did not start (RuntimeError: raylet did not register)" in message
+    assert "while 1 round ran in this process" in message
     assert "resume it with" in message  # the checkpoint of round 1
 
 
@@ -155,7 +155,7 @@ def test_auto_leaves_it_off_where_the_data_held_twice_would_not_fit(
 
     config = _config(store_root, tmp_path, "executor.kind=ray")
     store, _ = open_store(config)
-    monkeypatch.setattr(overlapped_start, "starts_embedded_ray", lambda config: True)
+    monkeypatch.setattr(overlapped_start, "ray_here_only", lambda config: True)
     need = overlapped_start.in_process_bytes(store, 2)
     monkeypatch.setattr(overlapped_start, "physical_memory", lambda: 3 * need)
     applies, why = overlapped_start.applies(config, store)
@@ -166,22 +166,32 @@ def test_auto_leaves_it_off_where_the_data_held_twice_would_not_fit(
     assert overlapped_start.applies(config, store) == (True, None)
 
 
-def test_it_never_applies_where_no_embedded_ray_starts(store_root, tmp_path, monkeypatch):
+def test_it_applies_only_where_the_rays_nodes_are_on_this_machine(
+    store_root, tmp_path, monkeypatch
+):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    embedded = _config(store_root, tmp_path, "executor.kind=ray")
-    assert overlapped_start.starts_embedded_ray(embedded)
-    assert not overlapped_start.starts_embedded_ray(_config(store_root, tmp_path))  # local
-    addressed = _config(store_root, tmp_path, "executor.kind=ray", "executor.address=auto")
-    assert not overlapped_start.starts_embedded_ray(addressed)
+
+    def here(*overrides: str) -> bool:
+        return overlapped_start.ray_here_only(_config(store_root, tmp_path, *overrides))
+
+    assert here("executor.kind=ray")  # embedded
+    assert not here()  # the local executor
+    for loopback in ("127.0.0.1:6379", "localhost:6379", "'[::1]:6379'"):
+        assert here("executor.kind=ray", f"executor.address={loopback}")
+    for elsewhere in ("auto", "10.0.0.5:6379", "head.example.org:6379"):
+        assert not here("executor.kind=ray", f"executor.address={elsewhere}")
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")  # a Ray job's, say
+    assert not here("executor.kind=ray")
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
-    assert not overlapped_start.starts_embedded_ray(embedded)
+    assert here("executor.kind=ray")
 
 
 @pytest.mark.parametrize(
     ("overrides", "names"),
     [
         (["executor.kind=local"], "the local executor's hosts are in this process"),
-        (["executor.kind=ray", "executor.address=auto"], "a running Ray's actors"),
+        (["executor.kind=ray", "executor.address=auto"], "is not at a loopback address"),
+        (["executor.kind=ray", "executor.address=10.0.0.5:6379"], "is not at a loopback"),
         (["executor.kind=ray", "executor.gpus_per_actor=0.5"], "a CUDA context"),
     ],
 )

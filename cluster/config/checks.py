@@ -19,7 +19,13 @@ from cluster.config.data import (
 from cluster.config.errors import ConfigError, check_seed, choice, positive
 from cluster.config.experiment import ExperimentConfig
 from cluster.config.families import validate_warm_start
-from cluster.config.runtime import ExecutorConfig, check_name, in_ray_job, ray_endpoint
+from cluster.config.runtime import (
+    ExecutorConfig,
+    check_name,
+    in_ray_job,
+    ray_endpoint,
+    ray_on_this_machine,
+)
 from datasets.glue import GLUE_SOURCES, folder_problem
 from datasets.partition import PARTITION_METHODS
 from datasets.sources import SOURCES, source_shape
@@ -412,23 +418,27 @@ MIN_KEEP_WARM_S, MAX_KEEP_WARM_S = 1.0, 86400.0
 
 
 def check_overlap_start(e: ExecutorConfig) -> None:
-    """``executor.overlap_start: true`` only where it applies: an embedded Ray with CPU actors
-    (``cluster.runtime.overlapped_start``); ``auto`` leaves it off elsewhere."""
+    """``executor.overlap_start: true`` only where it applies: CPU actors on a Ray with nodes on
+    this machine only, embedded or at a loopback address (``cluster.runtime.overlapped_start``);
+    ``auto`` leaves it off elsewhere."""
     if e.overlap_start is not True:
         return
     why = None
     if e.kind != "ray":
         why = "the local executor's hosts are in this process from the start"
-    elif e.address is not None or os.environ.get("RAY_ADDRESS") or in_ray_job():
-        why = "a running Ray's actors may be on other machines, where this process has no data"
+    elif not ray_on_this_machine(e):
+        why = (
+            "the Ray named (executor.address, RAY_ADDRESS, a Ray job's) is not at a loopback "
+            "address, so its actors may be on other machines, where this process has no data"
+        )
     elif e.gpus_per_actor > 0:
         why = "hosts in this process would hold a CUDA context for the whole run"
     if why is not None:
         raise ConfigError(
             "executor.overlap_start",
             e.overlap_start,
-            f"runs the first rounds in this process while an embedded Ray with CPU actors "
-            f"starts; here {why}: set executor.overlap_start=auto or false",
+            f"runs the first rounds in this process while Ray's CPU actors start on this "
+            f"machine; here {why}: set executor.overlap_start=auto or false",
         )
 
 

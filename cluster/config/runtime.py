@@ -126,6 +126,30 @@ RAY_ADDRESS_FORMS = (
 _HOST_PORT = re.compile(r"(?:ray://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):([0-9]{1,5})")
 
 
+def ray_on_this_machine(e: ExecutorConfig) -> bool:
+    """Whether the run's Ray can have nodes on this machine only: an embedded one (no address,
+    no ``$RAY_ADDRESS``, not a Ray job), or a running one at a loopback address (its GCS
+    listens on loopback, where no other machine's node can have joined it; a Ray job on such a
+    head gets that address as ``$RAY_ADDRESS``)."""
+    if e.kind != "ray":
+        return False
+    address = e.address or os.environ.get("RAY_ADDRESS") or None
+    if address is None:
+        return not in_ray_job()
+    try:
+        endpoint = ray_endpoint("executor.address", address)
+    except ConfigError:  # a malformed $RAY_ADDRESS: refused where Ray is connected to
+        return False
+    if endpoint is None:  # auto, local: whichever Ray Ray finds
+        return False
+    if endpoint[0] == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(endpoint[0]).is_loopback
+    except ValueError:  # a host name
+        return False
+
+
 def ray_endpoint(path: str, address: str) -> tuple[str, int] | None:
     """The (host, port) a Ray address connects to; None for ``auto`` and ``local``, which Ray
     resolves itself. A malformed address is a ``ConfigError`` listing ``RAY_ADDRESS_FORMS``."""

@@ -1,27 +1,28 @@
-"""``OverlappedStart``: an embedded Ray's first rounds run in this process while Ray starts.
+"""``OverlappedStart``: a run's first rounds run in this process while Ray's actors start.
 
 An embedded Ray costs a run on 2 cores 5–9 s before its actors answer: Ray's own processes
 (≈ 2.7 s of CPU) and each actor's interpreter importing Ray and torch (≈ 4 s of CPU each:
 ``docs/benchmarks.md``), none of which a run can skip, since Ray gives every job fresh worker
-processes. Meanwhile this process has the store open, torch imported and the model built. So
-the rounds start at once on the local executor's hosts, as many as the actors and each pinned
-the same clients (``HostPool``): every round is bit-identical to the actors' (the two
-executors agree bit for bit, ``cluster.runtime.executors``). Ray starts on a thread; at the
-first call after its actors answered, on the caller's thread, the clients' states (SCAFFOLD's
-c_i) move to the actors, the in-process hosts are closed and the actors take every call from
-there. What the run computes does not depend on when that happens; only its wall time does.
+processes; on a running Ray the actors' part remains. Meanwhile this process has the store
+open, torch imported and the model built. So the rounds start at once on the local executor's
+hosts, as many as the actors and each pinned the same clients (``HostPool``): every round is
+bit-identical to the actors' (the two executors agree bit for bit,
+``cluster.runtime.executors``). Ray starts on a thread; at the first call after its actors
+answered, on the caller's thread, the clients' states (SCAFFOLD's c_i) move to the actors, the
+in-process hosts are closed and the actors take every call from there. What the run computes
+does not depend on when that happens; only its wall time does.
 
-Applies to an embedded Ray with CPU actors only (``applies``): a cluster's actors are on other
-machines, where this process should hold no clients' data, and a GPU would keep this
-process's CUDA context for the whole run. While both exist the clients' data is held twice
-(each host caches at most ``DEFAULT_CACHE_BYTES`` of it), so ``auto`` leaves it off where that
-would take more than ``MEMORY_SHARE`` of this machine's memory.
+Applies with CPU actors on a Ray that has nodes on this machine only (``applies``): an embedded
+one, or a running one at a loopback address. A cluster's actors may be on other machines, where
+this process should hold no clients' data, and a GPU would keep this process's CUDA context for
+the whole run. While both exist the clients' data is held twice (each host caches at most
+``DEFAULT_CACHE_BYTES`` of it), so ``auto`` leaves it off where that would take more than
+``MEMORY_SHARE`` of this machine's memory.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import threading
 import time
@@ -33,7 +34,7 @@ import numpy as np
 
 from actors.client_data import DEFAULT_CACHE_BYTES
 from cluster.config import ExperimentConfig
-from cluster.config.runtime import in_ray_job
+from cluster.config.runtime import ray_on_this_machine
 from cluster.runtime.central_optimum import central_optimum
 from cluster.runtime.executors import HostPool, HostsUnavailable, LocalExecutor
 from cluster.runtime.memory import physical_memory
@@ -42,14 +43,12 @@ from datasets.store import ShardStore
 MEMORY_SHARE = 0.25  # of this machine's memory that a second copy of the hosts' data may take
 
 
-def starts_embedded_ray(config: ExperimentConfig) -> bool:
-    """Whether ``ray_runtime.connect`` would start a Ray of its own for this run (no address,
-    no ``$RAY_ADDRESS``, not a Ray job, no Ray already connected in this process)."""
-    e = config.executor
-    if e.kind != "ray" or e.address or os.environ.get("RAY_ADDRESS") or in_ray_job():
-        return False
+def ray_here_only(config: ExperimentConfig) -> bool:
+    """Whether this run's Ray has nodes on this machine only (``ray_on_this_machine``: an
+    embedded Ray, or a running one at a loopback address) and is not connected yet."""
     ray = sys.modules.get("ray")
-    return ray is None or not ray.is_initialized()
+    connected = ray is not None and ray.is_initialized()
+    return ray_on_this_machine(config.executor) and not connected
 
 
 def in_process_bytes(store: ShardStore, num_hosts: int) -> int:
@@ -62,9 +61,9 @@ def in_process_bytes(store: ShardStore, num_hosts: int) -> int:
 
 def applies(config: ExperimentConfig, store: ShardStore) -> tuple[bool, str | None]:
     """Whether this run overlaps Ray's start with its first rounds, and, where ``auto`` leaves
-    it off on an embedded Ray, why (a line for the terminal)."""
+    it off, why (a line for the terminal)."""
     e = config.executor
-    if e.overlap_start is False or not starts_embedded_ray(config) or e.gpus_per_actor > 0:
+    if e.overlap_start is False or not ray_here_only(config) or e.gpus_per_actor > 0:
         return False, None
     need, have = in_process_bytes(store, e.num_actors), physical_memory()
     if e.overlap_start == "auto" and need > MEMORY_SHARE * have:
@@ -192,8 +191,8 @@ class OverlappedStart:
         except Exception as error:  # the driver is at its last completed round: kept
             self._flush_lines()
             raise HostsUnavailable(
-                f"executor: the embedded Ray did not start ({type(error).__name__}: {error}) "
-                f"after {self.rounds_in_process} rounds ran in this process"
+                f"executor: Ray's actors did not start ({type(error).__name__}: {error}) "
+                f"while {_rounds(self.rounds_in_process)} ran in this process"
             ) from error
         try:
             actors.load_client_states(self._local.client_states())
@@ -205,8 +204,9 @@ class OverlappedStart:
         self._flush_lines()
         waited = time.monotonic() - self._started_at
         self._say(
-            f"executor: the actors took over after round {self.rounds_in_process} (Ray started "
-            f"in {waited:.1f} s while rounds 1–{self.rounds_in_process} ran in this process)"
+            f"executor: the actors took over after round {self.rounds_in_process} (they "
+            f"answered {waited:.1f} s after the start; rounds 1–{self.rounds_in_process} ran in "
+            "this process meanwhile)"
             if self.rounds_in_process
             else f"executor: the actors answered after {waited:.1f} s, before the first round"
         )
@@ -254,7 +254,7 @@ class OverlappedStart:
 
     def describe_placement(self) -> str:
         if self._local is not None:
-            return f"{self._local.num_hosts} hosts in this process (the embedded Ray starting)"
+            return f"{self._local.num_hosts} hosts in this process (Ray's actors starting)"
         return self._pool.describe_placement()
 
     def _close_ray(self) -> None:
@@ -265,7 +265,7 @@ class OverlappedStart:
             return
         self._hooks.cancel()
         if not self._hooks.is_connected():
-            self._say("executor: waiting for the embedded Ray to finish starting, to stop it")
+            self._say("executor: waiting for ray.init to return, to stop Ray's start")
         if self._ray.exception() is None and self._ray.result() is not None:
             self._ray.result().close()
         self._ray = None
@@ -280,13 +280,17 @@ class OverlappedStart:
         if self._local is not None and self.rounds_in_process:
             self._say(
                 f"executor: every round ({self.rounds_in_process}) ran in this process before "
-                "the embedded Ray's actors answered"
+                "Ray's actors answered"
             )
         self._close_ray()
         if self._local is not None:
             self._local.close()
         else:
             self._pool.close()
+
+
+def _rounds(count: int) -> str:
+    return f"{count} round{'s' if count != 1 else ''}"
 
 
 @contextmanager
