@@ -297,7 +297,6 @@ class ClientHost:
         return evaluate_batches(self.objective, self._to_device(params), batches)
 
 
-@torch.no_grad()
 def warm_up_torch_func() -> None:
     """torch's one-off imports of a process's first ``torch.func`` gradient, made now with a toy
     one (no model or data of a run: nothing of it changes). functorch's backward imports
@@ -310,6 +309,7 @@ def warm_up_torch_func() -> None:
     torch.func.vmap(loss)(logits, labels)
 
 
+@torch.no_grad()
 def evaluate_batches(objective: ModelObjective, flat: torch.Tensor, batches) -> EvalResult:
     """Summed cross-entropy and correct predictions of the flat parameters ``flat`` over
     ``(x, y)`` batches, dropout off; the model's own parameters and mode are left as they were."""

@@ -246,6 +246,7 @@ def ray_rows(w: Workload, store, device: str, rounds: int, layouts=RAY_LAYOUTS) 
         if device == "cuda":
             resources.append(f"executor.gpus_per_actor={share}")
         overrides = ["executor.kind=ray", *resources, "executor.vectorize=true"]
+        overrides.append("executor.overlap_start=false")  # every round timed on the actors
         try:
             timing = timed_rounds(workload_config(w, store, rounds, overrides), store, rounds)
         finally:

@@ -98,6 +98,7 @@ def measure(clients: int, rounds: int, skip: int, overrides: list[str]) -> dict:
             "executor.kind=ray",
             "executor.num_actors=2",
             "executor.cpus_per_actor=1",
+            "executor.overlap_start=false",  # the driver holds no client's data: it is measured
             *overrides,
         ],
     )

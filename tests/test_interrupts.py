@@ -166,6 +166,7 @@ def test_a_killed_driver_resumes_bit_for_bit_on_ray(store_root, tmp_path, tracki
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(config.to_dict()))
     ray_pool = ["--executor", "ray", "--set", "executor.num_actors=2"]
+    ray_pool += ["--set", "executor.overlap_start=false"]  # the actors run every round
     ray_pool += ["--set", "executor.cpus_per_actor=0.5"]
 
     driver = subprocess.Popen(

@@ -81,6 +81,7 @@ def test_spread_actors_span_the_worker_nodes_and_match_one_embedded_node(
     """Results are independent of node count and placement: actors spread over the two worker
     nodes end bit-identical, ε included, to the same pool packed on one embedded node."""
     run = (*DP_FEDAVG, "executor.kind=ray", "executor.num_actors=2", "rounds=3")
+    run += ("executor.overlap_start=false",)  # the actors run every round
     spread = ray_cluster.drive(_overrides(store_root, tmp_path, "spread", *run, *RAY))
     assert sorted(spread.nodes) == ["worker_a", "worker_b"]  # the head has no CPU
     assert any(line.startswith("actors on 2 nodes: 0 on ") for line in spread.lines)

@@ -157,6 +157,7 @@ def test_a_ray_run_on_an_s3_store_equals_the_run_on_a_local_store(s3, tmp_path, 
     # (test_equivalence.py): the reference costs no second Ray start.
     on_disk = _final_params(small_config(tmp_path / "shards", "executor.num_actors=2"))
     ray_run = ("executor.kind=ray", "executor.num_actors=2", "executor.cpus_per_actor=0.5")
+    ray_run += ("executor.overlap_start=false",)  # the actors run every round
     config = small_config(s3.uri("shards"), *ray_run, f"checkpoint.dir={s3.uri('checkpoints')}")
     try:
         outcome = run_experiment(config)

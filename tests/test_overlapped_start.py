@@ -17,7 +17,7 @@ from helpers import small_config
 
 from cluster.config import ConfigError
 from cluster.runtime import experiment, overlapped_start
-from cluster.runtime.executors import HostsUnavailable, LocalExecutor
+from cluster.runtime.executors import HostsLost, HostsUnavailable, LocalExecutor
 from cluster.runtime.experiment import run_experiment
 
 SCAFFOLD = [
@@ -33,9 +33,10 @@ class HeldStart:
     """``experiment._start_ray``'s stand-in: once ``release`` is called, a local executor of
     the same hosts (what the actors would be), or ``failure`` raised."""
 
-    def __init__(self, failure: Exception | None = None):
+    def __init__(self, failure: Exception | None = None, lost_at_hand_over: bool = False):
         self.gate = threading.Event()
         self.failure = failure
+        self.lost_at_hand_over = lost_at_hand_over
         self.made: list[LocalExecutor] = []
         self.closed = 0
 
@@ -58,8 +59,24 @@ class HeldStart:
             close()
 
         actors.close = counted_close
+        if self.lost_at_hand_over:  # an actor dies as the clients' states arrive
+            _lose_first_load(actors)
         self.made.append(actors)
         return actors
+
+
+def _lose_first_load(actors: LocalExecutor) -> None:
+    """``actors`` (stand-ins) lose a host on their first ``load_client_states``, and come back
+    at once (``await_hosts``), as Ray's restarted actors would."""
+    load = actors.load_client_states
+
+    def lost_once(states) -> None:
+        actors.load_client_states = load
+        raise HostsLost([0], RuntimeError("actor 0 died"))
+
+    actors.load_client_states = lost_once
+    actors.await_hosts = lambda timeout_s=None, check=None: None
+    actors.describe_placement = lambda: "stand-ins"
 
 
 @pytest.fixture
@@ -113,6 +130,26 @@ def test_handed_over_mid_run_the_run_is_bit_identical_to_one_executor(
     assert len(handed) == 1 and "after round 2" in handed[0], said
     assert "actors on 1 node: stand-ins" in said
     assert held_start.closed == 1  # the stand-in actors, at the run's end
+
+
+def test_an_actor_lost_as_it_takes_over_is_recovered_from_like_any_loss(
+    store_root, tmp_path, monkeypatch
+):
+    """The hand-over's first call on the actors loses one: the run rolls back to its last
+    point (SCAFFOLD: the c_i of round 0), waits for it and replays, ending bit-identical."""
+    monkeypatch.setattr(overlapped_start, "ray_here_only", lambda config: True)
+    start = HeldStart(lost_at_hand_over=True)
+    monkeypatch.setattr(experiment, "_start_ray", start)
+    said = []
+    ran = run_experiment(
+        _config(store_root, tmp_path / "over", "executor.kind=ray", *SCAFFOLD),
+        on_round=_released_after(start, 2),
+        say=said.append,
+    )
+    alone = run_experiment(_config(store_root, tmp_path / "alone", *SCAFFOLD))
+    assert torch.equal(ran.result.params, alone.result.params)
+    assert len(ran.result.recoveries) == 1, said
+    assert any("actor 0 died" in line for line in said), said
 
 
 def test_a_run_that_ends_before_the_actors_answer_cancels_their_start(
@@ -204,27 +241,27 @@ def test_true_is_refused_where_it_cannot_apply(store_root, monkeypatch, override
 
 @pytest.mark.timeout(300)
 def test_an_embedded_rays_actors_take_over_with_the_same_result(store_root, tmp_path, monkeypatch):
-    """A real embedded Ray: the driver's rounds slowed (0.5 s each), so that the actors answer
-    during the run; they take over, and the run equals the local executor's bit for bit."""
+    """A real embedded Ray: round 3 waits for the actors, which take over with SCAFFOLD's c_i
+    of rounds 1–2, and the run equals the local executor's bit for bit."""
     import ray
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    run_round = LocalExecutor.run_round
+    between_rounds = overlapped_start.OverlappedStart.between_rounds
 
-    def slowed(self, *args, **kwargs):
-        time.sleep(0.5)
-        return run_round(self, *args, **kwargs)
+    def actors_by_round_3(self):
+        if self.rounds_in_process == 2:
+            self._started.exception(timeout=240)
+        between_rounds(self)
 
-    monkeypatch.setattr(LocalExecutor, "run_round", slowed)
+    monkeypatch.setattr(overlapped_start.OverlappedStart, "between_rounds", actors_by_round_3)
     said = []
-    options = ("rounds=120", "eval_every=60", "executor.cpus_per_actor=0.5", *PRIVATE)
+    options = ("rounds=5", "executor.cpus_per_actor=0.5", *SCAFFOLD)
     try:
         ran = run_experiment(
             _config(store_root, tmp_path / "ray", "executor.kind=ray", *options), say=said.append
         )
     finally:
         ray.shutdown()
-    monkeypatch.setattr(LocalExecutor, "run_round", run_round)
     alone = run_experiment(_config(store_root, tmp_path / "local", *options))
     assert torch.equal(ran.result.params, alone.result.params)
     assert ran.epsilon == alone.epsilon
@@ -296,3 +333,37 @@ def test_an_actors_warm_up_makes_torchs_first_gradient_imports(store_root, algor
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_start_that_fails_mid_round_stops_the_run_after_it_with_a_checkpoint_that_resumes(
+    store_root, tmp_path, monkeypatch
+):
+    """Ray's start fails while round 2 trains (SCAFFOLD's c_i already moved on): the run stops
+    only before round 3, so its checkpoint of round 2 holds round 2's c_i, and resuming it
+    ends where a run never stopped ends, bit for bit."""
+    from cluster.runtime.checkpoint import open_checkpoint
+
+    monkeypatch.setattr(overlapped_start, "ray_here_only", lambda config: True)
+    start = HeldStart(failure=RuntimeError("raylet did not register"))
+    monkeypatch.setattr(experiment, "_start_ray", start)
+    run_round = LocalExecutor.run_round
+
+    def failing_during_round_2(self, round_index, *args, **kwargs):
+        result = run_round(self, round_index, *args, **kwargs)
+        if round_index == 1:  # failed before round 2 is evaluated
+            start.release()
+            time.sleep(0.2)
+        return result
+
+    monkeypatch.setattr(LocalExecutor, "run_round", failing_during_round_2)
+    options = ("eval_every=1", *SCAFFOLD)
+    with pytest.raises(HostsUnavailable) as error:
+        run_experiment(_config(store_root, tmp_path / "stopped", "executor.kind=ray", *options))
+    assert "while 2 rounds ran in this process" in str(error.value)
+    monkeypatch.setattr(LocalExecutor, "run_round", run_round)
+    (kept,) = (tmp_path / "stopped").glob("*.pt")
+    saved, config = open_checkpoint(kept, ["executor.kind=local"])
+    assert saved["simulation"]["rounds_done"] == 2
+    resumed = run_experiment(config, resume=saved)
+    straight = run_experiment(_config(store_root, tmp_path / "straight", *options))
+    assert torch.equal(resumed.result.params, straight.result.params)

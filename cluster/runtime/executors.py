@@ -106,6 +106,11 @@ class HostPool(ABC):
     def _share(self, value: Any) -> Any:
         return value
 
+    def between_rounds(self) -> None:
+        """Called by the driver before each round, before any of it is charged or sent: where
+        an executor may change hosts (``OverlappedStart``'s hand-over). A pool's never do."""
+        return
+
     def run_round(
         self,
         round_index: int,

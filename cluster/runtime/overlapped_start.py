@@ -26,6 +26,7 @@ import logging
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -35,7 +36,6 @@ import numpy as np
 from actors.client_data import DEFAULT_CACHE_BYTES
 from cluster.config import ExperimentConfig
 from cluster.config.runtime import ray_on_this_machine
-from cluster.runtime.central_optimum import central_optimum
 from cluster.runtime.executors import HostPool, HostsUnavailable, LocalExecutor
 from cluster.runtime.memory import physical_memory
 from datasets.store import ShardStore
@@ -125,14 +125,13 @@ StartRay = Callable[[Callable[[str], None], StartHooks], HostPool | None]
 class OverlappedStart:
     """Every call of a ``HostPool`` goes to the local executor until ``start_ray`` (run on a
     thread from construction) has returned the started Ray executor, and to that one from the
-    first call after it. ``say`` gets, on the caller's thread, the lines the start left and
-    one at the hand-over."""
+    first round after it. ``say`` gets, on the caller's thread, the lines the start leaves (at
+    the next call) and one at the hand-over."""
 
     def __init__(
         self,
         make_local: Callable[[], LocalExecutor],
         start_ray: StartRay,
-        store: ShardStore,
         say: Callable[[str], None] = lambda message: None,
         on_connected: Callable[[], None] = lambda: None,
     ):
@@ -140,17 +139,17 @@ class OverlappedStart:
         ``start_ray(say, hooks)`` connects to Ray and starts the actors, telling ``hooks``
         (``StartHooks``), and returns their executor once they answer (None: cancelled first).
         ``on_connected`` is called once, on the caller's thread, at the first call after Ray
-        connected (to give the stop signals their handlers back: Ray's core replaced
-        SIGTERM's)."""
-        self._store = store
+        connected (the stop signals' handlers back: Ray's core put its own before them, which
+        prints a stack dump on SIGTERM before passing it on)."""
         self._say = say
         self._on_connected = on_connected
         self._hooks = StartHooks()
         self._reclaimed = False
-        self._lines: list[str] = []
+        self._lines: deque[str] = deque()  # appended by the start's thread
         self._started_at = time.monotonic()
         self.rounds_in_process = 0
-        self._ray: Future | None = Future()
+        self._started: Future = Future()  # the actors' executor, or None: cancelled
+        self._pending = True  # not handed over, nor closed
         starter = threading.Thread(target=self._start, args=(start_ray,), name="ray-start")
         starter.daemon = True
         starter.start()
@@ -168,40 +167,49 @@ class OverlappedStart:
         ``ray._private.utils``), and they must outlive ``ray.shutdown``."""
         try:
             with _no_thread_warning():
-                self._ray.set_result(start_ray(self._lines.append, self._hooks))
+                self._started.set_result(start_ray(self._lines.append, self._hooks))
         except BaseException as error:  # noqa: BLE001  (raised where the actors are called)
-            self._ray.set_exception(error)
+            self._started.set_exception(error)
         finally:
             self._hooks.connected()  # or failed: either way no more of Ray starts
         threading.Event().wait()
 
-    def _current(self) -> HostPool:
-        """The executor that takes the next call: the actors once they answer."""
+    def _settle(self) -> None:
+        """On the caller's thread, at every call: the stop signals' handlers back once Ray is
+        connected, and the start's lines said."""
         if self._hooks.is_connected() and not self._reclaimed:
             self._reclaimed = True
             self._on_connected()
-        if self._ray is not None and self._ray.done():
+        while self._lines:
+            self._say(self._lines.popleft())
+
+    def between_rounds(self) -> None:
+        """The actors take over here once they answer: between rounds only, before the next
+        is charged to the accountant, where the hosts' client states are those of the
+        driver's last round, so that a start that failed stops the run with a checkpoint that
+        matches itself."""
+        self._settle()
+        if self._pending and self._started.done():
             self._hand_over()
-        return self._pool
 
     def _hand_over(self) -> None:
-        future, self._ray = self._ray, None
+        self._pending = False
         try:
-            actors = future.result()
-        except Exception as error:  # the driver is at its last completed round: kept
-            self._flush_lines()
+            actors = self._started.result()
+        except Exception as error:
+            self._settle()
             raise HostsUnavailable(
-                f"executor: Ray's actors did not start ({type(error).__name__}: {error}) "
-                f"while {_rounds(self.rounds_in_process)} ran in this process"
+                f"executor: Ray's actors did not start ({type(error).__name__}: {error}) while "
+                f"{_rounds(self.rounds_in_process)} ran in this process (to see the start "
+                "fail before any round, with Ray's own error, set executor.overlap_start=false; "
+                "executor.kind=local needs no Ray)"
             ) from error
-        try:
-            actors.load_client_states(self._local.client_states())
-        except BaseException:
-            actors.close()
-            raise
-        self._local.close()
-        self._pool, self._local = actors, None
-        self._flush_lines()
+        local, self._pool, self._local = self._local, actors, None
+        try:  # a loss of actors here is the run's to recover from: they are its hosts now
+            actors.load_client_states(local.client_states())
+        finally:
+            local.close()
+        self._settle()
         waited = time.monotonic() - self._started_at
         self._say(
             f"executor: the actors took over after round {self.rounds_in_process} (they "
@@ -211,37 +219,41 @@ class OverlappedStart:
             else f"executor: the actors answered after {waited:.1f} s, before the first round"
         )
 
-    def _flush_lines(self) -> None:
-        for line in self._lines:
-            self._say(line)
-        self._lines.clear()
+    def _call(self, method: str, *args):
+        self._settle()
+        return getattr(self._pool, method)(*args)
 
     def run_round(self, round_index, broadcast, cohort, nominal, check=None):
-        pool = self._current()
+        pool = self._pool
         result = pool.run_round(round_index, broadcast, cohort, nominal, check)
         if pool is self._local:
             self.rounds_in_process += 1
         return result
 
     def evaluate(self, params: np.ndarray, split: str = "test"):
-        return self._current().evaluate(params, split)
+        return self._call("evaluate", params, split)
 
     def evaluate_clients(self, params: np.ndarray):
-        return self._current().evaluate_clients(params)
+        return self._call("evaluate_clients", params)
 
     def train_diagnostics(self, params: np.ndarray):
-        return self._current().train_diagnostics(params)
+        return self._call("train_diagnostics", params)
 
     def client_states(self) -> dict:
-        return self._current().client_states()
+        return self._call("client_states")
 
     def load_client_states(self, states: dict) -> None:
-        self._current().load_client_states(states)
+        self._call("load_client_states", states)
 
     def central_optimum(self, task: str, weight_decay: float) -> float | None:
-        """In this process, from the store, whichever hosts train (it runs on its own thread
-        for most of the run)."""
-        return central_optimum(self._store, task, weight_decay)
+        """Where the actors find it (a Ray task beside actor 0), as without the overlap: the
+        run's own thread for it waits until they have started. None where they never do (the
+        run stops, or has ended)."""
+        try:
+            actors = self._started.result()
+        except Exception:  # noqa: BLE001  (the run stops on it at its next round)
+            return None
+        return None if actors is None else actors.central_optimum(task, weight_decay)
 
     @property
     def can_lose_hosts(self) -> bool:
@@ -250,7 +262,7 @@ class OverlappedStart:
         return True
 
     def await_hosts(self, timeout_s: float | None = None, check=None) -> None:
-        self._pool.await_hosts(timeout_s, check)
+        self._pool.await_hosts(timeout_s, check)  # only the actors lose hosts
 
     def describe_placement(self) -> str:
         if self._local is not None:
@@ -259,34 +271,40 @@ class OverlappedStart:
 
     def _close_ray(self) -> None:
         """The start not handed over, ended: actors created are killed, none is created from
-        here, and a ``ray.init`` in progress is waited for (it cannot be cut short); an error
-        of that start changes nothing now."""
-        if self._ray is None:
+        here, and a ``ray.init`` in progress is waited for, through stop signals too (it
+        cannot be cut short, and Ray must not be shut down under it); an error of that start
+        changes nothing now."""
+        if not self._pending:
             return
+        self._pending = False
         self._hooks.cancel()
         if not self._hooks.is_connected():
             self._say("executor: waiting for ray.init to return, to stop Ray's start")
-        if self._ray.exception() is None and self._ray.result() is not None:
-            self._ray.result().close()
-        self._ray = None
+        interrupted = None
+        while True:
+            try:
+                error = self._started.exception()
+                break
+            except KeyboardInterrupt as signal_error:  # the first is raised once Ray is up
+                interrupted = interrupted or signal_error
+        if error is None and self._started.result() is not None:
+            self._started.result().close()
+        if interrupted is not None:
+            raise interrupted
 
     @property
     def num_hosts(self) -> int:
         return self._pool.num_hosts
 
     def close(self) -> None:
-        """Close whichever executors exist. A Ray still starting is waited for (``ray.init``
-        cannot be cut short), then its actors killed."""
+        """Close whichever executors exist. A Ray still starting is stopped (``_close_ray``)."""
         if self._local is not None and self.rounds_in_process:
             self._say(
                 f"executor: every round ({self.rounds_in_process}) ran in this process before "
                 "Ray's actors answered"
             )
         self._close_ray()
-        if self._local is not None:
-            self._local.close()
-        else:
-            self._pool.close()
+        self._pool.close()
 
 
 def _rounds(count: int) -> str:

@@ -134,6 +134,7 @@ class Simulation:
         result is applied (it may raise to leave the round)."""
         c = self.config
         start = time.perf_counter()
+        self.executor.between_rounds()
         cohort = sample_cohort(
             c.cohort.sampling, c.data.num_clients, c.cohort.size, c.seed, round_index
         )
