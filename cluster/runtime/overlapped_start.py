@@ -7,10 +7,10 @@ processes; on a running Ray the actors' part remains. Meanwhile this process has
 open, torch imported and the model built. So the rounds start at once on the local executor's
 hosts, as many as the actors and each pinned the same clients (``HostPool``): every round is
 bit-identical to the actors' (the two executors agree bit for bit,
-``cluster.runtime.executors``). Ray starts on a thread; at the first call after its actors
-answered, on the caller's thread, the clients' states (SCAFFOLD's c_i) move to the actors, the
-in-process hosts are closed and the actors take every call from there. What the run computes
-does not depend on when that happens; only its wall time does.
+``cluster.runtime.executors``). Ray starts on a thread; between rounds after its actors
+answered (``between_rounds``, on the caller's thread), the clients' states (SCAFFOLD's c_i)
+move to the actors, the in-process hosts are closed and the actors take every call. What the run
+computes does not depend on when that happens; only its wall time does.
 
 Applies with CPU actors on a Ray that has nodes on this machine only (``applies``): an embedded
 one, or a running one at a loopback address. A cluster's actors may be on other machines, where
@@ -46,9 +46,13 @@ MEMORY_SHARE = 0.25  # of this machine's memory that a second copy of the hosts'
 def ray_here_only(config: ExperimentConfig) -> bool:
     """Whether this run's Ray has nodes on this machine only (``ray_on_this_machine``: an
     embedded Ray, or a running one at a loopback address) and is not connected yet."""
+    return ray_on_this_machine(config.executor) and not _connected()
+
+
+def _connected() -> bool:
+    """Whether this process is connected to a Ray already (a notebook's, an earlier run's)."""
     ray = sys.modules.get("ray")
-    connected = ray is not None and ray.is_initialized()
-    return ray_on_this_machine(config.executor) and not connected
+    return ray is not None and ray.is_initialized()
 
 
 def in_process_bytes(store: ShardStore, num_hosts: int) -> int:
@@ -64,7 +68,13 @@ def applies(config: ExperimentConfig, store: ShardStore) -> tuple[bool, str | No
     it off, why (a line for the terminal)."""
     e = config.executor
     if e.overlap_start is False or not ray_here_only(config) or e.gpus_per_actor > 0:
-        return False, None
+        forced = e.overlap_start is True and _connected()  # the rest is refused by the checks
+        return False, (
+            "executor: the actors start before the first round (overlap_start: this process "
+            "is connected to a Ray already)"
+            if forced
+            else None
+        )
     need, have = in_process_bytes(store, e.num_actors), physical_memory()
     if e.overlap_start == "auto" and need > MEMORY_SHARE * have:
         return False, (
