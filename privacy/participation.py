@@ -32,7 +32,6 @@ import math
 
 import numpy as np
 from scipy.special import log_ndtr
-from scipy.stats import binom
 
 
 def gaussian_delta(epsilon: float, mu: np.ndarray) -> np.ndarray:
@@ -51,6 +50,11 @@ def participation_delta(
     epsilon: float, noise_multiplier: float, sample_rate: float, rounds: int, factor: float = 1.0
 ) -> float:
     """δ(ε) of T rounds, participation n ~ Binomial(T, q), μ = √n·factor/σ_c per client."""
+    # Imported here, not at module level: scipy.stats takes 1.1-1.3 s to import (``python -X
+    # importtime``), which every run would pay at start-up (cluster.claims imports this module)
+    # though only runs with client-placed noise call this function.
+    from scipy.stats import binom
+
     n = np.arange(rounds + 1)
     weights = binom.pmf(n, rounds, sample_rate)
     mu = np.sqrt(n) * factor / noise_multiplier

@@ -53,13 +53,9 @@ from fractions import Fraction
 from functools import lru_cache
 
 import numpy as np
-from dp_accounting import dp_event
-from dp_accounting.privacy_accountant import NeighboringRelation
-from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 
 from privacy.accountant import epsilon_from_rdp
-from privacy.sample_level import _RDP_ORDERS as RDP_ORDERS
-from privacy.sample_level import SampleLevelPldAccountant, _round_rdp
+from privacy.sample_level import SampleLevelPldAccountant, _rdp_orders, _round_rdp
 from privacy.subsampling_wor import TwoLevelSampleAccountant
 
 METHODS = ("pld", "rdp", "paper", "aggregate")
@@ -101,13 +97,19 @@ def _fresh_round_rdp(
     as σ → ∞ that reads ε ≈ 11.7 at the paper's setting) with σ_g relative to the replace
     sensitivity 2C; s = B/n enters only as the ratio, given as an exact fraction.
     """
+    # Imported here, not at module level: dp-accounting's import costs ~2.7 s at every run's
+    # start-up (privacy.sample_level).
+    from dp_accounting import dp_event
+    from dp_accounting.privacy_accountant import NeighboringRelation
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
+
     ratio = Fraction(data_rate).limit_denominator(10**6)
     step = dp_event.SampledWithoutReplacementDpEvent(
         ratio.denominator, ratio.numerator, dp_event.GaussianDpEvent(noise_multiplier)
     )
-    accountant = rdp_lib.RdpAccountant(RDP_ORDERS, NeighboringRelation.REPLACE_ONE)
+    accountant = rdp_lib.RdpAccountant(_rdp_orders(), NeighboringRelation.REPLACE_ONE)
     accountant.compose(step, local_steps)
-    return _mixed(np.asarray(accountant.rdp), np.asarray(RDP_ORDERS), client_rate)
+    return _mixed(np.asarray(accountant.rdp), np.asarray(_rdp_orders()), client_rate)
 
 
 def _mixed(inner: np.ndarray, orders: np.ndarray, client_rate: float) -> np.ndarray:
@@ -239,7 +241,7 @@ class RecordLevelAccountant:
             return None
         curve_of = _round_rdp if self.batch_sampling == "poisson" else _fresh_round_rdp
         total = sum(n * curve_of(rate, s, k, sigma) for sigma, rate, n in history)
-        return np.asarray(RDP_ORDERS), total
+        return np.asarray(_rdp_orders()), total
 
     def _pld_accountant(self, sigma: float, rate: float) -> SampleLevelPldAccountant:
         """Rounds at (σ_g, l): ``pld`` at σ_g under the run's adjacency (Poisson batches);

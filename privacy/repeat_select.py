@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from dp_accounting.rdp.rdp_privacy_accountant import compute_delta
 
 DISTRIBUTIONS = ("poisson", "truncated_negative_binomial")
 
@@ -125,6 +124,10 @@ def repeat_and_select_rdp(orders, rdp, distribution: dict) -> np.ndarray:
     above = orders > 1
     out = np.full(orders.size, np.inf)
     if distribution["kind"] == "poisson":
+        # Imported here, not at module level: dp-accounting's import costs ~2.7 s at every
+        # run's start-up (privacy.sample_level).
+        from dp_accounting.rdp.rdp_privacy_accountant import compute_delta
+
         for i in np.flatnonzero(above):
             eps_hat = math.log1p(1 / (orders[i] - 1))
             delta_hat, _ = compute_delta(orders, rdp, eps_hat)

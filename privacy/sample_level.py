@@ -94,19 +94,32 @@ from __future__ import annotations
 import logging
 import math
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
-from dp_accounting import dp_event
-from dp_accounting.pld import privacy_loss_distribution as pld_lib
-from dp_accounting.privacy_accountant import NeighboringRelation as NeighborRel
-from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 
 from privacy.search import largest_meeting
+
+# dp-accounting is imported inside the functions that use it, never at module level: its import
+# pulls in scipy.signal and scipy.stats, 2.6-2.8 s (``python -X importtime``, after numpy and
+# scipy.special), which every run would pay at start-up (cluster.config and cluster.claims
+# import this module) though only record-level accounting uses it
+# (tests/test_import_layers.py checks the start-up).
+if TYPE_CHECKING:
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
 ADJACENCIES = ("add_remove", "replace_one")
 DEFAULT_VALUE_DISCRETIZATION_INTERVAL = 1e-4
 DEFAULT_MAX_EPSILON = 100.0
-_RDP_ORDERS = tuple(rdp_lib.DEFAULT_RDP_ORDERS)
+
+
+@lru_cache(maxsize=1)
+def _rdp_orders() -> tuple[float, ...]:
+    """dp-accounting's default RDP orders (the RDP analyses' orders here and in
+    ``privacy.record_level``)."""
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
+
+    return tuple(rdp_lib.DEFAULT_RDP_ORDERS)
 
 
 def mixture_pld(
@@ -126,6 +139,8 @@ def mixture_pld(
         raise ValueError(f"client_rate must be in (0, 1], got {client_rate}")
     if client_rate == 1.0:
         return inner
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib
+
     identity = pld_lib.identity(value_discretization_interval=value_discretization_interval)
     return inner.compute_mixture(identity, client_rate)
 
@@ -147,6 +162,9 @@ def _inner_pld(
     against +1 (2 apart): in units of C, the replaced record moves the clipped sum by up to 2
     and the noise std is 2σ_g (noise 2Cσ_g). Either is self-composed K times.
     """
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib
+    from dp_accounting.privacy_accountant import NeighboringRelation as NeighborRel
+
     if adjacency == "replace_one":
         step = pld_lib.from_gaussian_mechanism(
             standard_deviation=2.0 * noise_multiplier,
@@ -181,8 +199,11 @@ def _round_pld(
 def _round_rdp(
     client_rate: float, data_rate: float, local_steps: int, noise_multiplier: float
 ) -> np.ndarray:
-    """RDP upper bound of one round at ``_RDP_ORDERS`` (for the range guard only)."""
-    accountant = rdp_lib.RdpAccountant(_RDP_ORDERS)  # add/remove one record
+    """RDP upper bound of one round at ``_rdp_orders()`` (for the range guard only)."""
+    from dp_accounting import dp_event
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
+
+    accountant = rdp_lib.RdpAccountant(_rdp_orders())  # add/remove one record
     event = dp_event.PoissonSampledDpEvent(data_rate, dp_event.GaussianDpEvent(noise_multiplier))
     # For small σ the series at fractional orders near 1 may not converge; dp-accounting then
     # drops those orders (the bound stays valid) and logs a warning per order through absl.
@@ -282,7 +303,9 @@ class SampleLevelPldAccountant:
         # replace-one (sensitivity 2C, noise 2Cσ) is guarded with add/remove at σ/2
         sigma = self.noise_multiplier / (2.0 if self.adjacency == "replace_one" else 1.0)
         curve = _round_rdp(self.client_rate, self.data_rate, self.local_steps, sigma)
-        eps, _ = rdp_lib.compute_epsilon(_RDP_ORDERS, rounds * curve, delta)
+        from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
+
+        eps, _ = rdp_lib.compute_epsilon(_rdp_orders(), rounds * curve, delta)
         return float(eps)
 
     def epsilon(self, rounds: int, delta: float) -> float:

@@ -7,11 +7,16 @@ import names the deepest module it reaches (``from cluster.config import experim
 ``cluster.config.experiment``, ``from cluster.config import ConfigError`` the package
 ``cluster.config``); importing a submodule is not counted as importing its package's
 ``__init__``.
+
+One test imports: a fresh interpreter loads the run's start-up modules and must not load the
+third-party modules that only some runs use and that take seconds to import.
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +24,15 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("actors", "algorithms", "benchmarks", "cluster", "datasets", "models", "privacy")
+
+# Third-party modules a run's start-up must not import (times from ``python -X importtime``):
+# dp-accounting, which imports scipy.signal and scipy.stats (~2.7 s together), serves record-level
+# accounting only (``privacy.record_level``, ``privacy.sample_level``, ``privacy.tuning``'s
+# ``privacy.repeat_select``); scipy.stats alone (1.1-1.3 s) only ε against the server under
+# client-placed noise (``privacy.participation``). scipy.special and scipy.fft stay: the
+# client-level accountants (``privacy.rdp``, ``privacy.pld_numpy``) compute with them.
+NOT_AT_START_UP = ("dp_accounting", "scipy.stats", "scipy.signal")
+START_UP = ("cluster.runtime.experiment", "cluster.cli.run")
 
 # Lowest first: a module may import its own layer and those below it, never one above. A
 # module's layer is that of the longest prefix naming it. The run's data store (with the memory
@@ -229,3 +243,24 @@ def test_an_import_of_a_higher_layer_is_named_by_its_line(tmp_path):
     upward = upward_imports(graph, (("low",), ("high",)))
     assert [str(edge) for edge in upward] == ["low/a.py:5: low.a imports high.b"]
     assert upward_imports(graph, (("low", "high"),)) == []
+
+
+def test_start_up_imports_neither_dp_accounting_nor_scipy_stats():
+    """A fresh interpreter, as ``python -m cluster run`` starts: the modules it loads."""
+    code = f"import sys, {', '.join(START_UP)}; print(*sys.modules)"
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    loaded = done.stdout.split()
+    assert set(START_UP) <= set(loaded)  # the listing is read right
+    heavy = [
+        name
+        for name in loaded
+        if any(name == top or name.startswith(top + ".") for top in NOT_AT_START_UP)
+    ]
+    assert heavy == [], f"imported at start-up: {sorted(heavy)}"
