@@ -136,12 +136,6 @@ class ClientHost:
                 cid: self._tensors(self.store.test_take(sets[cid])) for cid in client_ids
             }
 
-    @property
-    def uses_torch_func(self) -> bool:
-        """Whether this host's rounds take gradients through ``torch.func``: vmapped clients,
-        or per-example gradients (sample-level DP-SGD)."""
-        return self.vectorize or self.algorithm.privacy_unit == "sample"
-
     def _tensors(self, arrays) -> tuple[torch.Tensor, torch.Tensor]:
         """Model-ready tensors on this host's device (uint8 images → normalised float32)."""
         return (
@@ -295,18 +289,6 @@ class ClientHost:
 
     def _evaluate(self, params: np.ndarray, batches: list) -> EvalResult:
         return evaluate_batches(self.objective, self._to_device(params), batches)
-
-
-def warm_up_torch_func() -> None:
-    """torch's one-off imports of a process's first ``torch.func`` gradient, made now with a toy
-    one (no model or data of a run: nothing of it changes). functorch's backward imports
-    ``torch._dynamo`` (to switch compiled autograd off) and a vmapped loss's decomposition
-    sympy (``torch._check``): ≈ 2.3 s of CPU on the 2-core machine, which an actor pays
-    before it answers instead of in its first round, where the driver would wait for it
-    (``cluster.runtime.overlapped_start`` runs rounds meanwhile)."""
-    logits, labels = torch.zeros(2, 1, 3), torch.zeros(2, 1, dtype=torch.long)
-    loss = torch.func.grad(lambda x, y: torch.nn.functional.cross_entropy(x, y))
-    torch.func.vmap(loss)(logits, labels)
 
 
 @torch.no_grad()

@@ -11,13 +11,7 @@ import time
 import ray
 import torch
 
-from actors.client_host import (
-    Broadcast,
-    ClientHost,
-    EvalResult,
-    TrainDiagnostics,
-    warm_up_torch_func,
-)
+from actors.client_host import Broadcast, ClientHost, EvalResult, TrainDiagnostics
 from actors.scheduling import pin_clients
 from algorithms.aggregate import PartialAggregate
 from datasets.store import ShardStore
@@ -51,10 +45,7 @@ def build_host(
             torch.cuda.set_per_process_memory_fraction(gpus_per_actor, 0)
     index, count = pinned
     sizes = ShardStore.open(host_kwargs["store_path"]).client_sizes
-    host = ClientHost(device=device, client_ids=pin_clients(sizes, count)[index], **host_kwargs)
-    if host.uses_torch_func:  # before the actor answers, not in its first round
-        warm_up_torch_func()
-    return host
+    return ClientHost(device=device, client_ids=pin_clients(sizes, count)[index], **host_kwargs)
 
 
 class HostCalls:

@@ -303,38 +303,6 @@ def test_actors_created_for_a_run_that_ended_are_killed(store_root, tmp_path, mo
         ray.shutdown()
 
 
-WARMED_ROUND = """
-import sys
-sys.path.insert(0, "tests")
-from helpers import run_local, small_config
-from actors.client_host import warm_up_torch_func
-
-config = small_config(sys.argv[1], "executor.vectorize=true", "rounds=1", *sys.argv[2:])
-warm_up_torch_func()
-before = set(sys.modules)
-run_local(config)
-print(sorted(m for m in set(sys.modules) - before if "dynamo" in m or "sympy" in m))
-"""
-
-
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("algorithm", [[], SCAFFOLD], ids=["fedavg", "dp_scaffold"])
-def test_an_actors_warm_up_makes_torchs_first_gradient_imports(store_root, algorithm):
-    """``warm_up_torch_func`` (run by an actor before it answers) leaves nothing of torch's
-    one-off imports to a first vmapped round or per-example gradient of a run."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    small_config(store_root, *algorithm)  # the store, built here
-    done = subprocess.run(
-        [sys.executable, "-c", WARMED_ROUND, str(store_root), *algorithm],
-        cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=100,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip().splitlines()[-1] == "[]"
-
-
 def test_a_start_that_fails_mid_round_stops_the_run_after_it_with_a_checkpoint_that_resumes(
     store_root, tmp_path, monkeypatch
 ):
