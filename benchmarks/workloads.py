@@ -36,9 +36,9 @@ that already runs on this machine (``executor.address``): a head that the benchm
 before the timings with ``ray start --head`` and stops after them (``running_ray``).
 ``ray_warm`` is ``ray_running`` with warm actors (``executor.keep_warm_s``): the benchmark runs
 it once, untimed, before the timings, and each timed run reuses the actors the one before left
-(``cluster/runtime/warm_pool.py``). ``ray`` and ``ray_running`` run their first rounds in the
-driver while the actors start (``executor.overlap_start: auto``, the default on a Ray with nodes
-on this machine only); ``ray_waiting`` and ``ray_running_waiting`` wait for the actors first.
+(``cluster/runtime/warm_pool.py``). ``ray`` runs its first rounds in the driver while its
+embedded Ray and actors start (``executor.overlap_start: auto``); ``ray_waiting`` waits for the
+actors first.
 
 Usage (repository root)::
 
@@ -223,9 +223,7 @@ EXECUTORS[RUNNING_RAY] = EXECUTORS["ray"]
 # running head left (``run_workload`` runs one, untimed, before the timings).
 WARM_RAY = "ray_warm"
 EXECUTORS[WARM_RAY] = [*EXECUTORS["ray"], "executor.keep_warm_s=600"]
-# ``ray_running`` whose first round waits for its actors (``executor.overlap_start=false``).
-EXECUTORS["ray_running_waiting"] = EXECUTORS["ray_waiting"]
-ON_RUNNING_RAY = (RUNNING_RAY, WARM_RAY, "ray_running_waiting")
+ON_RUNNING_RAY = (RUNNING_RAY, WARM_RAY)
 
 
 def project(config: ExperimentConfig, executor: str) -> tuple[torch.Tensor, dict]:

@@ -24,7 +24,7 @@ from cluster.config.runtime import (
     check_name,
     in_ray_job,
     ray_endpoint,
-    ray_on_this_machine,
+    starts_embedded_ray,
 )
 from datasets.glue import GLUE_SOURCES, folder_problem
 from datasets.partition import PARTITION_METHODS
@@ -418,18 +418,17 @@ MIN_KEEP_WARM_S, MAX_KEEP_WARM_S = 1.0, 86400.0
 
 
 def check_overlap_start(e: ExecutorConfig) -> None:
-    """``executor.overlap_start: true`` only where it applies: CPU actors on a Ray with nodes on
-    this machine only, embedded or at a loopback address (``cluster.runtime.overlapped_start``);
-    ``auto`` leaves it off elsewhere."""
+    """``executor.overlap_start: true`` only where it applies: CPU actors on an embedded Ray
+    (``cluster.runtime.overlapped_start``); ``auto`` leaves it off elsewhere."""
     if e.overlap_start is not True:
         return
     why = None
     if e.kind != "ray":
         why = "the local executor's hosts are in this process from the start"
-    elif not ray_on_this_machine(e):
+    elif not starts_embedded_ray(e):
         why = (
-            "the Ray named (executor.address, RAY_ADDRESS, a Ray job's) is not at a loopback "
-            "address, so its actors may be on other machines, where this process has no data"
+            "a running Ray's actors (executor.address, RAY_ADDRESS, a Ray job's) may be on "
+            "other machines, where this process has no data"
         )
     elif e.gpus_per_actor > 0:
         why = "hosts in this process would hold a CUDA context for the whole run"
@@ -437,8 +436,8 @@ def check_overlap_start(e: ExecutorConfig) -> None:
         raise ConfigError(
             "executor.overlap_start",
             e.overlap_start,
-            f"runs the first rounds in this process while Ray's CPU actors start on this "
-            f"machine; here {why}: set executor.overlap_start=auto or false",
+            f"runs the first rounds in this process while an embedded Ray's CPU actors start; "
+            f"here {why}: set executor.overlap_start=auto or false",
         )
 
 

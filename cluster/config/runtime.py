@@ -126,28 +126,14 @@ RAY_ADDRESS_FORMS = (
 _HOST_PORT = re.compile(r"(?:ray://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):([0-9]{1,5})")
 
 
-def ray_on_this_machine(e: ExecutorConfig) -> bool:
-    """Whether the run's Ray can have nodes on this machine only: an embedded one (no address,
-    no ``$RAY_ADDRESS``, not a Ray job), or a running one at a loopback address (its GCS
-    listens on loopback, where no other machine's node can have joined it; a Ray job on such a
-    head gets that address as ``$RAY_ADDRESS``)."""
-    if e.kind != "ray":
-        return False
-    address = e.address or os.environ.get("RAY_ADDRESS") or None
-    if address is None:
-        return not in_ray_job()
-    try:
-        endpoint = ray_endpoint("executor.address", address)
-    except ConfigError:  # a malformed $RAY_ADDRESS: refused where Ray is connected to
-        return False
-    if endpoint is None:  # auto, local: whichever Ray Ray finds
-        return False
-    if endpoint[0] == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(endpoint[0]).is_loopback
-    except ValueError:  # a host name
-        return False
+def starts_embedded_ray(e: ExecutorConfig) -> bool:
+    """Whether the run starts a Ray of its own (``ray_runtime.connect``): ``kind: ray`` with no
+    ``executor.address``, no ``$RAY_ADDRESS`` and not a Ray job. Only such a Ray is known to
+    have nodes on this machine alone: a loopback address may be a port-forward to a cluster,
+    or a head that other machines' nodes joined on another interface."""
+    return (
+        e.kind == "ray" and not e.address and not os.environ.get("RAY_ADDRESS") and not in_ray_job()
+    )
 
 
 def ray_endpoint(path: str, address: str) -> tuple[str, int] | None:

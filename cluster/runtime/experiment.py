@@ -102,6 +102,7 @@ def make_executor(
         return OverlappedStart(
             lambda: _local_executor(config, store, algorithm),
             start_ray,
+            store,
             say,
             on_connected=stop.reinstall if stop is not None else lambda: None,
         )

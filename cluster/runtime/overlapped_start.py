@@ -3,7 +3,7 @@
 An embedded Ray costs a run on 2 cores 5–9 s before its actors answer: Ray's own processes
 (≈ 2.7 s of CPU) and each actor's interpreter importing Ray and torch (≈ 4 s of CPU each:
 ``docs/benchmarks.md``), none of which a run can skip, since Ray gives every job fresh worker
-processes; on a running Ray the actors' part remains. Meanwhile this process has the store
+processes. Meanwhile this process has the store
 open, torch imported and the model built. So the rounds start at once on the local executor's
 hosts, as many as the actors and each pinned the same clients (``HostPool``): every round is
 bit-identical to the actors' (the two executors agree bit for bit,
@@ -12,12 +12,12 @@ answered (``between_rounds``, on the caller's thread), the clients' states (SCAF
 move to the actors, the in-process hosts are closed and the actors take every call. What the run
 computes does not depend on when that happens; only its wall time does.
 
-Applies with CPU actors on a Ray that has nodes on this machine only (``applies``): an embedded
-one, or a running one at a loopback address. A cluster's actors may be on other machines, where
-this process should hold no clients' data, and a GPU would keep this process's CUDA context for
-the whole run. While both exist the clients' data is held twice (each host caches at most
-``DEFAULT_CACHE_BYTES`` of it), so ``auto`` leaves it off where that would take more than
-``MEMORY_SHARE`` of this machine's memory.
+Applies with CPU actors on an embedded Ray only (``applies``): a running Ray's actors may be on
+other machines, where this process should hold no clients' data (and on a running head the
+overlap did not shorten workload A: ``docs/benchmarks.md``), and a GPU would keep this
+process's CUDA context for the whole run. While both exist the clients' data is held twice
+(each host caches at most ``DEFAULT_CACHE_BYTES`` of it), so ``auto`` leaves it off where that
+would take more than ``MEMORY_SHARE`` of this machine's memory.
 """
 
 from __future__ import annotations
@@ -35,18 +35,20 @@ import numpy as np
 
 from actors.client_data import DEFAULT_CACHE_BYTES
 from cluster.config import ExperimentConfig
-from cluster.config.runtime import ray_on_this_machine
+from cluster.config.runtime import starts_embedded_ray
+from cluster.runtime.central_optimum import central_optimum
 from cluster.runtime.executors import HostPool, HostsUnavailable, LocalExecutor
 from cluster.runtime.memory import physical_memory
+from cluster.runtime.ray_runtime import without_failure_signal_handler
 from datasets.store import ShardStore
 
 MEMORY_SHARE = 0.25  # of this machine's memory that a second copy of the hosts' data may take
 
 
 def ray_here_only(config: ExperimentConfig) -> bool:
-    """Whether this run's Ray has nodes on this machine only (``ray_on_this_machine``: an
-    embedded Ray, or a running one at a loopback address) and is not connected yet."""
-    return ray_on_this_machine(config.executor) and not _connected()
+    """Whether this run starts a Ray of its own (``starts_embedded_ray``: its nodes are this
+    machine's alone) and is not connected to one yet."""
+    return starts_embedded_ray(config.executor) and not _connected()
 
 
 def _connected() -> bool:
@@ -142,6 +144,7 @@ class OverlappedStart:
         self,
         make_local: Callable[[], LocalExecutor],
         start_ray: StartRay,
+        store: ShardStore,
         say: Callable[[str], None] = lambda message: None,
         on_connected: Callable[[], None] = lambda: None,
     ):
@@ -151,6 +154,7 @@ class OverlappedStart:
         ``on_connected`` is called once, on the caller's thread, at the first call after Ray
         connected (the stop signals' handlers back: Ray's core put its own before them, which
         prints a stack dump on SIGTERM before passing it on)."""
+        self._store = store
         self._say = say
         self._on_connected = on_connected
         self._hooks = StartHooks()
@@ -176,7 +180,7 @@ class OverlappedStart:
         die with the thread that started them (``prctl(PR_SET_PDEATHSIG)``, in
         ``ray._private.utils``), and they must outlive ``ray.shutdown``."""
         try:
-            with _no_thread_warning():
+            with _no_thread_warning(), without_failure_signal_handler():
                 self._started.set_result(start_ray(self._lines.append, self._hooks))
         except BaseException as error:  # noqa: BLE001  (raised where the actors are called)
             self._started.set_exception(error)
@@ -256,14 +260,10 @@ class OverlappedStart:
         self._call("load_client_states", states)
 
     def central_optimum(self, task: str, weight_decay: float) -> float | None:
-        """Where the actors find it (a Ray task beside actor 0), as without the overlap: the
-        run's own thread for it waits until they have started. None where they never do (the
-        run stops, or has ended)."""
-        try:
-            actors = self._started.result()
-        except Exception:  # noqa: BLE001  (the run stops on it at its next round)
-            return None
-        return None if actors is None else actors.central_optimum(task, weight_decay)
+        """In this process, from the store, whichever hosts train: it runs on its own thread
+        from the run's start, and the actors are on this machine anyway. Waiting for them
+        instead would hold the first evaluated round until Ray has started."""
+        return central_optimum(self._store, task, weight_decay)
 
     @property
     def can_lose_hosts(self) -> bool:

@@ -149,6 +149,25 @@ def lean_head_applies() -> bool:
 
 
 @contextmanager
+def without_failure_signal_handler() -> Iterator[None]:
+    """Within the block, a driver that this process connects installs none of Ray's core
+    failure signal handlers (``ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER``, read when
+    the core worker starts). For ``ray.init`` off the main thread (``overlapped_start``): the
+    core's SIGTERM handler prints a stack dump and aborts the process 3 s later (exit 134, no
+    checkpoint), and the main thread can put the command's handlers back only between rounds.
+    A crash of the driver's core then prints no stack of Ray's. Switched in this process only
+    and restored on leaving, as ``loopback_node`` switches its constant."""
+    from ray._private import ray_constants
+
+    saved = ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER
+    ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
+    try:
+        yield
+    finally:
+        ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = saved
+
+
+@contextmanager
 def loopback_node() -> Iterator[None]:
     """Within the block, a Ray node started by this process takes the loopback address
     (``127.0.0.1``, or ``::1`` where Ray finds only IPv6) as its node IP, and so every server it
