@@ -104,7 +104,6 @@ def make_executor(
             start_ray,
             store,
             say,
-            on_connected=stop.reinstall if stop is not None else lambda: None,
         )
     with stop.around_ray() if stop is not None else contextlib.nullcontext():
         return _start_ray(config, store, algorithm, say, verbose)
@@ -140,11 +139,11 @@ def _start_ray(
     from cluster.runtime.ray_runtime import check_resources, connect
 
     e = config.executor
+    hooks = hooks or overlapped_start.StartHooks()  # nobody cancels a start in the foreground
     session = connect(e.address, verbose)
-    if hooks is not None:
-        hooks.connected()
-        if hooks.cancelled():
-            return None
+    hooks.connected()
+    if hooks.cancelled():
+        return None
     say(session.describe())
     if session.embedded:
         check_resources(e.num_actors, e.cpus_per_actor, e.gpus_per_actor)
@@ -161,7 +160,7 @@ def _start_ray(
         placement=e.placement,
         keep_warm_s=e.keep_warm_s,
         say=say,
-        created=hooks.created if hooks is not None else lambda actors: None,
+        created=hooks.created,
     )
     say(executor.describe_placement())
     return executor

@@ -177,14 +177,9 @@ class StopSignals:
             name = signal.Signals(self.signum).name
             raise Interrupted(self.signum, f"interrupted by {name}") from None
         finally:
-            self.reinstall()
-
-    def reinstall(self) -> None:
-        """This command's handlers again, where it installed them (``ray.init``, on any
-        thread, lets Ray's core replace SIGTERM's); from the main thread only."""
-        if self._previous and threading.current_thread() is threading.main_thread():
-            for signum in _SIGNALS:
-                signal.signal(signum, self._handle)
+            if self._previous:
+                for signum in _SIGNALS:
+                    signal.signal(signum, self._handle)
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():

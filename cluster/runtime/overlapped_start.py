@@ -22,14 +22,12 @@ would take more than ``MEMORY_SHARE`` of this machine's memory.
 
 from __future__ import annotations
 
-import logging
 import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from contextlib import contextmanager
 
 import numpy as np
 
@@ -146,19 +144,16 @@ class OverlappedStart:
         start_ray: StartRay,
         store: ShardStore,
         say: Callable[[str], None] = lambda message: None,
-        on_connected: Callable[[], None] = lambda: None,
     ):
         """Ray's start begins first, then ``make_local()`` builds the in-process hosts.
         ``start_ray(say, hooks)`` connects to Ray and starts the actors, telling ``hooks``
         (``StartHooks``), and returns their executor once they answer (None: cancelled first).
-        ``on_connected`` is called once, on the caller's thread, at the first call after Ray
-        connected (the stop signals' handlers back: Ray's core put its own before them, which
-        prints a stack dump on SIGTERM before passing it on)."""
+        It connects without Ray's core failure signal handlers
+        (``ray_runtime.without_failure_signal_handler``), and off the main thread ``ray.init``
+        sets no SIGTERM handler: the command's stop signals keep theirs throughout."""
         self._store = store
         self._say = say
-        self._on_connected = on_connected
         self._hooks = StartHooks()
-        self._reclaimed = False
         self._lines: deque[str] = deque()  # appended by the start's thread
         self._started_at = time.monotonic()
         self.rounds_in_process = 0
@@ -180,7 +175,7 @@ class OverlappedStart:
         die with the thread that started them (``prctl(PR_SET_PDEATHSIG)``, in
         ``ray._private.utils``), and they must outlive ``ray.shutdown``."""
         try:
-            with _no_thread_warning(), without_failure_signal_handler():
+            with without_failure_signal_handler():
                 self._started.set_result(start_ray(self._lines.append, self._hooks))
         except BaseException as error:  # noqa: BLE001  (raised where the actors are called)
             self._started.set_exception(error)
@@ -189,11 +184,7 @@ class OverlappedStart:
         threading.Event().wait()
 
     def _settle(self) -> None:
-        """On the caller's thread, at every call: the stop signals' handlers back once Ray is
-        connected, and the start's lines said."""
-        if self._hooks.is_connected() and not self._reclaimed:
-            self._reclaimed = True
-            self._on_connected()
+        """On the caller's thread, at every call: the start's lines said."""
         while self._lines:
             self._say(self._lines.popleft())
 
@@ -319,25 +310,3 @@ class OverlappedStart:
 
 def _rounds(count: int) -> str:
     return f"{count} round{'s' if count != 1 else ''}"
-
-
-@contextmanager
-def _no_thread_warning():
-    """Ray's driver warns that it set no SIGTERM handler when ``ray.init`` runs off the main
-    thread: this process's stop signals handle SIGTERM (``cluster.runtime.interrupts``)."""
-    worker_log = logging.getLogger("ray._private.worker")
-    quiet = _DropMessage("SIGTERM handler is not set")
-    worker_log.addFilter(quiet)
-    try:
-        yield
-    finally:
-        worker_log.removeFilter(quiet)
-
-
-class _DropMessage(logging.Filter):
-    def __init__(self, text: str):
-        super().__init__()
-        self.text = text
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return self.text not in record.getMessage()
