@@ -19,6 +19,7 @@ from algorithms.algorithm import Algorithm
 from algorithms.client import client_round
 from algorithms.clients_tail import batchable, sum_trained_clients
 from algorithms.control_variates import local_correction
+from algorithms.dynamo_import import start_dynamo_import
 from algorithms.layout import ParamLayout
 from algorithms.local import LocalResult, ModelObjective, autocast_dtype
 from algorithms.rng import Purpose, client_generators
@@ -122,6 +123,8 @@ class ClientHost:
             autocast=autocast_dtype(kernels.precision, self.device),
         )
         self.algorithm = algorithm.bind(self.objective.layout)
+        if self.vectorize or self.algorithm.sample_dp is not None:  # torch.func's gradients
+            start_dynamo_import()  # while the rows load, not in the first round
         self.eval_batch_size = eval_batch_size
         # Read from the store when sampled, kept up to a byte budget (actors/client_data.py).
         self.data = ClientDataCache(self.store, self._tensors, cache_bytes)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +20,21 @@ from cluster.runtime.executors import LocalExecutor
 from cluster.runtime.simulation import Simulation
 from cluster.runtime.store import open_store
 from cluster.tracking.process import _spawn
+
+TESTS = Path(__file__).parent
+
+
+def run_python(script: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``script`` in a fresh interpreter (nothing imported yet) from the repository root, with
+    the tests' helpers importable; its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        cwd=TESTS.parent,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)])},
+        timeout=timeout,
+    )
 
 
 def small_config(store_root, *overrides: str):

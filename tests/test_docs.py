@@ -15,6 +15,8 @@ README_MAX_LINES = 200
 # Markdown links into docs/: [text](docs/PAGE.md) or [text](docs/PAGE.md#anchor)
 DOCS_LINK = re.compile(r"\]\(docs/([^)#]+)\.md(?:#([^)]+))?\)")
 BUILD_TIMEOUT_S = 540
+# One worker runs this module's tests, so the site (≈ 50 s of CPU) is built once, not per worker.
+pytestmark = pytest.mark.xdist_group("docs")
 
 
 @pytest.fixture(scope="module")

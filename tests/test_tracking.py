@@ -4,7 +4,7 @@ import json
 
 import numpy as np
 import pytest
-from helpers import small_config
+from helpers import run_python, small_config
 from mlflow.tracking import MlflowClient
 
 from cluster.runtime.experiment import run_experiment
@@ -267,9 +267,6 @@ def test_the_driver_never_imports_mlflow(store_root, tracking_uri):
     that the training hosts need (workload A's first round: 1.8 s instead of 0.2 s). The CLI
     starts that process before its own imports; the run takes it, and one left unused exits
     with the driver."""
-    import os
-    import subprocess
-    import sys
     import time
     from pathlib import Path
 
@@ -277,25 +274,17 @@ def test_the_driver_never_imports_mlflow(store_root, tracking_uri):
 import sys
 import cluster.tracking.process as tracking_process
 tracking_process.prestart()
-prestarted = tracking_process._prestarted[0]
+prestarted = tracking_process._prestarted[0][0]
 from helpers import small_config
 from cluster.runtime.experiment import run_experiment
 config = small_config({str(store_root)!r}, "rounds=2", "tracking.enabled=true",
                       "tracking.experiment=test-no-mlflow")
 outcome = run_experiment(config)
 tracking_process.prestart()  # a spare no run takes
-spare = tracking_process._prestarted[0]
+spare = tracking_process._prestarted[0][0]
 print(outcome.run_id, "mlflow" in sys.modules, prestarted.returncode, spare.pid)
 """
-    tests = Path(__file__).parent
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        cwd=tests.parent,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tests.parent), str(tests)])},
-        timeout=300,
-    )
+    done = run_python(script)
     assert done.returncode == 0, done.stderr[-3000:]
     run_id, imported, prestarted_code, spare = done.stdout.split()[-4:]
     assert imported == "False"
@@ -310,3 +299,58 @@ print(outcome.run_id, "mlflow" in sys.modules, prestarted.returncode, spare.pid)
     client = MlflowClient(tracking_uri)
     assert client.get_run(run_id).info.status == "FINISHED"
     assert "partition" in {a.path for a in client.list_artifacts(run_id)}
+
+
+def test_runs_one_after_another_each_find_a_tracking_process_loaded_during_the_last(monkeypatch):
+    """``compare``'s runs in process: each tracked run takes a prestarted process, and the next
+    tracked run's is started as this one begins (it loads MLflow while this one trains); an
+    untracked run gets none, and none is left over after the last run."""
+    from types import SimpleNamespace
+
+    import cluster.runtime.experiment
+    import cluster.tracking.process as tracking_process
+    from cluster.analysis.trials import run_in_process
+
+    class Process:  # a stand-in for the tracking process, alive until told
+        def __init__(self):
+            self.code = None
+
+        def poll(self):
+            return self.code
+
+    spawned, seen = [], []
+
+    def spawn(preload):
+        spawned.append((Process(), SimpleNamespace(close=lambda: None), preload))
+        return spawned[-1][:2]
+
+    def run_experiment(config, **kwargs):
+        seen.append(len(tracking_process._prestarted))
+        if config.tracking.enabled:  # as TrackingRun does
+            assert tracking_process._take_prestarted() is not None
+        return SimpleNamespace(interrupted=False)
+
+    monkeypatch.setattr(tracking_process, "_spawn", spawn)
+    monkeypatch.setattr(tracking_process, "_prestarted", [])
+    monkeypatch.setattr(cluster.runtime.experiment, "run_experiment", run_experiment)
+
+    def trial(name, tracked):
+        return SimpleNamespace(
+            name=name, config=SimpleNamespace(tracking=SimpleNamespace(enabled=tracked))
+        )
+
+    trials = [trial("a", True), trial("b", True), trial("c", True), trial("d", False)]
+    spawned_before = []
+    run_in_process(trials, None, lambda result: spawned_before.append(len(spawned)))
+    assert seen == [2, 2, 1, 0]  # each tracked run finds its own and the next run's
+    assert spawned_before == [2, 3, 3, 3] and all(preload for *_, preload in spawned)
+    assert tracking_process._prestarted == []
+
+    # A spare that exited meanwhile is replaced, and its connection closed.
+    closed = []
+    tracking_process.prestart()
+    dead = tracking_process._prestarted[0]
+    dead[0].code = 1
+    monkeypatch.setattr(dead[1], "close", lambda: closed.append(True))
+    tracking_process.prestart()
+    assert closed == [True] and tracking_process._prestarted[0] is not dead

@@ -194,10 +194,14 @@ def run_in_process(
 
     from cluster.runtime.experiment import run_experiment
     from cluster.runtime.interrupts import Interrupted, StopSignals
+    from cluster.tracking.process import prestart as prestart_tracking
 
     results = []
     for index, trial in enumerate(trials):
         start = time.perf_counter()
+        # This run's tracking process, and the next run's, loading while this one trains.
+        tracked = [t.config.tracking.enabled for t in trials[index : index + 2]]
+        prestart_tracking(sum(tracked) if tracked[0] else 0)
         outcome = run_experiment(trial.config, calibrate=False, parent_run_id=parent_run_id)
         if outcome.interrupted:
             active = StopSignals.active()  # None where no command installed them

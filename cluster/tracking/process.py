@@ -319,23 +319,37 @@ class TrackingRun:
             self._process.wait()
 
 
-_prestarted: tuple[subprocess.Popen, Connection] | None = None
+_prestarted: list[tuple[subprocess.Popen, Connection]] = []  # oldest first
 
 
-def prestart() -> None:
-    """Start the next run's tracking process now, before the driver imports torch: its own
-    imports (MLflow, matplotlib for the partition report: ≈ 1.4 s of CPU) then run on the core
-    the single-threaded imports leave idle instead of beside the first rounds' training. The
-    next ``TrackingRun`` takes it; unused (tracking off), it exits with the driver."""
-    global _prestarted
-    if _prestarted is None:
-        _prestarted = _spawn(preload=True)
+def prestart(count: int = 1) -> None:
+    """Have ``count`` tracking processes started ahead of their runs, starting those missing
+    now: their imports (MLflow, matplotlib for the partition report: ≈ 1.4 s of CPU) then run
+    on a core left idle instead of beside the first rounds' training. The ``run`` command starts
+    one before the driver imports torch (single-threaded, so the other core is free); runs one
+    after another (``compare``) keep one more, for the next run, loading while the current one
+    trains. Each ``TrackingRun`` takes the oldest; unused (tracking off), they exit with the
+    driver."""
+    _prestarted[:] = [taken for taken in _prestarted if _alive(taken)]
+    while len(_prestarted) < count:
+        _prestarted.append(_spawn(preload=True))
 
 
 def _take_prestarted() -> tuple[subprocess.Popen, Connection] | None:
-    global _prestarted
-    taken, _prestarted = _prestarted, None
-    return taken if taken is not None and taken[0].poll() is None else None
+    while _prestarted:
+        taken = _prestarted.pop(0)
+        if _alive(taken):
+            return taken
+    return None
+
+
+def _alive(prestarted: tuple[subprocess.Popen, Connection]) -> bool:
+    """Whether a prestarted process still runs; the connection of one that ended is closed."""
+    process, conn = prestarted
+    if process.poll() is None:
+        return True
+    conn.close()
+    return False
 
 
 _ARTIFACT_TIMEOUT = {ARTIFACT_TIMEOUT_VARIABLE: ARTIFACT_TIMEOUT_S}

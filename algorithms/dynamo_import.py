@@ -1,0 +1,41 @@
+"""``torch._dynamo``, imported ahead of a process's first ``torch.func`` gradient.
+
+The gradient transforms of ``torch.func`` (``grad``, ``vjp``) enter
+``torch._dynamo.compiled_autograd._disable()`` on every call, so the first one imports
+``torch._dynamo`` with sympy and mpmath: ≈ 900 modules, 2.6 s of import time on the 2-core
+development machine (``python -X importtime``). Inside the first round, that is most of its
+time (the quickstart's round 1 took 3.1–3.6 s on the local executor, the rounds after it 0.2 s).
+
+A client host that will take such gradients (it vectorises its clients, or runs DP-SGD's
+per-example gradients) starts the import on a daemon thread as soon as it is built. The import
+then runs while the host loads its clients' rows and the process waits for the first round
+(Arrow reads, torch kernels and the driver's waits leave the GIL free), instead of inside the
+round. A gradient taken before the import ended waits for it: Python's import system holds a
+module's lock until its code has run. Importing computes nothing, so results are unchanged.
+
+The thread imports only ``torch._dynamo`` and what it imports (torch's modules, sympy, mpmath,
+numpy's and the standard library's): modules no code of this project imports while it loads
+data or trains, so the two threads never wait for each other's imports in a cycle."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+_lock = threading.Lock()
+_started = False
+
+
+def start_dynamo_import() -> None:
+    """Start importing ``torch._dynamo`` on a daemon thread, once per process; nothing to do
+    where it is imported (or being imported) already."""
+    global _started
+    with _lock:
+        if _started or "torch._dynamo" in sys.modules:
+            return
+        _started = True
+    threading.Thread(target=_import_dynamo, name="import torch._dynamo", daemon=True).start()
+
+
+def _import_dynamo() -> None:
+    import torch._dynamo  # noqa: F401
