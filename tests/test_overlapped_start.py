@@ -185,7 +185,7 @@ def test_a_ray_that_fails_to_start_stops_the_run_at_its_last_round_kept(
     assert "resume it with" in message  # the checkpoint of round 1
 
 
-def test_auto_leaves_it_off_where_the_data_held_twice_would_not_fit(
+def test_auto_leaves_it_off_and_true_is_refused_where_the_data_held_twice_would_not_fit(
     store_root, tmp_path, monkeypatch
 ):
     from cluster.runtime.store import open_store
@@ -201,6 +201,13 @@ def test_auto_leaves_it_off_where_the_data_held_twice_would_not_fit(
     assert overlapped_start.applies(forced, store) == (True, None)
     monkeypatch.setattr(overlapped_start, "physical_memory", lambda: 5 * need)
     assert overlapped_start.applies(config, store) == (True, None)
+    # Forced where the two copies together would not fit: refused, naming the fix.
+    monkeypatch.setattr(overlapped_start, "physical_memory", lambda: 2 * need - 1)
+    with pytest.raises(ConfigError) as error:
+        overlapped_start.applies(forced, store)
+    assert "executor.overlap_start" in str(error.value) and "false" in str(error.value)
+    monkeypatch.setattr(overlapped_start, "physical_memory", lambda: 2 * need)
+    assert overlapped_start.applies(forced, store) == (True, None)
 
 
 def test_it_applies_only_to_a_ray_of_the_runs_own(store_root, tmp_path, monkeypatch):

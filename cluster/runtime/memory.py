@@ -41,10 +41,12 @@ def cgroup_limit(path: Path) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def check_fits_memory(field: str, value: object, need: int, what: str, fix: str) -> None:
+def check_fits_memory(
+    field: str, value: object, need: int, what: str, fix: str, have: int | None = None
+) -> None:
     """A ``ConfigError`` on ``field`` when ``need`` bytes (what ``what`` allocates) exceed this
-    machine's memory."""
-    have = physical_memory()
+    machine's memory (``have`` bytes, where the caller read it already)."""
+    have = physical_memory() if have is None else have
     if need > have:
         raise ConfigError(
             field,

@@ -36,7 +36,7 @@ from cluster.config import ExperimentConfig
 from cluster.config.runtime import starts_embedded_ray
 from cluster.runtime.central_optimum import central_optimum
 from cluster.runtime.executors import HostPool, HostsUnavailable, LocalExecutor
-from cluster.runtime.memory import physical_memory
+from cluster.runtime.memory import check_fits_memory, physical_memory
 from cluster.runtime.ray_runtime import without_failure_signal_handler
 from datasets.store import ShardStore
 
@@ -65,7 +65,8 @@ def in_process_bytes(store: ShardStore, num_hosts: int) -> int:
 
 def applies(config: ExperimentConfig, store: ShardStore) -> tuple[bool, str | None]:
     """Whether this run overlaps Ray's start with its first rounds, and, where ``auto`` leaves
-    it off, why (a line for the terminal)."""
+    it off, why (a line for the terminal). ``true`` where the data held twice exceeds this
+    machine's memory is a ``ConfigError``."""
     e = config.executor
     if e.overlap_start is False or not ray_here_only(config) or e.gpus_per_actor > 0:
         forced = e.overlap_start is True and _connected()  # the rest is refused by the checks
@@ -76,7 +77,17 @@ def applies(config: ExperimentConfig, store: ShardStore) -> tuple[bool, str | No
             else None
         )
     need, have = in_process_bytes(store, e.num_actors), physical_memory()
-    if e.overlap_start == "auto" and need > MEMORY_SHARE * have:
+    if e.overlap_start is True:  # the actors hold their copy on this machine too
+        check_fits_memory(
+            "executor.overlap_start",
+            True,
+            2 * need,
+            "holding the clients' data in this process and in the actors at once",
+            "set executor.overlap_start: false (auto leaves it off where the data would take "
+            f"over {MEMORY_SHARE:.0%} of the memory)",
+            have,
+        )
+    elif need > MEMORY_SHARE * have:
         return False, (
             f"executor: the actors start before the first round (overlap_start: the clients' "
             f"data, {need / 2**30:.3g} GiB, would be held twice meanwhile, on a machine of "
