@@ -36,8 +36,8 @@ def fresh_batches(
     ``generators[i]`` (CPU generators, each advanced past its K_i shuffles), size b_i for
     k < K_i and 0 after; padding 0."""
     widths = [min(batch_size, size) for size in sizes]
-    perm = _sliced_shuffles(sizes, steps, generators, max(widths))
-    return _batches(perm, [0] * len(sizes), widths, [1] * len(sizes), sizes, steps)
+    ones = [1] * len(sizes)
+    return _in_chunks(sizes, steps, steps, generators, [0] * len(sizes), widths, ones, widths)
 
 
 def epoch_batches(
@@ -49,24 +49,64 @@ def epoch_batches(
     widths = [min(batch_size, size) for size in sizes]
     per_epoch = [-(-size // width) for size, width in zip(sizes, widths, strict=True)]
     epochs = [-(-k // s) for k, s in zip(steps, per_epoch, strict=True)]
-    perm = _sliced_shuffles(sizes, epochs, generators, max(sizes))
-    return _batches(perm, widths, widths, per_epoch, sizes, steps)
+    return _in_chunks(sizes, steps, epochs, generators, widths, widths, per_epoch, sizes)
 
 
-def _sliced_shuffles(
-    sizes: list[int], draws: list[int], generators: list[torch.Generator], width: int
-) -> torch.Tensor:
-    """[n, max draws_i, width]: the first ``width`` positions of each client's ``draws_i``
-    ``randperm(n_i)`` calls in a row (``_shuffles``), clients in slices of at most
-    ``SWAP_ENTRIES`` permutation entries."""
-    perm = torch.zeros((len(sizes), max(draws), width), dtype=torch.int64)
-    per_slice = max(1, SWAP_ENTRIES // max(1, max(draws) * max(sizes)))  # 0: no steps
-    for start in range(0, len(sizes), per_slice):
-        part = slice(start, start + per_slice)
-        shuffles = _shuffles(sizes[part], draws[part], generators[part], width)
-        used = min(shuffles.shape[2], width)
-        perm[part, : shuffles.shape[1], :used] = shuffles[:, :, :used]
-    return perm
+def _in_chunks(
+    sizes: list[int],
+    steps: list[int],
+    draws: list[int],
+    generators: list[torch.Generator],
+    stride: list[int],
+    widths: list[int],
+    per_draw: list[int],
+    reads: list[int],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_batches`` of every client from its ``draws_i`` shuffles, correct in the first
+    ``reads_i`` positions (those its batches read), the clients taken in chunks
+    of similar sizes (``_chunks``): a chunk's shuffles are [its clients, its most draws, its
+    largest n_i], so one large client does not make every client's rows that long."""
+    index = torch.zeros(
+        (len(sizes), max(steps, default=0), max(widths, default=0)), dtype=torch.int64
+    )
+    counts = torch.zeros(index.shape[:2], dtype=torch.int64)
+    for members in _chunks(sizes, draws):
+        part = _Taken(members)
+        perm = _shuffles(part(sizes), part(draws), part(generators), max(part(reads)))
+        chunk, sized = _batches(
+            perm, part(stride), part(widths), part(per_draw), part(sizes), part(steps)
+        )
+        index[members, : chunk.shape[1], : chunk.shape[2]] = chunk
+        counts[members, : sized.shape[1]] = sized
+    return index, counts
+
+
+class _Taken:
+    """A chunk's entries of a per-client list: ``part(values)``."""
+
+    def __init__(self, members: list[int]):
+        self.members = members
+
+    def __call__(self, values: list) -> list:
+        return [values[i] for i in self.members]
+
+
+def _chunks(sizes: list[int], draws: list[int]) -> list[list[int]]:
+    """The clients in order of (n_i, draws_i), cut into chunks whose shuffles hold at most
+    ``SWAP_ENTRIES`` entries (chunk length · most draws · largest n_i); a client larger than
+    that alone is a chunk of its own."""
+    order = sorted(range(len(sizes)), key=lambda i: (sizes[i], draws[i]))
+    chunks: list[list[int]] = []
+    most_draws = 0
+    for i in order:
+        most = max(most_draws, draws[i])
+        if chunks and (len(chunks[-1]) + 1) * max(1, most) * sizes[i] <= SWAP_ENTRIES:
+            chunks[-1].append(i)
+            most_draws = most
+        else:
+            chunks.append([i])
+            most_draws = draws[i]
+    return chunks
 
 
 def _batches(

@@ -53,3 +53,29 @@ def test_clients_with_no_steps_get_no_batches_and_draw_nothing(draw):
     index, sizes = draw([5, 3], [0, 0], 2, generators)
     assert index.shape == (2, 0, 2) and sizes.shape == (2, 0)
     assert all(torch.equal(g.get_state(), s) for g, s in zip(generators, states, strict=True))
+
+
+@pytest.mark.parametrize("draw", [fresh_batches, epoch_batches])
+def test_one_large_client_does_not_lengthen_the_others_shuffles(monkeypatch, draw):
+    """Clients are shuffled in chunks of similar sizes: 200 clients of 20 rows beside one of
+    30,000 make shuffles of [200, 1, ≤ 20] and [1, 1, ≤ 30000] entries, not [201, 1, 30000]
+    (which, with 1,000 clients of 20 and one of 50,000, took 400 MB)."""
+    shapes = []
+    shuffles = round_batches._shuffles
+
+    def recorded(sizes, draws, generators, width):
+        perm = shuffles(sizes, draws, generators, width)
+        shapes.append(tuple(perm.shape))
+        return perm
+
+    monkeypatch.setattr(round_batches, "_shuffles", recorded)
+    sizes, steps = [20] * 200 + [30_000], [1] * 201
+    generators = [torch.Generator().manual_seed(i) for i in range(201)]
+    reference = [torch.Generator().manual_seed(i) for i in range(201)]
+    index, counts = draw(sizes, steps, 10, generators)
+    assert sorted(shapes) == [(1, 1, 30_000), (200, 1, 20)]
+    sampling = "fresh" if draw is fresh_batches else "epoch"
+    for i in (0, 199, 200):  # the chunks' results land in their clients' rows
+        trainer = LocalTrainer(lr=0.1, batch_size=10, local_steps=1, batch_sampling=sampling)
+        (expected,) = trainer.batches(sizes[i], reference[i])
+        assert torch.equal(index[i, 0], expected) and counts[i, 0] == 10
