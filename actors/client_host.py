@@ -19,6 +19,7 @@ from algorithms.algorithm import Algorithm
 from algorithms.client import client_round
 from algorithms.clients_tail import batchable, sum_trained_clients
 from algorithms.control_variates import local_correction
+from algorithms.dpsgd import auto_method
 from algorithms.dynamo_import import start_dynamo_import
 from algorithms.layout import ParamLayout
 from algorithms.local import LocalResult, ModelObjective, autocast_dtype
@@ -123,8 +124,10 @@ class ClientHost:
             autocast=autocast_dtype(kernels.precision, self.device),
         )
         self.algorithm = algorithm.bind(self.objective.layout)
-        if self.vectorize or self.algorithm.sample_dp is not None:  # torch.func's gradients
-            start_dynamo_import()  # while the rows load, not in the first round
+        if self.vectorize or (  # torch.func's gradients: while the rows load, not in round 1
+            self.algorithm.sample_dp is not None and auto_method(self.objective) == "vmap_grad"
+        ):
+            start_dynamo_import()
         self.eval_batch_size = eval_batch_size
         # Read from the store when sampled, kept up to a byte budget (actors/client_data.py).
         self.data = ClientDataCache(self.store, self._tensors, cache_bytes)

@@ -68,6 +68,16 @@ def refuse_batchnorm(model: nn.Module) -> None:
 EXPANDED_MAX_PARAMS = 100_000
 
 
+def auto_method(objective) -> str:
+    """The path ``per_example_gradients`` takes for ``objective`` under ``auto`` (below);
+    ``own`` for an objective with its own ``per_example_gradients``."""
+    if getattr(objective, "per_example_gradients", None) is not None:
+        return "own"
+    if _linear_owners(objective.model, tuple(objective.layout.names)) is not None:
+        return "linear"
+    return "expanded" if objective.layout.size <= EXPANDED_MAX_PARAMS else "vmap_grad"
+
+
 def per_example_gradients(
     objective, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, method: str = "auto"
 ):
@@ -95,10 +105,7 @@ def per_example_gradients(
     params = layout.unflatten(flat.detach())
     linears = _linear_owners(model, tuple(layout.names))  # once per model: every step asks
     if method == "auto":
-        if linears is not None:
-            method = "linear"
-        else:
-            method = "expanded" if flat.numel() <= EXPANDED_MAX_PARAMS else "vmap_grad"
+        method = auto_method(objective)
     objective.grad_evals += 1
     if method == "linear":
         if linears is None:

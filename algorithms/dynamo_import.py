@@ -4,14 +4,18 @@ The gradient transforms of ``torch.func`` (``grad``, ``vjp``) enter
 ``torch._dynamo.compiled_autograd._disable()`` on every call, so the first one imports
 ``torch._dynamo`` with sympy and mpmath: ≈ 900 modules, 2.6 s of import time on the 2-core
 development machine (``python -X importtime``). Inside the first round, that is most of its
-time (the quickstart's round 1 took 3.1–3.6 s on the local executor, the rounds after it 0.2 s).
+time (the quickstart's round 1 took 3.1 and 3.8 s on the local executor, the rounds after it 0.2 s).
 
-A client host that will take such gradients (it vectorises its clients, or runs DP-SGD's
-per-example gradients) starts the import on a daemon thread as soon as it is built. The import
+A client host that will take such gradients (it vectorises its clients, or its DP-SGD takes
+per-example gradients by ``vmap(grad)``: ``algorithms.dpsgd.auto_method``) starts the import
+on a thread as soon as it is built. The import
 then runs while the host loads its clients' rows and the process waits for the first round
 (Arrow reads, torch kernels and the driver's waits leave the GIL free), instead of inside the
 round. A gradient taken before the import ended waits for it: Python's import system holds a
 module's lock until its code has run. Importing computes nothing, so results are unchanged.
+The thread is not a daemon: a process that ends during the import waits for it (2.6 s at
+most), since a thread stopped inside torch's C++ import code at the interpreter's exit aborts
+the process (exit 134, "terminate called after throwing an instance of ''").
 
 The thread imports only ``torch._dynamo`` and what it imports (torch's modules, sympy, mpmath,
 numpy's and the standard library's): modules no code of this project imports while it loads
@@ -27,14 +31,14 @@ _started = False
 
 
 def start_dynamo_import() -> None:
-    """Start importing ``torch._dynamo`` on a daemon thread, once per process; nothing to do
-    where it is imported (or being imported) already."""
+    """Start importing ``torch._dynamo`` on a thread, once per process; nothing to do where it
+    is imported (or being imported) already."""
     global _started
     with _lock:
         if _started or "torch._dynamo" in sys.modules:
             return
         _started = True
-    threading.Thread(target=_import_dynamo, name="import torch._dynamo", daemon=True).start()
+    threading.Thread(target=_import_dynamo, name="import torch._dynamo").start()
 
 
 def _import_dynamo() -> None:

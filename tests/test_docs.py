@@ -1,9 +1,12 @@
 """The documentation site (docs/) builds with every warning an error, and README.md is short
 and links only to pages that exist."""
 
+import fcntl
+import hashlib
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -26,9 +29,14 @@ def site(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("site")
     command = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-j", "2"]
     command += ["-b", "html", "-d", str(out / "doctrees"), str(DOCS), str(out / "html")]
-    build = subprocess.run(
-        command, cwd=REPO, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S
-    )
+    # Sphinx writes the API stubs into docs/_generated, in the tree: a build that finds a stub
+    # another build is still writing skips its submodules. One build of this checkout at once.
+    digest = hashlib.sha256(str(REPO).encode()).hexdigest()[:12]
+    with open(Path(tempfile.gettempdir()) / f"dpfl-docs-build-{digest}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        build = subprocess.run(
+            command, cwd=REPO, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S
+        )
     # The first lines say why (a module autodoc could not import); the last, what it broke.
     assert build.returncode == 0, f"{build.stderr[:3000]}\n...\n{build.stderr[-1500:]}"
     return out / "html"

@@ -7,7 +7,7 @@ import pytest
 import torch
 from opacus import GradSampleModule
 
-from algorithms.dpsgd import DpSgdGradient, clipped_sum, per_example_gradients
+from algorithms.dpsgd import DpSgdGradient, auto_method, clipped_sum, per_example_gradients
 from algorithms.layout import ParamLayout
 from algorithms.local import LocalTrainer, ModelObjective
 from models import build_model
@@ -115,3 +115,17 @@ def test_linear_path_is_for_linear_only_models():
     x, y = _batch((1, 28, 28), 10)
     with pytest.raises(ValueError, match="nn.Linear"):
         per_example_gradients(objective, ParamLayout.flatten(model), x, y, "linear")
+
+
+def test_auto_takes_the_linear_path_then_the_expanded_one_then_vmap_grad():
+    """The path ``auto`` takes, by model (``auto_method``, which a host also reads to know
+    whether it will take ``torch.func`` gradients)."""
+    expected = {"logreg": "linear", "mlp_pca60": "linear", "mnist_cnn": "vmap_grad"}
+    for name, path in expected.items():
+        model = build_model(name, *MODELS[name])
+        assert auto_method(ModelObjective(model, ParamLayout.of(model))) == path, name
+    small = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 2, 3), torch.nn.Flatten(), torch.nn.LazyLinear(2)
+    )
+    small(torch.zeros(1, 1, 5, 5))  # materialise the lazy layer
+    assert auto_method(ModelObjective(small, ParamLayout.of(small))) == "expanded"

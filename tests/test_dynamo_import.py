@@ -1,45 +1,49 @@
 """``torch._dynamo`` is imported on a thread as a host that takes ``torch.func`` gradients is
 built (``algorithms.dynamo_import``), not in its first round; other hosts never import it."""
 
+import pytest
 from helpers import run_python, small_config
 
 from cluster.runtime.store import open_store
 
-# In a fresh interpreter: the pytest process may have imported torch._dynamo already.
+# Each case in a fresh interpreter: an earlier host (or the pytest process) imports it once.
 SCRIPT = """
 import sys, threading
 from helpers import small_config
 from actors.client_host import ClientHost, Kernels
 
-def host(vectorize, *overrides):
-    config = small_config(sys.argv[1], *overrides)
-    algorithm = config.build_algorithm()
-    return ClientHost(sys.argv[2], config.task, algorithm, 0, [0, 1], kernels=Kernels(vectorize))
-
-def importing():
-    return [t for t in threading.enumerate() if t.name == "import torch._dynamo"]
-
-host(False)  # FedAvg, one client after another: plain autograd
-print("sequential", "torch._dynamo" in sys.modules, len(importing()))
-host(False, *sys.argv[3:])  # DP-SGD's per-example gradients: torch.func
-threads = importing()
+store_root, store, vectorize, *overrides = sys.argv[1:]
+config = small_config(store_root, *overrides)
+kernels = Kernels(vectorize == "True")
+ClientHost(store, config.task, config.build_algorithm(), 0, [0, 1], kernels=kernels)
+threads = [t for t in threading.enumerate() if t.name == "import torch._dynamo"]
 for thread in threads:
     thread.join(300)
-print("sample-level", len(threads), "torch._dynamo" in sys.modules)
-host(True)  # vectorised clients: torch.func, and the import is not started twice
-print("vectorised", len(importing()))
+print(len(threads), "torch._dynamo" in sys.modules)
 """
+# DP-SGD on the logistic regression: the linear path (plain autograd, no torch.func gradient)
+SAMPLE_LEVEL = [
+    "algorithm.name=dp_fedavg_sample",
+    "algorithm.noise_placement=null",
+    "algorithm.clip_norm=1.0",
+    "algorithm.noise_multiplier=1.0",
+]
 
 
-def test_hosts_that_take_torch_func_gradients_import_dynamo_as_they_are_built(store_root):
-    sample_level = ["algorithm.name=dp_fedavg_sample", "algorithm.noise_placement=null"]
-    sample_level += ["algorithm.clip_norm=1.0", "algorithm.noise_multiplier=1.0"]
-    small_config(store_root, *sample_level)  # refused here, not in the child, if it is bad
-    store, _ = open_store(small_config(store_root))
-    done = run_python(SCRIPT, str(store_root), str(store.location), *sample_level)
+@pytest.mark.parametrize(
+    ("vectorize", "overrides", "imports"),
+    [
+        (True, [], True),  # vectorised clients: vmap(grad)
+        (False, [], False),  # FedAvg one client after another: plain autograd
+        (False, SAMPLE_LEVEL, False),  # DP-SGD's linear path (auto_method; test_dpsgd.py)
+    ],
+    ids=["vectorised", "sequential", "dp-sgd linear"],
+)
+def test_only_hosts_that_take_torch_func_gradients_import_dynamo_as_they_are_built(
+    store_root, vectorize, overrides, imports
+):
+    store, _ = open_store(small_config(store_root, *overrides))
+    done = run_python(SCRIPT, str(store_root), str(store.location), str(vectorize), *overrides)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split("\n")[:3] == [
-        "sequential False 0",
-        "sample-level 1 True",
-        "vectorised 0",
-    ], done.stdout
+    threads, imported = done.stdout.split()[-2:]
+    assert (int(threads), imported == "True") == (int(imports), imports)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 from conftest import RAY_MODULES
 
 TESTS = Path(__file__).resolve().parent
@@ -41,3 +42,15 @@ def test_every_module_that_starts_ray_is_in_the_serial_group():
 
 def test_the_serial_group_names_existing_modules():
     assert sorted(name for name in RAY_MODULES if not (TESTS / f"{name}.py").exists()) == []
+
+
+@pytest.mark.xdist_group("probe")
+def test_an_xdist_group_keeps_its_tests_on_one_worker(request):
+    """pytest-xdist's ``loadgroup`` sends a group to one worker by renaming its tests
+    ``…@group``. Under pytest 9.2 the renaming is lost (pytest-xdist #1386) and every group,
+    the serial Ray group too, spreads over the workers: hence pytest < 9.2 in pyproject.toml."""
+    if getattr(request.config, "workerinput", None) is None:
+        pytest.skip("not on a pytest-xdist worker (-n 0)")
+    if not request.config.option.loadgroup:  # a worker's own "dist" is "no"
+        pytest.skip("not --dist loadgroup: no groups")
+    assert request.node.nodeid.endswith("@probe"), request.node.nodeid
