@@ -13,9 +13,13 @@ then runs while the host loads its clients' rows and the process waits for the f
 (Arrow reads, torch kernels and the driver's waits leave the GIL free), instead of inside the
 round. A gradient taken before the import ended waits for it: Python's import system holds a
 module's lock until its code has run. Importing computes nothing, so results are unchanged.
-The thread is not a daemon: a process that ends during the import waits for it (2.6 s at
-most), since a thread stopped inside torch's C++ import code at the interpreter's exit aborts
-the process (exit 134, "terminate called after throwing an instance of ''").
+The thread is not a daemon: a process that ends during the import waits for it (2.6 s of CPU;
+a Ray actor ended at once on a busy 2-core machine took 8 s to exit instead of 1.3 s), since a
+thread stopped inside torch's C++ import code at the interpreter's exit aborts the process
+(exit 134, "terminate called after throwing an instance of ''"). A process that forks during
+the import leaves its child holding the import's module locks: the child's own import of
+``torch._dynamo`` then never returns. Nothing here forks (``subprocess`` and Ray's processes
+exec); code that does (``multiprocessing`` with ``fork``) must do so before a host is built.
 
 The thread imports only ``torch._dynamo`` and what it imports (torch's modules, sympy, mpmath,
 numpy's and the standard library's): modules no code of this project imports while it loads

@@ -36,6 +36,9 @@ RAY_MODULES = {
 }
 
 
+# Before pytest-xdist's own hook, which renames a grouped test ``…@ray`` on a worker: run after
+# it, the mark comes too late and the Ray modules spread over both workers.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.module.__name__.rsplit(".", 1)[-1] in RAY_MODULES:

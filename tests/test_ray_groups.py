@@ -47,10 +47,17 @@ def test_the_serial_group_names_existing_modules():
 @pytest.mark.xdist_group("probe")
 def test_an_xdist_group_keeps_its_tests_on_one_worker(request):
     """pytest-xdist's ``loadgroup`` sends a group to one worker by renaming its tests
-    ``…@group``. Under pytest 9.2 the renaming is lost (pytest-xdist #1386) and every group,
-    the serial Ray group too, spreads over the workers: hence pytest < 9.2 in pyproject.toml."""
+    ``…@group`` as the worker collects them. The renaming was lost twice, each time silently
+    spreading the serial Ray group over both workers: under pytest 9.2 (pytest-xdist #1386;
+    hence pytest < 9.2 in pyproject.toml), and while conftest's hook marked the Ray modules
+    after xdist's had renamed the tests (now ``tryfirst``). Both show here: this test's own
+    name, and every collected test of a Ray module."""
     if getattr(request.config, "workerinput", None) is None:
         pytest.skip("not on a pytest-xdist worker (-n 0)")
     if not request.config.option.loadgroup:  # a worker's own "dist" is "no"
         pytest.skip("not --dist loadgroup: no groups")
     assert request.node.nodeid.endswith("@probe"), request.node.nodeid
+    ray_tests = [
+        i for i in request.session.items if i.module.__name__.rsplit(".", 1)[-1] in RAY_MODULES
+    ]
+    assert [i.nodeid for i in ray_tests if not i.nodeid.endswith("@ray")] == []
