@@ -103,11 +103,11 @@ def per_example_gradients(
         return own(flat, x, y)
     layout, model = objective.layout, objective.model
     params = layout.unflatten(flat.detach())
-    linears = _linear_owners(model, tuple(layout.names))  # once per model: every step asks
     if method == "auto":
         method = auto_method(objective)
     objective.grad_evals += 1
     if method == "linear":
+        linears = _linear_owners(model, tuple(layout.names))  # once per model: every step asks
         if linears is None:
             raise ValueError("method linear needs every parameter in an nn.Linear layer")
         logits, grads = _linear_outer_products(objective, flat, linears, x, y)

@@ -63,49 +63,38 @@ def _in_chunks(
     reads: list[int],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``_batches`` of every client from its ``draws_i`` shuffles, correct in the first
-    ``reads_i`` positions (those its batches read), the clients taken in chunks
-    of similar sizes (``_chunks``): a chunk's shuffles are [its clients, its most draws, its
-    largest n_i], so one large client does not make every client's rows that long."""
+    ``reads_i`` positions (those its batches read). The clients are taken in order of (n_i,
+    draws_i), in chunks whose shuffles hold at most ``SWAP_ENTRIES`` entries (chunk length ·
+    most draws · largest n_i; a larger client alone), so one large client does not make every
+    client's rows that long."""
     index = torch.zeros(
         (len(sizes), max(steps, default=0), max(widths, default=0)), dtype=torch.int64
     )
     counts = torch.zeros(index.shape[:2], dtype=torch.int64)
-    for members in _chunks(sizes, draws):
-        part = _Taken(members)
-        perm = _shuffles(part(sizes), part(draws), part(generators), max(part(reads)))
-        chunk, sized = _batches(
-            perm, part(stride), part(widths), part(per_draw), part(sizes), part(steps)
-        )
-        index[members, : chunk.shape[1], : chunk.shape[2]] = chunk
-        counts[members, : sized.shape[1]] = sized
+    order = sorted(range(len(sizes)), key=lambda i: (sizes[i], draws[i]))
+    columns = (sizes, steps, draws, generators, stride, widths, per_draw, reads)
+    s, k, d, g, st, w, pd, r = ([column[i] for i in order] for column in columns)
+    for part in _chunks(s, d):
+        perm = _shuffles(s[part], d[part], g[part], max(r[part]))
+        chunk, sized = _batches(perm, st[part], w[part], pd[part], s[part], k[part])
+        rows = order[part]
+        index[rows, : chunk.shape[1], : chunk.shape[2]] = chunk
+        counts[rows, : sized.shape[1]] = sized
     return index, counts
 
 
-class _Taken:
-    """A chunk's entries of a per-client list: ``part(values)``."""
-
-    def __init__(self, members: list[int]):
-        self.members = members
-
-    def __call__(self, values: list) -> list:
-        return [values[i] for i in self.members]
-
-
-def _chunks(sizes: list[int], draws: list[int]) -> list[list[int]]:
-    """The clients in order of (n_i, draws_i), cut into chunks whose shuffles hold at most
-    ``SWAP_ENTRIES`` entries (chunk length · most draws · largest n_i); a client larger than
-    that alone is a chunk of its own."""
-    order = sorted(range(len(sizes)), key=lambda i: (sizes[i], draws[i]))
-    chunks: list[list[int]] = []
-    most_draws = 0
-    for i in order:
-        most = max(most_draws, draws[i])
-        if chunks and (len(chunks[-1]) + 1) * max(1, most) * sizes[i] <= SWAP_ENTRIES:
-            chunks[-1].append(i)
-            most_draws = most
-        else:
-            chunks.append([i])
-            most_draws = draws[i]
+def _chunks(sizes: list[int], draws: list[int]) -> list[slice]:
+    """Consecutive runs of clients (sorted by size) whose shuffles hold at most
+    ``SWAP_ENTRIES`` entries: run length · most draws · the run's last (largest) size."""
+    chunks: list[slice] = []
+    begin, most = 0, 0
+    for i, (size, count) in enumerate(zip(sizes, draws, strict=True)):
+        most = max(most, count)
+        if i > begin and (i - begin + 1) * max(1, most) * size > SWAP_ENTRIES:
+            chunks.append(slice(begin, i))
+            begin, most = i, count
+    if sizes:
+        chunks.append(slice(begin, len(sizes)))
     return chunks
 
 
