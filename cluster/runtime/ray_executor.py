@@ -115,6 +115,9 @@ class RayExecutor(HostPool):
         }
         options = actor_options(cpus_per_actor, gpus_per_actor, placement)
         group = get_current_placement_group()  # a trial's, or None
+        from actors.ray_actor import checkout_digest
+
+        self._code = checkout_digest()
         self.lease = None
         if keep_warm_s > 0:
             self.lease = self._lease(options, keep_warm_s, group, say)
@@ -147,7 +150,7 @@ class RayExecutor(HostPool):
         from actors.ray_actor import ClientHostActor
 
         return ClientHostActor.options(**{**options, **in_trial_group(group, index)}).remote(
-            *self._resources, (index, self.num_hosts), **self._host_kwargs
+            *self._resources, (index, self.num_hosts), self._code, **self._host_kwargs
         )
 
     def _open(self, index: int, states_lost: bool = False):
