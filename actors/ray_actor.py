@@ -15,6 +15,7 @@ from actors.client_host import Broadcast, ClientHost, EvalResult, TrainDiagnosti
 from actors.code_digest import PROJECT_ROOT, code_digest
 from actors.scheduling import pin_clients
 from algorithms.aggregate import PartialAggregate
+from algorithms.dynamo_import import wait_for_dynamo_import
 from datasets.store import ShardStore
 
 
@@ -76,7 +77,11 @@ def build_host(
             torch.cuda.set_per_process_memory_fraction(gpus_per_actor, 0)
     index, count = pinned
     sizes = ShardStore.open(host_kwargs["store_path"]).client_sizes
-    return ClientHost(device=device, client_ids=pin_clients(sizes, count)[index], **host_kwargs)
+    host = ClientHost(device=device, client_ids=pin_clients(sizes, count)[index], **host_kwargs)
+    # The actor answers once its first round runs at full speed: an embedded Ray's driver runs
+    # the rounds itself until then (``overlapped_start``), where the round would otherwise wait.
+    wait_for_dynamo_import()
+    return host
 
 
 class HostCalls:

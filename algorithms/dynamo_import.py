@@ -12,7 +12,11 @@ on a thread as soon as it is built. The import
 then runs while the host loads its clients' rows and the process waits for the first round
 (Arrow reads, torch kernels and the driver's waits leave the GIL free), instead of inside the
 round. A gradient taken before the import ended waits for it: Python's import system holds a
-module's lock until its code has run. Importing computes nothing, so results are unchanged.
+module's lock until its code has run. A Ray actor answers only once the import has ended
+(``actors.ray_actor.build_host`` calls ``wait_for_dynamo_import``): on an embedded Ray the driver
+runs the first rounds itself until its actors answer (``executor.overlap_start``), so the import
+delays the hand-over rather than the actors' first round. Importing computes nothing, so
+results are unchanged.
 The thread is not a daemon: a process that ends during the import waits for it (2.6 s of CPU;
 a Ray actor ended at once on a busy 2-core machine took 8 s to exit instead of 1.3 s), since a
 thread stopped inside torch's C++ import code at the interpreter's exit aborts the process
@@ -31,18 +35,25 @@ import sys
 import threading
 
 _lock = threading.Lock()
-_started = False
+_thread: threading.Thread | None = None
 
 
 def start_dynamo_import() -> None:
     """Start importing ``torch._dynamo`` on a thread, once per process; nothing to do where it
     is imported (or being imported) already."""
-    global _started
+    global _thread
     with _lock:
-        if _started or "torch._dynamo" in sys.modules:
+        if _thread is not None or "torch._dynamo" in sys.modules:
             return
-        _started = True
-    threading.Thread(target=_import_dynamo, name="import torch._dynamo").start()
+        _thread = threading.Thread(target=_import_dynamo, name="import torch._dynamo")
+        _thread.start()
+
+
+def wait_for_dynamo_import() -> None:
+    """Return once the import ``start_dynamo_import`` started has ended (at once where it did
+    not start one)."""
+    if _thread is not None:
+        _thread.join()
 
 
 def _import_dynamo() -> None:

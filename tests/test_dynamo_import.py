@@ -47,3 +47,31 @@ def test_only_hosts_that_take_torch_func_gradients_import_dynamo_as_they_are_bui
     assert done.returncode == 0, done.stderr[-3000:]
     threads, imported = done.stdout.split()[-2:]
     assert (int(threads), imported == "True") == (int(imports), imports)
+
+
+BUILD_HOST = """
+import sys, threading
+from helpers import small_config
+from actors.client_host import Kernels
+from actors.ray_actor import build_host
+
+store_root, store_path = sys.argv[1:]
+config = small_config(store_root)
+algorithm = config.build_algorithm()
+build_host(1.0, 0.0, (0, 1), dict(
+    store_path=store_path, test_per_client=None, kernels=Kernels(True), task=config.task,
+    algorithm=algorithm, seed=0,
+))
+print([t.name for t in threading.enumerate()].count("import torch._dynamo"))
+print("torch._dynamo" in sys.modules)
+"""
+
+
+def test_a_ray_actor_answers_once_its_host_has_imported_dynamo(store_root):
+    """``build_host`` (an actor's constructor, and a warm actor's ``open``) returns once the
+    import has ended: an embedded Ray's driver runs the rounds itself until the actors answer,
+    instead of their first round waiting for the import."""
+    store, _ = open_store(small_config(store_root))
+    done = run_python(BUILD_HOST, str(store_root), str(store.location))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-2:] == ["0", "True"]

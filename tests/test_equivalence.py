@@ -174,60 +174,54 @@ def test_scaffold_server_control_is_mean_of_client_controls(store_root):
     torch.testing.assert_close(sim.state.extras["control"], expected, atol=1e-6, rtol=1e-5)
 
 
-def _restarted(ray, actor, timeout_s: float = 120):
-    """Kill ``actor``'s process and return its ``info()`` once Ray has restarted it, or the
-    ``RayActorError`` that says why the restart failed. (Calls may still reach the dying
-    process for a moment, or fail naming no cause: they are made again.)"""
+def _restarted(ray, actor, timeout_s: float = 120) -> None:
+    """Kill ``actor``'s process and return once Ray has restarted it (or failed to)."""
     import time
 
-    from ray.exceptions import RayActorError
+    from ray._private.state import actors
 
-    pid = ray.get(actor.info.remote())["pid"]
     ray.kill(actor, no_restart=False)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        try:
-            info = ray.get(actor.info.remote(), timeout=60)
-        except RayActorError as error:
-            if "creation task" in str(error):
-                return error
-        else:
-            if info["pid"] != pid:
-                return info
+        state = actors(actor_id=actor._actor_id.hex())
+        if state["State"] == "DEAD" or (state["State"] == "ALIVE" and state["NumRestarts"]):
+            return
         time.sleep(0.2)
     raise AssertionError(f"actor not restarted within {timeout_s} s")
 
 
-def test_an_actor_restarted_from_a_changed_checkout_says_so(store_root, ray_session):
+def test_an_actor_restarted_from_a_changed_checkout_says_so(store_root, ray_session, monkeypatch):
     """Actors that import the project from the checkout (a Ray with no working_dir, as here)
     check it when Ray restarts them: a ``ClientHostActor`` whose driver ran other code (stood in
-    for by another digest) refuses to host, naming the cause, and a ``WarmHostActor`` refuses
-    every lease as running other code. A first start is not checked: it imports the checkout
-    moments after the driver did. (A restart with the driver's code: the killed actor above.)"""
+    for by another digest) refuses to host, and the run stops naming the cause; a
+    ``WarmHostActor`` refuses every lease as running other code. A first start is not checked:
+    it imports the checkout moments after the driver did. (A restart with the driver's code:
+    the killed actor above.)"""
+    from actors import ray_actor
     from actors.code_digest import code_digest
-    from actors.ray_actor import ClientHostActor, WarmHostActor
+    from cluster.runtime.executors import HostsUnavailable
     from cluster.runtime.ray_executor import actor_options
 
+    assert ray_actor.checkout_digest() == code_digest()  # what the driver's actors check
+    other = "0" * 64
+    monkeypatch.setattr(ray_actor, "checkout_digest", lambda: other)
     config = small_config(store_root, *DP, "rounds=1")
     store, _ = open_store(config)
     executor = RayExecutor(store, config.task, config.build_algorithm(), config.seed, 1)
-    other, options = "0" * 64, actor_options(0.5, 0.0, "pack")
     try:
-        assert executor._code == code_digest()  # what its actors check against
-        host = ClientHostActor.options(**options).remote(
-            0.5, 0.0, (0, 1), other, **executor._host_kwargs
-        )
-        ray_session.get(host.info.remote())  # started: not checked
-        error = _restarted(ray_session, host)
-        assert "CheckoutChanged" in str(error), error
-        assert "restarted by Ray and imported the project from" in str(error)
-
-        warm = WarmHostActor.options(**options).remote(0, other, 60.0)
-        job = ray_session.get_runtime_context().get_job_id()
-        assert ray_session.get(warm.lease.remote("a", job, other, 60.0)) is None
-        ray_session.get(warm.release.remote("a"))
-        _restarted(ray_session, warm)
-        refusal = ray_session.get(warm.lease.remote("b", job, other, 60.0, True))
-        assert refusal == "it runs other code (or other library versions) than this run"
+        executor.await_hosts(timeout_s=60)  # started: not checked
+        _restarted(ray_session, executor.actors[0])
+        changed = "CheckoutChanged: actor 0 was restarted by Ray and imported the project from"
+        with pytest.raises(HostsUnavailable, match=f"failed as Ray restarted it: .*{changed}"):
+            executor.await_hosts(timeout_s=60)
     finally:
         executor.close()
+
+    warm = ray_actor.WarmHostActor.options(**actor_options(0.5, 0.0, "pack")).remote(0, other, 60)
+    job = ray_session.get_runtime_context().get_job_id()
+    assert ray_session.get(warm.lease.remote("a", job, other, 60.0)) is None
+    ray_session.get(warm.release.remote("a"))
+    _restarted(ray_session, warm)
+    refusal = ray_session.get(warm.lease.remote("b", job, other, 60.0, True))
+    assert refusal == "it runs other code (or other library versions) than this run"
+    ray_session.kill(warm)

@@ -247,11 +247,7 @@ class RayExecutor(HostPool):
             for index in sorted(waiting):
                 state = self._actor_state(index)
                 if state["State"] == "DEAD":
-                    raise HostsUnavailable(
-                        f"executor: actor {index} cannot be restarted (Ray restarted it "
-                        f"{state.get('NumRestarts', '?')} times, at most {MAX_RESTARTS}); "
-                        "resume the run once the cluster is healthy"
-                    )
+                    raise HostsUnavailable(self._dead(index, state))
                 if state["State"] != "ALIVE":
                     continue
                 try:
@@ -282,6 +278,27 @@ class RayExecutor(HostPool):
         from ray._private.state import actors  # what RuntimeContext itself reads; no public API
 
         return actors(actor_id=self.actors[index]._actor_id.hex()) or {"State": "DEAD"}
+
+    def _dead(self, index: int, state: dict) -> str:
+        """Why actor ``index`` is dead for good: the error its constructor raised as Ray
+        restarted it (the last line of Ray's report, e.g. ``actors.ray_actor.CheckoutChanged``),
+        else its restarts spent."""
+        from ray.exceptions import RayActorError
+
+        try:
+            self._ray.get(self.actors[index].info.remote(), timeout=PING_S)
+        except RayActorError as error:
+            report = str(error)
+            if "creation task" in report:
+                cause = report.strip().splitlines()[-1].strip()
+                return f"executor: actor {index} failed as Ray restarted it: {cause}"
+        except Exception:  # noqa: BLE001  (no cause to add: the restarts' count still says why)
+            pass
+        return (
+            f"executor: actor {index} cannot be restarted (Ray restarted it "
+            f"{state.get('NumRestarts', '?')} times, at most {MAX_RESTARTS}); "
+            "resume the run once the cluster is healthy"
+        )
 
     def _unplaceable(self, waiting: list[int], timeout_s: float) -> str:
         free = self._ray.available_resources()

@@ -213,7 +213,8 @@ HEAD_PORT_OPTIONS = (
 def _connect_running(address: str, quiet: dict) -> RaySession:
     """Join the running Ray at ``address``.
 
-    Where all of its live nodes are this driver's own (a head started on this machine), its
+    Where all of its live nodes are this driver's own (a head started on this machine; never
+    through a Ray Client's ``ray://`` address, whose driver runs on the cluster), its
     workers import the project from this checkout: ``PROJECT_ROOT`` goes on their ``sys.path``
     with the job, so an actor may take a worker Ray started before the run, Ray already
     imported in it. Elsewhere the project ships as the job's ``working_dir``, a copy each node
@@ -225,13 +226,15 @@ def _connect_running(address: str, quiet: dict) -> RaySession:
     import ray
     from ray.job_config import JobConfig
 
-    # Ray's own field for the driver's code path (where it also puts the driver's directory).
-    code_path = JobConfig(_py_driver_sys_path=[str(PROJECT_ROOT)])
-    ray.init(address=address, job_config=code_path, **quiet)
-    if only_this_node():
-        return RaySession(f"Ray at {address}, this machine only", _logs_dir())
-    # Another machine's workers need a copy of the code: join again with it as the working_dir.
-    ray.shutdown()
+    # A Ray Client's job runs on the cluster, never on this machine's checkout.
+    if not address.startswith("ray://"):
+        # Ray's own field for the driver's code path (where it also puts the driver's directory).
+        code_path = JobConfig(_py_driver_sys_path=[str(PROJECT_ROOT)])
+        ray.init(address=address, job_config=code_path, **quiet)
+        if only_this_node():
+            return RaySession(f"Ray at {address}, this machine only", _logs_dir())
+        # Another machine's workers need a copy of the code: join again with it as working_dir.
+        ray.shutdown()
     ray.init(address=address, runtime_env={"working_dir": str(PROJECT_ROOT)}, **quiet)
     return RaySession(f"Ray cluster at {address}", None)
 
