@@ -12,7 +12,6 @@ import ray
 import torch
 
 from actors.client_host import Broadcast, ClientHost, EvalResult, TrainDiagnostics
-from actors.code_digest import PROJECT_ROOT, code_digest
 from actors.scheduling import pin_clients
 from algorithms.aggregate import PartialAggregate
 from algorithms.dynamo_import import wait_for_dynamo_import
@@ -27,36 +26,6 @@ class HostNotOpen(ClientStatesLost):
     """A warm actor called for a run that holds no host in it: Ray restarted its process, which
     lost the host with it, or the run's lease went to another run. The driver treats it as a
     lost host (``RayExecutor.await_hosts`` opens it again)."""
-
-
-class CheckoutChanged(RuntimeError):
-    """A restarted actor found the project's checkout changed since its run started."""
-
-
-def imports_checkout() -> bool:
-    """Whether this Ray job's processes import the project from a checkout on disk (an
-    embedded Ray, or a running one on this machine only: ``ray_runtime.connect``), which may
-    change while a run lasts, rather than from the copy Ray unpacked for the job (its
-    ``working_dir``)."""
-    return "working_dir" not in ray.get_runtime_context().runtime_env
-
-
-def checkout_digest() -> str | None:
-    """What a restarted actor of this job checks its code against: the digest of the code this
-    process runs (``code_digest``) where the job's actors import the checkout, else None."""
-    return code_digest() if imports_checkout() else None
-
-
-def restarted_with_other_code(digest: str | None) -> bool:
-    """Whether this actor was restarted by Ray (its process or node died) and re-imported a
-    checkout whose code is not ``digest`` (the run's driver's: ``checkout_digest``): edited, or
-    another machine's. A first start is not checked: it imports the code moments after the
-    driver did."""
-    return (
-        digest is not None
-        and ray.get_runtime_context().was_current_actor_reconstructed
-        and code_digest() != digest
-    )
 
 
 def build_host(
@@ -150,17 +119,8 @@ class ClientHostActor(HostCalls):
         cpus_per_actor: float,
         gpus_per_actor: float,
         pinned: tuple[int, int],
-        code: str | None = None,
         **host_kwargs,
     ):
-        """``code``: the driver's ``checkout_digest``."""
-        if restarted_with_other_code(code):
-            raise CheckoutChanged(
-                f"actor {pinned[0]} was restarted by Ray and imported the project from "
-                f"{PROJECT_ROOT}, whose code or library versions are no longer the run's: its "
-                "rounds would not be this run's. Resume the run from its checkpoint with the "
-                "code it started with (its MLflow tag git_commit)"
-            )
         self.host = build_host(cpus_per_actor, gpus_per_actor, pinned, host_kwargs)
         # Restarted by Ray (its node or process died): its clients' states went with it.
         # Until the driver loads them back, a round or a state read would silently start
@@ -192,9 +152,7 @@ class WarmHostActor(HostCalls):
 
     def __init__(self, index: int, digest: str, keep_warm_s: float):
         self.index, self.states_lost = index, False
-        # Restarted from a changed checkout: it now runs other code than its pool's, and says
-        # so to every lease (its run's included, which then treats it as lost).
-        self.digest = code_digest() if restarted_with_other_code(digest) else digest
+        self.digest = digest
         self.host: ClientHost | None = None
         self.holder: tuple[str, str] | None = None  # (lease token, the holder's job id)
         self.restarted = ray.get_runtime_context().was_current_actor_reconstructed

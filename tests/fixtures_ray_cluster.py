@@ -40,12 +40,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cluster.runtime.ray_runtime import (
-    PROJECT_ROOT,
-    loopback_node,
-    only_this_node,
-    prepend_pythonpath,
-)
+from cluster.runtime.ray_runtime import PROJECT_ROOT, loopback_node, prepend_pythonpath
 
 HEALTH_PERIOD_MS = 500
 HEALTH_TIMEOUT_MS = 1000
@@ -197,7 +192,6 @@ class DriverReport:
     checkpoint: str | None = None
     output: str = ""
     nodes: list[str] = field(default_factory=list)
-    only_this_node: bool | None = None  # ``ray_runtime.only_this_node`` as the driver started
 
 
 def _drive(request: dict) -> None:
@@ -216,8 +210,6 @@ def _drive(request: dict) -> None:
             ray.init(address=request["address"], log_to_driver=False, logging_level="ERROR")
     config = load_config(None, request["overrides"])
     report = DriverReport(torch.empty(0), [], [], [], [], None, [])
-    if request["address"] is not None:
-        report.only_this_node = only_this_node()
 
     def kill() -> None:
         os.kill(request["kill_pid"], signal.SIGKILL)

@@ -6,10 +6,6 @@ overrides and the file to write the report to (``torch.save`` of a dict of plain
 
 * ``first``: one warm run; then it leases the pool again and exits without releasing it, as a
   driver killed mid-run would.
-* ``first`` also reports where its workers imported the project from (this checkout: the head
-  has no other node).
-* ``another_node``: only ``connect``, as if the head had another machine's node: the project
-  ships as the job's working_dir.
 * ``second``: a warm run (it takes the lease over from the dead first job) whose actor 1 is
   SIGKILLed after round 1 (Ray restarts it, the driver opens it again), then the rules
   called directly: a second lease while one is held, an actor asked for other code, an idle
@@ -109,43 +105,14 @@ def _wait_until_pool(done, timeout_s: float) -> list[str]:
     return sorted(warm_actor_names())
 
 
-def _project_file() -> str:
-    """Where a Ray worker of this job imported the project from."""
-    import actors
-
-    return actors.__file__
-
-
-def _code_source() -> dict:
-    """This job's runtime environment and where its workers import the project from."""
-    import ray
-
-    return {
-        "runtime_env": dict(ray.get_runtime_context().runtime_env),
-        "project_file": ray.get(ray.remote(_project_file).remote()),
-    }
-
-
-def _as_if_another_node(address: str) -> dict:
-    """``connect`` where the head has another machine's node beside this one (stood in for):
-    the session, and where the job's workers import the project from."""
-    from cluster.runtime import ray_runtime
-
-    ray_runtime.only_this_node = lambda: False
-    return {"where": ray_runtime.connect(address).where, **_code_source()}
-
-
 def main(request: dict) -> None:
     from cluster.runtime.ray_executor import actor_options
     from cluster.runtime.warm_pool import lease_warm_hosts
 
-    if request["phase"] == "another_node":
-        torch.save(_as_if_another_node(request["address"]), request["out"])
-        return
     warm = [*request["overrides"], "executor.keep_warm_s=60"]
     options = actor_options(0.5, 0.0, "pack")
     if request["phase"] == "first":
-        report = {"warm": _run(warm), **_code_source()}
+        report = {"warm": _run(warm)}
         lease_warm_hosts(2, options, 60.0)  # held by this job until it exits
     else:
         report = {"warm": _run(warm, kill_after=1)}

@@ -92,11 +92,10 @@ def test_a_second_run_reuses_the_warm_actors_with_the_same_result(store_root, tm
     head_dir = Path(tempfile.mkdtemp(prefix="wp-"))
     with running_ray(head_dir) as (address, env):
         reports = {}
-        for phase in ("first", "second", "another_node"):
+        for phase in ("first", "second"):
             out = tmp_path / f"{phase}.pt"
             request = {
                 "phase": phase,
-                "address": address[0].partition("=")[2],
                 "overrides": [*overrides, *address, f"checkpoint.dir={tmp_path / phase}"],
                 "out": str(out),
             }
@@ -109,15 +108,6 @@ def test_a_second_run_reuses_the_warm_actors_with_the_same_result(store_root, tm
             reports[phase] = torch.load(out, weights_only=True)
     shutil.rmtree(head_dir, ignore_errors=True)
     first, second = reports["first"], reports["second"]
-    # A head with no other node: the workers import this checkout, no copy of it is shipped
-    assert any(", this machine only" in line for line in first["warm"]["lines"])
-    assert "working_dir" not in first["runtime_env"]
-    assert first["project_file"] == str(REPO / "actors" / "__init__.py")
-    # Another machine's node beside it: the driver joins again with the project as working_dir
-    shipped = reports["another_node"]
-    assert shipped["where"].startswith("Ray cluster at ")
-    assert "working_dir" in shipped["runtime_env"]
-    assert not shipped["project_file"].startswith(str(REPO))  # Ray's unpacked copy
     assert first["warm"]["placement"].startswith("warm actors")
     assert second["warm"]["placement"].startswith("warm actors")
     assert second["warm"]["pids"] == first["warm"]["pids"]  # the same processes

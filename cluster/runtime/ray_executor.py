@@ -115,9 +115,6 @@ class RayExecutor(HostPool):
         }
         options = actor_options(cpus_per_actor, gpus_per_actor, placement)
         group = get_current_placement_group()  # a trial's, or None
-        from actors.ray_actor import checkout_digest
-
-        self._code = checkout_digest()
         self.lease = None
         if keep_warm_s > 0:
             self.lease = self._lease(options, keep_warm_s, group, say)
@@ -150,7 +147,7 @@ class RayExecutor(HostPool):
         from actors.ray_actor import ClientHostActor
 
         return ClientHostActor.options(**{**options, **in_trial_group(group, index)}).remote(
-            *self._resources, (index, self.num_hosts), self._code, **self._host_kwargs
+            *self._resources, (index, self.num_hosts), **self._host_kwargs
         )
 
     def _open(self, index: int, states_lost: bool = False):
@@ -236,7 +233,7 @@ class RayExecutor(HostPool):
         restarts spent) or not running within ``timeout_s`` (``RESTART_TIMEOUT_S``): no
         surviving node can host it. ``check`` is polled every ``POLL_S`` meanwhile: what it
         raises ends the wait (a stop signal)."""
-        from ray.exceptions import GetTimeoutError, RayActorError
+        from ray.exceptions import GetTimeoutError, RayActorError, UnserializableException
 
         timeout_s = RESTART_TIMEOUT_S if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout_s
@@ -255,7 +252,9 @@ class RayExecutor(HostPool):
                         self.actors[index].info.remote(), timeout=PING_S
                     )
                     waiting.discard(index)
-                except (RayActorError, GetTimeoutError):  # still on the dead node, for the GCS
+                # Still on the dead node, for the GCS; or its restart failing, with an error
+                # Ray cannot send (reported once the GCS marks it dead: ``_dead``).
+                except (RayActorError, GetTimeoutError, UnserializableException):
                     continue
                 if self.placement[index]["device"] is None:  # a warm actor, restarted empty
                     self._reopen(index)
@@ -281,19 +280,17 @@ class RayExecutor(HostPool):
 
     def _dead(self, index: int, state: dict) -> str:
         """Why actor ``index`` is dead for good: the error its constructor raised as Ray
-        restarted it (the last line of Ray's report, e.g. ``actors.ray_actor.CheckoutChanged``),
+        restarted it (the last line of Ray's report: its exception's type and message),
         else its restarts spent."""
-        from ray.exceptions import RayActorError
-
         try:
             self._ray.get(self.actors[index].info.remote(), timeout=PING_S)
-        except RayActorError as error:
-            report = str(error)
-            if "creation task" in report:
-                cause = report.strip().splitlines()[-1].strip()
+        except Exception as error:  # noqa: BLE001  (Ray's report of the death, whatever its type)
+            # Ray's ActorDiedError, or UnserializableException where the constructor's error
+            # cannot be sent: both end with the constructor's traceback.
+            report = str(error).strip()
+            if "Traceback" in report:
+                cause = report.splitlines()[-1].strip()
                 return f"executor: actor {index} failed as Ray restarted it: {cause}"
-        except Exception:  # noqa: BLE001  (no cause to add: the restarts' count still says why)
-            pass
         return (
             f"executor: actor {index} cannot be restarted (Ray restarted it "
             f"{state.get('NumRestarts', '?')} times, at most {MAX_RESTARTS}); "

@@ -59,7 +59,9 @@ def connect(address: str | None, verbose: bool = False) -> RaySession:
         "logging_level": logging.INFO if verbose else logging.ERROR,
     }
     if address:
-        return _connect_running(address, quiet)
+        # A remote cluster needs our code on its workers: ship the project as the working_dir.
+        ray.init(address=address, runtime_env={"working_dir": str(PROJECT_ROOT)}, **quiet)
+        return RaySession(f"Ray cluster at {address}", None)
     if os.environ.get("RAY_ADDRESS"):
         # Inside `ray job submit`: the job's runtime_env already carries the working_dir.
         ray.init(**quiet)
@@ -208,43 +210,6 @@ HEAD_PORT_OPTIONS = (
     "runtime-env-agent-port",
     "metrics-export-port",
 )
-
-
-def _connect_running(address: str, quiet: dict) -> RaySession:
-    """Join the running Ray at ``address``.
-
-    Where all of its live nodes are this driver's own (a head started on this machine; never
-    through a Ray Client's ``ray://`` address, whose driver runs on the cluster), its
-    workers import the project from this checkout: ``PROJECT_ROOT`` goes on their ``sys.path``
-    with the job, so an actor may take a worker Ray started before the run, Ray already
-    imported in it. Elsewhere the project ships as the job's ``working_dir``, a copy each node
-    unpacks; Ray starts new workers for a job with a runtime environment, each importing Ray
-    anew (≈ 1 s of CPU more per actor, and workload A's start-up on a running head 6.3 s
-    instead of 4.9: docs/benchmarks.md). An actor that imports the checkout and is restarted
-    later checks that the checkout still holds the driver's code (``actors.code_digest``).
-    """
-    import ray
-    from ray.job_config import JobConfig
-
-    # A Ray Client's job runs on the cluster, never on this machine's checkout.
-    if not address.startswith("ray://"):
-        # Ray's own field for the driver's code path (where it also puts the driver's directory).
-        code_path = JobConfig(_py_driver_sys_path=[str(PROJECT_ROOT)])
-        ray.init(address=address, job_config=code_path, **quiet)
-        if only_this_node():
-            return RaySession(f"Ray at {address}, this machine only", _logs_dir())
-        # Another machine's workers need a copy of the code: join again with it as working_dir.
-        ray.shutdown()
-    ray.init(address=address, runtime_env={"working_dir": str(PROJECT_ROOT)}, **quiet)
-    return RaySession(f"Ray cluster at {address}", None)
-
-
-def only_this_node() -> bool:
-    """Whether every live node of the connected Ray is the one this process runs on."""
-    import ray
-
-    alive = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
-    return alive == {ray.get_runtime_context().get_node_id()}
 
 
 def prepend_pythonpath(path: Path) -> None:
