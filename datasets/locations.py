@@ -60,6 +60,9 @@ class LocationError(ValueError):
         self.problem, self.variable, self.value = problem, variable, value
         super().__init__(problem)
 
+    def __reduce__(self):  # rebuilt from its fields where Ray sends it from an actor
+        return (self.__class__, (self.problem, self.variable, self.value))
+
 
 @dataclass(frozen=True)
 class ObjectLocation:

@@ -32,6 +32,9 @@ class PartitionError(ValueError):
         super().__init__(problem)
         self.field = field
 
+    def __reduce__(self):  # rebuilt from its fields where Ray sends it from an actor
+        return (self.__class__, (self.field, self.args[0]))
+
 
 class Partitioner(ABC):
     method: str

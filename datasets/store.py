@@ -220,6 +220,9 @@ class StoreError(ValueError):
             "or `uv run python -m cluster partition ...`)"
         )
 
+    def __reduce__(self):  # rebuilt from its fields where Ray sends it from an actor
+        return (self.__class__, (self.location, self.problem, self.denied))
+
 
 # What ``check`` expects of each table's schema (the value type of x follows the manifest).
 _COLUMNS = ("client_id", "x", "y")

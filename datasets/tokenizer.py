@@ -27,6 +27,9 @@ class TokenizerFilesError(FileNotFoundError):
         self.path, self.problem = Path(path), problem
         super().__init__(f"tokenizer {path}: {problem}")
 
+    def __reduce__(self):  # rebuilt from its fields where Ray sends it from an actor
+        return (self.__class__, (self.path, self.problem))
+
 
 class RobertaTokenizer:
     """Encodes texts or text pairs to fixed-length rows of token ids."""

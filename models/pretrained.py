@@ -43,6 +43,9 @@ class PretrainedError(ValueError):
         self.path, self.problem = Path(path), problem
         super().__init__(f"pretrained weights {path}: {problem}")
 
+    def __reduce__(self):  # rebuilt from its fields where Ray sends it from an actor
+        return (self.__class__, (self.path, self.problem))
+
 
 def weights_file(folder: Path) -> Path:
     """The folder's weights: ``model.safetensors``, else ``pytorch_model.bin``."""

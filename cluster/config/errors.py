@@ -30,6 +30,9 @@ class ConfigError(ValueError):
         self.field_path, self.value, self.fix = field_path, value, fix
         super().__init__(f"config error: {field_path} = {short_repr(value)}: {fix}")
 
+    def __reduce__(self):  # rebuilt from its fields where Ray sends it from an actor
+        return (self.__class__, (self.field_path, self.value, self.fix))
+
 
 def choice(path: str, value: str, choices, what: str) -> None:
     if value not in choices:

@@ -145,7 +145,11 @@ class DuplicateKeyError(yaml.constructor.ConstructorError):
 
     def __init__(self, key: Any, first: yaml.Mark, again: yaml.Mark):
         super().__init__(problem=f"duplicate key {key!r}", problem_mark=again)
+        self.key, self.first = key, first
         self.fix = f"{key!r} is also on line {first.line + 1}; keep one of them"
+
+    def __reduce__(self):  # rebuilt from its fields, as the package's other errors
+        return (self.__class__, (self.key, self.first, self.problem_mark))
 
 
 class _StrictLoader(yaml.SafeLoader):

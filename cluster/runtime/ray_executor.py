@@ -285,10 +285,11 @@ class RayExecutor(HostPool):
         try:
             self._ray.get(self.actors[index].info.remote(), timeout=PING_S)
         except Exception as error:  # noqa: BLE001  (Ray's report of the death, whatever its type)
-            # Ray's ActorDiedError, or UnserializableException where the constructor's error
-            # cannot be sent: both end with the constructor's traceback.
+            # Ray's ActorDiedError ("... error raised in its creation task ..."), or its
+            # UnserializableException where that error cannot be sent ("Original exception:
+            # Traceback ..."): both end with the constructor's exception, type and message.
             report = str(error).strip()
-            if "Traceback" in report:
+            if "creation task" in report or "Original exception" in report:
                 cause = report.splitlines()[-1].strip()
                 return f"executor: actor {index} failed as Ray restarted it: {cause}"
         return (
