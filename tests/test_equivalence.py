@@ -210,3 +210,33 @@ def test_an_actor_whose_restart_fails_stops_the_wait_naming_the_error(tmp_path, 
             executor.await_hosts(timeout_s=60)
     finally:
         executor.close()
+
+
+def test_an_actor_that_fails_to_start_stops_the_start_naming_its_error(tmp_path, ray_session):
+    """A host actor whose constructor fails (here: its clients' shard store is gone, as on a
+    node without the credentials of an object store) ends the executor's start with one line
+    naming the constructor's error (``HostsUnavailable``: the CLI's exit 2), not Ray's
+    traceback; and an actor's error that Ray wraps reaches the CLI as itself."""
+    import shutil
+
+    from cluster.cli.main import raised_in_actor
+    from cluster.runtime.executors import HostsUnavailable
+    from datasets.store import StoreError
+
+    config = small_config(tmp_path / "shards", *DP, "rounds=1")
+    store, _ = open_store(config)
+    shutil.rmtree(store.location)
+    gone = "a host actor failed to start: datasets.store.StoreError: shard store .*shards"
+    with pytest.raises(HostsUnavailable, match=gone):
+        RayExecutor(store, config.task, config.build_algorithm(), config.seed, 1)
+
+    @ray_session.remote
+    def read(location):
+        from datasets.store import ShardStore
+
+        return ShardStore.open(location)
+
+    with pytest.raises(StoreError) as wrapped:
+        ray_session.get(read.remote(store.location))
+    assert type(raised_in_actor(wrapped.value)) is StoreError
+    assert str(raised_in_actor(wrapped.value)).startswith(f"shard store {store.location}:")

@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             code = args.handler(args)
         except _input_errors() as error:  # bad input: one paragraph, no traceback
-            print(error, file=sys.stderr)
+            print(raised_in_actor(error), file=sys.stderr)
             return 2
         except Interrupted as error:  # a signal before the command's work began
             print(f"aborted: {error}", file=sys.stderr)
@@ -82,6 +82,16 @@ def _tracking_failure(error: TrackingError, verbose: bool) -> str:
     if verbose:
         return f"tracking error: {error}\n{error.details}"
     return f"tracking error: {error} (MLflow's traceback: run again with --verbose)"
+
+
+def raised_in_actor(error: BaseException) -> BaseException:
+    """The exception an actor raised, where Ray hands it to the driver wrapped (a
+    ``RayTaskError`` subclass of its type, whose text is the actor's traceback); else
+    ``error``."""
+    ray = sys.modules.get("ray")
+    if ray is not None and isinstance(error, ray.exceptions.RayTaskError):
+        return error.cause
+    return error
 
 
 def _input_errors() -> tuple[type[Exception], ...]:

@@ -72,6 +72,17 @@ def in_trial_group(group, actor_index: int) -> dict:
     return {"scheduling_strategy": PlacementGroupSchedulingStrategy(group, actor_index + 1)}
 
 
+def constructor_failure(error: BaseException) -> str | None:
+    """The exception (type and message) an actor's constructor raised, as Ray reports it to a
+    call on that actor: an ``ActorDiedError`` ("... error raised in its creation task ..."), or
+    an ``UnserializableException`` where that exception could not be sent ("Original exception:
+    Traceback ..."), each ending with the exception's line; None for any other error."""
+    report = str(error).strip()
+    if "creation task" in report or "Original exception" in report:
+        return report.splitlines()[-1].strip()
+    return None
+
+
 class RayExecutor(HostPool):
     """The hosts as Ray actors, placed by ``placement`` (``actor_options``). A call that loses
     an actor (its node or process died) raises ``HostsLost``; ``await_hosts`` then waits until
@@ -130,7 +141,13 @@ class RayExecutor(HostPool):
                 make_room(num_actors, cpus_per_actor, gpus_per_actor)
             self.actors = [self._fresh_actor(options, group, index) for index in range(num_actors)]
             created(self.actors)
-            self.placement = self.actor_info()
+            try:
+                self.placement = self.actor_info()
+            except ray.exceptions.RayError as error:
+                cause = constructor_failure(error)
+                if cause is None:  # killed (a cancelled start), or Ray's own failure
+                    raise
+                raise HostsUnavailable(f"executor: a host actor failed to start: {cause}") from None
         self.devices = [info["device"] for info in self.placement]
 
     def _lease(self, options: dict, keep_warm_s: float, group, say) -> WarmLease | None:
@@ -285,12 +302,8 @@ class RayExecutor(HostPool):
         try:
             self._ray.get(self.actors[index].info.remote(), timeout=PING_S)
         except Exception as error:  # noqa: BLE001  (Ray's report of the death, whatever its type)
-            # Ray's ActorDiedError ("... error raised in its creation task ..."), or its
-            # UnserializableException where that error cannot be sent ("Original exception:
-            # Traceback ..."): both end with the constructor's exception, type and message.
-            report = str(error).strip()
-            if "creation task" in report or "Original exception" in report:
-                cause = report.splitlines()[-1].strip()
+            cause = constructor_failure(error)
+            if cause is not None:
                 return f"executor: actor {index} failed as Ray restarted it: {cause}"
         return (
             f"executor: actor {index} cannot be restarted (Ray restarted it "
