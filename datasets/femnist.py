@@ -63,7 +63,7 @@ class FemnistFormatError(ValueError):
         super().__init__(f"{self.path}: {reason}")
 
     def __reduce__(self):
-        return (self.__class__, (self.path, self.reason))
+        return (self.__class__, (self.path, self.reason), self.__dict__)
 
 
 def file_prefix(only_digits: bool = False) -> str:

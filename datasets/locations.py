@@ -60,8 +60,8 @@ class LocationError(ValueError):
         self.problem, self.variable, self.value = problem, variable, value
         super().__init__(problem)
 
-    def __reduce__(self):  # rebuilt from its fields where Ray sends it from an actor
-        return (self.__class__, (self.problem, self.variable, self.value))
+    def __reduce__(self):  # as Ray sends it from an actor: fields, then later state
+        return (self.__class__, (self.problem, self.variable, self.value), self.__dict__)
 
 
 @dataclass(frozen=True)

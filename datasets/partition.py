@@ -32,8 +32,8 @@ class PartitionError(ValueError):
         super().__init__(problem)
         self.field = field
 
-    def __reduce__(self):  # rebuilt from its fields where Ray sends it from an actor
-        return (self.__class__, (self.field, self.args[0]))
+    def __reduce__(self):  # as Ray sends it from an actor: fields, then later state
+        return (self.__class__, (self.field, self.args[0]), self.__dict__)
 
 
 class Partitioner(ABC):

@@ -220,8 +220,8 @@ class StoreError(ValueError):
             "or `uv run python -m cluster partition ...`)"
         )
 
-    def __reduce__(self):  # rebuilt from its fields where Ray sends it from an actor
-        return (self.__class__, (self.location, self.problem, self.denied))
+    def __reduce__(self):  # as Ray sends it from an actor: fields, then later state
+        return (self.__class__, (self.location, self.problem, self.denied), self.__dict__)
 
 
 # What ``check`` expects of each table's schema (the value type of x follows the manifest).

@@ -27,8 +27,8 @@ class TokenizerFilesError(FileNotFoundError):
         self.path, self.problem = Path(path), problem
         super().__init__(f"tokenizer {path}: {problem}")
 
-    def __reduce__(self):  # rebuilt from its fields where Ray sends it from an actor
-        return (self.__class__, (self.path, self.problem))
+    def __reduce__(self):  # as Ray sends it from an actor: fields, then later state
+        return (self.__class__, (self.path, self.problem), self.__dict__)
 
 
 class RobertaTokenizer:

@@ -157,7 +157,7 @@ class SourceMissingError(FileNotFoundError):
 
     def __reduce__(self):
         args = (self.source, self.root, self.problems, self.command, self.hint, self.note)
-        return (self.__class__, args)
+        return (self.__class__, args, self.__dict__)
 
 
 # ----------------------------------------------------------------------------- names and options

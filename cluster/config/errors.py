@@ -30,8 +30,8 @@ class ConfigError(ValueError):
         self.field_path, self.value, self.fix = field_path, value, fix
         super().__init__(f"config error: {field_path} = {short_repr(value)}: {fix}")
 
-    def __reduce__(self):  # rebuilt from its fields where Ray sends it from an actor
-        return (self.__class__, (self.field_path, self.value, self.fix))
+    def __reduce__(self):  # as Ray sends it from an actor: fields, then later state
+        return (self.__class__, (self.field_path, self.value, self.fix), self.__dict__)
 
 
 def choice(path: str, value: str, choices, what: str) -> None:

@@ -148,8 +148,8 @@ class DuplicateKeyError(yaml.constructor.ConstructorError):
         self.key, self.first = key, first
         self.fix = f"{key!r} is also on line {first.line + 1}; keep one of them"
 
-    def __reduce__(self):  # rebuilt from its fields, as the package's other errors
-        return (self.__class__, (self.key, self.first, self.problem_mark))
+    def __reduce__(self):  # as the package's other errors: fields, then later state
+        return (self.__class__, (self.key, self.first, self.problem_mark), self.__dict__)
 
 
 class _StrictLoader(yaml.SafeLoader):

@@ -74,13 +74,29 @@ def in_trial_group(group, actor_index: int) -> dict:
 
 def constructor_failure(error: BaseException) -> str | None:
     """The exception (type and message) an actor's constructor raised, as Ray reports it to a
-    call on that actor: an ``ActorDiedError`` ("... error raised in its creation task ..."), or
-    an ``UnserializableException`` where that exception could not be sent ("Original exception:
-    Traceback ..."), each ending with the exception's line; None for any other error."""
-    report = str(error).strip()
-    if "creation task" in report or "Original exception" in report:
-        return report.splitlines()[-1].strip()
+    call on that actor: an ``ActorDiedError`` whose actor failed in its constructor, or an
+    ``UnserializableException`` where that exception could not be sent (asked only of an actor
+    that is dead or failing to start); None for any other error."""
+    from ray.exceptions import ActorDiedError, UnserializableException
+
+    if isinstance(error, ActorDiedError) and error.actor_init_failed:
+        return _raised(str(error))
+    if isinstance(error, UnserializableException):
+        return _raised(str(error))
     return None
+
+
+def _raised(report: str) -> str:
+    """The exception at the end of a traceback's text, its lines (a message's later lines, its
+    notes) joined: from the first unindented line after the last frame (``File ...``, then its
+    indented source) to the end."""
+    lines = report.strip().splitlines()
+    frames = [i for i, line in enumerate(lines) if line.lstrip().startswith('File "')]
+    if not frames:
+        return lines[-1].strip()
+    after = lines[frames[-1] + 1 :]
+    unindented = (i for i, line in enumerate(after) if line.strip() and not line[0].isspace())
+    return " ".join(line.strip() for line in after[next(unindented, 0) :] if line.strip())
 
 
 class RayExecutor(HostPool):
