@@ -79,11 +79,8 @@ def constructor_failure(error: BaseException) -> str | None:
     that is dead or failing to start); None for any other error."""
     from ray.exceptions import ActorDiedError, UnserializableException
 
-    if isinstance(error, ActorDiedError) and error.actor_init_failed:
-        return _raised(str(error))
-    if isinstance(error, UnserializableException):
-        return _raised(str(error))
-    return None
+    failed = isinstance(error, ActorDiedError) and error.actor_init_failed
+    return _raised(str(error)) if failed or isinstance(error, UnserializableException) else None
 
 
 def _raised(report: str) -> str:
@@ -313,8 +310,7 @@ class RayExecutor(HostPool):
 
     def _dead(self, index: int, state: dict) -> str:
         """Why actor ``index`` is dead for good: the error its constructor raised as Ray
-        restarted it (the last line of Ray's report: its exception's type and message),
-        else its restarts spent."""
+        restarted it (``constructor_failure``), else its restarts spent."""
         try:
             self._ray.get(self.actors[index].info.remote(), timeout=PING_S)
         except Exception as error:  # noqa: BLE001  (Ray's report of the death, whatever its type)
