@@ -161,10 +161,11 @@ class StopSignals:
     @contextmanager
     def around_ray(self) -> Iterator[None]:
         """Ray calls before the rounds (``ray.init``, the actors' start, loading their state).
-        ``ray.init`` replaces the SIGTERM handler with one that exits the process (Ray's C++
-        core adds a stack dump), and an exception the handler raises inside Ray's C++ frames
-        comes out as another (``SystemError``): after a signal, any of them is an
-        ``Interrupted``; the handlers are this command's again after the block."""
+        ``ray.init`` replaces the SIGTERM handler with one that exits the process (its core's
+        failure handlers are left out: ``ray_runtime.connect``), and an exception the handler
+        raises inside Ray's C++ frames comes out as another (``SystemError``): after a signal,
+        any of them is an ``Interrupted``; the handlers are this command's again after the
+        block."""
         try:
             yield
         except Interrupted:

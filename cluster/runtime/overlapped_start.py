@@ -37,7 +37,6 @@ from cluster.config.runtime import starts_embedded_ray
 from cluster.runtime.central_optimum import central_optimum
 from cluster.runtime.executors import HostPool, HostsUnavailable, LocalExecutor
 from cluster.runtime.memory import check_fits_memory, physical_memory
-from cluster.runtime.ray_runtime import without_failure_signal_handler
 from datasets.store import ShardStore
 
 MEMORY_SHARE = 0.25  # of this machine's memory that a second copy of the hosts' data may take
@@ -159,9 +158,9 @@ class OverlappedStart:
         """Ray's start begins first, then ``make_local()`` builds the in-process hosts.
         ``start_ray(say, hooks)`` connects to Ray and starts the actors, telling ``hooks``
         (``StartHooks``), and returns their executor once they answer (None: cancelled first).
-        It connects without Ray's core failure signal handlers
-        (``ray_runtime.without_failure_signal_handler``), and off the main thread ``ray.init``
-        sets no SIGTERM handler: the command's stop signals keep theirs throughout."""
+        It connects without Ray's core failure signal handlers (``ray_runtime.connect``), and
+        off the main thread ``ray.init`` sets no SIGTERM handler: the command's stop signals
+        keep theirs throughout."""
         self._store = store
         self._say = say
         self._hooks = StartHooks()
@@ -186,8 +185,7 @@ class OverlappedStart:
         die with the thread that started them (``prctl(PR_SET_PDEATHSIG)``, in
         ``ray._private.utils``), and they must outlive ``ray.shutdown``."""
         try:
-            with without_failure_signal_handler():
-                self._started.set_result(start_ray(self._lines.append, self._hooks))
+            self._started.set_result(start_ray(self._lines.append, self._hooks))
         except BaseException as error:  # noqa: BLE001  (raised where the actors are called)
             self._started.set_exception(error)
         finally:

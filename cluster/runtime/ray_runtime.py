@@ -49,11 +49,21 @@ def connect(address: str | None, verbose: bool = False) -> RaySession:
     Quiet: Ray's own INFO/WARNING lines and the workers' stdout/stderr stay in the session's log
     directory (returned, to be printed) instead of interleaving with the run's progress; errors
     raised in actors still reach the driver through ``ray.get``.
+
+    Ray's core failure signal handlers are left out (``without_failure_signal_handler``): the
+    command handles its stop signals itself (``cluster.runtime.interrupts``).
     """
     import ray
 
     if ray.is_initialized():
         return RaySession("existing Ray session", _logs_dir())
+    with without_failure_signal_handler():
+        return _init(address, verbose)
+
+
+def _init(address: str | None, verbose: bool) -> RaySession:
+    import ray
+
     quiet = {
         "log_to_driver": verbose,
         "logging_level": logging.INFO if verbose else logging.ERROR,
@@ -152,11 +162,12 @@ def lean_head_applies() -> bool:
 def without_failure_signal_handler() -> Iterator[None]:
     """Within the block, a driver that this process connects installs none of Ray's core
     failure signal handlers (``ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER``, read when
-    the core worker starts). For ``ray.init`` off the main thread (``overlapped_start``): the
-    core's SIGTERM handler prints a stack dump and aborts the process 3 s later (exit 134, no
-    checkpoint), and the main thread can put the command's handlers back only between rounds.
-    A crash of the driver's core then prints no stack of Ray's. Switched in this process only
-    and restored on leaving, as ``loopback_node`` switches its constant."""
+    the core worker starts). Their SIGTERM handler prints a stack dump, passes the signal on
+    and arms a 3 s alarm that aborts the process (exit 134): a SIGTERM while Ray or its actors
+    start would kill a command still ending its run (no KILLED status, no checkpoint), and off
+    the main thread (``overlapped_start``) the command's handlers come back only between
+    rounds. A crash of the driver's core then prints no stack of Ray's. Switched in this
+    process only and restored on leaving, as ``loopback_node`` switches its constant."""
     from ray._private import ray_constants
 
     saved = ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER
