@@ -40,7 +40,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from cluster.runtime.ray_runtime import PROJECT_ROOT, loopback_node, prepend_pythonpath
+from cluster.runtime.ray_runtime import (
+    PROJECT_ROOT,
+    loopback_node,
+    prepend_pythonpath,
+    without_failure_signal_handler,
+)
 
 HEALTH_PERIOD_MS = 500
 HEALTH_TIMEOUT_MS = 1000
@@ -206,7 +211,7 @@ def _drive(request: dict) -> None:
     from cluster.runtime.experiment import run_experiment
 
     if request["address"] is not None:  # else run_experiment starts an embedded Ray
-        with loopback_node():
+        with loopback_node(), without_failure_signal_handler():  # as `connect` joins
             ray.init(address=request["address"], log_to_driver=False, logging_level="ERROR")
     config = load_config(None, request["overrides"])
     report = DriverReport(torch.empty(0), [], [], [], [], None, [])

@@ -7,6 +7,7 @@ from helpers import run_local, small_config
 
 from cluster.runtime.executors import LocalExecutor
 from cluster.runtime.ray_executor import RayExecutor
+from cluster.runtime.ray_runtime import without_failure_signal_handler
 from cluster.runtime.simulation import Simulation
 from cluster.runtime.store import open_store
 
@@ -61,7 +62,12 @@ def ray_session():
     ray = pytest.importorskip("ray")
     # One logical GPU: actors asking for a fraction of it are packed, and fall back to the CPU.
     # address="local": a fresh instance even where a `ray start` left /tmp/ray/ray_current_cluster.
-    ray.init(address="local", num_cpus=3, num_gpus=1, include_dashboard=False, log_to_driver=False)
+    # Without Ray's core failure handlers, as the project connects: its ``ray.shutdown`` would
+    # reset SIGSEGV/SIGABRT to the default action, switching pytest's faulthandler off.
+    with without_failure_signal_handler():
+        ray.init(
+            address="local", num_cpus=3, num_gpus=1, include_dashboard=False, log_to_driver=False
+        )
     yield ray
     ray.shutdown()
 

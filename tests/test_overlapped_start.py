@@ -345,8 +345,9 @@ def test_a_sigterm_once_ray_is_connected_stops_the_run_after_its_round(
     store_root, tmp_path, monkeypatch
 ):
     """A real embedded Ray, connected on its thread while round 1 ran in the driver: SIGTERM
-    stops the run after that round, with its checkpoint. Ray's core, left to install its own
-    handler off the main thread, would abort the process 3 s later (exit 134)."""
+    stops the run after that round, with its checkpoint. Ray's core, were it left to install
+    its own handler (``ray_runtime.connect`` leaves it out), would abort the process 3 s later
+    (exit 134)."""
     import os
     import signal
 

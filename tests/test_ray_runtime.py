@@ -98,3 +98,38 @@ def test_lean_head_leaves_ray_as_it_is_where_its_private_api_differs(monkeypatch
 
     monkeypatch.setattr(parameter, "RayParams", OtherParams)
     assert not lean_head_applies()
+
+
+@pytest.mark.parametrize("where", ["address", "RAY_ADDRESS", "embedded", "init fails"])
+def test_every_connection_leaves_out_rays_failure_signal_handlers(where, monkeypatch):
+    """``connect``'s every ``ray.init`` runs with ``RAY_DISABLE_FAILURE_SIGNAL_HANDLER`` set, the
+    constant Ray's core worker reads as it starts (its SIGTERM handler would arm a 3 s abort),
+    and the constant is back afterwards, also where ``ray.init`` raised. No Ray is started."""
+    ray = pytest.importorskip("ray")
+    from ray._private import ray_constants
+
+    from cluster.runtime import ray_runtime
+
+    seen = []
+
+    def init(*args, **kwargs):
+        seen.append((ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER, kwargs.get("address")))
+        if where == "init fails":
+            raise ConnectionError("nothing answers")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray_constants, "RAY_DISABLE_FAILURE_SIGNAL_HANDLER", False)
+    monkeypatch.setenv("PYTHONPATH", "")  # the embedded branch prepends the project
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    if where == "RAY_ADDRESS":
+        monkeypatch.setenv("RAY_ADDRESS", "ray-head:6379")
+    address = "ray-head:6379" if where in ("address", "init fails") else None
+    if where == "init fails":
+        with pytest.raises(ConnectionError):
+            ray_runtime.connect(address)
+    else:
+        ray_runtime.connect(address)
+    expected = {"address": "ray-head:6379", "embedded": "local"}.get(where, address)
+    assert seen == [(True, expected)]
+    assert ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER is False

@@ -166,8 +166,9 @@ def without_failure_signal_handler() -> Iterator[None]:
     and arms a 3 s alarm that aborts the process (exit 134): a SIGTERM while Ray or its actors
     start would kill a command still ending its run (no KILLED status, no checkpoint), and off
     the main thread (``overlapped_start``) the command's handlers come back only between
-    rounds. A crash of the driver's core then prints no stack of Ray's. Switched in this
-    process only and restored on leaving, as ``loopback_node`` switches its constant."""
+    rounds. A crash of the driver's core then prints no stack of Ray's (Python's
+    ``faulthandler``, which ``ray.init`` enables, still prints the Python stacks). Switched in
+    this process only and restored on leaving, as ``loopback_node`` switches its constant."""
     from ray._private import ray_constants
 
     saved = ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER
