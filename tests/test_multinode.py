@@ -137,5 +137,6 @@ def test_no_surviving_node_with_room_stops_the_run_with_its_checkpoint_intact(
         env={"DPFL_RESTART_TIMEOUT_S": "3"},
     )
     assert "no surviving node has room" in lost.error and "add a node" in lost.error
+    assert "still starting" not in lost.error  # its node is gone: Ray gave it no process
     (path,) = (tmp_path / "stuck").glob("*.pt")
     assert load_checkpoint(path)["simulation"]["rounds_done"] == 2

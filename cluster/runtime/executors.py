@@ -62,9 +62,10 @@ class HostsLost(RuntimeError):
 
 
 class HostsUnavailable(ResourceError):
-    """Lost hosts that cannot be brought back: no surviving node has room for them, or Ray
-    gave up restarting them. The run stops at its last valid point (``Simulation``), where
-    ``cluster.runtime.experiment`` writes its checkpoint and says where it is."""
+    """Lost hosts that cannot be brought back: no surviving node has room for them, they did
+    not finish starting in time, or Ray gave up restarting them. The run stops at its last
+    valid point (``Simulation``), where ``cluster.runtime.experiment`` writes its checkpoint
+    and says where it is."""
 
 
 class HostPool(ABC):

@@ -261,7 +261,8 @@ class RayExecutor(HostPool):
         """Wait until every actor answers again (Ray restarts lost ones on a node with room);
         ``placement`` is updated. ``HostsUnavailable`` when an actor is dead for good (its
         restarts spent) or not running within ``timeout_s`` (``RESTART_TIMEOUT_S``): no
-        surviving node can host it. ``check`` is polled every ``POLL_S`` meanwhile: what it
+        surviving node can host it, or its new process is still starting (``_unplaceable``).
+        ``check`` is polled every ``POLL_S`` meanwhile: what it
         raises ends the wait (a stop signal)."""
         from ray.exceptions import GetTimeoutError, RayActorError, UnserializableException
 
@@ -324,14 +325,36 @@ class RayExecutor(HostPool):
         )
 
     def _unplaceable(self, waiting: list[int], timeout_s: float) -> str:
+        """Why ``waiting`` are not running again after ``timeout_s``: Ray found no room for
+        them, or it placed them and their new processes are still starting (the GCS gives a
+        restarting actor the pid of the process it leased, and a free CPU count without the
+        resources that process holds already, so the count alone cannot tell)."""
+        starting = [index for index in waiting if self._placed_again(index)]
+        unplaced = [index for index in waiting if index not in starting]
         free = self._ray.available_resources()
         nodes = sum(node["Alive"] for node in self._ray.nodes())
-        return (
-            f"executor: actors {waiting} lost with their node could not be restarted within "
-            f"{timeout_s:g} s: no surviving node has room for them ({nodes} nodes alive, free "
-            f"CPU {free.get('CPU', 0):g}, GPU {free.get('GPU', 0):g}): add a node (or lower "
-            "executor.num_actors / cpus_per_actor) and resume the run"
-        )
+        reasons = []
+        if unplaced:
+            reasons.append(
+                f"actors {unplaced} lost with their node could not be restarted within "
+                f"{timeout_s:g} s: no surviving node has room for them ({nodes} nodes alive, free"
+                f" CPU {free.get('CPU', 0):g}, GPU {free.get('GPU', 0):g}): add a node (or lower "
+                "executor.num_actors / cpus_per_actor) and resume the run"
+            )
+        if starting:
+            reasons.append(
+                f"actors {starting} were restarted but did not answer within {timeout_s:g} s: "
+                "Ray placed them and their new processes are still starting (a loaded node, or "
+                "a slow store or import): give them longer ($DPFL_RESTART_TIMEOUT_S) and resume "
+                "the run"
+            )
+        return "executor: " + "; ".join(reasons)
+
+    def _placed_again(self, index: int) -> bool:
+        """Whether Ray has given actor ``index`` a new process since it was lost."""
+        state = self._actor_state(index)
+        pid = state.get("Pid")
+        return state["State"] != "DEAD" and bool(pid) and pid != self.placement[index]["pid"]
 
     def close(self) -> None:
         """Kill the actors and drop their handles now, while this Ray session lasts: a handle
