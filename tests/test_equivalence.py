@@ -218,6 +218,35 @@ def test_an_actor_whose_restart_fails_stops_the_wait_naming_the_error(tmp_path, 
         executor.close()
 
 
+def test_an_actor_still_starting_at_the_deadline_is_not_said_to_lack_room(store_root, ray_session):
+    """A lost actor that Ray has given a new process (the GCS's pid changed), whose constructor
+    still runs when the wait ends, is reported as still starting, not as lacking room."""
+    import time
+
+    from ray._private.state import actors
+
+    from cluster.runtime.executors import HostsUnavailable
+
+    config = small_config(store_root, *DP, "rounds=1")
+    store, _ = open_store(config)
+    executor = RayExecutor(store, config.task, config.build_algorithm(), config.seed, 1)
+    try:
+        actor, before = executor.actors[0], executor.placement[0]["pid"]
+        ray_session.kill(actor, no_restart=False)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # until its new process runs the constructor
+            state = actors(actor_id=actor._actor_id.hex())
+            if state["State"] == "RESTARTING" and state.get("Pid") not in (None, 0, before):
+                break
+            time.sleep(0.05)
+        with pytest.raises(HostsUnavailable, match=r"actors \[0\] were restarted but") as late:
+            executor.await_hosts(timeout_s=0)
+        assert "no surviving node has room" not in str(late.value)
+        executor.await_hosts(timeout_s=120)  # and it does come back
+    finally:
+        executor.close()
+
+
 def test_an_actor_that_fails_to_start_stops_the_start_naming_its_error(tmp_path, ray_session):
     """A host actor whose constructor fails (here: its clients' shard store is gone, as on a
     node without the credentials of an object store) ends the executor's start with one line
