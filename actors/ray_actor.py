@@ -69,11 +69,12 @@ class HostCalls:
         return self.host
 
     def info(self) -> dict:
-        """Where this actor runs: its process id, torch device (None: no host open), Ray node
-        id and node IP."""
+        """Where this actor runs: its process id, Ray worker id (hex), torch device (None: no
+        host open), Ray node id and node IP."""
         context = ray.get_runtime_context()
         return {
             "pid": os.getpid(),
+            "worker_id": context.get_worker_id(),
             "device": str(self.host.device) if self.host is not None else None,
             "node_id": context.get_node_id(),
             "node_ip": ray.util.get_node_ip_address(),

@@ -219,8 +219,9 @@ def test_an_actor_whose_restart_fails_stops_the_wait_naming_the_error(tmp_path, 
 
 
 def test_an_actor_still_starting_at_the_deadline_is_not_said_to_lack_room(store_root, ray_session):
-    """A lost actor that Ray has given a new process (the GCS's pid changed), whose constructor
-    still runs when the wait ends, is reported as still starting, not as lacking room."""
+    """A lost actor that Ray has given a new process (the GCS's pid and worker changed), whose
+    constructor still runs when the wait ends, is reported as still starting, not as lacking
+    room."""
     import time
 
     from ray._private.state import actors
@@ -239,6 +240,8 @@ def test_an_actor_still_starting_at_the_deadline_is_not_said_to_lack_room(store_
             if state["State"] == "RESTARTING" and state.get("Pid") not in (None, 0, before):
                 break
             time.sleep(0.05)
+        else:
+            pytest.fail("Ray never showed the actor restarting in a new process")
         with pytest.raises(HostsUnavailable, match=r"actors \[0\] were restarted but") as late:
             executor.await_hosts(timeout_s=0)
         assert "no surviving node has room" not in str(late.value)

@@ -274,35 +274,41 @@ def test_no_roll_back_point_is_kept_where_no_host_can_be_lost(store_root):
 
 
 def test_actors_not_back_in_time_are_told_apart_placed_from_unplaced():
-    """After the wait: an actor that Ray gave a new process (the GCS's pid changed) is still
-    starting, not short of room; one still on its old pid found no node. The free CPU count
-    leaves out what the starting one holds, so it cannot tell them apart (2 free here)."""
+    """After the wait: an actor that the GCS shows on a new worker is still starting, not short
+    of room; one with no worker (a restart not yet leased one) or still on the lost worker
+    (a loss Ray has not noticed) has not been placed. The free CPU count leaves out what the
+    starting one holds, so it cannot tell them apart (2 free here). One dead meanwhile is
+    reported as dead."""
 
     class Waited:
         _unplaceable = RayExecutor._unplaceable
-        _placed_again = RayExecutor._placed_again
-        placement = [{"pid": 100}, {"pid": 200}, {"pid": 300}]
-        states = [
-            {"State": "RESTARTING", "Pid": 101},  # leased a new process: starting
-            {"State": "RESTARTING", "Pid": 200},  # the lost process's pid: not placed
-            {"State": "ALIVE", "Pid": 301},  # running, not answering its first call
-        ]
+        placement = [{"worker_id": "a0"}, {"worker_id": "b0"}, {"worker_id": "c0"}]
+        states = ["RESTARTING", "RESTARTING", "ALIVE", "DEAD"]
+        workers = ["a1", "", "c0"]  # leased anew; none yet; the lost one still
 
         class _ray:
             available_resources = staticmethod(lambda: {"CPU": 2.0})
             nodes = staticmethod(lambda: [{"Alive": True}, {"Alive": False}])
 
         def _actor_state(self, index):
-            return self.states[index]
+            return {"State": self.states[index]}
 
-    message = Waited()._unplaceable([0, 1, 2], 120.0)
-    assert message == (
-        "executor: actors [1] lost with their node could not be restarted within 120 s: no "
-        "surviving node has room for them (1 nodes alive, free CPU 2, GPU 0): add a node (or "
-        "lower executor.num_actors / cpus_per_actor) and resume the run; actors [0, 2] were "
-        "restarted but did not answer within 120 s: Ray placed them and their new processes "
-        "are still starting (a loaded node, or a slow store or import): give them longer "
-        "($DPFL_RESTART_TIMEOUT_S) and resume the run"
+        def _leased_worker(self, index):
+            return self.workers[index]
+
+        def _dead(self, index, state):
+            return f"executor: actor {index} is dead ({state['State']})"
+
+    assert Waited()._unplaceable([0, 1, 2], 120.0) == (
+        "executor: actors [1, 2] lost with their node could not be restarted within 120 s: Ray "
+        "has started no new process for them: no surviving node has room for them (1 nodes "
+        "alive, free CPU 2, GPU 0), or a node has not finished starting its worker: add a node (or "
+        "lower executor.num_actors / cpus_per_actor) and resume the run; actors [0] were restarted "
+        "but "
+        "did not answer within 120 s: Ray gave them new processes, still starting (a loaded "
+        "node, or a slow store or import): give them longer ($DPFL_RESTART_TIMEOUT_S) and "
+        "resume the run"
     )
     only_unplaced = Waited()._unplaceable([1], 120.0)
     assert "no surviving node has room" in only_unplaced and "still starting" not in only_unplaced
+    assert Waited()._unplaceable([0, 3], 120.0) == "executor: actor 3 is dead (DEAD)"

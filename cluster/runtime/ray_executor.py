@@ -325,36 +325,49 @@ class RayExecutor(HostPool):
         )
 
     def _unplaceable(self, waiting: list[int], timeout_s: float) -> str:
-        """Why ``waiting`` are not running again after ``timeout_s``: Ray found no room for
-        them, or it placed them and their new processes are still starting (the GCS gives a
-        restarting actor the pid of the process it leased, and a free CPU count without the
-        resources that process holds already, so the count alone cannot tell)."""
-        starting = [index for index in waiting if self._placed_again(index)]
-        unplaced = [index for index in waiting if index not in starting]
+        """Why ``waiting`` are not running again after ``timeout_s``: Ray has started no new
+        process for them (no room, or a node still starting the worker), or it has and that
+        process has not answered. Only the GCS's record tells them apart: the free CPU count
+        leaves out what a starting process holds already. One dead meanwhile: ``_dead``."""
+        starting, unplaced = [], []
+        for index in waiting:
+            state = self._actor_state(index)
+            if state["State"] == "DEAD":
+                return self._dead(index, state)
+            leased = self._leased_worker(index)
+            placed = leased and leased != self.placement[index].get("worker_id")
+            (starting if placed else unplaced).append(index)
         free = self._ray.available_resources()
         nodes = sum(node["Alive"] for node in self._ray.nodes())
         reasons = []
         if unplaced:
             reasons.append(
                 f"actors {unplaced} lost with their node could not be restarted within "
-                f"{timeout_s:g} s: no surviving node has room for them ({nodes} nodes alive, free"
-                f" CPU {free.get('CPU', 0):g}, GPU {free.get('GPU', 0):g}): add a node (or lower "
-                "executor.num_actors / cpus_per_actor) and resume the run"
+                f"{timeout_s:g} s: Ray has started no new process for them: no surviving node "
+                f"has room for them ({nodes} nodes alive, free CPU {free.get('CPU', 0):g}, GPU "
+                f"{free.get('GPU', 0):g}), or a node has not finished starting its worker: add a "
+                "node (or lower executor.num_actors / cpus_per_actor) and resume the run"
             )
         if starting:
             reasons.append(
                 f"actors {starting} were restarted but did not answer within {timeout_s:g} s: "
-                "Ray placed them and their new processes are still starting (a loaded node, or "
-                "a slow store or import): give them longer ($DPFL_RESTART_TIMEOUT_S) and resume "
-                "the run"
+                "Ray gave them new processes, still starting (a loaded node, or a slow store or "
+                "import): give them longer ($DPFL_RESTART_TIMEOUT_S) and resume the run"
             )
         return "executor: " + "; ".join(reasons)
 
-    def _placed_again(self, index: int) -> bool:
-        """Whether Ray has given actor ``index`` a new process since it was lost."""
-        state = self._actor_state(index)
-        pid = state.get("Pid")
-        return state["State"] != "DEAD" and bool(pid) and pid != self.placement[index]["pid"]
+    def _leased_worker(self, index: int) -> str:
+        """The Ray worker (hex id) that the GCS has given actor ``index``'s process; empty
+        while a restart has none yet (the GCS clears the address as the restart begins and
+        sets it with the new lease: Ray 2.60's actor table, read raw, since the parsed
+        ``ray._private.state.actors`` keeps neither the worker id nor a cleared node id)."""
+        import ray
+        from ray._private.state import state
+        from ray.core.generated import gcs_pb2
+
+        actor_id = ray.ActorID(self.actors[index]._actor_id.binary())
+        raw = state._connect_and_get_accessor().get_actor_info(actor_id)
+        return gcs_pb2.ActorTableData.FromString(raw).address.worker_id.hex() if raw else ""
 
     def close(self) -> None:
         """Kill the actors and drop their handles now, while this Ray session lasts: a handle
