@@ -294,17 +294,17 @@ def test_actors_not_back_in_time_are_told_apart_placed_from_unplaced():
             return {"State": self.states[index]}
 
         def _leased_worker(self, index):
-            return self.workers[index]
+            return self.states[index], "" if self.states[index] == "DEAD" else self.workers[index]
 
         def _dead(self, index, state):
             return f"executor: actor {index} is dead ({state['State']})"
 
     assert Waited()._unplaceable([0, 1, 2], 120.0) == (
         "executor: actors [1, 2] lost with their node could not be restarted within 120 s: Ray "
-        "has started no new process for them: no surviving node has room for them (1 nodes "
-        "alive, free CPU 2, GPU 0), or a node has not finished starting its worker: add a node (or "
-        "lower executor.num_actors / cpus_per_actor) and resume the run; actors [0] were restarted "
-        "but "
+        "has leased no new worker for them: no surviving node has room for them (1 nodes alive, "
+        "free CPU 2, GPU 0), or a node has not finished starting its worker: add a node (or lower "
+        "executor.num_actors / cpus_per_actor) or give them longer ($DPFL_RESTART_TIMEOUT_S), and "
+        "resume the run; actors [0] were restarted but "
         "did not answer within 120 s: Ray gave them new processes, still starting (a loaded "
         "node, or a slow store or import): give them longer ($DPFL_RESTART_TIMEOUT_S) and "
         "resume the run"

@@ -325,17 +325,16 @@ class RayExecutor(HostPool):
         )
 
     def _unplaceable(self, waiting: list[int], timeout_s: float) -> str:
-        """Why ``waiting`` are not running again after ``timeout_s``: Ray has started no new
-        process for them (no room, or a node still starting the worker), or it has and that
+        """Why ``waiting`` are not running again after ``timeout_s``: Ray has leased no new
+        worker for them (no room, or a node still starting the worker), or it has and that
         process has not answered. Only the GCS's record tells them apart: the free CPU count
         leaves out what a starting process holds already. One dead meanwhile: ``_dead``."""
         starting, unplaced = [], []
         for index in waiting:
-            state = self._actor_state(index)
-            if state["State"] == "DEAD":
-                return self._dead(index, state)
-            leased = self._leased_worker(index)
-            placed = leased and leased != self.placement[index].get("worker_id")
+            state, worker = self._leased_worker(index)
+            if state == "DEAD":
+                return self._dead(index, self._actor_state(index))
+            placed = worker and worker != self.placement[index]["worker_id"]
             (starting if placed else unplaced).append(index)
         free = self._ray.available_resources()
         nodes = sum(node["Alive"] for node in self._ray.nodes())
@@ -343,10 +342,11 @@ class RayExecutor(HostPool):
         if unplaced:
             reasons.append(
                 f"actors {unplaced} lost with their node could not be restarted within "
-                f"{timeout_s:g} s: Ray has started no new process for them: no surviving node "
-                f"has room for them ({nodes} nodes alive, free CPU {free.get('CPU', 0):g}, GPU "
+                f"{timeout_s:g} s: Ray has leased no new worker for them: no surviving node has "
+                f"room for them ({nodes} nodes alive, free CPU {free.get('CPU', 0):g}, GPU "
                 f"{free.get('GPU', 0):g}), or a node has not finished starting its worker: add a "
-                "node (or lower executor.num_actors / cpus_per_actor) and resume the run"
+                "node (or lower executor.num_actors / cpus_per_actor) or give them longer "
+                "($DPFL_RESTART_TIMEOUT_S), and resume the run"
             )
         if starting:
             reasons.append(
@@ -356,18 +356,21 @@ class RayExecutor(HostPool):
             )
         return "executor: " + "; ".join(reasons)
 
-    def _leased_worker(self, index: int) -> str:
-        """The Ray worker (hex id) that the GCS has given actor ``index``'s process; empty
-        while a restart has none yet (the GCS clears the address as the restart begins and
-        sets it with the new lease: Ray 2.60's actor table, read raw, since the parsed
-        ``ray._private.state.actors`` keeps neither the worker id nor a cleared node id)."""
-        import ray
+    def _leased_worker(self, index: int) -> tuple[str, str]:
+        """Actor ``index``'s state and the Ray worker (hex id) that the GCS has given its
+        process, from one read of its record; the worker is empty while a restart has none
+        yet (the GCS clears the address as the restart begins and sets it with the new lease:
+        Ray 2.60's actor table, read raw, since the parsed ``ray._private.state.actors`` keeps
+        neither the worker id nor a cleared node id)."""
         from ray._private.state import state
         from ray.core.generated import gcs_pb2
 
-        actor_id = ray.ActorID(self.actors[index]._actor_id.binary())
-        raw = state._connect_and_get_accessor().get_actor_info(actor_id)
-        return gcs_pb2.ActorTableData.FromString(raw).address.worker_id.hex() if raw else ""
+        raw = state.get_actor_info(self.actors[index]._actor_id)
+        if raw is None:
+            return "DEAD", ""
+        record = gcs_pb2.ActorTableData.FromString(raw)
+        name = gcs_pb2.ActorTableData.ActorState.Name(record.state)
+        return name, record.address.worker_id.hex()
 
     def close(self) -> None:
         """Kill the actors and drop their handles now, while this Ray session lasts: a handle
