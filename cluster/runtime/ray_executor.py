@@ -262,8 +262,8 @@ class RayExecutor(HostPool):
         ``placement`` is updated. ``HostsUnavailable`` when an actor is dead for good (its
         restarts spent) or not running within ``timeout_s`` (``RESTART_TIMEOUT_S``): no
         surviving node can host it, or its new process is still starting (``_unplaceable``).
-        ``check`` is polled every ``POLL_S`` meanwhile: what it
-        raises ends the wait (a stop signal)."""
+        ``check`` is polled every ``POLL_S`` meanwhile: what it raises ends the wait (a stop
+        signal)."""
         from ray.exceptions import GetTimeoutError, RayActorError, UnserializableException
 
         timeout_s = RESTART_TIMEOUT_S if timeout_s is None else timeout_s
@@ -334,7 +334,7 @@ class RayExecutor(HostPool):
             state, worker = self._leased_worker(index)
             if state == "DEAD":
                 return self._dead(index, self._actor_state(index))
-            placed = worker and worker != self.placement[index]["worker_id"]
+            placed = bool(worker) and worker != self.placement[index]["worker_id"]
             (starting if placed else unplaced).append(index)
         free = self._ray.available_resources()
         nodes = sum(node["Alive"] for node in self._ray.nodes())
