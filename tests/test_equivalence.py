@@ -234,7 +234,8 @@ def test_an_actor_still_starting_at_the_deadline_is_not_said_to_lack_room(store_
     try:
         actor, before = executor.actors[0], executor.placement[0]["pid"]
         # the worker the actor reports is the one the GCS's record names, in the same form
-        assert executor._leased_worker(0) == ("ALIVE", executor.placement[0]["worker_id"])
+        record = executor._actor_record(0)
+        assert (record.state, record.worker_id) == ("ALIVE", executor.placement[0]["worker_id"])
         ray_session.kill(actor, no_restart=False)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # until its new process runs the constructor

@@ -20,7 +20,7 @@ from actors.client_state import ClientStateStore
 from cluster.runtime.checkpoint import load_checkpoint, open_checkpoint
 from cluster.runtime.executors import HostsLost, HostsUnavailable
 from cluster.runtime.experiment import run_experiment
-from cluster.runtime.ray_executor import RayExecutor
+from cluster.runtime.ray_executor import ActorRecord, RayExecutor
 
 ray = pytest.importorskip("ray")
 
@@ -73,7 +73,7 @@ def test_an_actors_own_error_is_not_a_lost_host():
 def test_waiting_for_hosts_polls_the_stop_check(monkeypatch):
     pool = _pool()
     pool.actors = [object(), object()]
-    monkeypatch.setattr(pool, "_actor_state", lambda index: {"State": "RESTARTING"})
+    monkeypatch.setattr(pool, "_actor_record", lambda index: ActorRecord("RESTARTING", 1, ""))
     polls = []
 
     def check() -> None:
@@ -290,14 +290,12 @@ def test_actors_not_back_in_time_are_told_apart_placed_from_unplaced():
             available_resources = staticmethod(lambda: {"CPU": 2.0})
             nodes = staticmethod(lambda: [{"Alive": True}, {"Alive": False}])
 
-        def _actor_state(self, index):
-            return {"State": self.states[index]}
+        def _actor_record(self, index):
+            state = self.states[index]
+            return ActorRecord(state, 1, "" if state == "DEAD" else self.workers[index])
 
-        def _leased_worker(self, index):
-            return self.states[index], "" if self.states[index] == "DEAD" else self.workers[index]
-
-        def _dead(self, index, state):
-            return f"executor: actor {index} is dead ({state['State']})"
+        def _dead(self, index, record):
+            return f"executor: actor {index} is dead ({record.state})"
 
     assert Waited()._unplaceable([0, 1, 2], 120.0) == (
         "executor: actors [1, 2] lost with their node could not be restarted within 120 s: Ray "

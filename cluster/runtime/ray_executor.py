@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from actors.client_host import AUTO_KERNELS, Kernels
 from algorithms.algorithm import Algorithm
@@ -94,6 +94,17 @@ def _raised(report: str) -> str:
     after = lines[frames[-1] + 1 :]
     unindented = (i for i, line in enumerate(after) if line.strip() and not line[0].isspace())
     return " ".join(line.strip() for line in after[next(unindented, 0) :] if line.strip())
+
+
+class ActorRecord(NamedTuple):
+    """The GCS's record of an actor: its state (``ALIVE``, ``RESTARTING``, ``DEAD``, ...), how
+    often Ray restarted it, and the worker (hex id) its process was leased: empty while a
+    restart has none yet (the GCS clears the address as the restart begins and sets it with
+    the new lease)."""
+
+    state: str
+    restarts: int
+    worker_id: str
 
 
 class RayExecutor(HostPool):
@@ -273,10 +284,10 @@ class RayExecutor(HostPool):
             if check is not None:
                 check()
             for index in sorted(waiting):
-                state = self._actor_state(index)
-                if state["State"] == "DEAD":
-                    raise HostsUnavailable(self._dead(index, state))
-                if state["State"] != "ALIVE":
+                record = self._actor_record(index)
+                if record.state == "DEAD":
+                    raise HostsUnavailable(self._dead(index, record))
+                if record.state != "ALIVE":
                     continue
                 try:
                     self.placement[index] = self._ray.get(
@@ -303,13 +314,21 @@ class RayExecutor(HostPool):
         states_lost = self._host_kwargs["algorithm"].control_variates
         self.placement[index] = self._ray.get(self._open(index, states_lost))
 
-    def _actor_state(self, index: int) -> dict:
-        """The GCS's record of actor ``index`` (State, NumRestarts, DeathCause, ...)."""
-        from ray._private.state import actors  # what RuntimeContext itself reads; no public API
+    def _actor_record(self, index: int) -> ActorRecord:
+        """What the GCS records of actor ``index`` (DEAD where it has no record). Read raw
+        (Ray 2.60's actor table; no public API): the parsed ``ray._private.state.actors``
+        keeps neither the worker id nor an address the GCS cleared."""
+        from ray._private.state import state
+        from ray.core.generated import gcs_pb2
 
-        return actors(actor_id=self.actors[index]._actor_id.hex()) or {"State": "DEAD"}
+        raw = state.get_actor_info(self.actors[index]._actor_id)
+        if raw is None:
+            return ActorRecord("DEAD", 0, "")
+        data = gcs_pb2.ActorTableData.FromString(raw)
+        name = gcs_pb2.ActorTableData.ActorState.Name(data.state)
+        return ActorRecord(name, data.num_restarts, data.address.worker_id.hex())
 
-    def _dead(self, index: int, state: dict) -> str:
+    def _dead(self, index: int, record: ActorRecord) -> str:
         """Why actor ``index`` is dead for good: the error its constructor raised as Ray
         restarted it (``constructor_failure``), else its restarts spent."""
         try:
@@ -320,7 +339,7 @@ class RayExecutor(HostPool):
                 return f"executor: actor {index} failed as Ray restarted it: {cause}"
         return (
             f"executor: actor {index} cannot be restarted (Ray restarted it "
-            f"{state.get('NumRestarts', '?')} times, at most {MAX_RESTARTS}); "
+            f"{record.restarts} times, at most {MAX_RESTARTS}); "
             "resume the run once the cluster is healthy"
         )
 
@@ -331,9 +350,10 @@ class RayExecutor(HostPool):
         leaves out what a starting process holds already. One dead meanwhile: ``_dead``."""
         starting, unplaced = [], []
         for index in waiting:
-            state, worker = self._leased_worker(index)
-            if state == "DEAD":
-                return self._dead(index, self._actor_state(index))
+            record = self._actor_record(index)
+            if record.state == "DEAD":
+                return self._dead(index, record)
+            worker = record.worker_id  # empty: no new lease; the lost one: not noticed yet
             placed = bool(worker) and worker != self.placement[index]["worker_id"]
             (starting if placed else unplaced).append(index)
         free = self._ray.available_resources()
@@ -355,22 +375,6 @@ class RayExecutor(HostPool):
                 "import): give them longer ($DPFL_RESTART_TIMEOUT_S) and resume the run"
             )
         return "executor: " + "; ".join(reasons)
-
-    def _leased_worker(self, index: int) -> tuple[str, str]:
-        """Actor ``index``'s state and the Ray worker (hex id) that the GCS has given its
-        process, from one read of its record; the worker is empty while a restart has none
-        yet (the GCS clears the address as the restart begins and sets it with the new lease:
-        Ray 2.60's actor table, read raw, since the parsed ``ray._private.state.actors`` keeps
-        neither the worker id nor a cleared node id)."""
-        from ray._private.state import state
-        from ray.core.generated import gcs_pb2
-
-        raw = state.get_actor_info(self.actors[index]._actor_id)
-        if raw is None:
-            return "DEAD", ""
-        record = gcs_pb2.ActorTableData.FromString(raw)
-        name = gcs_pb2.ActorTableData.ActorState.Name(record.state)
-        return name, record.address.worker_id.hex()
 
     def close(self) -> None:
         """Kill the actors and drop their handles now, while this Ray session lasts: a handle
