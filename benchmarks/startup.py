@@ -1,5 +1,5 @@
-"""Where the embedded Ray's start-up goes: a timeline and the CPU of every process until the first
-round of a workload starts.
+"""Where Ray's start-up goes: a timeline and the CPU of every process until the first round of a
+workload starts, with the embedded Ray or (``--running``) a running head.
 
 ``run_experiment`` with the embedded Ray (``executor.kind: ray``, no address; with
 ``executor.overlap_start: false``, so that the first round waits for the actors), in a fresh
@@ -8,10 +8,11 @@ its clock started after the imports, as in ``benchmarks.workloads``. It
 reads three moments off the run's own notices and rounds: Ray connected (``ray.init`` returned),
 the actors answered (every host built: the actors' imports and data included), and the first
 round started. At the second moment it reads every process below the driver from ``/proc``
-(Linux only): when each was spawned, relative to the call, and the CPU seconds (user + system) it
-had used, by role: the GCS, the raylet, Ray's dashboard and runtime-env agents, the host actors,
-Ray's idle workers, the MLflow tracking process. The driver's own CPU over the same span is
-``time.process_time``.
+(Linux only), and with ``--running`` every process below the head's ``ray start``: when each
+was spawned, relative to the call, and the CPU seconds (user + system) it had used, by role: the
+GCS, the raylet, Ray's dashboard and runtime-env agents, the host actors (and a job's runtime
+environment's setup of their workers), Ray's idle workers, the MLflow tracking process. The
+driver's own CPU over the same span is ``time.process_time``.
 
 On ``c`` cores the start-up cannot take less than its CPU divided by ``c`` (``floor_seconds``);
 the timeline shows what waits on what (the raylet spawns the workers only once its agents have
@@ -19,9 +20,15 @@ started, and an actor's imports start only when its worker runs). Tracking is on
 temporary SQLite store whose schema is created first, outside the timing, as in
 ``benchmarks.workloads``.
 
+With ``--running`` the run connects (``executor.address``) to a head that the benchmark starts
+before the timings and stops after them, as ``benchmarks.workloads``' ``ray_running``
+(``running_ray``: loopback, token authentication, its own ports); its GCS, raylet and agents
+ran before the call, so only what they used after it counts.
+
 Usage (repository root)::
 
-    uv run python -m benchmarks.startup [--workload A] [--repeat 3] [--set K=V ...] [--out FILE]
+    uv run python -m benchmarks.startup [--workload A] [--repeat 3] [--running] [--set K=V ...]
+        [--out FILE]
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +55,7 @@ ROLES = (
     ("RuntimeEnvAgent", "runtime_env_agent"),
     ("runtime_env/agent/main.py", "runtime_env_agent"),
     ("ray::ClientHostActor", "host_actor"),
+    ("setup_worker.py", "worker_setup"),  # a job's runtime environment: it execs the worker
     ("ray::IDLE", "idle_worker"),
     ("default_worker.py", "idle_worker"),
     ("cluster.tracking.service", "tracking"),
@@ -117,8 +126,17 @@ def by_role(
     return roles
 
 
+def ray_processes() -> list[ProcessSample]:
+    """This driver's processes, and the running head's where there is one
+    (``running_ray``'s ``HEAD_PID_VARIABLE``)."""
+    from benchmarks.workloads import HEAD_PID_VARIABLE
+
+    head = os.environ.get(HEAD_PID_VARIABLE)
+    return descendants(os.getpid()) + (descendants(int(head)) if head else [])
+
+
 def child(workload: str, overrides: list[str]) -> dict:
-    """One start-up of the embedded Ray, timed in this (fresh) process."""
+    """One start-up of Ray, timed in this (fresh) process."""
     from benchmarks.workloads import EXECUTORS, workload_config
     from cluster.config import config_from_dict
     from cluster.runtime.experiment import run_experiment
@@ -139,10 +157,10 @@ def child(workload: str, overrides: list[str]) -> dict:
         elif message.startswith("actors on"):
             moments["actors_ready"] = now - start
             cpu_at_ready = time.process_time() - cpu_start
-            snapshot = descendants(os.getpid())
+            snapshot = ray_processes()
 
     rounds: list[float] = []
-    cpu_before = {sample.pid: sample.cpu_s for sample in descendants(os.getpid())}
+    cpu_before = {sample.pid: sample.cpu_s for sample in ray_processes()}
     call_boot_s = time.clock_gettime(time.CLOCK_BOOTTIME)
     cpu_start, start = time.process_time(), time.perf_counter()
     outcome = run_experiment(config, on_round=lambda r: rounds.append(time.perf_counter()), say=say)
@@ -174,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workload", choices=["A", "B"], default="A")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--set", action="append", default=[], help="config override")
+    parser.add_argument("--running", action="store_true", help="connect to a running head")
     parser.add_argument("--out", type=Path, help="also write the JSON line to this file")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -185,7 +204,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.repeat < 1:
         parser.error(f"--repeat {args.repeat}: need at least 1")
-    from benchmarks.workloads import _create_tracking_schema, json_line_of_child, workload_config
+    from benchmarks.workloads import (
+        _create_tracking_schema,
+        json_line_of_child,
+        running_ray,
+        workload_config,
+    )
     from cluster.runtime.store import open_store
 
     with tempfile.TemporaryDirectory(prefix="dpfl-startup-") as tmp:
@@ -196,9 +220,15 @@ def main(argv: list[str] | None = None) -> int:
         _create_tracking_schema()
         child_args = ["benchmarks.startup", "--child", "--workload", args.workload]
         what = f"start-up of workload {args.workload}"
-        runs = [json_line_of_child(child_args, args.set, what) for _ in range(args.repeat)]
+        head = running_ray(Path(tmp)) if args.running else nullcontext(([], None))
+        with head as (address, env):
+            overrides = [*args.set, *address]
+            runs = [
+                json_line_of_child(child_args, overrides, what, env) for _ in range(args.repeat)
+            ]
     line = {
         "workload": args.workload,
+        "ray": "running head" if args.running else "embedded",
         "load_average_1min": round(os.getloadavg()[0], 2),
         **{key: statistics.median(run[key] for run in runs) for key in MEDIANS},
         "runs": runs,

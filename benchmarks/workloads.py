@@ -319,6 +319,9 @@ def _free_ports(count: int) -> list[int]:
 
 
 CORES = os.cpu_count() or 1
+# In the drivers' environment of ``running_ray``: the pid of the head's ``ray start``, below which
+# its GCS, raylet, agents and workers run (``benchmarks.startup`` reads their CPU).
+HEAD_PID_VARIABLE = "DPFL_BENCH_RAY_HEAD_PID"
 
 
 @contextmanager
@@ -354,7 +357,10 @@ def running_ray(
     ]
     head = _start_head(command, env, root / "ray-start.log")
     try:
-        yield [f"executor.address=127.0.0.1:{ports['port']}"], env
+        yield (
+            [f"executor.address=127.0.0.1:{ports['port']}"],
+            {**env, HEAD_PID_VARIABLE: str(head.pid)},
+        )
     finally:
         _stop_process_group(head)
 
