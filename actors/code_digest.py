@@ -2,7 +2,8 @@
 
 A warm host (``actors.ray_actor.WarmHostActor``) outlives the run that started it; the next run
 may use it only if it would run the same code, which this digest says: the driver and the
-actor each compute it, from the files and the versions in their own process.
+actor each compute it, from the files and the versions in their own process. It also names the
+package of the code shipped to Ray's workers (``cluster.runtime.code_shipping``).
 """
 
 from __future__ import annotations
@@ -16,16 +17,30 @@ PACKAGES = ("actors", "algorithms", "cluster", "datasets", "models", "privacy")
 LIBRARIES = ("numpy", "pyarrow", "ray", "torch")
 
 
+def read_sources(root: Path = PROJECT_ROOT) -> dict[str, bytes]:
+    """Every ``.py`` file of the project's packages under ``root``: its path relative to
+    ``root`` (POSIX) → its bytes, in path order."""
+    return {
+        path.relative_to(root).as_posix(): path.read_bytes()
+        for package in PACKAGES
+        for path in sorted((root / package).rglob("*.py"))
+    }
+
+
 def code_digest(root: Path = PROJECT_ROOT) -> str:
-    """SHA-256 of every ``.py`` file of the project's packages under ``root`` (path and bytes,
-    in path order), the Python version and the installed versions of ``LIBRARIES``."""
+    """``digest_of(read_sources(root))``."""
+    return digest_of(read_sources(root))
+
+
+def digest_of(sources: dict[str, bytes]) -> str:
+    """SHA-256 of ``sources`` (path and bytes, in order), the Python version and the installed
+    versions of ``LIBRARIES``."""
     from importlib.metadata import PackageNotFoundError, version
 
     digest = hashlib.sha256()
-    for package in PACKAGES:
-        for path in sorted((root / package).rglob("*.py")):
-            digest.update(path.relative_to(root).as_posix().encode() + b"\0")
-            digest.update(path.read_bytes() + b"\0")
+    for path, text in sources.items():
+        digest.update(path.encode() + b"\0")
+        digest.update(text + b"\0")
     digest.update(platform.python_version().encode())
     for library in LIBRARIES:
         try:

@@ -1,5 +1,7 @@
 """The Ray actors that wrap a ``ClientHost`` on the device Ray assigns them: ``ClientHostActor``
-for one run, ``WarmHostActor`` kept between runs (``executor.keep_warm_s``)."""
+for one run, ``WarmHostActor`` kept between runs (``executor.keep_warm_s``). Plain classes:
+``cluster.runtime.code_shipping.actor_class`` makes them Ray actors (``WARM_ACTOR_OPTIONS``:
+the warm one's decorator options), or their stand-ins where the code is shipped."""
 
 from __future__ import annotations
 
@@ -111,7 +113,6 @@ class HostCalls:
         self.states_lost = False
 
 
-@ray.remote
 class ClientHostActor(HostCalls):
     """One run's host: built with the actor, killed at the run's end."""
 
@@ -134,7 +135,9 @@ class ClientHostActor(HostCalls):
 
 
 # Lease calls answer at once, also while the actor trains a round for its holder.
-@ray.remote(concurrency_groups={"lease": 1})
+WARM_ACTOR_OPTIONS = {"concurrency_groups": {"lease": 1}}
+
+
 class WarmHostActor(HostCalls):
     """A detached host process kept between runs, so that the next run on this Ray skips the
     process start and the imports (Ray gives every job fresh worker processes otherwise).

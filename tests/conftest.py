@@ -18,6 +18,7 @@ torch.set_num_threads(1)
 # these tests bound how long a start or a recovery may take. Every other test goes to
 # whichever worker is free.
 RAY_MODULES = {
+    "test_code_shipping",
     "test_equivalence",
     "test_executors",
     "test_exposure",

@@ -23,6 +23,23 @@ from cluster.tracking.process import _spawn
 
 TESTS = Path(__file__).parent
 
+# A small DP-FedAvg run on two Ray actors of half a CPU, untracked (its store root and rounds
+# added by the test): for drivers that connect to a running head.
+SMALL_DP_FEDAVG_ON_RAY = [
+    "data.num_clients=20",
+    "data.synthetic.samples_per_user=100",
+    "cohort.size=5",
+    "algorithm.name=dp_fedavg",
+    "algorithm.clip_norm=0.5",
+    "algorithm.noise_multiplier=1",
+    "algorithm.local.local_steps=5",
+    "algorithm.local.batch_size=16",
+    "tracking.enabled=false",
+    "executor.kind=ray",
+    "executor.num_actors=2",
+    "executor.cpus_per_actor=0.5",
+]
+
 
 def run_python(script: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """``script`` in a fresh interpreter (nothing imported yet) from the repository root, with

@@ -108,15 +108,16 @@ def test_every_connection_leaves_out_rays_failure_signal_handlers(where, monkeyp
     ray = pytest.importorskip("ray")
     from ray._private import ray_constants
 
-    from cluster.runtime import ray_runtime
+    from cluster.runtime import code_shipping, ray_runtime
 
-    seen = []
+    seen, published = [], []
 
     def init(*args, **kwargs):
         seen.append((ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER, kwargs.get("address")))
         if where == "init fails":
             raise ConnectionError("nothing answers")
 
+    monkeypatch.setattr(code_shipping, "publish", lambda: published.append(where))
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", init)
     monkeypatch.setattr(ray_constants, "RAY_DISABLE_FAILURE_SIGNAL_HANDLER", False)
@@ -133,3 +134,4 @@ def test_every_connection_leaves_out_rays_failure_signal_handlers(where, monkeyp
     expected = {"address": "ray-head:6379", "embedded": "local"}.get(where, address)
     assert seen == [(True, expected)]
     assert ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER is False
+    assert published == (["address"] if where == "address" else [])  # the code, to a cluster

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import small_config
+from helpers import SMALL_DP_FEDAVG_ON_RAY, small_config
 
 from actors.code_digest import code_digest
 from cluster.config import ConfigError
@@ -71,22 +71,7 @@ def test_a_second_run_reuses_the_warm_actors_with_the_same_result(store_root, tm
     and ε equal the same run's on the local executor, bit for bit."""
     from benchmarks.workloads import running_ray
 
-    overrides = [
-        f"data.store_root={store_root}",
-        "data.num_clients=20",
-        "data.synthetic.samples_per_user=100",
-        "cohort.size=5",
-        "rounds=3",
-        "algorithm.name=dp_fedavg",
-        "algorithm.clip_norm=0.5",
-        "algorithm.noise_multiplier=1",
-        "algorithm.local.local_steps=5",
-        "algorithm.local.batch_size=16",
-        "tracking.enabled=false",
-        "executor.kind=ray",
-        "executor.num_actors=2",
-        "executor.cpus_per_actor=0.5",
-    ]
+    overrides = [f"data.store_root={store_root}", "rounds=3", *SMALL_DP_FEDAVG_ON_RAY]
     small_config(store_root, *overrides[1:])  # the shards exist before the drivers run
     # Short: Ray's unix sockets live under the head's directory (108 bytes at most)
     head_dir = Path(tempfile.mkdtemp(prefix="wp-"))
@@ -114,7 +99,7 @@ def test_a_second_run_reuses_the_warm_actors_with_the_same_result(store_root, tm
     assert first["warm"]["recoveries"] == 0 and second["warm"]["recoveries"] == 1
     assert len(second["after_restarted_release"]) == 1  # the restarted actor 1 ended
     # Ray's actors and the local executor's host threads agree bit for bit (same hosts)
-    local_run = [*overrides[1:-3], "executor.num_actors=2", f"checkpoint.dir={tmp_path / 'local'}"]
+    local_run = [*overrides[1:], "executor.kind=local", f"checkpoint.dir={tmp_path / 'local'}"]
     local = run_experiment(small_config(store_root, *local_run))
     for run in (first["warm"], second["warm"]):
         assert torch.equal(run["params"], local.result.params)

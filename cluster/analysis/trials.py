@@ -255,10 +255,12 @@ class RayTrials:
     def __init__(self, concurrent: int, parent_run_id: str | None, uri: str | None):
         import ray
 
+        from cluster.runtime.code_shipping import remote_function
+
         self._ray = ray
         self.concurrent = concurrent
         self.parent_run_id, self.uri = parent_run_id, uri
-        self._remote = ray.remote(run_one)
+        self._remote = remote_function(run_one)
         self._running: dict = {}  # object ref → Submitted
         self._on_submit: Callable[[Trial], None] | None = None
         self._on_done: Callable[[TrialResult], None] = lambda result: None

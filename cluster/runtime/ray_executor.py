@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 from actors.client_host import AUTO_KERNELS, Kernels
 from algorithms.algorithm import Algorithm
 from cluster.runtime.central_optimum import store_optimum
+from cluster.runtime.code_shipping import actor_class, remote_function
 from cluster.runtime.executors import (
     MAX_RESTARTS,
     POLL_S,
@@ -187,7 +188,8 @@ class RayExecutor(HostPool):
     def _fresh_actor(self, options: dict, group, index: int):
         from actors.ray_actor import ClientHostActor
 
-        return ClientHostActor.options(**{**options, **in_trial_group(group, index)}).remote(
+        host_actor = actor_class(ClientHostActor)
+        return host_actor.options(**{**options, **in_trial_group(group, index)}).remote(
             *self._resources, (index, self.num_hosts), **self._host_kwargs
         )
 
@@ -228,7 +230,7 @@ class RayExecutor(HostPool):
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         near = NodeAffinitySchedulingStrategy(self.placement[0]["node_id"], soft=True)
-        remote = self._ray.remote(store_optimum).options(num_cpus=0, scheduling_strategy=near)
+        remote = remote_function(store_optimum).options(num_cpus=0, scheduling_strategy=near)
         return self._ray.get(remote.remote(self._store_location, task, weight_decay))
 
     def _call(

@@ -64,13 +64,21 @@ def connect(address: str | None, verbose: bool = False) -> RaySession:
 def _init(address: str | None, verbose: bool) -> RaySession:
     import ray
 
+    from cluster.runtime.code_shipping import publish
+
     quiet = {
         "log_to_driver": verbose,
         "logging_level": logging.INFO if verbose else logging.ERROR,
     }
     if address:
-        # A remote cluster needs our code on its workers: ship the project as the working_dir.
-        ray.init(address=address, runtime_env={"working_dir": str(PROJECT_ROOT)}, **quiet)
+        # A cluster's workers need our code: shipped through its GCS (a job's working_dir would
+        # start every worker twice: ``code_shipping``).
+        ray.init(address=address, **quiet)
+        try:
+            publish()
+        except BaseException:
+            ray.shutdown()
+            raise
         return RaySession(f"Ray cluster at {address}", None)
     if os.environ.get("RAY_ADDRESS"):
         # Inside `ray job submit`: the job's runtime_env already carries the working_dir.
@@ -271,4 +279,7 @@ def disconnect() -> None:
     if "ray" in sys.modules:
         import ray
 
+        from cluster.runtime.code_shipping import forget
+
         ray.shutdown()
+        forget()

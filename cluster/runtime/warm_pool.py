@@ -71,7 +71,8 @@ def lease_warm_hosts(num_actors: int, actor_options: dict, keep_warm_s: float) -
     import ray
 
     from actors.code_digest import code_digest
-    from actors.ray_actor import WarmHostActor
+    from actors.ray_actor import WARM_ACTOR_OPTIONS, WarmHostActor
+    from cluster.runtime.code_shipping import actor_class
 
     context = ray.get_runtime_context()
     digest = code_digest()
@@ -79,8 +80,9 @@ def lease_warm_hosts(num_actors: int, actor_options: dict, keep_warm_s: float) -
     names = [actor_name(key, index) for index in range(num_actors)]
     missing = set(names) - warm_actor_names()
     make_room(len(missing), actor_options["num_cpus"], actor_options["num_gpus"], keep=key)
+    warm_actor = actor_class(WarmHostActor, **WARM_ACTOR_OPTIONS)
     actors = [
-        WarmHostActor.options(
+        warm_actor.options(
             name=name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, **actor_options
         ).remote(index, digest, keep_warm_s)
         for index, name in enumerate(names)

@@ -1,0 +1,134 @@
+"""A Ray worker's side of the project's code shipped through Ray's GCS
+(``cluster.runtime.code_shipping`` is the driver's side).
+
+A worker started without the project's code runs the stand-ins made here: an actor class
+(``actor_stand_in``) or a function (``function_stand_in``) that first makes the code package
+importable (``install``), then imports the real class or function by name and runs it on its
+arguments, which the driver pickled into one ``bytes`` (Ray would otherwise unpickle them before
+the code that defines their classes is importable). This module imports only the standard
+library and Ray, and cloudpickle sends it by value (``register_pickle_by_value`` below), so that
+such a worker can run it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import os
+import pickle
+import shutil
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from ray import cloudpickle
+
+NAMESPACE = "dpfl-code"  # in the GCS's key-value store
+# In a worker that installed a package: its digest, so that the actors and tasks it starts in
+# turn (a sweep's trial starts its run's host actors) are shipped the same code.
+SHIPPED_VARIABLE = "DPFL_SHIPPED_CODE"
+
+
+class CodePackageMissing(RuntimeError):
+    """The GCS holds no package of the digest a worker was told to install."""
+
+
+def package_key(digest: str) -> str:
+    return f"package/{digest}"
+
+
+def install(digest: str) -> None:
+    """Make the code package ``digest`` importable in this process: unpacked once per node
+    into Ray's session directory, under its digest (a directory that exists holds the whole
+    package: ``_unpacked``), and put first on ``sys.path``."""
+    if os.environ.get(SHIPPED_VARIABLE) == digest:
+        return
+    root = _unpacked(digest)
+    sys.path.insert(0, str(root))
+    importlib.invalidate_caches()
+    os.environ[SHIPPED_VARIABLE] = digest
+
+
+def _unpacked(digest: str) -> Path:
+    from ray._private import worker  # no public accessor for the session directory
+    from ray.experimental import internal_kv
+
+    base = Path(worker.global_worker.node.get_session_dir_path()) / "dpfl_code"
+    target = base / digest
+    if target.is_dir():
+        return target
+    data = internal_kv._internal_kv_get(package_key(digest), namespace=NAMESPACE)
+    if data is None:
+        raise CodePackageMissing(
+            f"Ray's GCS holds no package of the project's code {digest[:12]}: a newer driver "
+            "pruned it (cluster.runtime.code_shipping keeps the newest ones) or the head was "
+            "restarted; start the run again from its checkpoint"
+        )
+    base.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{digest[:12]}-", dir=base))
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as package:
+            package.extractall(staging)  # names are checked: none leaves ``staging``
+        try:
+            os.rename(staging, target)  # atomic: whole or absent
+        except OSError:  # another worker of this node unpacked it first
+            if not target.is_dir():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def load(digest: str, module: str, qualname: str):
+    """``module.qualname`` from code package ``digest`` (installed first)."""
+    install(digest)
+    found = importlib.import_module(module)
+    for part in qualname.split("."):
+        found = getattr(found, part)
+    return found
+
+
+def actor_stand_in(digest: str, module: str, qualname: str, methods: dict[str, dict]) -> type:
+    """A class for ``ray.remote`` standing for ``module.qualname``: its constructor takes the
+    real one's arguments pickled (``(args, kwargs)``), installs package ``digest``, and builds
+    the real object; each of ``methods`` (name → the Ray method options of the real one,
+    ``__ray_…__`` attributes such as a concurrency group) calls the real object's. It keeps
+    the real class's name (``ray::ClientHostActor`` in process lists and Ray's state)."""
+
+    class StandIn:
+        def __init__(self, arguments: bytes):
+            real = load(digest, module, qualname)
+            args, kwargs = pickle.loads(arguments)  # the driver's, in Ray's task spec
+            self._real = real(*args, **kwargs)
+
+    for name, options in methods.items():
+        setattr(StandIn, name, _forwarding(name, options))
+    StandIn.__name__ = StandIn.__qualname__ = qualname.rsplit(".", 1)[-1]
+    return StandIn
+
+
+def _forwarding(name: str, options: dict):
+    def forward(self, *args, **kwargs):
+        return getattr(self._real, name)(*args, **kwargs)
+
+    forward.__name__ = forward.__qualname__ = name
+    for key, value in options.items():
+        setattr(forward, key, value)
+    return forward
+
+
+def function_stand_in(digest: str, module: str, qualname: str):
+    """A function for ``ray.remote`` standing for ``module.qualname``: it takes the real
+    one's arguments pickled, installs package ``digest`` and calls it."""
+
+    def call(arguments: bytes):
+        real = load(digest, module, qualname)
+        args, kwargs = pickle.loads(arguments)
+        return real(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = qualname.rsplit(".", 1)[-1]
+    return call
+
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])

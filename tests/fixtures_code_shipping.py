@@ -1,0 +1,95 @@
+"""The driver of ``tests/test_code_shipping.py``: a process of its own, started outside the
+checkout (so that Ray's workers, which get the driver's working directory on their path, cannot
+find the project there), connected to a running head as a run with ``executor.address`` is.
+
+``python -m tests.fixtures_code_shipping REQUEST``: ``REQUEST`` is JSON with the run's overrides,
+the head's address and the file to write the report to (``torch.save`` of a dict of plain
+values).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+
+def _where_the_host_runs(stand_in) -> dict:
+    """Run in a host actor (``__ray_call__``): where its code came from, and its runtime
+    environment."""
+    import sys
+
+    import ray
+
+    return {
+        "real_class": type(stand_in._real).__name__,
+        "module_file": sys.modules["actors.ray_actor"].__file__,
+        "runtime_env": dict(ray.get_runtime_context().runtime_env),
+        "argv": sys.argv,
+    }
+
+
+def main(request: dict) -> dict:
+    import ray
+
+    from actors.code_digest import code_digest
+    from cluster.analysis.trials import Trial, run_concurrently
+    from cluster.config import load_config
+    from cluster.runtime import code_shipping
+    from cluster.runtime.central_optimum import central_optimum
+    from cluster.runtime.experiment import make_executor, run_experiment
+    from cluster.runtime.ray_runtime import connect, disconnect
+    from cluster.runtime.store import open_store
+
+    report: dict = {}
+    session = connect(request["address"])
+    report["session"] = session.where
+    digest = code_shipping.shipped_digest()
+    report["published"] = digest
+    # The package holds the sources the driver's digest covers: recomputed in a worker, from
+    # the unpacked package and the worker's libraries, it is the same.
+    report["worker_digest"] = ray.get(code_shipping.remote_function(code_digest).remote())
+    outcome = run_experiment(load_config(None, request["overrides"]))
+    report["params"] = outcome.result.params
+    report["epsilons"] = [r.epsilon for r in outcome.result.history]
+    config = load_config(None, request["overrides"])
+    store, _ = open_store(config)
+    executor = make_executor(config, store)
+    report["hosts"] = ray.get(
+        [actor.__ray_call__.remote(_where_the_host_runs) for actor in executor.actors]
+    )
+    report["optimum"] = executor.central_optimum(config.task, 0.0)  # the store optimum's task
+    report["optimum_here"] = central_optimum(store, config.task, 0.0)
+    executor.close()
+    missing = code_shipping.Shipped(
+        ray.remote(code_shipping.code_bootstrap.function_stand_in("0" * 64, "os", "getpid"))
+    )
+    try:
+        ray.get(missing.remote())
+        report["missing"] = "ran"
+    except ray.exceptions.RayTaskError as error:
+        report["missing"] = str(error)
+    # The store keeps the newest KEEP_PACKAGES versions: three more published, one kept.
+    code_shipping.KEEP_PACKAGES = 1
+    for version in range(3):
+        root = Path(request["scratch"]) / f"v{version}"
+        (root / "actors").mkdir(parents=True)
+        (root / "actors" / "__init__.py").write_text(f"VERSION = {version}\n")
+        code_shipping.publish(root)
+    report["kept"] = code_shipping.kept_packages()
+    code_shipping.publish()  # this checkout's code again, for a trial
+    results = []  # a sweep's trial: a task whose run starts host actors in turn
+    run_concurrently([Trial("trial", config)], 1, None, lambda result, uri: results.append(result))
+    report["trial_error"] = results[0].error
+    report["trial_params"] = results[0].outcome.result.params if results[0].outcome else None
+    disconnect()
+    report["after_disconnect"] = code_shipping.shipped_digest()
+    report["driver_digest"] = code_digest()
+    return report
+
+
+if __name__ == "__main__":
+    request = json.loads(sys.argv[1])
+    torch.save(main(request), request["out"])
