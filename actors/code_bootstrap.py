@@ -17,6 +17,7 @@ import io
 import os
 import pickle
 import shutil
+import stat
 import sys
 import tempfile
 import zipfile
@@ -41,20 +42,42 @@ def package_key(digest: str) -> str:
 def install(digest: str) -> None:
     """Make the code package ``digest`` importable in this process: unpacked once per node
     into Ray's session directory, under its digest (a directory that exists holds the whole
-    package: ``_unpacked``), and put first on ``sys.path``."""
-    if os.environ.get(SHIPPED_VARIABLE) == digest:
+    package: ``_unpacked``), and put first on ``sys.path`` (and on ``PYTHONPATH``, for the
+    processes it starts: a trial's tracking process). A process runs one package: asked for
+    another, it refuses (its modules are imported already)."""
+    installed = os.environ.get(SHIPPED_VARIABLE)
+    if installed == digest:
         return
-    root = _unpacked(digest)
-    sys.path.insert(0, str(root))
+    if installed:
+        raise RuntimeError(
+            f"this Ray worker runs the project's code {installed[:12]}, not {digest[:12]}"
+        )
+    root = str(_unpacked(digest))
+    sys.path.insert(0, root)
     importlib.invalidate_caches()
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     os.environ[SHIPPED_VARIABLE] = digest
+
+
+def private_directory(path: Path) -> Path:
+    """``path``, created if missing, once it is a directory of this user's that no one else
+    may write to (not a link): Ray's session directory is writable by every local user, and
+    whoever could write here could plant code the workers import."""
+    path.mkdir(mode=0o700, exist_ok=True)
+    status = path.lstat()
+    if not stat.S_ISDIR(status.st_mode) or status.st_uid != os.getuid() or status.st_mode & 0o022:
+        raise PermissionError(
+            f"{path}: not a directory of this user's that only it may write to; remove it and "
+            "start the run again"
+        )
+    return path
 
 
 def _unpacked(digest: str) -> Path:
     from ray._private import worker  # no public accessor for the session directory
     from ray.experimental import internal_kv
 
-    base = Path(worker.global_worker.node.get_session_dir_path()) / "dpfl_code"
+    base = private_directory(Path(worker.global_worker.node.get_session_dir_path()) / "dpfl_code")
     target = base / digest
     if target.is_dir():
         return target

@@ -18,12 +18,15 @@ LIBRARIES = ("numpy", "pyarrow", "ray", "torch")
 
 
 def read_sources(root: Path = PROJECT_ROOT) -> dict[str, bytes]:
-    """Every ``.py`` file of the project's packages under ``root``: its path relative to
-    ``root`` (POSIX) → its bytes, in path order."""
+    """Every module file of the project's packages under ``root``: its path relative to
+    ``root`` (POSIX) → its bytes, in path order. Only regular files named as Python modules
+    (``name.py``, ``name`` an identifier): an editor's lock file (``.#module.py``, a dangling
+    link) or backup is no module and is left out."""
     return {
         path.relative_to(root).as_posix(): path.read_bytes()
         for package in PACKAGES
         for path in sorted((root / package).rglob("*.py"))
+        if path.stem.isidentifier() and path.is_file() and not path.is_symlink()
     }
 
 

@@ -326,7 +326,7 @@ HEAD_PID_VARIABLE = "DPFL_BENCH_RAY_HEAD_PID"
 
 @contextmanager
 def running_ray(
-    root: Path, num_cpus: int | None = None
+    root: Path, num_cpus: int | None = None, cwd: Path = ROOT
 ) -> Iterator[tuple[list[str], dict[str, str]]]:
     """A Ray head on this machine for ``ray_running`` (``ray start --head --block``), started
     before and stopped after every timing; yields the overrides and the environment of the
@@ -334,7 +334,8 @@ def running_ray(
     head's and the drivers' environment: README, Security), token authentication with a token
     of its own, its own temporary directory and ports: other Rays on this machine are left
     alone, and it is stopped by its process group, never by ``ray stop``. ``num_cpus``: Ray's
-    logical CPUs (default: the machine's)."""
+    logical CPUs (default: the machine's); ``cwd``: the head's working directory, and so its
+    workers' (default: the repository root)."""
     token = root / "auth_token"
     token.write_text(secrets.token_hex(32))
     token.chmod(0o600)
@@ -355,7 +356,7 @@ def running_ray(
         *(f"--{option}={port}" for option, port in ports.items()),
         *([f"--num-cpus={num_cpus}"] if num_cpus is not None else []),
     ]
-    head = _start_head(command, env, root / "ray-start.log")
+    head = _start_head(command, env, root / "ray-start.log", cwd)
     try:
         yield (
             [f"executor.address=127.0.0.1:{ports['port']}"],
@@ -365,14 +366,14 @@ def running_ray(
         _stop_process_group(head)
 
 
-def _start_head(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+def _start_head(command: list[str], env: dict[str, str], log: Path, cwd: Path) -> subprocess.Popen:
     """``command`` (``ray start --head --block``) once it says the head runs; up to
     ``HEAD_TRIES`` tries: the raylet waits a fixed 15 s for its dashboard agent (not
     configurable in Ray 2.60), which a heavily loaded machine can exceed."""
     for _ in range(HEAD_TRIES):
         with log.open("w") as out:
             head = subprocess.Popen(
-                command, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                command, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=cwd,
                 start_new_session=True,
             )  # fmt: skip
         deadline = time.monotonic() + HEAD_START_S

@@ -48,6 +48,20 @@ def main(request: dict) -> dict:
     report["session"] = session.where
     digest = code_shipping.shipped_digest()
     report["published"] = digest
+    # The control, in a fresh worker (Ray reuses a task's worker, and one that ran a stand-in
+    # has the package on its path): a plain task finds no project.
+    finds = ray.remote(lambda: __import__("importlib.util").util.find_spec("actors") is not None)
+    report["plain_task_finds_the_project"] = ray.get(finds.remote())
+    # A stand-in of a package the GCS lacks (before any worker installed one: a worker runs
+    # one package, and Ray reuses a task's worker)
+    missing = code_shipping.Shipped(
+        ray.remote(code_shipping.code_bootstrap.function_stand_in("0" * 64, "os", "getpid"))
+    )
+    try:
+        ray.get(missing.remote())
+        report["missing"] = "ran"
+    except ray.exceptions.RayTaskError as error:
+        report["missing"] = str(error)
     # The package holds the sources the driver's digest covers: recomputed in a worker, from
     # the unpacked package and the worker's libraries, it is the same.
     report["worker_digest"] = ray.get(code_shipping.remote_function(code_digest).remote())
@@ -63,16 +77,9 @@ def main(request: dict) -> dict:
     report["optimum"] = executor.central_optimum(config.task, 0.0)  # the store optimum's task
     report["optimum_here"] = central_optimum(store, config.task, 0.0)
     executor.close()
-    missing = code_shipping.Shipped(
-        ray.remote(code_shipping.code_bootstrap.function_stand_in("0" * 64, "os", "getpid"))
-    )
-    try:
-        ray.get(missing.remote())
-        report["missing"] = "ran"
-    except ray.exceptions.RayTaskError as error:
-        report["missing"] = str(error)
-    # The store keeps the newest KEEP_PACKAGES versions: three more published, one kept.
-    code_shipping.KEEP_PACKAGES = 1
+    # Three more versions published, of which one is kept where only the newest is kept
+    code_shipping.KEEP_PACKAGES, code_shipping.KEEP_S = 1, 0.0
+    code_shipping._live_jobs = lambda: set()
     for version in range(3):
         root = Path(request["scratch"]) / f"v{version}"
         (root / "actors").mkdir(parents=True)

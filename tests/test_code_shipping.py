@@ -16,9 +16,11 @@ import pytest
 import torch
 from helpers import SMALL_DP_FEDAVG_ON_RAY, small_config
 
+from actors.code_bootstrap import private_directory
 from actors.code_digest import read_sources
 from actors.ray_actor import WARM_ACTOR_OPTIONS, WarmHostActor
-from cluster.runtime.code_shipping import ray_methods, zipped
+from cluster.config.checks import MAX_KEEP_WARM_S
+from cluster.runtime.code_shipping import KEEP_S, kept_entries, ray_methods, zipped
 from cluster.runtime.experiment import run_experiment
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,6 +34,55 @@ def test_the_package_holds_exactly_the_digested_sources_the_same_bytes_each_time
         assert {name: unpacked.read(name) for name in unpacked.namelist()} == sources
     assert "actors/ray_actor.py" in sources and "cluster/runtime/code_shipping.py" in sources
     assert not [path for path in sources if not path.endswith(".py")]
+
+
+def test_editor_lock_files_and_other_non_modules_are_neither_digested_nor_shipped(tmp_path):
+    (tmp_path / "actors").mkdir()
+    (tmp_path / "actors" / "host.py").write_text("X = 1\n")
+    (tmp_path / "actors" / ".#host.py").symlink_to("user@machine.1234:1700000000")  # dangling
+    (tmp_path / "actors" / "host-copy.py").write_text("X = 2\n")
+    (tmp_path / "actors" / "linked.py").symlink_to(tmp_path / "actors" / "host.py")
+    assert read_sources(tmp_path) == {"actors/host.py": b"X = 1\n"}
+
+
+def test_packages_are_kept_while_new_recent_or_published_by_a_live_job():
+    day = 24 * 3600.0
+    now = 100 * day
+
+    def entry(name: str, age_days: float, jobs=()):
+        return {"digest": name, "published": now - age_days * day, "jobs": list(jobs)}
+
+    # 20 versions published 30 to 11 days ago, then one 1 day ago: the newest 16 stay
+    index = [entry(f"v{i}", 30 - i) for i in range(20)]
+    index.append(entry("recent", 1, ["dead"]))
+    index.insert(0, entry("live", 40, ["02000000", "dead"]))
+    kept, dropped = kept_entries(index, now, live_jobs={"02000000"})
+    assert [e["digest"] for e in dropped] == ["v0", "v1", "v2", "v3", "v4"]
+    assert [e["digest"] for e in kept] == ["live", *(f"v{i}" for i in range(5, 20)), "recent"]
+    assert kept[0]["jobs"] == ["02000000"] and kept[-1]["jobs"] == []  # dead jobs forgotten
+    assert KEEP_S >= MAX_KEEP_WARM_S  # a warm pool's package outlives its idle time
+
+
+def test_the_unpack_directory_must_be_private(tmp_path):
+    assert private_directory(tmp_path / "new") == tmp_path / "new"
+    assert (tmp_path / "new").stat().st_mode & 0o777 == 0o700
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(PermissionError, match="only it may write"):
+        private_directory(shared)
+    (tmp_path / "link").symlink_to(tmp_path / "new")
+    with pytest.raises(PermissionError):
+        private_directory(tmp_path / "link")
+
+
+def test_a_stand_in_cannot_forward_an_async_method():
+    class Host:
+        async def call(self):
+            return 1
+
+    with pytest.raises(TypeError, match="cannot forward"):
+        ray_methods(Host)
 
 
 def test_a_stand_in_keeps_the_real_methods_ray_options():
@@ -69,7 +120,7 @@ def test_a_driver_outside_the_checkout_runs_on_a_head_whose_workers_lack_the_cod
     try:
         with pytest.MonkeyPatch.context() as patch:
             patch.delenv("PYTHONPATH", raising=False)  # the head's workers: no project on a path
-            with running_ray(head_dir) as (address, head_env):
+            with running_ray(head_dir, cwd=outside) as (address, head_env):
                 request = {
                     "overrides": overrides,
                     "address": address[0].partition("=")[2],
@@ -92,8 +143,8 @@ def test_a_driver_outside_the_checkout_runs_on_a_head_whose_workers_lack_the_cod
         shipped = f"/dpfl_code/{report['published']}/actors/ray_actor.py"
         assert host["module_file"].endswith(shipped), host
         assert str(REPO) not in host["module_file"]
-        assert host["runtime_env"] == {}
-        assert not any("setup_worker" in arg for arg in host["argv"])
+        assert host["runtime_env"] == {}  # no job runtime environment: no setup_worker
+    assert report["plain_task_finds_the_project"] is False  # the control: only the package
     assert "holds no package of the project's code 000000000000" in report["missing"]
     assert len(report["kept"]) == 1 and report["kept"][0] != report["published"]
     assert report["after_disconnect"] is None

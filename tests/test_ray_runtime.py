@@ -100,7 +100,9 @@ def test_lean_head_leaves_ray_as_it_is_where_its_private_api_differs(monkeypatch
     assert not lean_head_applies()
 
 
-@pytest.mark.parametrize("where", ["address", "RAY_ADDRESS", "embedded", "init fails"])
+@pytest.mark.parametrize(
+    "where", ["address", "RAY_ADDRESS", "embedded", "init fails", "Ray Client"]
+)
 def test_every_connection_leaves_out_rays_failure_signal_handlers(where, monkeypatch):
     """``connect``'s every ``ray.init`` runs with ``RAY_DISABLE_FAILURE_SIGNAL_HANDLER`` set, the
     constant Ray's core worker reads as it starts (its SIGTERM handler would arm a 3 s abort),
@@ -110,10 +112,11 @@ def test_every_connection_leaves_out_rays_failure_signal_handlers(where, monkeyp
 
     from cluster.runtime import code_shipping, ray_runtime
 
-    seen, published = [], []
+    seen, published, environments = [], [], []
 
     def init(*args, **kwargs):
         seen.append((ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER, kwargs.get("address")))
+        environments.append(kwargs.get("runtime_env"))
         if where == "init fails":
             raise ConnectionError("nothing answers")
 
@@ -125,7 +128,8 @@ def test_every_connection_leaves_out_rays_failure_signal_handlers(where, monkeyp
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     if where == "RAY_ADDRESS":
         monkeypatch.setenv("RAY_ADDRESS", "ray-head:6379")
-    address = "ray-head:6379" if where in ("address", "init fails") else None
+    address = {"address": "ray-head:6379", "init fails": "ray-head:6379"}.get(where)
+    address = "ray://ray-head:10001" if where == "Ray Client" else address
     if where == "init fails":
         with pytest.raises(ConnectionError):
             ray_runtime.connect(address)
@@ -134,4 +138,7 @@ def test_every_connection_leaves_out_rays_failure_signal_handlers(where, monkeyp
     expected = {"address": "ray-head:6379", "embedded": "local"}.get(where, address)
     assert seen == [(True, expected)]
     assert ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER is False
-    assert published == (["address"] if where == "address" else [])  # the code, to a cluster
+    # The code goes to a cluster through its GCS; to Ray Client's server only as a working_dir
+    assert published == (["address"] if where == "address" else [])
+    working_dir = [{"working_dir": str(ray_runtime.PROJECT_ROOT)}]
+    assert environments == (working_dir if where == "Ray Client" else [None])

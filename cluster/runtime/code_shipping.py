@@ -34,26 +34,37 @@ from typing import Any
 from actors import code_bootstrap
 from actors.code_digest import PROJECT_ROOT, digest_of, read_sources
 
+# A package is kept while any of these holds: it is among the newest KEEP_PACKAGES versions, it
+# was published within KEEP_S (a warm pool outlives its last run by keep_warm_s, at most a day:
+# its actors restarted on a new node still find it), or a job that published it is alive.
 KEEP_PACKAGES = 16
-INDEX_KEY = "index"  # JSON: [[digest, published at (Unix s)], …], newest last
+KEEP_S = 2 * 24 * 3600.0
+# JSON: [{"digest", "published" (Unix s), "jobs" (hex ids)}, …], latest publication last. The
+# key-value store has no transactions: two drivers publishing at once may each lose the
+# other's entry (that package is then never pruned), never a package of their own (each
+# writes its entry before it looks whether its package is there).
+INDEX_KEY = "index"
 
-_published: str | None = None  # this driver's package, while connected
+_published: tuple[str, str] | None = None  # (GCS address, digest): this driver's package
 
 
 def publish(root=PROJECT_ROOT) -> str:
     """Put the code under ``root`` in the connected Ray's GCS (unless there already) and ship
-    it to the remote entry points made from now on; returns its digest."""
+    it to the remote entry points made from now on; returns its digest. Packages no longer
+    kept (``KEEP_PACKAGES``) are deleted first."""
     global _published
+    import ray
     from ray.experimental import internal_kv
 
     sources = read_sources(root)
     digest = digest_of(sources)
+    context = ray.get_runtime_context()
+    _record_and_prune(digest, context.get_job_id())
     key = code_bootstrap.package_key(digest)
     namespace = code_bootstrap.NAMESPACE
     if not internal_kv._internal_kv_exists(key, namespace=namespace):
         internal_kv._internal_kv_put(key, zipped(sources), overwrite=False, namespace=namespace)
-    _prune(digest)
-    _published = digest
+    _published = (context.gcs_address, digest)
     return digest
 
 
@@ -67,32 +78,61 @@ def zipped(sources: dict[str, bytes]) -> bytes:
     return buffer.getvalue()
 
 
-def _prune(digest: str) -> None:
-    """Record ``digest`` as the newest package and delete those beyond the newest
-    ``KEEP_PACKAGES`` (a run still using one that old would find it gone only when an actor
-    of it restarts on a node that never unpacked it: ``CodePackageMissing``)."""
+def _record_and_prune(digest: str, job_id: str) -> None:
+    """Record ``digest`` as published now by job ``job_id``, and delete the packages no longer
+    kept (a run using one of those would find it gone only where an actor or task of it
+    starts on a node that never unpacked it: ``CodePackageMissing``)."""
     from ray.experimental import internal_kv
 
     namespace = code_bootstrap.NAMESPACE
-    raw = internal_kv._internal_kv_get(INDEX_KEY, namespace=namespace)
-    index = [entry for entry in json.loads(raw or b"[]") if entry[0] != digest]
-    index.append([digest, time.time()])
-    for old, _ in index[:-KEEP_PACKAGES]:
-        internal_kv._internal_kv_del(code_bootstrap.package_key(old), namespace=namespace)
-    index = index[-KEEP_PACKAGES:]
-    internal_kv._internal_kv_put(INDEX_KEY, json.dumps(index), namespace=namespace)
+    index = _index()
+    entry = next((e for e in index if e["digest"] == digest), {"jobs": []})
+    index = [e for e in index if e["digest"] != digest]
+    index.append({"digest": digest, "published": time.time(), "jobs": [*entry["jobs"], job_id]})
+    kept, dropped = kept_entries(index, time.time(), _live_jobs())
+    for old in dropped:
+        internal_kv._internal_kv_del(code_bootstrap.package_key(old["digest"]), namespace=namespace)
+    internal_kv._internal_kv_put(INDEX_KEY, json.dumps(kept), namespace=namespace)
+
+
+def kept_entries(index: list[dict], now: float, live_jobs: set[str]) -> tuple[list, list]:
+    """``index``'s entries split into those kept and those dropped (the rule at
+    ``KEEP_PACKAGES``); a kept entry lists only its live jobs."""
+    kept, dropped = [], []
+    for position, entry in enumerate(index):
+        jobs = [job for job in entry["jobs"] if job in live_jobs]
+        newest = position >= len(index) - KEEP_PACKAGES
+        if newest or jobs or now - entry["published"] <= KEEP_S:
+            kept.append({**entry, "jobs": jobs})
+        else:
+            dropped.append(entry)
+    return kept, dropped
+
+
+def _index() -> list[dict]:
+    from ray.experimental import internal_kv
+
+    raw = internal_kv._internal_kv_get(INDEX_KEY, namespace=code_bootstrap.NAMESPACE)
+    return json.loads(raw or b"[]")
+
+
+def _live_jobs() -> set[str]:
+    from ray._private.state import jobs  # the GCS job table; no public API outside the jobs SDK
+
+    return {job["JobID"] for job in jobs() if not job["IsDead"]}
 
 
 def kept_packages() -> list[str]:
-    """The digests of the packages the connected Ray's GCS holds, oldest first."""
+    """The digests of the packages the connected Ray's GCS holds, in order of publication."""
     from ray.experimental import internal_kv
 
     namespace = code_bootstrap.NAMESPACE
-    raw = internal_kv._internal_kv_get(INDEX_KEY, namespace=namespace)
     return [
-        digest
-        for digest, _ in json.loads(raw or b"[]")
-        if internal_kv._internal_kv_exists(code_bootstrap.package_key(digest), namespace=namespace)
+        entry["digest"]
+        for entry in _index()
+        if internal_kv._internal_kv_exists(
+            code_bootstrap.package_key(entry["digest"]), namespace=namespace
+        )
     ]
 
 
@@ -103,11 +143,18 @@ def forget() -> None:
 
 
 def shipped_digest() -> str | None:
-    """The package that remote entry points made now ship: this driver's, or in a worker the
-    one it installed (so that a trial's host actors get the trial's code)."""
+    """The package that remote entry points made now ship: this driver's, while it is
+    connected to the Ray it published it to, or in a worker the one it installed (so that a
+    trial's host actors get the trial's code)."""
     import os
 
-    return _published or os.environ.get(code_bootstrap.SHIPPED_VARIABLE)
+    import ray
+
+    if _published is not None and ray.is_initialized():
+        address, digest = _published
+        if ray.get_runtime_context().gcs_address == address:
+            return digest
+    return os.environ.get(code_bootstrap.SHIPPED_VARIABLE)
 
 
 class Shipped:
@@ -146,10 +193,22 @@ def actor_class(cls: type, **decorator_options):
 
 
 def ray_methods(cls: type) -> dict[str, dict]:
-    """``cls``'s public methods → the Ray options ``ray.method`` gave each (``__ray_…__``)."""
+    """``cls``'s public methods → the Ray options ``ray.method`` gave each (``__ray_…__``).
+    The stand-in forwards calls as plain functions: an async or generator method would need
+    its own, and is refused."""
+    methods = dict(inspect.getmembers(cls, inspect.isfunction))
+    unforwardable = [
+        name
+        for name, method in methods.items()
+        if inspect.iscoroutinefunction(method)
+        or inspect.isgeneratorfunction(method)
+        or inspect.isasyncgenfunction(method)
+    ]
+    if unforwardable:
+        raise TypeError(f"{cls.__qualname__}: a stand-in cannot forward {unforwardable}")
     return {
         name: {key: value for key, value in vars(method).items() if key.startswith("__ray_")}
-        for name, method in inspect.getmembers(cls, inspect.isfunction)
+        for name, method in methods.items()
         if not name.startswith("_")
     }
 

@@ -72,10 +72,10 @@ def lease_warm_hosts(num_actors: int, actor_options: dict, keep_warm_s: float) -
 
     from actors.code_digest import code_digest
     from actors.ray_actor import WARM_ACTOR_OPTIONS, WarmHostActor
-    from cluster.runtime.code_shipping import actor_class
+    from cluster.runtime.code_shipping import actor_class, shipped_digest
 
     context = ray.get_runtime_context()
-    digest = code_digest()
+    digest = shipped_digest() or code_digest()  # the code its actors run
     key = pool_key(digest, actor_options, dict(context.runtime_env))
     names = [actor_name(key, index) for index in range(num_actors)]
     missing = set(names) - warm_actor_names()
