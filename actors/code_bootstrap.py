@@ -41,7 +41,7 @@ def package_key(digest: str) -> str:
 
 def install(digest: str) -> None:
     """Make the code package ``digest`` importable in this process: unpacked once per node
-    into Ray's session directory, under its digest (a directory that exists holds the whole
+    (``unpack_root``), under its digest (a directory that exists holds the whole
     package: ``_unpacked``), and put first on ``sys.path`` (and on ``PYTHONPATH``, for the
     processes it starts: a trial's tracking process). A process runs one package: asked for
     another, it refuses (its modules are imported already)."""
@@ -59,34 +59,45 @@ def install(digest: str) -> None:
     os.environ[SHIPPED_VARIABLE] = digest
 
 
+def unpack_root() -> Path:
+    """Where this node's workers unpack packages: ``dpfl-code-<uid>`` in the temporary
+    directory (``private_directory``). Not Ray's session directory, which every local user may
+    write to without the sticky bit, so that another user could rename this directory away
+    and plant code the workers import."""
+    return private_directory(Path(tempfile.gettempdir()) / f"dpfl-code-{os.getuid()}")
+
+
 def private_directory(path: Path) -> Path:
-    """``path``, created if missing, once it is a directory of this user's that no one else
-    may write to (not a link): Ray's session directory is writable by every local user, and
-    whoever could write here could plant code the workers import."""
+    """``path``, created if missing, once it is a directory of this user's that no one else may
+    write to (not a link), in a directory whose other entries other users cannot rename (theirs
+    alone, or sticky like ``/tmp``)."""
     path.mkdir(mode=0o700, exist_ok=True)
-    status = path.lstat()
-    if not stat.S_ISDIR(status.st_mode) or status.st_uid != os.getuid() or status.st_mode & 0o022:
+    status, parent = path.lstat(), path.parent.stat()
+    own = stat.S_ISDIR(status.st_mode) and status.st_uid == os.getuid()
+    parent_safe = parent.st_mode & stat.S_ISVTX or (
+        parent.st_uid in (0, os.getuid()) and not parent.st_mode & 0o022
+    )
+    if not own or status.st_mode & 0o022 or not parent_safe:
         raise PermissionError(
-            f"{path}: not a directory of this user's that only it may write to; remove it and "
-            "start the run again"
+            f"{path}: not a directory of this user's that only it may write to, in a directory "
+            "where no other user can replace it; remove it, or set TMPDIR to a private directory"
         )
     return path
 
 
 def _unpacked(digest: str) -> Path:
-    from ray._private import worker  # no public accessor for the session directory
     from ray.experimental import internal_kv
 
-    base = private_directory(Path(worker.global_worker.node.get_session_dir_path()) / "dpfl_code")
+    base = unpack_root()
     target = base / digest
     if target.is_dir():
         return target
     data = internal_kv._internal_kv_get(package_key(digest), namespace=NAMESPACE)
     if data is None:
         raise CodePackageMissing(
-            f"Ray's GCS holds no package of the project's code {digest[:12]}: a newer driver "
-            "pruned it (cluster.runtime.code_shipping keeps the newest ones) or the head was "
-            "restarted; start the run again from its checkpoint"
+            f"Ray's GCS holds no package of the project's code {digest[:12]}: a driver pruned "
+            "it (cluster.runtime.code_shipping.kept_entries) or the head was restarted; start "
+            "the run again from its checkpoint"
         )
     base.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{digest[:12]}-", dir=base))

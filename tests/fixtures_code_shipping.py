@@ -19,15 +19,12 @@ import torch
 def _where_the_host_runs(stand_in) -> dict:
     """Run in a host actor (``__ray_call__``): where its code came from, and its runtime
     environment."""
-    import sys
-
     import ray
 
     return {
         "real_class": type(stand_in._real).__name__,
         "module_file": sys.modules["actors.ray_actor"].__file__,
         "runtime_env": dict(ray.get_runtime_context().runtime_env),
-        "argv": sys.argv,
     }
 
 
@@ -78,8 +75,11 @@ def main(request: dict) -> dict:
     report["optimum_here"] = central_optimum(store, config.task, 0.0)
     executor.close()
     # Three more versions published, of which one is kept where only the newest is kept
+    report["index"] = code_shipping._index()  # the driver's own publication, its job alive
+    report["job"] = ray.get_runtime_context().get_job_id()
+    report["job_alive"] = code_shipping._job_ends().get(report["job"], "unknown") is None
     code_shipping.KEEP_PACKAGES, code_shipping.KEEP_S = 1, 0.0
-    code_shipping._live_jobs = lambda: set()
+    code_shipping._job_ends = lambda: {}
     for version in range(3):
         root = Path(request["scratch"]) / f"v{version}"
         (root / "actors").mkdir(parents=True)

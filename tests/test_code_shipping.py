@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -20,7 +21,15 @@ from actors.code_bootstrap import private_directory
 from actors.code_digest import read_sources
 from actors.ray_actor import WARM_ACTOR_OPTIONS, WarmHostActor
 from cluster.config.checks import MAX_KEEP_WARM_S
-from cluster.runtime.code_shipping import KEEP_S, kept_entries, ray_methods, zipped
+from cluster.runtime import code_shipping
+from cluster.runtime.code_shipping import (
+    KEEP_PACKAGES,
+    KEEP_S,
+    MAX_PACKAGES,
+    kept_entries,
+    ray_methods,
+    zipped,
+)
 from cluster.runtime.experiment import run_experiment
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,22 +54,53 @@ def test_editor_lock_files_and_other_non_modules_are_neither_digested_nor_shippe
     assert read_sources(tmp_path) == {"actors/host.py": b"X = 1\n"}
 
 
-def test_packages_are_kept_while_new_recent_or_published_by_a_live_job():
+def test_packages_are_kept_while_new_recently_used_or_of_a_live_job():
     day = 24 * 3600.0
     now = 100 * day
 
     def entry(name: str, age_days: float, jobs=()):
         return {"digest": name, "published": now - age_days * day, "jobs": list(jobs)}
 
-    # 20 versions published 30 to 11 days ago, then one 1 day ago: the newest 16 stay
-    index = [entry(f"v{i}", 30 - i) for i in range(20)]
-    index.append(entry("recent", 1, ["dead"]))
-    index.insert(0, entry("live", 40, ["02000000", "dead"]))
-    kept, dropped = kept_entries(index, now, live_jobs={"02000000"})
-    assert [e["digest"] for e in dropped] == ["v0", "v1", "v2", "v3", "v4"]
-    assert [e["digest"] for e in kept] == ["live", *(f"v{i}" for i in range(5, 20)), "recent"]
-    assert kept[0]["jobs"] == ["02000000"] and kept[-1]["jobs"] == []  # dead jobs forgotten
+    # 80 versions published 90 to 11 days ago, then three more: one job of "pool" ended a day
+    # ago (a warm pool's run), "live"'s runs, "recent" published a day ago
+    index = [entry(f"v{i}", 90 - i, ["gone"]) for i in range(80)]
+    index[:0] = [entry("pool", 60, ["a", "b"]), entry("live", 70, ["c", "d"])]
+    index.append(entry("recent", 1))
+    ends = {"a": now - 50 * day, "b": now - 1 * day, "c": now - 69 * day, "d": None}
+    kept, dropped = kept_entries(index, now, ends)
+    names = [e["digest"] for e in kept]
+    # the newest 16 (v65..v79, recent) and the live job's; "pool", used a day ago, is the
+    # 83rd newest: beyond MAX_PACKAGES, recency alone does not keep it
+    assert names == ["live", *(f"v{i}" for i in range(65, 80)), "recent"]
+    assert "pool" in [e["digest"] for e in dropped]
+    # among the newest 64, a package last used within KEEP_S stays
+    kept, _ = kept_entries([entry("pool", 60, ["a", "b"]), *index[-20:]], now, ends)
+    assert kept[0]["digest"] == "pool"
+    # used 3 days ago: gone
+    kept, _ = kept_entries([entry("pool", 60, ["a"]), *index[-20:]], now, ends)
+    assert kept[0]["digest"] != "pool"
     assert KEEP_S >= MAX_KEEP_WARM_S  # a warm pool's package outlives its idle time
+    assert KEEP_PACKAGES <= MAX_PACKAGES
+
+
+def test_the_published_digest_ships_only_to_the_ray_it_was_published_to(monkeypatch):
+    ray = pytest.importorskip("ray")
+
+    class Context:
+        gcs_address = "10.0.0.1:6379"
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: Context())
+    monkeypatch.delenv("DPFL_SHIPPED_CODE", raising=False)
+    monkeypatch.setattr(code_shipping, "_published", ("10.0.0.1:6379", "d1"))
+    assert code_shipping.shipped_digest() == "d1"
+    Context.gcs_address = "10.0.0.2:6379"  # another Ray, joined without publishing
+    assert code_shipping.shipped_digest() is None
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setenv("DPFL_SHIPPED_CODE", "d2")  # a worker that installed a package
+    assert code_shipping.shipped_digest() == "d2"
+    code_shipping.forget()
+    assert code_shipping._published is None
 
 
 def test_the_unpack_directory_must_be_private(tmp_path):
@@ -74,6 +114,10 @@ def test_the_unpack_directory_must_be_private(tmp_path):
     (tmp_path / "link").symlink_to(tmp_path / "new")
     with pytest.raises(PermissionError):
         private_directory(tmp_path / "link")
+    # in a directory every user may write to without the sticky bit: another user could
+    # rename it away and put theirs in its place
+    with pytest.raises(PermissionError, match="replace it"):
+        private_directory(shared / "code")
 
 
 def test_a_stand_in_cannot_forward_an_async_method():
@@ -140,12 +184,14 @@ def test_a_driver_outside_the_checkout_runs_on_a_head_whose_workers_lack_the_cod
     assert report["published"] == report["driver_digest"] == report["worker_digest"]
     for host in report["hosts"]:
         assert host["real_class"] == "ClientHostActor"
-        shipped = f"/dpfl_code/{report['published']}/actors/ray_actor.py"
+        shipped = f"/dpfl-code-{os.getuid()}/{report['published']}/actors/ray_actor.py"
         assert host["module_file"].endswith(shipped), host
         assert str(REPO) not in host["module_file"]
         assert host["runtime_env"] == {}  # no job runtime environment: no setup_worker
     assert report["plain_task_finds_the_project"] is False  # the control: only the package
     assert "holds no package of the project's code 000000000000" in report["missing"]
+    assert report["index"][-1]["digest"] == report["published"]
+    assert report["index"][-1]["jobs"] == [report["job"]] and report["job_alive"]
     assert len(report["kept"]) == 1 and report["kept"][0] != report["published"]
     assert report["after_disconnect"] is None
     assert report["optimum"] == report["optimum_here"] and report["optimum"] is not None

@@ -101,7 +101,8 @@ def test_lean_head_leaves_ray_as_it_is_where_its_private_api_differs(monkeypatch
 
 
 @pytest.mark.parametrize(
-    "where", ["address", "RAY_ADDRESS", "embedded", "init fails", "Ray Client"]
+    "where",
+    ["address", "RAY_ADDRESS", "embedded", "init fails", "Ray Client", "auto, Ray Client"],
 )
 def test_every_connection_leaves_out_rays_failure_signal_handlers(where, monkeypatch):
     """``connect``'s every ``ray.init`` runs with ``RAY_DISABLE_FAILURE_SIGNAL_HANDLER`` set, the
@@ -128,8 +129,11 @@ def test_every_connection_leaves_out_rays_failure_signal_handlers(where, monkeyp
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     if where == "RAY_ADDRESS":
         monkeypatch.setenv("RAY_ADDRESS", "ray-head:6379")
+    if where == "auto, Ray Client":
+        monkeypatch.setenv("RAY_ADDRESS", "ray://ray-head:10001")
     address = {"address": "ray-head:6379", "init fails": "ray-head:6379"}.get(where)
     address = "ray://ray-head:10001" if where == "Ray Client" else address
+    address = "auto" if where == "auto, Ray Client" else address
     if where == "init fails":
         with pytest.raises(ConnectionError):
             ray_runtime.connect(address)
@@ -141,4 +145,4 @@ def test_every_connection_leaves_out_rays_failure_signal_handlers(where, monkeyp
     # The code goes to a cluster through its GCS; to Ray Client's server only as a working_dir
     assert published == (["address"] if where == "address" else [])
     working_dir = [{"working_dir": str(ray_runtime.PROJECT_ROOT)}]
-    assert environments == (working_dir if where == "Ray Client" else [None])
+    assert environments == (working_dir if "Ray Client" in where else [None])

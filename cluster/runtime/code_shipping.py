@@ -18,8 +18,8 @@ own ``ray.remote`` of the real class or function.
 
 The package lives as long as the Ray cluster: a restarted actor finds it on any node, also one
 that joined later, and so does a detached warm actor whose creator has ended. The store keeps
-the newest ``KEEP_PACKAGES`` versions (``_prune``); each node keeps what it unpacked in Ray's
-session directory.
+the newest versions and those still in use (``kept_entries``); each node keeps what it
+unpacked in its temporary directory (``actors.code_bootstrap.unpack_root``).
 """
 
 from __future__ import annotations
@@ -34,24 +34,28 @@ from typing import Any
 from actors import code_bootstrap
 from actors.code_digest import PROJECT_ROOT, digest_of, read_sources
 
-# A package is kept while any of these holds: it is among the newest KEEP_PACKAGES versions, it
-# was published within KEEP_S (a warm pool outlives its last run by keep_warm_s, at most a day:
-# its actors restarted on a new node still find it), or a job that published it is alive.
+# Which packages stay in the GCS (``kept_entries``): the newest KEEP_PACKAGES versions; any whose
+# publishing job is alive (a run's restarts and new nodes need it); and, up to MAX_PACKAGES in
+# all, any last used within KEEP_S (used: published, or a job of it ended; a warm pool outlives
+# its last run by keep_warm_s, at most a day).
 KEEP_PACKAGES = 16
+MAX_PACKAGES = 64
 KEEP_S = 2 * 24 * 3600.0
 # JSON: [{"digest", "published" (Unix s), "jobs" (hex ids)}, …], latest publication last. The
-# key-value store has no transactions: two drivers publishing at once may each lose the
-# other's entry (that package is then never pruned), never a package of their own (each
-# writes its entry before it looks whether its package is there).
-INDEX_KEY = "index"
+# key-value store has no transactions: each change reads the index and writes it back at once
+# (``_change_index``), so two drivers publishing together may lose one's entry (its package is
+# then never pruned); a driver prunes only entries it still finds unchanged just before, which
+# leaves a window of milliseconds in which a package published again meanwhile can be deleted
+# (its actors would then stop with ``CodePackageMissing`` on a node that never unpacked it).
+INDEX_KEY = "index-v2"
 
 _published: tuple[str, str] | None = None  # (GCS address, digest): this driver's package
 
 
 def publish(root=PROJECT_ROOT) -> str:
     """Put the code under ``root`` in the connected Ray's GCS (unless there already) and ship
-    it to the remote entry points made from now on; returns its digest. Packages no longer
-    kept (``KEEP_PACKAGES``) are deleted first."""
+    it to the remote entry points made from now on; returns its digest. Its publication is
+    recorded first, then packages no longer kept are deleted (``_prune``)."""
     global _published
     import ray
     from ray.experimental import internal_kv
@@ -59,7 +63,8 @@ def publish(root=PROJECT_ROOT) -> str:
     sources = read_sources(root)
     digest = digest_of(sources)
     context = ray.get_runtime_context()
-    _record_and_prune(digest, context.get_job_id())
+    _change_index(lambda index: _with_publication(index, digest, context.get_job_id()))
+    _prune()
     key = code_bootstrap.package_key(digest)
     namespace = code_bootstrap.NAMESPACE
     if not internal_kv._internal_kv_exists(key, namespace=namespace):
@@ -78,32 +83,47 @@ def zipped(sources: dict[str, bytes]) -> bytes:
     return buffer.getvalue()
 
 
-def _record_and_prune(digest: str, job_id: str) -> None:
-    """Record ``digest`` as published now by job ``job_id``, and delete the packages no longer
-    kept (a run using one of those would find it gone only where an actor or task of it
-    starts on a node that never unpacked it: ``CodePackageMissing``)."""
+def _with_publication(index: list[dict], digest: str, job_id: str) -> list[dict]:
+    """``index`` with ``digest`` published now by job ``job_id`` (moved to the end)."""
+    entry = next((e for e in index if e["digest"] == digest), {"jobs": []})
+    others = [e for e in index if e["digest"] != digest]
+    jobs = [*(job for job in entry["jobs"] if job != job_id), job_id]
+    return [*others, {"digest": digest, "published": time.time(), "jobs": jobs}]
+
+
+def _prune() -> None:
+    """Delete the packages no longer kept (``kept_entries``), each only where its entry is
+    still the one decided on, and their entries."""
     from ray.experimental import internal_kv
 
-    namespace = code_bootstrap.NAMESPACE
-    index = _index()
-    entry = next((e for e in index if e["digest"] == digest), {"jobs": []})
-    index = [e for e in index if e["digest"] != digest]
-    index.append({"digest": digest, "published": time.time(), "jobs": [*entry["jobs"], job_id]})
-    kept, dropped = kept_entries(index, time.time(), _live_jobs())
-    for old in dropped:
-        internal_kv._internal_kv_del(code_bootstrap.package_key(old["digest"]), namespace=namespace)
-    internal_kv._internal_kv_put(INDEX_KEY, json.dumps(kept), namespace=namespace)
+    decided = _index()
+    _, dropped = kept_entries(decided, time.time(), _job_ends())
+    fresh = {entry["digest"]: entry for entry in _index()}
+    gone = [entry["digest"] for entry in dropped if fresh.get(entry["digest"]) == entry]
+    for digest in gone:
+        internal_kv._internal_kv_del(
+            code_bootstrap.package_key(digest), namespace=code_bootstrap.NAMESPACE
+        )
+    if gone:
+        _change_index(lambda index: [e for e in index if e["digest"] not in gone])
 
 
-def kept_entries(index: list[dict], now: float, live_jobs: set[str]) -> tuple[list, list]:
-    """``index``'s entries split into those kept and those dropped (the rule at
-    ``KEEP_PACKAGES``); a kept entry lists only its live jobs."""
+def kept_entries(
+    index: list[dict], now: float, job_ends: dict[str, float | None]
+) -> tuple[list[dict], list[dict]]:
+    """``index``'s entries split into those kept and those dropped. ``job_ends``: the jobs the
+    GCS knows, each's end (Unix s; None: alive). Kept: the newest ``KEEP_PACKAGES``, those of a
+    live job, and among the newest ``MAX_PACKAGES`` those last used (published, or a job of
+    theirs ended) within ``KEEP_S`` of ``now``."""
     kept, dropped = [], []
     for position, entry in enumerate(index):
-        jobs = [job for job in entry["jobs"] if job in live_jobs]
-        newest = position >= len(index) - KEEP_PACKAGES
-        if newest or jobs or now - entry["published"] <= KEEP_S:
-            kept.append({**entry, "jobs": jobs})
+        from_newest = len(index) - position
+        jobs = [job for job in entry["jobs"] if job in job_ends]
+        alive = any(job_ends[job] is None for job in jobs)
+        ends = [job_ends[job] for job in jobs if job_ends[job] is not None]
+        recent = now - max([entry["published"], *ends]) <= KEEP_S
+        if from_newest <= KEEP_PACKAGES or alive or (recent and from_newest <= MAX_PACKAGES):
+            kept.append(entry)
         else:
             dropped.append(entry)
     return kept, dropped
@@ -113,13 +133,23 @@ def _index() -> list[dict]:
     from ray.experimental import internal_kv
 
     raw = internal_kv._internal_kv_get(INDEX_KEY, namespace=code_bootstrap.NAMESPACE)
-    return json.loads(raw or b"[]")
+    fields = {"digest", "published", "jobs"}
+    return [e for e in json.loads(raw or b"[]") if isinstance(e, dict) and fields <= e.keys()]
 
 
-def _live_jobs() -> set[str]:
+def _change_index(change) -> None:
+    """Write ``change(index)`` back at once (no transactions: see ``INDEX_KEY``)."""
+    from ray.experimental import internal_kv
+
+    index = change(_index())
+    internal_kv._internal_kv_put(INDEX_KEY, json.dumps(index), namespace=code_bootstrap.NAMESPACE)
+
+
+def _job_ends() -> dict[str, float | None]:
+    """Every job the GCS knows: its end (Unix s), None while it runs."""
     from ray._private.state import jobs  # the GCS job table; no public API outside the jobs SDK
 
-    return {job["JobID"] for job in jobs() if not job["IsDead"]}
+    return {job["JobID"]: job["EndTime"] / 1000 if job["IsDead"] else None for job in jobs()}
 
 
 def kept_packages() -> list[str]:

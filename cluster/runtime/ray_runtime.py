@@ -70,11 +70,13 @@ def _init(address: str | None, verbose: bool) -> RaySession:
         "log_to_driver": verbose,
         "logging_level": logging.INFO if verbose else logging.ERROR,
     }
-    if address and address.startswith("ray://"):
+    # What Ray connects to: ``address``, or $RAY_ADDRESS where it is unset or "auto".
+    effective = address if address not in (None, "auto") else os.environ.get("RAY_ADDRESS")
+    if effective and effective.startswith("ray://"):
         # Ray Client: its server process on the head unpickles the driver's objects too, and
         # only a job's working_dir gives that process our code.
         ray.init(address=address, runtime_env={"working_dir": str(PROJECT_ROOT)}, **quiet)
-        return RaySession(f"Ray cluster at {address} (Ray Client)", None)
+        return RaySession(f"Ray cluster at {effective} (Ray Client)", None)
     if address:
         # A cluster's workers need our code: shipped through its GCS (a job's working_dir would
         # start every worker twice: ``code_shipping``).
