@@ -99,7 +99,6 @@ def _unpacked(digest: str) -> Path:
             "it (cluster.runtime.code_shipping.kept_entries) or the head was restarted; start "
             "the run again from its checkpoint"
         )
-    base.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{digest[:12]}-", dir=base))
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as package:
