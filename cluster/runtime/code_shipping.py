@@ -27,6 +27,7 @@ from __future__ import annotations
 import inspect
 import io
 import json
+import os
 import time
 import zipfile
 from typing import Any
@@ -176,8 +177,6 @@ def shipped_digest() -> str | None:
     """The package that remote entry points made now ship: this driver's, while it is
     connected to the Ray it published it to, or in a worker the one it installed (so that a
     trial's host actors get the trial's code)."""
-    import os
-
     import ray
 
     if _published is not None and ray.is_initialized():
@@ -209,16 +208,36 @@ _made: dict[tuple, Any] = {}  # (real, digest, its decorator options' repr) → 
 
 def actor_class(cls: type, **decorator_options):
     """``ray.remote(**decorator_options)(cls)``, or where code is shipped its stand-in's."""
+    return _made_remote(
+        cls,
+        decorator_options,
+        lambda digest: code_bootstrap.actor_stand_in(
+            digest, cls.__module__, cls.__qualname__, ray_methods(cls)
+        ),
+    )
+
+
+def remote_function(function):
+    """``ray.remote(function)``, or where code is shipped its stand-in's."""
+    return _made_remote(
+        function,
+        {},
+        lambda digest: code_bootstrap.function_stand_in(
+            digest, function.__module__, function.__qualname__
+        ),
+    )
+
+
+def _made_remote(real, decorator_options: dict, stand_in):
+    """``real``'s ``ray.remote``, or where code is shipped (``shipped_digest``) that of
+    ``stand_in(digest)`` wrapped in ``Shipped``; made once per digest and options."""
     digest = shipped_digest()
-    made = (cls, digest, repr(sorted(decorator_options.items())))
+    made = (real, digest, repr(sorted(decorator_options.items())))
     if made not in _made:
         if digest is None:
-            _made[made] = _remote(cls, decorator_options)
+            _made[made] = _remote(real, decorator_options)
         else:
-            stand_in = code_bootstrap.actor_stand_in(
-                digest, cls.__module__, cls.__qualname__, ray_methods(cls)
-            )
-            _made[made] = Shipped(_remote(stand_in, decorator_options))
+            _made[made] = Shipped(_remote(stand_in(digest), decorator_options))
     return _made[made]
 
 
@@ -247,18 +266,3 @@ def _remote(target, decorator_options: dict):
     import ray
 
     return ray.remote(**decorator_options)(target) if decorator_options else ray.remote(target)
-
-
-def remote_function(function):
-    """``ray.remote(function)``, or where code is shipped its stand-in's."""
-    digest = shipped_digest()
-    made = (function, digest, "")
-    if made not in _made:
-        if digest is None:
-            _made[made] = _remote(function, {})
-        else:
-            stand_in = code_bootstrap.function_stand_in(
-                digest, function.__module__, function.__qualname__
-            )
-            _made[made] = Shipped(_remote(stand_in, {}))
-    return _made[made]
