@@ -1,9 +1,10 @@
 """The driver of ``tests/test_code_shipping.py``: a process of its own, started outside the
 checkout (so that Ray's workers, which get the driver's working directory on their path, cannot
-find the project there), connected to a running head as a run with ``executor.address`` is.
+find the project there), connected to a running head as a run with ``$RAY_ADDRESS`` (and no
+``executor.address``) is.
 
-``python -m tests.fixtures_code_shipping REQUEST``: ``REQUEST`` is JSON with the run's overrides,
-the head's address and the file to write the report to (``torch.save`` of a dict of plain
+``python -m tests.fixtures_code_shipping REQUEST``: ``REQUEST`` is JSON with the run's overrides
+and the file to write the report to (``torch.save`` of a dict of plain
 values).
 """
 
@@ -41,7 +42,7 @@ def main(request: dict) -> dict:
     from cluster.runtime.store import open_store
 
     report: dict = {}
-    session = connect(request["address"])
+    session = connect(None)  # $RAY_ADDRESS names the head
     report["session"] = session.where
     digest = code_shipping.shipped_digest()
     report["published"] = digest

@@ -142,12 +142,13 @@ def test_a_stand_in_keeps_the_real_methods_ray_options():
 def test_a_driver_outside_the_checkout_runs_on_a_head_whose_workers_lack_the_code(
     store_root, tmp_path
 ):
-    """A run connected by address from a driver outside the checkout, on a head started
-    outside it with no PYTHONPATH: its host actors import the shipped package (no runtime
-    environment, no setup_worker), its result is the local executor's bit for bit, and so are the
-    store optimum's task and a sweep's trial (a task whose run starts host actors in turn); a
-    worker's digest of the package equals the driver's, a missing package is named, and the
-    store keeps only the newest packages."""
+    """A run connected by address (``RAY_ADDRESS``, as ``ray start --head`` suggests exporting,
+    and no ``executor.address``: shipped as ``--address`` is) from a driver outside the
+    checkout, on a head started outside it with no PYTHONPATH: its host actors import the
+    shipped package (no runtime environment, no setup_worker), its result is the local
+    executor's bit for bit, and so are the store optimum's task and a sweep's trial (a task
+    whose run starts host actors in turn); a worker's digest of the package equals the
+    driver's, a missing package is named, and the store keeps only the newest packages."""
     from benchmarks.workloads import running_ray
 
     overrides = [
@@ -167,14 +168,14 @@ def test_a_driver_outside_the_checkout_runs_on_a_head_whose_workers_lack_the_cod
             with running_ray(head_dir, cwd=outside) as (address, head_env):
                 request = {
                     "overrides": overrides,
-                    "address": address[0].partition("=")[2],
                     "scratch": str(tmp_path / "scratch"),
                     "out": str(out),
                 }
+                env = {**head_env, "PYTHONPATH": str(REPO)}
+                env["RAY_ADDRESS"] = address[0].partition("=")[2]
                 done = subprocess.run(
                     [sys.executable, "-m", "tests.fixtures_code_shipping", json.dumps(request)],
-                    cwd=outside, env={**head_env, "PYTHONPATH": str(REPO)}, capture_output=True,
-                    text=True, timeout=240,
+                    cwd=outside, env=env, capture_output=True, text=True, timeout=240,
                 )  # fmt: skip
         assert done.returncode == 0, done.stderr[-4000:]
     finally:

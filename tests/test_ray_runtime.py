@@ -102,7 +102,16 @@ def test_lean_head_leaves_ray_as_it_is_where_its_private_api_differs(monkeypatch
 
 @pytest.mark.parametrize(
     "where",
-    ["address", "RAY_ADDRESS", "embedded", "init fails", "Ray Client", "auto, Ray Client"],
+    [
+        "address",
+        "RAY_ADDRESS",
+        "Ray job",
+        "auto",
+        "embedded",
+        "init fails",
+        "Ray Client",
+        "auto, Ray Client",
+    ],
 )
 def test_every_connection_leaves_out_rays_failure_signal_handlers(where, monkeypatch):
     """``connect``'s every ``ray.init`` runs with ``RAY_DISABLE_FAILURE_SIGNAL_HANDLER`` set, the
@@ -127,13 +136,16 @@ def test_every_connection_leaves_out_rays_failure_signal_handlers(where, monkeyp
     monkeypatch.setattr(ray_constants, "RAY_DISABLE_FAILURE_SIGNAL_HANDLER", False)
     monkeypatch.setenv("PYTHONPATH", "")  # the embedded branch prepends the project
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    if where == "RAY_ADDRESS":
+    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
+    if where in ("RAY_ADDRESS", "Ray job"):
         monkeypatch.setenv("RAY_ADDRESS", "ray-head:6379")
+    if where == "Ray job":  # what `ray job submit` hands its entrypoint
+        monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", '{"runtime_env": {}}')
     if where == "auto, Ray Client":
         monkeypatch.setenv("RAY_ADDRESS", "ray://ray-head:10001")
     address = {"address": "ray-head:6379", "init fails": "ray-head:6379"}.get(where)
     address = "ray://ray-head:10001" if where == "Ray Client" else address
-    address = "auto" if where == "auto, Ray Client" else address
+    address = "auto" if where in ("auto", "auto, Ray Client") else address
     if where == "init fails":
         with pytest.raises(ConnectionError):
             ray_runtime.connect(address)
@@ -142,7 +154,8 @@ def test_every_connection_leaves_out_rays_failure_signal_handlers(where, monkeyp
     expected = {"address": "ray-head:6379", "embedded": "local"}.get(where, address)
     assert seen == [(True, expected)]
     assert ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER is False
-    # The code goes to a cluster through its GCS; to Ray Client's server only as a working_dir
-    assert published == (["address"] if where == "address" else [])
+    # The code goes to a cluster through its GCS, also one named by $RAY_ADDRESS outside a job;
+    # to Ray Client's server only as a working_dir; a Ray job's working_dir already holds it.
+    assert published == ([where] if where in ("address", "RAY_ADDRESS", "auto") else [])
     working_dir = [{"working_dir": str(ray_runtime.PROJECT_ROOT)}]
     assert environments == (working_dir if "Ray Client" in where else [None])

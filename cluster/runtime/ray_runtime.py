@@ -64,6 +64,7 @@ def connect(address: str | None, verbose: bool = False) -> RaySession:
 def _init(address: str | None, verbose: bool) -> RaySession:
     import ray
 
+    from cluster.config.runtime import in_ray_job
     from cluster.runtime.code_shipping import publish
 
     quiet = {
@@ -77,20 +78,21 @@ def _init(address: str | None, verbose: bool) -> RaySession:
         # only a job's working_dir gives that process our code.
         ray.init(address=address, runtime_env={"working_dir": str(PROJECT_ROOT)}, **quiet)
         return RaySession(f"Ray cluster at {effective} (Ray Client)", None)
-    if address:
+    if address or (effective and not in_ray_job()):
         # A cluster's workers need our code: shipped through its GCS (a job's working_dir would
-        # start every worker twice: ``code_shipping``).
+        # start every worker twice: ``code_shipping``). Ray reads $RAY_ADDRESS where ``address``
+        # is None.
         ray.init(address=address, **quiet)
         try:
             publish()
         except BaseException:
             ray.shutdown()
             raise
-        return RaySession(f"Ray cluster at {address}", None)
-    if os.environ.get("RAY_ADDRESS"):
+        return RaySession(f"Ray cluster at {effective or address}", None)
+    if effective:
         # Inside `ray job submit`: the job's runtime_env already carries the working_dir.
         ray.init(**quiet)
-        return RaySession(f"Ray cluster at {os.environ['RAY_ADDRESS']}", _logs_dir())
+        return RaySession(f"Ray cluster at {effective}", _logs_dir())
     # address="local": always a fresh embedded instance, never a cluster that some earlier
     # `ray start` on this machine left in /tmp/ray/ray_current_cluster. Its processes inherit
     # this environment, so the workers find the project on PYTHONPATH; a runtime_env carrying it
