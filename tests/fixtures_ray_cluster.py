@@ -44,7 +44,6 @@ from cluster.runtime.ray_runtime import (
     PROJECT_ROOT,
     loopback_node,
     prepend_pythonpath,
-    without_failure_signal_handler,
 )
 
 HEALTH_PERIOD_MS = 500
@@ -107,13 +106,17 @@ class LocalCluster:
         env: dict[str, str] | None = None,
         timeout: float = 240,
         kill_into: float | None = None,
+        cwd: Path = PROJECT_ROOT,
     ) -> DriverReport:
         """Run the experiment of ``overrides`` with a driver process of its own connected to
         this cluster (``python -m tests.fixtures_ray_cluster``, ``env`` added to its
         environment), ``LOST_NODE``'s raylet SIGKILLed by that driver once round
         ``kill_after`` is done: at once (the next round's calls go to a dead node), or with
         ``kill_into`` that fraction of round ``kill_after``'s time later, from a thread (in the
-        middle of the next round, if it lasts as long); its ``DriverReport``.
+        middle of the next round, if it lasts as long); its ``DriverReport``. The driver joins
+        as a run with ``RAY_ADDRESS`` does (``ray_runtime.connect``: the code shipped through
+        the GCS), in ``cwd``, with the project on its ``PYTHONPATH``; before the run, one plain
+        task reports whether a fresh worker finds the project without the shipped package.
 
         A driver of its own, not this process: in a process that has started an embedded Ray
         while this cluster runs, the cluster's next driver has its first actors cancelled as
@@ -128,7 +131,7 @@ class LocalCluster:
         }
         # RAY_ADDRESS: the run's preflight checks the cluster, not this machine's CPUs
         env = {**LOOPBACK, "RAY_ADDRESS": self.address, **(env or {})}
-        report = _run_driver(overrides, request, env, timeout)
+        report = _run_driver(overrides, request, env, timeout, cwd)
         report.nodes = [self.node_name(node_id) for node_id in report.node_ids]
         return report
 
@@ -147,17 +150,20 @@ def drive_embedded(overrides: list[str], timeout: float = 240) -> DriverReport:
 START_CANCELLED = "The actor never ran - it was cancelled before it started running"
 
 
-def _run_driver(overrides: list[str], request: dict, env: dict, timeout: float) -> DriverReport:
+def _run_driver(
+    overrides: list[str], request: dict, env: dict, timeout: float, cwd: Path = PROJECT_ROOT
+) -> DriverReport:
     import subprocess
 
     out = Path(tempfile.mkdtemp(prefix="driver-")) / "report.pt"
     request = {"kill_after": None, **request, "overrides": overrides, "out": str(out)}
+    path = os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH")) if p)
     try:
         for attempt in (1, 2):
             done = subprocess.run(
                 [sys.executable, "-m", "tests.fixtures_ray_cluster", json.dumps(request)],
-                cwd=PROJECT_ROOT,
-                env={**os.environ, **env},
+                cwd=cwd,
+                env={**os.environ, "PYTHONPATH": path, **env},
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
@@ -197,6 +203,8 @@ class DriverReport:
     checkpoint: str | None = None
     output: str = ""
     nodes: list[str] = field(default_factory=list)
+    shipped: str | None = None  # the digest of the code shipped through the GCS
+    plain_task_finds_the_project: bool | None = None  # without the shipped package
 
 
 def _drive(request: dict) -> None:
@@ -207,14 +215,19 @@ def _drive(request: dict) -> None:
     import ray
 
     from cluster.config import load_config
+    from cluster.runtime.code_shipping import shipped_digest
     from cluster.runtime.executors import HostsUnavailable
     from cluster.runtime.experiment import run_experiment
+    from cluster.runtime.ray_runtime import connect
 
-    if request["address"] is not None:  # else run_experiment starts an embedded Ray
-        with loopback_node(), without_failure_signal_handler():  # as `connect` joins
-            ray.init(address=request["address"], log_to_driver=False, logging_level="ERROR")
-    config = load_config(None, request["overrides"])
     report = DriverReport(torch.empty(0), [], [], [], [], None, [])
+    if request["address"] is not None:  # else run_experiment starts an embedded Ray
+        with loopback_node():
+            connect(request["address"])
+        report.shipped = shipped_digest()
+        finds = ray.remote(lambda: __import__("importlib.util").util.find_spec("actors"))
+        report.plain_task_finds_the_project = ray.get(finds.remote()) is not None
+    config = load_config(None, request["overrides"])
 
     def kill() -> None:
         os.kill(request["kill_pid"], signal.SIGKILL)
@@ -277,11 +290,15 @@ def _node_environment(temp_dir: str, env: dict[str, str]) -> Iterator[None]:
 
 @contextmanager
 def local_cluster(
-    dashboard_port: int | None = None, env: dict[str, str] | None = None
+    dashboard_port: int | None = None,
+    env: dict[str, str] | None = None,
+    project_on_nodes: bool = True,
 ) -> Iterator[LocalCluster]:
     """A head (0 CPUs; with the job server on ``dashboard_port`` when given) and two worker
     nodes, their processes started with ``env`` besides this process's environment; stopped
-    (every process of theirs, nothing else) when the block ends."""
+    (every process of theirs, nothing else) when the block ends. With ``project_on_nodes``
+    false the nodes' ``PYTHONPATH`` is empty: their workers find the project only where it is
+    shipped to them (or a driver's working directory, which Ray puts on their path, holds it)."""
     from ray.cluster_utils import Cluster
 
     # Short: Ray's unix sockets live under it and a socket path must stay under 108 bytes.
@@ -290,7 +307,10 @@ def local_cluster(
     os.mkdir(temp_dir)
     cluster = None
     saved_pythonpath = os.environ.get("PYTHONPATH")
-    prepend_pythonpath(PROJECT_ROOT)  # the nodes' workers import the project
+    if project_on_nodes:
+        prepend_pythonpath(PROJECT_ROOT)  # the nodes' workers import the project
+    else:  # also where an embedded Ray of this process put the project there
+        env = {**(env or {}), "PYTHONPATH": ""}
     try:
         with _node_environment(temp_dir, env or {}):
             cluster = Cluster(
