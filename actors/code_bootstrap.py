@@ -12,6 +12,7 @@ such a worker can run it.
 
 from __future__ import annotations
 
+import fcntl
 import importlib
 import io
 import os
@@ -20,6 +21,7 @@ import shutil
 import stat
 import sys
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -29,6 +31,11 @@ NAMESPACE = "dpfl-code"  # in the GCS's key-value store
 # In a worker that installed a package: its digest, so that the actors and tasks it starts in
 # turn (a sweep's trial starts its run's host actors) are shipped the same code.
 SHIPPED_VARIABLE = "DPFL_SHIPPED_CODE"
+# In each unpacked package: every process that runs it holds a shared lock (flock) on this file
+# until it exits, so that a package is deleted from a node only while no process runs it.
+IN_USE = ".in-use"
+UNUSED_S = 2 * 24 * 3600  # an unpacked package no process runs, last installed before: deleted
+STALE_S = 3600  # a leftover of a worker killed while it unpacked or deleted a package: deleted
 
 
 class CodePackageMissing(RuntimeError):
@@ -42,9 +49,10 @@ def package_key(digest: str) -> str:
 def install(digest: str) -> None:
     """Make the code package ``digest`` importable in this process: unpacked once per node
     (``unpack_root``), under its digest (a directory that exists holds the whole
-    package: ``_unpacked``), and put first on ``sys.path`` (and on ``PYTHONPATH``, for the
-    processes it starts: a trial's tracking process). A process runs one package: asked for
-    another, it refuses (its modules are imported already)."""
+    package: ``_unpacked``), held by this process while it lives (``_held``), and put first on
+    ``sys.path`` (and on ``PYTHONPATH``, for the processes it starts: a trial's tracking
+    process). A process runs one package: asked for another, it refuses (its modules are
+    imported already)."""
     installed = os.environ.get(SHIPPED_VARIABLE)
     if installed == digest:
         return
@@ -52,7 +60,7 @@ def install(digest: str) -> None:
         raise RuntimeError(
             f"this Ray worker runs the project's code {installed[:12]}, not {digest[:12]}"
         )
-    root = str(_unpacked(digest))
+    root = str(_held(unpack_root(), digest))
     sys.path.insert(0, root)
     importlib.invalidate_caches()
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
@@ -85,10 +93,32 @@ def private_directory(path: Path) -> Path:
     return path
 
 
-def _unpacked(digest: str) -> Path:
+def _held(base: Path, digest: str) -> Path:
+    """Package ``digest`` unpacked in ``base``, with this process's shared lock on its
+    ``IN_USE`` file (the descriptor is never closed: the lock ends with the process) and its
+    time of last use set to now. Should ``_tidy`` delete it between the unpacking and the lock,
+    it is unpacked again."""
+    for _ in range(3):
+        target = _unpacked(base, digest)
+        try:  # created here where a package was unpacked by an older version of this module
+            held = os.open(target / IN_USE, os.O_RDONLY | os.O_CREAT, 0o600)
+        except FileNotFoundError:  # deleted meanwhile
+            continue
+        fcntl.flock(held, fcntl.LOCK_SH)  # waits while a ``_tidy`` decides on it
+        try:
+            still_there = os.stat(target / IN_USE).st_ino == os.fstat(held).st_ino
+        except FileNotFoundError:
+            still_there = False
+        if still_there:
+            os.utime(target)
+            return target
+        os.close(held)
+    raise RuntimeError(f"{base / digest}: deleted each time this worker unpacked it")
+
+
+def _unpacked(base: Path, digest: str) -> Path:
     from ray.experimental import internal_kv
 
-    base = unpack_root()
     target = base / digest
     if target.is_dir():
         return target
@@ -103,14 +133,60 @@ def _unpacked(digest: str) -> Path:
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as package:
             package.extractall(staging)  # names are checked: none leaves ``staging``
+        (staging / IN_USE).touch(0o600)
         try:
             os.rename(staging, target)  # atomic: whole or absent
         except OSError:  # another worker of this node unpacked it first
             if not target.is_dir():
                 raise
+        else:  # a new version on this node: the time to delete what no one runs any more
+            _tidy(base, keep=digest)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def _tidy(base: Path, keep: str) -> None:
+    """Delete from ``base`` the packages besides ``keep`` that no process holds (``_held``) and
+    none installed within ``UNUSED_S``, and the leftovers (names starting with ``.``: a staging
+    or deleted directory whose worker was killed) older than ``STALE_S``."""
+    now = time.time()
+    for entry in base.iterdir():
+        try:
+            status = entry.lstat()
+        except FileNotFoundError:
+            continue
+        old = now - status.st_mtime
+        if not stat.S_ISDIR(status.st_mode):
+            continue
+        if entry.name.startswith("."):
+            if old > STALE_S:
+                shutil.rmtree(entry, ignore_errors=True)
+        elif entry.name != keep and old > UNUSED_S:
+            _delete_unless_held(entry)
+
+
+def _delete_unless_held(package: Path) -> None:
+    """Delete ``package`` unless a process holds it: renamed away while its ``IN_USE`` lock is
+    taken exclusively (a worker that opened the lock file meanwhile sees it gone, and unpacks
+    the package again), then removed."""
+    try:
+        lock = os.open(package / IN_USE, os.O_RDONLY | os.O_CREAT, 0o600)
+    except OSError:
+        return
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # held: a process runs this package
+        os.close(lock)
+        return
+    doomed = package.with_name(f".{package.name[:12]}-deleted-{os.getpid()}-{time.time_ns()}")
+    try:
+        os.rename(package, doomed)
+    except OSError:
+        return
+    finally:
+        os.close(lock)
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def load(digest: str, module: str, qualname: str):

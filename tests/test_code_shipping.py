@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -17,7 +18,8 @@ import pytest
 import torch
 from helpers import SMALL_DP_FEDAVG_ON_RAY, small_config
 
-from actors.code_bootstrap import private_directory
+from actors import code_bootstrap
+from actors.code_bootstrap import IN_USE, STALE_S, UNUSED_S, private_directory
 from actors.code_digest import read_sources
 from actors.ray_actor import WARM_ACTOR_OPTIONS, WarmHostActor
 from cluster.config.checks import MAX_KEEP_WARM_S
@@ -118,6 +120,80 @@ def test_the_unpack_directory_must_be_private(tmp_path):
     # rename it away and put theirs in its place
     with pytest.raises(PermissionError, match="replace it"):
         private_directory(shared / "code")
+
+
+def _aged(path: Path, seconds: float) -> Path:
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+    return path
+
+
+def _unpacked_package(base: Path, digest: str, old_s: float = 0) -> Path:
+    """A package as a worker leaves it unpacked, last installed ``old_s`` ago."""
+    (base / digest / "actors").mkdir(parents=True)
+    (base / digest / IN_USE).touch()
+    return _aged(base / digest, old_s)
+
+
+def test_a_node_deletes_the_packages_no_process_runs_and_no_run_used_lately(tmp_path):
+    """``_tidy`` (run where a worker unpacked a new version) keeps the new package, any that a
+    live process holds (``_held``: here a process that installed it, then sleeps) however old,
+    any installed within ``UNUSED_S``, and leftovers younger than ``STALE_S``; it deletes the
+    rest, and a held package once its process has exited."""
+    base = tmp_path / "code"
+    held, unused, recent, new = (c * 64 for c in "abcd")
+    for digest, old in ((held, 0), (unused, UNUSED_S + 60), (recent, UNUSED_S - 3600), (new, 0)):
+        _unpacked_package(base, digest, old)
+    _aged(base / new, UNUSED_S * 2)  # kept as the new one whatever its time
+    (base / ".aaaaaaaaaaaa-killed").mkdir()  # a worker killed while unpacking
+    _aged(base / ".aaaaaaaaaaaa-killed", STALE_S + 60)
+    (base / ".bbbbbbbbbbbb-busy").mkdir()  # one unpacking now
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from actors.code_bootstrap import _held; "
+         "from pathlib import Path; _held(Path(sys.argv[1]), sys.argv[2]); print('held', "
+         "flush=True); time.sleep(120)", str(base), held],
+        cwd=REPO, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline() == "held\n"
+        _aged(base / held, UNUSED_S + 60)  # held, and installed long ago
+        code_bootstrap._tidy(base, keep=new)
+        assert sorted(p.name for p in base.iterdir()) == [
+            ".bbbbbbbbbbbb-busy",
+            held,
+            recent,
+            new,
+        ]
+        assert (base / held / "actors").is_dir()
+    finally:
+        holder.kill()
+        holder.wait()
+    code_bootstrap._tidy(base, keep=new)
+    assert sorted(p.name for p in base.iterdir()) == [".bbbbbbbbbbbb-busy", recent, new]
+
+
+def test_a_worker_holds_its_package_and_unpacks_it_again_if_deleted_meanwhile(
+    tmp_path, monkeypatch
+):
+    """``_held`` on a package unpacked before ``IN_USE`` existed creates the file and holds
+    it; where the package it found is deleted before its lock (a ``_tidy`` of another worker),
+    it unpacks the package again and holds that one."""
+    base = tmp_path / "code"
+    digest = "e" * 64
+    (base / digest / "actors").mkdir(parents=True)  # no IN_USE: an older unpacking
+    found = iter([base / "gone", base / digest])  # the first deleted before the lock
+    monkeypatch.setattr(code_bootstrap, "_unpacked", lambda b, d: next(found))
+    _aged(base / digest, UNUSED_S * 2)
+    assert code_bootstrap._held(base, digest) == base / digest
+    assert time.time() - (base / digest).stat().st_mtime < 60  # last installed: now
+    # another process's exclusive lock fails while this one holds it shared
+    probe = subprocess.run(
+        [sys.executable, "-c", "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDONLY)"
+         "\ntry:\n fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\nexcept OSError:\n "
+         "print('held')", str(base / digest / IN_USE)],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert probe.stdout == "held\n", probe.stderr
 
 
 def test_a_stand_in_cannot_forward_an_async_method():
