@@ -74,13 +74,26 @@ class LocalCluster:
     env: dict = field(default_factory=dict)  # the nodes' environment besides this process's
     dashboard_port: int | None = None  # the job server's, on 127.0.0.1
     workers: dict = field(default_factory=dict)  # resource name → ray._private.node.Node
+    # Where each node gets a temporary directory of its own (``tmp-<node>``), if it does
+    node_temp_root: Path | None = None
 
     @property
     def address(self) -> str:
         return self.cluster.address
 
+    def node_temp_dir(self, name: str) -> Path:
+        """The ``TMPDIR`` of node ``name`` (``head`` or a worker's resource name)."""
+        assert self.node_temp_root is not None, "the nodes share this process's TMPDIR"
+        return self.node_temp_root / f"tmp-{name}"
+
+    def _node_env(self, name: str) -> dict[str, str]:
+        if self.node_temp_root is None:
+            return self.env
+        self.node_temp_dir(name).mkdir(mode=0o700)
+        return {**self.env, "TMPDIR": str(self.node_temp_dir(name))}
+
     def add_worker(self, name: str) -> None:
-        with _node_environment(self.temp_dir, self.env):
+        with _node_environment(self.temp_dir, self._node_env(name)):
             self.workers[name] = self.cluster.add_node(
                 num_cpus=WORKER_CPUS,
                 resources={name: 1},
@@ -114,9 +127,9 @@ class LocalCluster:
         ``kill_after`` is done: at once (the next round's calls go to a dead node), or with
         ``kill_into`` that fraction of round ``kill_after``'s time later, from a thread (in the
         middle of the next round, if it lasts as long); its ``DriverReport``. The driver joins
-        as a run with ``RAY_ADDRESS`` does (``ray_runtime.connect``: the code shipped through
-        the GCS), in ``cwd``, with the project on its ``PYTHONPATH``; before the run, one plain
-        task reports whether a fresh worker finds the project without the shipped package.
+        as a run with ``executor.address`` does (``ray_runtime.connect``: the code shipped
+        through the GCS), in ``cwd``, with the project on its ``PYTHONPATH``; before the run,
+        one plain task reports whether a fresh worker finds the project without the package.
 
         A driver of its own, not this process: in a process that has started an embedded Ray
         while this cluster runs, the cluster's next driver has its first actors cancelled as
@@ -222,8 +235,7 @@ def _drive(request: dict) -> None:
 
     report = DriverReport(torch.empty(0), [], [], [], [], None, [])
     if request["address"] is not None:  # else run_experiment starts an embedded Ray
-        with loopback_node():
-            connect(request["address"])
+        connect(request["address"])  # loopback addresses: LOOPBACK is in this environment
         report.shipped = shipped_digest()
         finds = ray.remote(lambda: __import__("importlib.util").util.find_spec("actors"))
         report.plain_task_finds_the_project = ray.get(finds.remote()) is not None
@@ -298,7 +310,9 @@ def local_cluster(
     nodes, their processes started with ``env`` besides this process's environment; stopped
     (every process of theirs, nothing else) when the block ends. With ``project_on_nodes``
     false the nodes' ``PYTHONPATH`` is empty: their workers find the project only where it is
-    shipped to them (or a driver's working directory, which Ray puts on their path, holds it)."""
+    shipped to them (or a driver's working directory, which Ray puts on their path, holds it),
+    and each node has a ``TMPDIR`` of its own (``LocalCluster.node_temp_dir``), where its
+    workers unpack that code, as on machines of their own."""
     from ray.cluster_utils import Cluster
 
     # Short: Ray's unix sockets live under it and a socket path must stay under 108 bytes.
@@ -311,8 +325,10 @@ def local_cluster(
         prepend_pythonpath(PROJECT_ROOT)  # the nodes' workers import the project
     else:  # also where an embedded Ray of this process put the project there
         env = {**(env or {}), "PYTHONPATH": ""}
+    running = LocalCluster(None, temp_dir, env or {}, dashboard_port)
+    running.node_temp_root = None if project_on_nodes else Path(root)
     try:
-        with _node_environment(temp_dir, env or {}):
+        with _node_environment(temp_dir, running._node_env("head")):
             cluster = Cluster(
                 initialize_head=True,
                 head_node_args={
@@ -326,7 +342,7 @@ def local_cluster(
                 },
                 shutdown_at_exit=True,
             )
-        running = LocalCluster(cluster, temp_dir, env or {}, dashboard_port)
+        running.cluster = cluster
         for name in WORKERS:
             running.add_worker(name)
         cluster.wait_for_nodes()

@@ -444,6 +444,16 @@ CASES = [
         ("executor.keep_warm_s = 600", "an embedded Ray ends with this run"),
     ),
     Case(
+        "keep warm on a local address",
+        run_with({"executor.address": "local", "executor.keep_warm_s": 600}),
+        ("executor.keep_warm_s = 600", "an embedded Ray ends with this run"),
+    ),
+    Case(
+        "gpus -1",
+        run_with({"executor.gpus_per_actor": -1}),
+        ("executor.gpus_per_actor = -1", "must be 0, a fraction in [0.0001, 1] or a whole"),
+    ),
+    Case(
         "overlap start on the local executor",
         run_with({"executor.kind": "local", "executor.overlap_start": True}),
         ("executor.overlap_start = True", "the local executor's hosts are in this process"),
@@ -816,6 +826,11 @@ CASES = [
         "resume changes preset",
         resume_with(checkpoint_payload(), "--set", "algorithm.name=fedavg"),
         ("--set", "keeps its config"),
+    ),
+    Case(
+        "resume in bf16",
+        resume_with(checkpoint_payload(), "--set", "executor.precision=bf16"),
+        ("--set = 'executor.precision=bf16'", "keeps its checkpoint's precision"),
     ),
     Case(
         "checkpoint dir a file",

@@ -13,7 +13,7 @@ from helpers import small_config
 
 from cluster.runtime.checkpoint import load_checkpoint
 from cluster.runtime.experiment import run_experiment
-from tests.fixtures_ray_cluster import local_cluster
+from tests.fixtures_ray_cluster import WORKERS, local_cluster
 from tests.test_multinode import DP_SCAFFOLD, RAY, assert_recovered
 
 pytest.importorskip("ray")
@@ -43,7 +43,7 @@ def workdir(tmp_path, monkeypatch):
 @pytest.fixture
 def bare_cluster(s3, workdir):
     """The three-node cluster, started after ``s3`` (its nodes get the AWS variables) in
-    ``workdir``, with no project on its nodes' paths."""
+    ``workdir``, with no project on its nodes' paths and a ``TMPDIR`` for each node."""
     with local_cluster(project_on_nodes=False) as running:
         yield running
 
@@ -54,11 +54,11 @@ def test_nodes_sharing_only_the_object_store_recover_a_lost_node_bit_for_bit(
 ):
     """DP-SCAFFOLD on the three-node cluster: the driver joins by address from outside the
     checkout, so the actors run the code it ships through the GCS (a plain task finds no
-    project); the store is built into the bucket by the driver, every actor reads its clients
-    from there, checkpoints go there, and the node of one actor dies after round 3: its actor
-    restarts on the survivor. The run rolls back to round 2's checkpointed c_i and ends as the
-    same run on a local store with local checkpoints, ε included; nothing is written to the
-    working directory."""
+    project; each worker node unpacked the package itself); the store is built into the
+    bucket by the driver, every actor reads its clients from there, checkpoints go there, and
+    the node of one actor dies after round 3: its actor restarts on the survivor. The run rolls
+    back to round 2's checkpointed c_i and ends as the same run on a local store with local
+    checkpoints, ε included; nothing is written to the working directory."""
     overrides = [
         f"data.store_root={s3.uri('shards')}",
         f"checkpoint.dir={s3.uri('checkpoints')}",
@@ -67,6 +67,9 @@ def test_nodes_sharing_only_the_object_store_recover_a_lost_node_bit_for_bit(
     ]
     lost = bare_cluster.drive(overrides, kill_after=3, cwd=workdir)
     assert lost.plain_task_finds_the_project is False and lost.shipped is not None
+    for node in WORKERS:  # each unpacked the package from the GCS into a TMPDIR of its own
+        code = bare_cluster.node_temp_dir(node) / f"dpfl-code-{os.getuid()}" / lost.shipped
+        assert (code / "actors" / "ray_actor.py").is_file()
     assert_recovered(lost, 4, 2)
     assert os.listdir(workdir) == []  # no local `s3:` folder, no local checkpoint
     keys = s3.keys()

@@ -222,8 +222,9 @@ def test_it_applies_only_to_a_ray_of_the_runs_own(store_root, tmp_path, monkeypa
     assert not here()  # the local executor
     for address in ("127.0.0.1:6379", "localhost:6379", "auto", "10.0.0.5:6379"):
         assert not here("executor.kind=ray", f"executor.address={address}")
-    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # a Ray job's, say
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # `ray start --head` suggests it
     assert not here("executor.kind=ray")
+    assert here("executor.kind=ray", "executor.address=local")  # a new embedded Ray
 
 
 @pytest.mark.parametrize(

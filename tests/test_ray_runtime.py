@@ -100,28 +100,47 @@ def test_lean_head_leaves_ray_as_it_is_where_its_private_api_differs(monkeypatch
     assert not lean_head_applies()
 
 
-@pytest.mark.parametrize(
-    "where",
-    [
-        "address",
-        "RAY_ADDRESS",
-        "Ray job",
-        "auto",
-        "embedded",
-        "init fails",
-        "Ray Client",
-        "auto, Ray Client",
-    ],
-)
-def test_every_connection_leaves_out_rays_failure_signal_handlers(where, monkeypatch):
-    """``connect``'s every ``ray.init`` runs with ``RAY_DISABLE_FAILURE_SIGNAL_HANDLER`` set, the
-    constant Ray's core worker reads as it starts (its SIGTERM handler would arm a 3 s abort),
-    and the constant is back afterwards, also where ``ray.init`` raised. No Ray is started."""
+WORKING_DIR = '{"runtime_env": {"working_dir": "gcs://_ray_pkg_0.zip"}}'  # ray job submit's
+HEAD, CLIENT = "ray-head:6379", "ray://ray-head:10001"
+# case → (executor.address, $RAY_ADDRESS, the job config Ray hands a job's entrypoint):
+# (what ray.init is given, how it joins: ``ray_connection``)
+CONNECTIONS = {
+    "address": ((HEAD, None, None), (HEAD, "cluster")),
+    "RAY_ADDRESS": ((None, HEAD, None), (None, "cluster")),
+    "auto": (("auto", None, None), ("auto", "cluster")),
+    "auto, RAY_ADDRESS": (("auto", HEAD, None), ("auto", "cluster")),
+    "Ray job": ((None, HEAD, WORKING_DIR), (None, "job")),
+    "Ray job, address": ((HEAD, "other:1", WORKING_DIR), (HEAD, "job")),
+    "Ray job, no working_dir": ((None, HEAD, '{"runtime_env": {}}'), (None, "cluster")),
+    "Ray job, no RAY_ADDRESS": ((None, None, WORKING_DIR), ("local", "embedded")),
+    "embedded": ((None, None, None), ("local", "embedded")),
+    "local": (("local", None, None), ("local", "embedded")),
+    "RAY_ADDRESS local": ((None, "local", None), ("local", "embedded")),
+    "Ray Client": ((CLIENT, None, None), (CLIENT, "client")),
+    "auto, Ray Client": (("auto", CLIENT, None), ("auto", "client")),
+    "init fails": ((HEAD, None, None), (HEAD, "cluster")),
+}
+
+
+@pytest.mark.parametrize("where", list(CONNECTIONS))
+def test_every_connection_joins_as_ray_would_and_ships_the_code_where_workers_lack_it(
+    where, monkeypatch
+):
+    """``connect`` gives ``ray.init`` the address as Ray's own precedence reads it, ships the
+    code through the GCS exactly where nothing else gives the workers it (not to Ray Client's
+    server, which gets a working_dir, nor inside a job whose runtime environment carries it),
+    starts an embedded Ray for no address or ``local``, and agrees with the preflight's
+    ``starts_embedded_ray``. Each ``ray.init`` runs with ``RAY_DISABLE_FAILURE_SIGNAL_HANDLER``
+    set, the constant Ray's core worker reads as it starts (its SIGTERM handler would arm a 3 s
+    abort), and the constant is back afterwards, also where ``ray.init`` raised. No Ray is
+    started."""
     ray = pytest.importorskip("ray")
     from ray._private import ray_constants
 
+    from cluster.config.runtime import ExecutorConfig, starts_embedded_ray
     from cluster.runtime import code_shipping, ray_runtime
 
+    (address, environment, job), (expected_address, how) = CONNECTIONS[where]
     seen, published, environments = [], [], []
 
     def init(*args, **kwargs):
@@ -130,32 +149,31 @@ def test_every_connection_leaves_out_rays_failure_signal_handlers(where, monkeyp
         if where == "init fails":
             raise ConnectionError("nothing answers")
 
+    class Context:
+        gcs_address = "10.0.0.9:6379"
+
     monkeypatch.setattr(code_shipping, "publish", lambda: published.append(where))
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "get_runtime_context", Context)
     monkeypatch.setattr(ray_constants, "RAY_DISABLE_FAILURE_SIGNAL_HANDLER", False)
     monkeypatch.setenv("PYTHONPATH", "")  # the embedded branch prepends the project
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
-    if where in ("RAY_ADDRESS", "Ray job"):
-        monkeypatch.setenv("RAY_ADDRESS", "ray-head:6379")
-    if where == "Ray job":  # what `ray job submit` hands its entrypoint
-        monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", '{"runtime_env": {}}')
-    if where == "auto, Ray Client":
-        monkeypatch.setenv("RAY_ADDRESS", "ray://ray-head:10001")
-    address = {"address": "ray-head:6379", "init fails": "ray-head:6379"}.get(where)
-    address = "ray://ray-head:10001" if where == "Ray Client" else address
-    address = "auto" if where in ("auto", "auto, Ray Client") else address
+    for name, value in (("RAY_ADDRESS", environment), ("RAY_JOB_CONFIG_JSON_ENV_VAR", job)):
+        monkeypatch.delenv(name, raising=False)
+        if value is not None:
+            monkeypatch.setenv(name, value)
     if where == "init fails":
         with pytest.raises(ConnectionError):
             ray_runtime.connect(address)
     else:
-        ray_runtime.connect(address)
-    expected = {"address": "ray-head:6379", "embedded": "local"}.get(where, address)
-    assert seen == [(True, expected)]
+        session = ray_runtime.connect(address)
+        assert session.embedded == (how == "embedded")
+        if how in ("cluster", "job"):
+            assert session.where == "Ray cluster at 10.0.0.9:6379"
+    assert seen == [(True, expected_address)]
     assert ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER is False
-    # The code goes to a cluster through its GCS, also one named by $RAY_ADDRESS outside a job;
-    # to Ray Client's server only as a working_dir; a Ray job's working_dir already holds it.
-    assert published == ([where] if where in ("address", "RAY_ADDRESS", "auto") else [])
+    assert published == ([where] if how == "cluster" and where != "init fails" else [])
     working_dir = [{"working_dir": str(ray_runtime.PROJECT_ROOT)}]
-    assert environments == (working_dir if "Ray Client" in where else [None])
+    assert environments == (working_dir if how == "client" else [None])
+    executor = ExecutorConfig(kind="ray", address=address)
+    assert starts_embedded_ray(executor) == (how == "embedded")

@@ -39,6 +39,8 @@ RESUMABLE_PREFIXES = (
     "executor.",
     "checkpoint.",
 )
+# ... except these: bf16 autocast rounds the model's arithmetic differently.
+NOT_RESUMABLE_PREFIXES = ("executor.precision",)
 
 
 def _overrides(args: argparse.Namespace) -> list[str]:
@@ -79,6 +81,13 @@ def _resume(args: argparse.Namespace) -> int:
     _start_tracking_process(args.verbose)
     overrides = _overrides(args)
     for assignment in overrides:
+        if assignment.startswith(NOT_RESUMABLE_PREFIXES):
+            raise ConfigError(
+                "--set",
+                assignment,
+                "executor.precision changes what the rounds compute (bf16 rounding); a resumed "
+                "run keeps its checkpoint's precision: leave it out, or start a new run",
+            )
         if not assignment.startswith(RESUMABLE_PREFIXES):
             raise ConfigError(
                 "--set",

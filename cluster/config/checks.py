@@ -5,7 +5,6 @@ algorithm's: ``algorithm_checks``); a section's checks of itself stay with its s
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import asdict
 
 from algorithms.presets import CLIENT_LEVEL_PRESETS, PRESETS, PRIVATE_PRESETS
@@ -332,7 +331,7 @@ def validate_runtime(c: ExperimentConfig) -> None:
             "the most torch threads a host starts), e.g. 1",
         )
     g = e.gpus_per_actor
-    if not (g == 0 or RESOURCE_UNIT <= g <= 1 or (g == int(g) and g <= MAX_RESOURCE)):
+    if not (g == 0 or RESOURCE_UNIT <= g <= 1 or (g == int(g) and 1 < g <= MAX_RESOURCE)):
         raise ConfigError(
             "executor.gpus_per_actor",
             g,
@@ -387,7 +386,8 @@ def validate_runtime(c: ExperimentConfig) -> None:
 
 def check_keep_warm(e: ExecutorConfig) -> None:
     """``executor.keep_warm_s``: 0, or idle seconds in [1, a day], and only where a Ray outlives
-    the run (an address, ``$RAY_ADDRESS`` or a Ray job): an embedded Ray ends with it."""
+    the run (an address other than ``local``, from ``executor.address`` or ``$RAY_ADDRESS``):
+    an embedded Ray ends with it."""
     if e.keep_warm_s == 0:
         return
     if not MIN_KEEP_WARM_S <= e.keep_warm_s <= MAX_KEEP_WARM_S:
@@ -404,7 +404,7 @@ def check_keep_warm(e: ExecutorConfig) -> None:
             "keeps Ray actors alive for the next run; the local executor has none: set "
             "executor.kind=ray with executor.address of a running Ray, or executor.keep_warm_s=0",
         )
-    if e.address is None and not os.environ.get("RAY_ADDRESS") and not in_ray_job():
+    if starts_embedded_ray(e):
         raise ConfigError(
             "executor.keep_warm_s",
             e.keep_warm_s,

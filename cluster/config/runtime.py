@@ -4,6 +4,7 @@ computes: a resumed run may change these)."""
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -51,9 +52,50 @@ class ExecutorConfig:
     overlap_start: Literal["auto", True, False] = "auto"
 
 
+JOB_CONFIG_VARIABLE = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+
+
 def in_ray_job() -> bool:
     """Launched by ``ray job submit``: Ray hands the entrypoint its job config in this variable."""
-    return "RAY_JOB_CONFIG_JSON_ENV_VAR" in os.environ
+    return JOB_CONFIG_VARIABLE in os.environ
+
+
+def job_carries_code() -> bool:
+    """A Ray job whose runtime environment has a ``working_dir`` or ``py_modules``: its
+    workers get the code from it (``ray job submit --working-dir .``)."""
+    try:
+        environment = json.loads(os.environ.get(JOB_CONFIG_VARIABLE, "{}")).get("runtime_env")
+    except (ValueError, AttributeError):  # Ray itself refuses such a job config
+        return False
+    return isinstance(environment, dict) and bool(
+        environment.get("working_dir") or environment.get("py_modules")
+    )
+
+
+RayConnection = Literal["embedded", "client", "job", "cluster"]
+
+
+def effective_ray_address(address: str | None) -> str | None:
+    """What Ray connects to: ``address``, or ``$RAY_ADDRESS`` where it is unset or ``auto``
+    (Ray's own precedence)."""
+    if address in (None, "auto"):
+        return os.environ.get("RAY_ADDRESS") or address
+    return address
+
+
+def ray_connection(address: str | None) -> RayConnection:
+    """How ``ray_runtime.connect(address)`` joins Ray: ``embedded``, a Ray of its own (no
+    address, or ``local``); ``client``, Ray Client (``ray://``: the code as a job working_dir);
+    ``job``, a cluster from inside a Ray job whose runtime environment carries the code;
+    ``cluster``, any other running Ray, to which the code is shipped through its GCS
+    (``cluster.runtime.code_shipping``). The one rule for connecting, the preflight checks
+    and the options that depend on where the actors run."""
+    effective = effective_ray_address(address)
+    if effective in (None, "local"):
+        return "embedded"
+    if effective.startswith("ray://"):
+        return "client"
+    return "job" if job_carries_code() else "cluster"
 
 
 @dataclass
@@ -127,13 +169,11 @@ _HOST_PORT = re.compile(r"(?:ray://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):([0-9]
 
 
 def starts_embedded_ray(e: ExecutorConfig) -> bool:
-    """Whether the run starts a Ray of its own (``ray_runtime.connect``): ``kind: ray`` with no
-    ``executor.address``, no ``$RAY_ADDRESS`` and not a Ray job. Only such a Ray is known to
-    have nodes on this machine alone: a loopback address may be a port-forward to a cluster,
-    or a head that other machines' nodes joined on another interface."""
-    return (
-        e.kind == "ray" and not e.address and not os.environ.get("RAY_ADDRESS") and not in_ray_job()
-    )
+    """Whether the run starts a Ray of its own (``ray_connection``: ``kind: ray`` with no
+    address, or ``local``, from ``executor.address`` or ``$RAY_ADDRESS``). Only such a Ray is
+    known to have nodes on this machine alone: a loopback address may be a port-forward to a
+    cluster, or a head that other machines' nodes joined on another interface."""
+    return e.kind == "ray" and ray_connection(e.address) == "embedded"
 
 
 def ray_endpoint(path: str, address: str) -> tuple[str, int] | None:

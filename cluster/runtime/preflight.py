@@ -20,7 +20,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from cluster.config import ConfigError, ExperimentConfig
-from cluster.config.runtime import ray_endpoint
+from cluster.config.runtime import ray_endpoint, starts_embedded_ray
 from cluster.runtime.memory import check_sketch_fits
 from cluster.runtime.storage_checks import check_writable_dir, check_writable_location
 from cluster.runtime.store import check_data
@@ -54,9 +54,8 @@ def preflight(config: ExperimentConfig) -> None:
     if config.tracking.enabled:
         check_tracking_uri()
     if config.executor.kind == "ray":
-        field, address = ray_address(config)
-        check_ray_address(field, address)
-        if address in (None, "local"):  # an embedded Ray on this machine
+        check_ray_address(*ray_address(config))
+        if starts_embedded_ray(config.executor):  # a Ray on this machine alone
             check_machine_fits(config)
     else:
         check_host_threads(config)

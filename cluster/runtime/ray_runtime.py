@@ -64,35 +64,35 @@ def connect(address: str | None, verbose: bool = False) -> RaySession:
 def _init(address: str | None, verbose: bool) -> RaySession:
     import ray
 
-    from cluster.config.runtime import in_ray_job
+    from cluster.config.runtime import effective_ray_address, ray_connection
     from cluster.runtime.code_shipping import publish
 
     quiet = {
         "log_to_driver": verbose,
         "logging_level": logging.INFO if verbose else logging.ERROR,
     }
-    # What Ray connects to: ``address``, or $RAY_ADDRESS where it is unset or "auto".
-    effective = address if address not in (None, "auto") else os.environ.get("RAY_ADDRESS")
-    if effective and effective.startswith("ray://"):
+    how = ray_connection(address)
+    effective = effective_ray_address(address)
+    if how == "client":
         # Ray Client: its server process on the head unpickles the driver's objects too, and
         # only a job's working_dir gives that process our code.
         ray.init(address=address, runtime_env={"working_dir": str(PROJECT_ROOT)}, **quiet)
         return RaySession(f"Ray cluster at {effective} (Ray Client)", None)
-    if address or (effective and not in_ray_job()):
-        # A cluster's workers need our code: shipped through its GCS (a job's working_dir would
-        # start every worker twice: ``code_shipping``). Ray reads $RAY_ADDRESS where ``address``
-        # is None.
+    if how in ("cluster", "job"):
+        # Ray reads $RAY_ADDRESS where ``address`` is None or auto, and a job's config (its
+        # runtime environment, which for ``job`` carries the code) from the environment.
         ray.init(address=address, **quiet)
-        try:
-            publish()
-        except BaseException:
-            ray.shutdown()
-            raise
-        return RaySession(f"Ray cluster at {effective or address}", None)
-    if effective:
-        # Inside `ray job submit`: the job's runtime_env already carries the working_dir.
-        ray.init(**quiet)
-        return RaySession(f"Ray cluster at {effective}", _logs_dir())
+        if how == "cluster":
+            # The workers need our code: shipped through the GCS (a job's working_dir would
+            # start every worker twice: ``code_shipping``).
+            try:
+                publish()
+            except BaseException:
+                ray.shutdown()
+                raise
+        here = effective == "auto" or how == "job"  # a head on this machine: its logs here
+        where = f"Ray cluster at {ray.get_runtime_context().gcs_address}"
+        return RaySession(where, _logs_dir() if here else None)
     # address="local": always a fresh embedded instance, never a cluster that some earlier
     # `ray start` on this machine left in /tmp/ray/ray_current_cluster. Its processes inherit
     # this environment, so the workers find the project on PYTHONPATH; a runtime_env carrying it
