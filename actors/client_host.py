@@ -166,7 +166,26 @@ class ClientHost:
         if trained and batchable(self.algorithm):  # the clients' tails as one: same results
             results = [trained[cid] for cid in client_ids]
             sizes = [self.data.num_records(cid) for cid in client_ids]
-            return sum_trained_clients(self.algorithm, params, results, client_ids, sizes).cpu()
+            partial = sum_trained_clients(self.algorithm, params, results, client_ids, sizes)
+        else:
+            partial = self._run_clients(round_index, broadcast, params, payload, client_ids,
+                                        nominal_cohort_size, trained)  # fmt: skip
+        for report in partial.reports:  # what ran: the setting is not always possible
+            report.stats["vectorized"] = float(report.client_id in trained)
+        return partial.cpu()
+
+    def _run_clients(
+        self,
+        round_index: int,
+        broadcast: Broadcast,
+        params: torch.Tensor,
+        payload: dict[str, torch.Tensor],
+        client_ids: list[int],
+        nominal_cohort_size: float,
+        trained: dict[int, LocalResult],
+    ) -> PartialAggregate:
+        """Each client's round, one after the other, its local training from ``trained`` where
+        the clients trained together."""
         partial = PartialAggregate()
         noise = client_generators(
             self.seed, round_index, client_ids, Purpose.CLIENT_NOISE, device=params.device
@@ -195,7 +214,7 @@ class ClientHost:
             else:
                 partial.add(uploads, weight)
             partial.reports.append(report)
-        return partial.cpu()
+        return partial
 
     def _train_vectorized(
         self,

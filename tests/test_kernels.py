@@ -57,6 +57,30 @@ def test_the_choice_is_recorded_as_run_parameters(store_root):
     assert gpu["kernels.table_row"].startswith("logreg/cuda")
 
 
+@pytest.mark.parametrize(
+    ("overrides", "fraction"),
+    [
+        ([], 1.0),  # fedavg's SGD on the logistic regression: vectorised (auto's table row)
+        (["executor.vectorize=false"], 0.0),
+        # vectorize=true cannot apply to SAM's two gradients a step: one client at a time
+        (
+            ["algorithm.name=dp_fedsam", "algorithm.clip_norm=1", "algorithm.noise_multiplier=1"]
+            + ["executor.vectorize=true"],
+            0.0,
+        ),
+    ],
+)
+def test_each_round_records_the_fraction_of_clients_trained_together(
+    store_root, overrides, fraction
+):
+    """``kernels.vectorize`` is the setting; the ``vectorized_fraction`` metric is what ran."""
+    from cluster.runtime.experiment import run_experiment
+
+    config = small_config(store_root, "rounds=2", *overrides)
+    history = run_experiment(config).result.history
+    assert [r.metrics["vectorized_fraction"] for r in history] == [fraction] * 2
+
+
 def test_a_host_applies_the_configured_kernels(store_root):
     config = small_config(store_root)  # the synthetic logistic regression
     assert (config.executor.vectorize, config.executor.channels_last) == ("auto", "auto")

@@ -16,6 +16,7 @@ STAT_METRICS = {
     "alpha": "mean_alpha",
     "post_clip_norm": "mean_post_clip_norm",
     "client_clip_norm": "mean_client_clip_norm",
+    "vectorized": "vectorized_fraction",  # of the clients: trained together (ClientHost)
 }
 
 
