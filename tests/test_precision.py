@@ -145,6 +145,25 @@ def test_a_gpu_without_bf16_is_refused(monkeypatch):
     assert autocast_dtype("bf16", torch.device("cpu")) is BF16
 
 
+def test_bf16_on_this_machines_gpu_without_it_is_refused_before_any_work(store_root, monkeypatch):
+    """The preflight, where the hosts' GPUs are this machine's (the local executor, an embedded
+    Ray), asks the first GPU before data is built or Ray started."""
+    from cluster.runtime import preflight
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    monkeypatch.setattr(preflight, "_gpu_count", lambda: 1)
+    gpu = ("executor.num_actors=1", "executor.gpus_per_actor=1")
+    for kind in ("local", "ray"):
+        config = small_config(store_root, f"executor.kind={kind}", *gpu, "executor.precision=bf16")
+        with pytest.raises(ConfigError) as error:
+            preflight.check_machine_fits(config)
+        assert (error.value.field_path, error.value.value) == ("executor.precision", "bf16")
+        assert error.value.fix.startswith("Tesla T4 has no bf16 arithmetic")
+        assert "executor.precision=float32" in error.value.fix
+        preflight.check_machine_fits(small_config(store_root, f"executor.kind={kind}", *gpu))
+
+
 def test_a_host_runs_the_configured_precision(store_root):
     config = small_config(store_root)
     store, _ = open_store(config)

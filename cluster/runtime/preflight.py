@@ -274,6 +274,21 @@ def check_machine_fits(config: ExperimentConfig) -> None:
             f"executor.num_actors or executor.{field}, or give executor.address of a larger "
             "cluster",
         )
+    if e.gpus_per_actor > 0:
+        check_gpu_precision(e.precision)
+
+
+def check_gpu_precision(precision: str) -> None:
+    """This machine's first GPU (the hosts' device type) runs ``executor.precision``
+    (``autocast_dtype``: bf16 needs NVIDIA Ampere or later)."""
+    import torch
+
+    from algorithms.local import autocast_dtype
+
+    try:
+        autocast_dtype(precision, torch.device("cuda", 0))
+    except ValueError as error:
+        raise ConfigError("executor.precision", precision, str(error).partition(": ")[2]) from None
 
 
 def check_host_threads(config: ExperimentConfig) -> None:
