@@ -19,6 +19,8 @@ and with ``vectorize: true`` on ``mnist_500``; Ray with 1 actor × 1 GPU, 4 × 0
 skipped); and a ``torch.profiler`` summary of one vectorised round of ``mnist_2000`` (GPU busy
 fraction, kernel launches and host time per client; on the CPU the operator count instead).
 ``table_check`` compares the faster local path per model with ``actors.kernel_table``.
+``paper`` (``--paper-steps`` > 0): the DP-FedSAM CIFAR-10 paper config's round (``paper_rows``)
+at ``PAPER_VARIANTS``: one host at float32, channels-last and bf16; Ray with fractional GPUs.
 
 Seconds per round: the median of the rounds after the first (``--rounds``). ``--scale`` and
 ``--batch-cap`` shrink every workload (clients and cohorts × scale, at least 2; batches and
@@ -29,7 +31,7 @@ Usage (repository root)::
 
     uv run python -m benchmarks.gpu [--device cuda|cpu] [--workloads mnist_500 mnist_2000 resnet]
         [--rounds 4] [--scale 1] [--batch-cap N] [--precisions float32 bf16] [--no-ray]
-        [--out benchmarks/results/gpu.json]
+        [--paper-steps 12] [--out benchmarks/results/gpu.json]
 """
 
 from __future__ import annotations
@@ -92,6 +94,19 @@ WORKLOADS = {
     "resnet": Workload("femnist_resnet18", "femnist", (3, 32, 32), 500, 50, 4, 100, 50),
 }
 RAY_LAYOUTS = ((1, 1.0), (4, 0.25), (8, 0.125))  # actors × GPU share each
+
+# Issue 32 item 4: the DP-FedSAM CIFAR-10 paper config's round on one GPU.
+PAPER_CONFIG = ROOT / "configs" / "papers" / "dpfedsam_cifar10_dir0.6.yaml"
+PAPER = Workload("cifar10_resnet18_flips_gray", "cifar10", (3, 32, 32), 500, 50, 60, 100, 50)
+PAPER_ROUND_S = 44.0  # issue 32: one H200, local executor, 2.94 s at 4 steps × 60/4 steps
+PAPER_VARIANTS = {  # name → (actors, GPU share each, overrides)
+    "local": (1, 1.0, []),
+    "local channels_last": (1, 1.0, ["executor.channels_last=true"]),
+    "local bf16": (1, 1.0, ["executor.precision=bf16"]),
+    "ray 4x0.25": (4, 0.25, []),
+    "ray 4x0.25 bf16": (4, 0.25, ["executor.precision=bf16"]),
+    "ray 8x0.125 bf16": (8, 0.125, ["executor.precision=bf16"]),
+}
 
 
 def synthetic_store(path: Path, w: Workload, seed: int = 0) -> ShardStore:
@@ -255,6 +270,62 @@ def ray_rows(w: Workload, store, device: str, rounds: int, layouts=RAY_LAYOUTS) 
     return rows
 
 
+def paper_rows(w: Workload, store, device: str, rounds: int, variants=PAPER_VARIANTS) -> list:
+    """The paper config (``PAPER_CONFIG``: ASAM's two gradients a step, the authors'
+    augmentation, so one client at a time) on ``w``'s synthetic store, a fixed cohort of
+    ``w.cohort``, ``w.steps`` local steps, each of ``variants``: seconds per round, and that
+    round extrapolated to the paper's 60 steps (× 60 / steps: the per-round costs that do not
+    grow with the steps counted 60 / steps times, so an upper bound), its speed-up over the
+    issue's 44 s, and the 300 rounds' hours. On the CPU the local variants run on one host at
+    torch's threads and Ray on one actor × 1 CPU; the fractional-GPU variants are skipped."""
+    rows = []
+    for name, (actors, share, extra) in variants.items():
+        if device == "cpu" and share < 1:
+            rows.append({"variant": name, "skipped": "no GPU: fractional GPU actors need CUDA"})
+            continue
+        if name.startswith("ray"):
+            executor = ["executor.kind=ray", f"executor.num_actors={actors}"]
+            executor += ["executor.cpus_per_actor=1", "executor.overlap_start=false"]
+            executor.append(f"executor.gpus_per_actor={share if device == 'cuda' else 0}")
+        else:  # one host; the config's own executor is Ray's 8 × 0.5 GPU
+            executor = local_executor(device)
+            executor += ["executor.gpus_per_actor=0"] if device == "cpu" else []
+        config = load_config(PAPER_CONFIG, [*_paper_overrides(w, store, rounds), *executor, *extra])
+        try:
+            timing = timed_rounds(config, store, rounds)
+        finally:
+            disconnect()
+        paper_round = timing["seconds_per_round"] * PAPER.steps / w.steps
+        rows.append(
+            {
+                "variant": name,
+                "steps": w.steps,
+                **timing,
+                "paper_round_s_extrapolated": round(paper_round, 2),
+                "speedup_vs_issue_44s": round(PAPER_ROUND_S / paper_round, 2),
+                "paper_run_hours_extrapolated": round(paper_round * 300 / 3600, 2),
+            }
+        )
+    return rows
+
+
+def _paper_overrides(w: Workload, store, rounds: int) -> list[str]:
+    return [
+        f"data.store={store.location}",
+        f"data.num_clients={w.clients}",
+        "data.test_per_client=null",
+        f"cohort.size={w.cohort}",
+        "cohort.sampling=fixed",  # the same work each round
+        f"algorithm.local.batch_size={w.batch}",
+        f"algorithm.local.local_steps={w.steps}",
+        "algorithm.local.local_epochs=null",
+        f"rounds={rounds + 1}",  # the last round evaluates: never timed
+        f"eval_every={rounds + 1}",
+        "tracking.enabled=false",
+        "checkpoint.every=0",
+    ]
+
+
 def profile_row(w: Workload, store, device: str, rounds: int) -> dict:
     """``torch.profiler`` over one vectorised round (the last of ``rounds``), one host."""
     from torch.profiler import ProfilerActivity, profile
@@ -347,6 +418,14 @@ def run(args) -> dict:
             if not args.no_ray:
                 report["ray"] = ray_rows(w, store, args.device, args.rounds)
             report["profile"] = profile_row(w, store, args.device, args.rounds)
+        if args.paper_steps:
+            paper = replace(PAPER, steps=args.paper_steps).scaled(args.scale, args.batch_cap)
+            report["paper_workload"] = paper.__dict__
+            store = synthetic_store(Path(tmp) / "paper", paper)
+            variants = {
+                k: v for k, v in PAPER_VARIANTS.items() if not args.no_ray or k[:3] != "ray"
+            }
+            report["paper"] = paper_rows(paper, store, args.device, args.rounds, variants)
     return report
 
 
@@ -369,8 +448,16 @@ def main(argv: list[str] | None = None) -> int:
         "--precisions", nargs="*", choices=["float32", "bf16"], default=["float32", "bf16"]
     )
     parser.add_argument("--no-ray", action="store_true", help="leave out the Ray rows")
+    parser.add_argument(
+        "--paper-steps",
+        type=int,
+        default=12,
+        help="local steps of the DP-FedSAM paper round (its 60 extrapolated from them; 0: none)",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
+    if args.paper_steps < 0:
+        parser.error(f"--paper-steps {args.paper_steps}: 0 (no paper round) or more")
     if args.rounds < 2 or not args.scale > 0 or (args.batch_cap is not None and args.batch_cap < 1):
         parser.error(
             f"--rounds {args.rounds} --scale {args.scale} --batch-cap {args.batch_cap}: need "

@@ -47,7 +47,7 @@ def test_the_cpu_run_reports_every_section(tmp_path):
     args = ["--device", "cpu", "--workloads", "mnist_500", "mnist_2000", "--scale", "0.004"]
     # Ray's 1 × 1 CPU row is left out: an embedded Ray's start is flaky on a loaded 2-core
     # machine (ray_runtime's own tests cover it); the fractional-GPU rows' skip is checked below.
-    args += ["--batch-cap", "4", "--rounds", "2", "--no-ray"]
+    args += ["--batch-cap", "4", "--rounds", "2", "--no-ray", "--paper-steps", "1"]
     assert main([*args, "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["device"] == "cpu" and "skipped" not in report
@@ -71,6 +71,8 @@ def test_the_cpu_run_reports_every_section(tmp_path):
     assert profile["gpu_busy_fraction"] is None and profile["kernel_launches_per_client"] is None
     assert profile["host_cpu_ms_per_client"] > 0 and profile["aten_ops_per_client"] > 0
     assert profile["top_ops"] and profile["note"].startswith("CPU")
+    assert [r["variant"] for r in report["paper"]] == ["local", "local channels_last", "local bf16"]
+    assert report["paper_workload"]["steps"] == 1
 
 
 def test_on_the_cpu_the_fractional_gpu_ray_layouts_are_listed_as_skipped():
@@ -78,3 +80,23 @@ def test_on_the_cpu_the_fractional_gpu_ray_layouts_are_listed_as_skipped():
     rows = ray_rows(WORKLOADS["mnist_2000"], None, "cpu", 2, fractional)
     assert [r["layout"] for r in rows] == ["4x0.25", "8x0.125"]
     assert all("no GPU" in r["skipped"] for r in rows)
+
+
+def test_the_paper_round_runs_the_paper_config_and_extrapolates_to_its_60_steps(tmp_path):
+    """The DP-FedSAM paper config on a tiny synthetic CIFAR-shaped store, one local variant (on
+    the CPU the fractional-GPU variants are listed as skipped): its seconds per round, and that
+    round × 60 / steps, its speed-up over the issue's 44 s and the 300 rounds' hours."""
+    from dataclasses import replace
+
+    from benchmarks.gpu import PAPER, PAPER_ROUND_S, PAPER_VARIANTS, paper_rows, synthetic_store
+
+    w = replace(PAPER, steps=1).scaled(0.004, 2)
+    assert (w.clients, w.cohort, w.steps, w.batch, w.rows) == (2, 2, 1, 2, 4)
+    variants = {k: PAPER_VARIANTS[k] for k in ("local", "ray 4x0.25")}
+    local, ray = paper_rows(w, synthetic_store(tmp_path / "paper", w), "cpu", 2, variants)
+    assert ray == {"variant": "ray 4x0.25", "skipped": "no GPU: fractional GPU actors need CUDA"}
+    assert local["variant"] == "local" and len(local["round_seconds"]) == 2
+    paper_round = local["seconds_per_round"] * 60
+    assert local["paper_round_s_extrapolated"] == pytest.approx(paper_round, abs=0.01)
+    assert local["speedup_vs_issue_44s"] == pytest.approx(PAPER_ROUND_S / paper_round, rel=0.01)
+    assert local["paper_run_hours_extrapolated"] == pytest.approx(paper_round / 12, abs=0.01)
