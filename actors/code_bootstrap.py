@@ -101,19 +101,24 @@ def _held(base: Path, digest: str) -> Path:
     for _ in range(3):
         target = _unpacked(base, digest)
         try:  # created here where a package was unpacked by an older version of this module
-            held = os.open(target / IN_USE, os.O_RDONLY | os.O_CREAT, 0o600)
+            held = os.open(target / IN_USE, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         except FileNotFoundError:  # deleted meanwhile
             continue
         fcntl.flock(held, fcntl.LOCK_SH)  # waits while a ``_tidy`` decides on it
-        try:
-            still_there = os.stat(target / IN_USE).st_ino == os.fstat(held).st_ino
-        except FileNotFoundError:
-            still_there = False
-        if still_there:
+        if _is_current_lock(target, held):
             os.utime(target)
             return target
         os.close(held)
     raise RuntimeError(f"{base / digest}: deleted each time this worker unpacked it")
+
+
+def _is_current_lock(package: Path, descriptor: int) -> bool:
+    """Whether ``descriptor`` is ``package``'s ``IN_USE`` file now (not one of a copy of the
+    package deleted meanwhile)."""
+    try:
+        return os.lstat(package / IN_USE).st_ino == os.fstat(descriptor).st_ino
+    except FileNotFoundError:
+        return False
 
 
 def _unpacked(base: Path, digest: str) -> Path:
@@ -169,14 +174,24 @@ def _tidy(base: Path, keep: str) -> None:
 def _delete_unless_held(package: Path) -> None:
     """Delete ``package`` unless a process holds it: renamed away while its ``IN_USE`` lock is
     taken exclusively (a worker that opened the lock file meanwhile sees it gone, and unpacks
-    the package again), then removed."""
+    the package again), then removed. A package without ``IN_USE`` was unpacked by an older
+    version of this module, whose workers take no lock: kept."""
     try:
-        lock = os.open(package / IN_USE, os.O_RDONLY | os.O_CREAT, 0o600)
+        lock = os.open(package / IN_USE, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
         return
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:  # held: a process runs this package
+        os.close(lock)
+        return
+    # Another tidy may have deleted this package since it was opened, and a worker unpacked and
+    # holds it again, unused no more: only the same lock file, still unused, is deleted.
+    try:
+        unused = time.time() - package.lstat().st_mtime > UNUSED_S
+    except FileNotFoundError:
+        unused = False
+    if not (_is_current_lock(package, lock) and unused):
         os.close(lock)
         return
     doomed = package.with_name(f".{package.name[:12]}-deleted-{os.getpid()}-{time.time_ns()}")

@@ -274,10 +274,10 @@ def paper_rows(w: Workload, store, device: str, rounds: int, variants=PAPER_VARI
     """The paper config (``PAPER_CONFIG``: ASAM's two gradients a step, the authors'
     augmentation, so one client at a time) on ``w``'s synthetic store, a fixed cohort of
     ``w.cohort``, ``w.steps`` local steps, each of ``variants``: seconds per round, and that
-    round extrapolated to the paper's 60 steps (× 60 / steps: the per-round costs that do not
-    grow with the steps counted 60 / steps times, so an upper bound), its speed-up over the
-    issue's 44 s, and the 300 rounds' hours. On the CPU the local variants run on one host at
-    torch's threads and Ray on one actor × 1 CPU; the fractional-GPU variants are skipped."""
+    round extrapolated to the paper's 60 steps and, where ``w`` is the paper's round but for its
+    steps (no ``--scale`` or ``--batch-cap``), its speed-up over the issue's 44 s and the 300
+    rounds' hours (``paper_extrapolation``). On the CPU the local variants run on one
+    host at torch's threads; variants of a GPU share below one are skipped."""
     rows = []
     for name, (actors, share, extra) in variants.items():
         if device == "cpu" and share < 1:
@@ -295,18 +295,23 @@ def paper_rows(w: Workload, store, device: str, rounds: int, variants=PAPER_VARI
             timing = timed_rounds(config, store, rounds)
         finally:
             disconnect()
-        paper_round = timing["seconds_per_round"] * PAPER.steps / w.steps
-        rows.append(
-            {
-                "variant": name,
-                "steps": w.steps,
-                **timing,
-                "paper_round_s_extrapolated": round(paper_round, 2),
-                "speedup_vs_issue_44s": round(PAPER_ROUND_S / paper_round, 2),
-                "paper_run_hours_extrapolated": round(paper_round * 300 / 3600, 2),
-            }
-        )
+        rows.append({"variant": name, "steps": w.steps, **timing, **paper_extrapolation(w, timing)})
     return rows
+
+
+def paper_extrapolation(w: Workload, timing: dict) -> dict:
+    """``timing``'s round at the paper's 60 steps (× 60 / ``w.steps``: an upper bound) and,
+    where ``w`` is the paper's round but for its steps, its speed-up over the issue's 44 s and
+    the 300 rounds' hours (else None: a smaller cohort or batch is not the paper's round)."""
+    paper_round = timing["seconds_per_round"] * PAPER.steps / w.steps
+    paper_sized = replace(w, steps=PAPER.steps) == PAPER
+    return {
+        "paper_round_s_extrapolated": round(paper_round, 2),
+        "speedup_vs_issue_44s": round(PAPER_ROUND_S / paper_round, 2) if paper_sized else None,
+        "paper_run_hours_extrapolated": (
+            round(paper_round * 300 / 3600, 2) if paper_sized else None
+        ),
+    }
 
 
 def _paper_overrides(w: Workload, store, rounds: int) -> list[str]:

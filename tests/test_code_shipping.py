@@ -138,13 +138,20 @@ def _unpacked_package(base: Path, digest: str, old_s: float = 0) -> Path:
 def test_a_node_deletes_the_packages_no_process_runs_and_no_run_used_lately(tmp_path):
     """``_tidy`` (run where a worker unpacked a new version) keeps the new package, any that a
     live process holds (``_held``: here a process that installed it, then sleeps) however old,
-    any installed within ``UNUSED_S``, and leftovers younger than ``STALE_S``; it deletes the
-    rest, and a held package once its process has exited."""
+    any installed within ``UNUSED_S``, any unpacked by an older version of the module (no
+    ``IN_USE``: its workers take no lock), and leftovers younger than ``STALE_S``; it deletes
+    the rest, and a held package once its process has exited. A lock file that is a link is
+    not followed."""
     base = tmp_path / "code"
-    held, unused, recent, new = (c * 64 for c in "abcd")
+    held, unused, recent, new, older, linked = (c * 64 for c in "abcdef")
     for digest, old in ((held, 0), (unused, UNUSED_S + 60), (recent, UNUSED_S - 3600), (new, 0)):
         _unpacked_package(base, digest, old)
     _aged(base / new, UNUSED_S * 2)  # kept as the new one whatever its time
+    (base / older / "actors").mkdir(parents=True)
+    _aged(base / older, UNUSED_S * 2)
+    (base / linked / "actors").mkdir(parents=True)
+    (base / linked / IN_USE).symlink_to(tmp_path / "outside")
+    _aged(base / linked, UNUSED_S * 2)
     (base / ".aaaaaaaaaaaa-killed").mkdir()  # a worker killed while unpacking
     _aged(base / ".aaaaaaaaaaaa-killed", STALE_S + 60)
     (base / ".bbbbbbbbbbbb-busy").mkdir()  # one unpacking now
@@ -158,18 +165,38 @@ def test_a_node_deletes_the_packages_no_process_runs_and_no_run_used_lately(tmp_
         assert holder.stdout.readline() == "held\n"
         _aged(base / held, UNUSED_S + 60)  # held, and installed long ago
         code_bootstrap._tidy(base, keep=new)
-        assert sorted(p.name for p in base.iterdir()) == [
-            ".bbbbbbbbbbbb-busy",
-            held,
-            recent,
-            new,
-        ]
+        kept = [".bbbbbbbbbbbb-busy", held, recent, new, older, linked]
+        assert sorted(p.name for p in base.iterdir()) == kept
         assert (base / held / "actors").is_dir()
     finally:
         holder.kill()
         holder.wait()
     code_bootstrap._tidy(base, keep=new)
-    assert sorted(p.name for p in base.iterdir()) == [".bbbbbbbbbbbb-busy", recent, new]
+    kept = [".bbbbbbbbbbbb-busy", recent, new, older, linked]
+    assert sorted(p.name for p in base.iterdir()) == kept
+    assert not (tmp_path / "outside").exists()
+
+
+def test_a_tidy_deletes_a_package_only_through_the_lock_file_it_took(tmp_path, monkeypatch):
+    """Between a tidy's opening of a package's ``IN_USE`` and its lock, another tidy deleted
+    the package and a worker unpacked it again: the lock taken is on a file no one uses any
+    more, and the package now there is not deleted."""
+    import fcntl
+
+    base = tmp_path / "code"
+    digest = "f" * 64
+    _unpacked_package(base, digest, UNUSED_S + 60)
+    lock = fcntl.flock
+
+    def racing(descriptor, operation):
+        if operation & fcntl.LOCK_EX:
+            shutil.rmtree(base / digest)
+            _unpacked_package(base, digest, UNUSED_S + 60)
+        return lock(descriptor, operation)
+
+    monkeypatch.setattr(fcntl, "flock", racing)
+    code_bootstrap._delete_unless_held(base / digest)
+    assert (base / digest / "actors").is_dir()
 
 
 def test_a_worker_holds_its_package_and_unpacks_it_again_if_deleted_meanwhile(

@@ -20,7 +20,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from cluster.config import ConfigError, ExperimentConfig
-from cluster.config.runtime import ray_endpoint, starts_embedded_ray
+from cluster.config.runtime import effective_ray_address, ray_endpoint, starts_embedded_ray
 from cluster.runtime.memory import check_sketch_fits
 from cluster.runtime.storage_checks import check_writable_dir, check_writable_location
 from cluster.runtime.store import check_data
@@ -215,10 +215,8 @@ def ray_address(config: ExperimentConfig) -> tuple[str, str | None]:
     """The address ``ray.init`` connects to, and where it comes from: ``executor.address``,
     unless that is unset or ``auto`` and ``RAY_ADDRESS`` is set (Ray's own precedence)."""
     given = config.executor.address
-    environment = os.environ.get("RAY_ADDRESS")
-    if environment and given in (None, "auto"):
-        return "RAY_ADDRESS", environment
-    return "executor.address", given
+    effective = effective_ray_address(given)
+    return ("executor.address" if effective == given else "RAY_ADDRESS"), effective
 
 
 def check_ray_address(field: str, address: str | None) -> None:

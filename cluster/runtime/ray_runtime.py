@@ -64,7 +64,7 @@ def connect(address: str | None, verbose: bool = False) -> RaySession:
 def _init(address: str | None, verbose: bool) -> RaySession:
     import ray
 
-    from cluster.config.runtime import effective_ray_address, ray_connection
+    from cluster.config.runtime import effective_ray_address, in_ray_job, ray_connection
     from cluster.runtime.code_shipping import publish
 
     quiet = {
@@ -90,7 +90,7 @@ def _init(address: str | None, verbose: bool) -> RaySession:
             except BaseException:
                 ray.shutdown()
                 raise
-        here = effective == "auto" or how == "job"  # a head on this machine: its logs here
+        here = effective == "auto" or in_ray_job()  # a head on this machine: its logs here
         where = f"Ray cluster at {ray.get_runtime_context().gcs_address}"
         return RaySession(where, _logs_dir() if here else None)
     # address="local": always a fresh embedded instance, never a cluster that some earlier
