@@ -58,8 +58,15 @@ def _config(*overrides):
             "data.partition.samples_per_client",
             ["task=mnist_cnn", "data.source=mnist", DRAWN, "data.num_clients=100"],
         ),
+        # 5 actor processes × at least 250 MB: 1.22 GiB; 4 fit
+        (
+            memory.check_actor_processes_fit,
+            ["executor.kind=ray", "executor.num_actors=5", "executor.cpus_per_actor=0.1"],
+            "executor.num_actors",
+            ["executor.kind=ray", "executor.num_actors=4", "executor.cpus_per_actor=0.1"],
+        ),
     ],
-    ids=["sketch tables", "synthetic model arrays", "drawn rows"],
+    ids=["sketch tables", "synthetic model arrays", "drawn rows", "actor processes"],
 )
 def test_what_does_not_fit_is_refused_naming_the_field(check, overrides, field, fits, one_gib):
     with pytest.raises(ConfigError) as refused:

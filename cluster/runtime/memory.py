@@ -15,6 +15,12 @@ from cluster.config import ConfigError, ExperimentConfig
 # round's noisy mean and the new momentum.
 SERVER_SKETCH_TABLES = 4
 
+# A host actor's process holds at least this much memory of its own before any client's data:
+# Python, Ray's worker, torch and the project imported. Measured on the 2-core machine (torch's
+# CUDA build, CPU actors): 413-419 MB private (``/proc/PID/smaps_rollup``) per host of the
+# quickstart on an embedded Ray of 4 actors; 250 MB leaves room for lighter builds.
+ACTOR_PROCESS_BYTES = 250 * 2**20
+
 
 # Where a container's memory limit is read: cgroup v2, then v1. A pod (KubeRay) or container
 # limited below its node's memory is killed at its limit, not at the node's.
@@ -71,6 +77,23 @@ def check_sketch_fits(config: ExperimentConfig) -> None:
         tables * rows * cols * 8,
         f"holding the server's {tables} float64 sketch tables of {rows} × {cols} counters",
         "lower algorithm.sketch_cols or sketch_rows (DPSFL's defaults: 5 × 500000)",
+    )
+
+
+def check_actor_processes_fit(config: ExperimentConfig) -> None:
+    """An embedded Ray's ``executor.num_actors`` host processes fit this machine's memory, at
+    ``ACTOR_PROCESS_BYTES`` each (a lower bound: their clients' data and the model come on
+    top). A cluster's nodes are not this machine's, and the local executor's hosts are threads
+    of the driver."""
+    n = config.executor.num_actors
+    check_fits_memory(
+        "executor.num_actors",
+        n,
+        n * ACTOR_PROCESS_BYTES,
+        f"starting {n} actor processes (each at least {ACTOR_PROCESS_BYTES / 2**20:.0f} MB: "
+        "Python, Ray, torch and the project)",
+        "lower executor.num_actors (each actor hosts many clients), or give executor.address of "
+        "a cluster",
     )
 
 

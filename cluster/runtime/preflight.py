@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 from cluster.config import ConfigError, ExperimentConfig
 from cluster.config.runtime import effective_ray_address, ray_endpoint, starts_embedded_ray
-from cluster.runtime.memory import check_sketch_fits
+from cluster.runtime.memory import check_actor_processes_fit, check_sketch_fits
 from cluster.runtime.storage_checks import check_writable_dir, check_writable_location
 from cluster.runtime.store import check_data
 from cluster.tracking.settings import sqlite_path, tracking_uri
@@ -57,6 +57,7 @@ def preflight(config: ExperimentConfig) -> None:
         check_ray_address(*ray_address(config))
         if starts_embedded_ray(config.executor):  # a Ray on this machine alone
             check_machine_fits(config)
+            check_actor_processes_fit(config)
     else:
         check_host_threads(config)
         if config.executor.gpus_per_actor > 0:  # the local hosts share this machine's GPU
