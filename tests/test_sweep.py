@@ -210,7 +210,7 @@ def test_a_trial_that_started_and_did_not_finish_leaves_the_sweep_without_epsilo
     )
 
 
-def test_a_resumed_sweep_accounts_for_its_earlier_attempts(tmp_path, store_root):
+def test_a_resumed_sweep_accounts_for_its_earlier_attempts(tmp_path, store_root, sqlite_store):
     """A trial killed (or failed) in an earlier attempt and run again since: its run, a child
     of the parent run that no trial holds, trained on the private data: no ε."""
     from cluster.analysis.sweep import statement
@@ -220,7 +220,7 @@ def test_a_resumed_sweep_accounts_for_its_earlier_attempts(tmp_path, store_root)
     planned = plan(
         _write(tmp_path, "ea", {"base": _base(store_root, tmp_path), "space": space}), []
     )
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path / "mlflow.db")
     planned.tracking = (uri, "sweep")
     client = MlflowClient(uri)
     experiment = client.create_experiment("sweep")

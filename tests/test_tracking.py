@@ -11,8 +11,8 @@ from cluster.runtime.experiment import run_experiment
 
 
 @pytest.fixture
-def tracking_uri(tmp_path, monkeypatch):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def tracking_uri(tmp_path, monkeypatch, sqlite_store):
+    uri = sqlite_store(tmp_path / "mlflow.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     return uri
 
