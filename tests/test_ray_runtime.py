@@ -1,7 +1,5 @@
 """The embedded Ray that ``python -m cluster run`` starts when no cluster is named."""
 
-import os
-
 import pytest
 
 
@@ -147,9 +145,7 @@ def test_every_connection_joins_as_ray_would_and_ships_the_code_where_workers_la
 
     def init(*args, **kwargs):
         seen.append((ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER, kwargs.get("address")))
-        # Ray would merge a job's runtime environment (in the job's cluster) into its own
-        job_seen = os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR")
-        environments.append((kwargs.get("runtime_env"), job_seen if how == "embedded" else None))
+        environments.append(kwargs.get("runtime_env"))
         if where == "init fails":
             raise ConnectionError("nothing answers")
 
@@ -177,8 +173,7 @@ def test_every_connection_joins_as_ray_would_and_ships_the_code_where_workers_la
     assert seen == [(True, expected_address)]
     assert ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER is False
     assert published == ([where] if how == "cluster" and where != "init fails" else [])
-    working_dir = [({"working_dir": str(ray_runtime.PROJECT_ROOT)}, None)]
-    assert environments == (working_dir if how == "client" else [(None, None)])
-    assert os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") == job  # back after an embedded start
+    working_dir = [{"working_dir": str(ray_runtime.PROJECT_ROOT)}]
+    assert environments == (working_dir if how == "client" else [None])
     executor = ExecutorConfig(kind="ray", address=address)
     assert starts_embedded_ray(executor) == (how == "embedded")

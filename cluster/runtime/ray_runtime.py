@@ -98,26 +98,11 @@ def _init(address: str | None, verbose: bool) -> RaySession:
     # this environment, so the workers find the project on PYTHONPATH; a runtime_env carrying it
     # instead would keep actors off the workers Ray prestarts at init (≈1.3 s more start-up).
     prepend_pythonpath(PROJECT_ROOT)
-    with loopback_node(), lean_head(keep_log_monitor=verbose), _without_job_config():
+    with loopback_node(), lean_head(keep_log_monitor=verbose):
         ray.init(
             address="local", include_dashboard=False, _system_config=EMBEDDED_SYSTEM_CONFIG, **quiet
         )
     return RaySession("embedded local Ray", _logs_dir())
-
-
-@contextmanager
-def _without_job_config() -> Iterator[None]:
-    """Within the block, no Ray job config in the environment: inside a Ray job, ``ray.init``
-    would give a new embedded Ray the job's runtime environment, whose working_dir lives in the
-    job's cluster, not in it."""
-    from cluster.config.runtime import JOB_CONFIG_VARIABLE
-
-    saved = os.environ.pop(JOB_CONFIG_VARIABLE, None)
-    try:
-        yield
-    finally:
-        if saved is not None:
-            os.environ[JOB_CONFIG_VARIABLE] = saved
 
 
 @contextmanager
