@@ -104,6 +104,11 @@ def _held(base: Path, digest: str) -> Path:
             held = os.open(target / IN_USE, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         except FileNotFoundError:  # deleted meanwhile
             continue
+        except OSError as error:  # a link: not ours
+            raise PermissionError(
+                f"{target / IN_USE}: not a file this module made ({error.strerror}); remove "
+                f"{target}"
+            ) from None
         fcntl.flock(held, fcntl.LOCK_SH)  # waits while a ``_tidy`` decides on it
         if _is_current_lock(target, held):
             os.utime(target)

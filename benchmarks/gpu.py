@@ -307,7 +307,7 @@ def paper_extrapolation(w: Workload, timing: dict) -> dict:
     paper_sized = replace(w, steps=PAPER.steps) == PAPER
     return {
         "paper_round_s_extrapolated": round(paper_round, 2),
-        "speedup_vs_issue_44s": round(PAPER_ROUND_S / paper_round, 2) if paper_sized else None,
+        "speedup_vs_issue_44s_h200": round(PAPER_ROUND_S / paper_round, 2) if paper_sized else None,
         "paper_run_hours_extrapolated": (
             round(paper_round * 300 / 3600, 2) if paper_sized else None
         ),

@@ -199,6 +199,17 @@ def test_a_tidy_deletes_a_package_only_through_the_lock_file_it_took(tmp_path, m
     assert (base / digest / "actors").is_dir()
 
 
+def test_a_package_whose_lock_file_is_a_link_is_refused_naming_it(tmp_path, monkeypatch):
+    base = tmp_path / "code"
+    digest = "9" * 64
+    (base / digest).mkdir(parents=True)
+    (base / digest / IN_USE).symlink_to(tmp_path / "elsewhere")
+    monkeypatch.setattr(code_bootstrap, "_unpacked", lambda b, d: b / d)
+    with pytest.raises(PermissionError, match=f"not a file this module made.*remove {base}"):
+        code_bootstrap._held(base, digest)
+    assert not (tmp_path / "elsewhere").exists()
+
+
 def test_a_worker_holds_its_package_and_unpacks_it_again_if_deleted_meanwhile(
     tmp_path, monkeypatch
 ):

@@ -10,10 +10,8 @@ from mlflow.tracking import MlflowClient
 from cluster.cli.main import main
 
 
-def test_compare_runs_presets_at_the_same_epsilon(
-    tmp_path, store_root, monkeypatch, capfd, sqlite_store
-):
-    uri = sqlite_store(tmp_path / "mlflow.db")
+def test_compare_runs_presets_at_the_same_epsilon(tmp_path, store_root, monkeypatch, capfd):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"  # a fresh store: created quietly (below)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.delenv("MLFLOW_LOGGING_LEVEL", raising=False)  # the tracking processes' default
     base = {

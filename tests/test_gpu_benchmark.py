@@ -106,10 +106,10 @@ def test_the_paper_round_runs_the_paper_config_and_extrapolates_to_its_60_steps(
     assert local["variant"] == "local" and len(local["round_seconds"]) == 2
     paper_round = local["seconds_per_round"] * 60
     assert local["paper_round_s_extrapolated"] == pytest.approx(paper_round, abs=0.01)
-    assert local["speedup_vs_issue_44s"] is local["paper_run_hours_extrapolated"] is None
+    assert local["speedup_vs_issue_44s_h200"] is local["paper_run_hours_extrapolated"] is None
     full = paper_extrapolation(replace(PAPER, steps=12), {"seconds_per_round": 2.2})
     assert full == {  # 2.2 s at 12 steps: 11 s at 60, the issue's target of 4x
         "paper_round_s_extrapolated": 11.0,
-        "speedup_vs_issue_44s": PAPER_ROUND_S / 11.0,
+        "speedup_vs_issue_44s_h200": PAPER_ROUND_S / 11.0,
         "paper_run_hours_extrapolated": round(11.0 * 300 / 3600, 2),
     }
