@@ -19,13 +19,15 @@ STARTS_RAY = re.compile(
     r"executor\.kind=ray|\"kind\": \"ray\"|kind: ray|\"--executor\", \"ray\"|ray_cluster"
     r"|running_ray|RayExecutor\(|ray\.init\("
 )
-# They name a Ray executor without starting one: configs refused before any work, manifests.
+# They name a Ray executor without starting one: configs refused before any work, configs only
+# checked, manifests.
 NAMES_RAY_ONLY = {
     "test_bad_input",
     "test_k8s",
     "test_k8s_network",
     "test_k8s_object_storage",
     "test_k8s_security",
+    "test_memory_checks",
     "test_ray_groups",
 }
 
