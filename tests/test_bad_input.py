@@ -493,6 +493,37 @@ CASES = [
     ),
     Case("vectorize 1", run_with({"executor.vectorize": 1}), ("executor.vectorize = 1", "one of")),
     Case(
+        "channels_last 1",
+        run_with({"executor.channels_last": 1}),
+        ("executor.channels_last = 1", "one of 'auto', True, False"),
+    ),
+    Case(
+        "precision fp16",
+        run_with({"executor.precision": "fp16"}),
+        ("executor.precision = 'fp16'", "one of 'float32', 'bf16'"),
+    ),
+    Case(
+        "bf16 DP-SGD",
+        run_with(
+            {
+                "algorithm.name": "dp_fedavg_sample",
+                "algorithm.noise_placement": None,
+                "executor.precision": "bf16",
+            }
+        ),
+        ("executor.precision = 'bf16'", "bf16 DP-SGD is not validated", "precision=float32"),
+    ),
+    Case(
+        "placement diagonal",
+        run_with({"executor.placement": "diagonal"}),
+        ("executor.placement = 'diagonal'", "one of 'pack', 'spread'"),
+    ),
+    Case(
+        "placement spread on the local executor",
+        run_with({"executor.kind": "local", "executor.placement": "spread"}),
+        ("executor.placement = 'spread'", "set executor.kind=ray"),
+    ),
+    Case(
         "train rows 0",
         run_with({"data.synthetic.train_fraction": 0.01}),
         ("data.synthetic.train_fraction = 0.01", "at least one training and one test row"),
