@@ -160,47 +160,40 @@ def _tidy(base: Path, keep: str) -> None:
     """Delete from ``base`` the packages besides ``keep`` that no process holds (``_held``) and
     none installed within ``UNUSED_S``, and the leftovers (names starting with ``.``: a staging
     or deleted directory whose worker was killed) older than ``STALE_S``."""
-    now = time.time()
     for entry in base.iterdir():
-        try:
-            status = entry.lstat()
-        except FileNotFoundError:
-            continue
-        old = now - status.st_mtime
-        if not stat.S_ISDIR(status.st_mode):
-            continue
         if entry.name.startswith("."):
-            if old > STALE_S:
+            if _older_than(entry, STALE_S):
                 shutil.rmtree(entry, ignore_errors=True)
-        elif entry.name != keep and old > UNUSED_S:
+        elif entry.name != keep:
             _delete_unless_held(entry)
 
 
+def _older_than(directory: Path, seconds: float) -> bool:
+    """Whether ``directory`` (not a link) was last changed more than ``seconds`` ago."""
+    try:
+        status = directory.lstat()
+    except FileNotFoundError:
+        return False
+    return stat.S_ISDIR(status.st_mode) and time.time() - status.st_mtime > seconds
+
+
 def _delete_unless_held(package: Path) -> None:
-    """Delete ``package`` unless a process holds it: renamed away while its ``IN_USE`` lock is
-    taken exclusively (a worker that opened the lock file meanwhile sees it gone, and unpacks
-    the package again), then removed. A package without ``IN_USE`` was unpacked by an older
-    version of this module, whose workers take no lock: kept."""
+    """Delete ``package`` unless a process holds it or one installed it within ``UNUSED_S``:
+    renamed away while its ``IN_USE`` lock is taken exclusively (a worker that opened the lock
+    file meanwhile sees it gone, and unpacks the package again), then removed. A package
+    without ``IN_USE`` was unpacked by an older version of this module, whose workers take no
+    lock: kept."""
     try:
         lock = os.open(package / IN_USE, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
         return
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:  # held: a process runs this package
-        os.close(lock)
-        return
-    # Another tidy may have deleted this package since it was opened, and a worker unpacked and
-    # holds it again, unused no more: only the same lock file, still unused, is deleted.
-    try:
-        unused = time.time() - package.lstat().st_mtime > UNUSED_S
-    except FileNotFoundError:
-        unused = False
-    if not (_is_current_lock(package, lock) and unused):
-        os.close(lock)
-        return
     doomed = package.with_name(f".{package.name[:12]}-deleted-{os.getpid()}-{time.time_ns()}")
     try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # OSError: a process runs it
+        # Decided under the lock: another tidy may have deleted this package since it was
+        # opened, and a worker unpacked and holds it again: only the same lock file counts.
+        if not (_is_current_lock(package, lock) and _older_than(package, UNUSED_S)):
+            return
         os.rename(package, doomed)
     except OSError:
         return

@@ -132,14 +132,24 @@ AUTOCAST_DTYPES = {"float32": None, "bf16": torch.bfloat16}
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     """``ModelObjective.autocast`` for ``executor.precision`` on ``device``; a ``ValueError``
     naming the setting where the device cannot run it (a GPU without bf16 arithmetic)."""
-    dtype = AUTOCAST_DTYPES[precision]
+    why = precision_unsupported(precision, device)
+    if why is not None:
+        raise ValueError(f"executor.precision = {precision!r}: {why}")
+    return AUTOCAST_DTYPES[precision]
+
+
+def precision_unsupported(precision: str, device: torch.device) -> str | None:
+    """Why ``device`` cannot run ``executor.precision`` (a GPU without bf16 arithmetic), and
+    the fix; None where it can (float32 asks the device nothing)."""
     cuda = device.type == "cuda"
-    if dtype is not None and cuda and not torch.cuda.is_bf16_supported(including_emulation=False):
-        raise ValueError(
-            f"executor.precision = {precision!r}: {torch.cuda.get_device_name(device)} has no "
-            "bf16 arithmetic (NVIDIA Ampere or later has); set executor.precision=float32"
-        )
-    return dtype
+    if AUTOCAST_DTYPES[precision] is None or not cuda:
+        return None
+    if torch.cuda.is_bf16_supported(including_emulation=False):
+        return None
+    return (
+        f"{torch.cuda.get_device_name(device)} has no bf16 arithmetic (NVIDIA Ampere or later "
+        "has); set executor.precision=float32"
+    )
 
 
 def _parameter_slots(model: nn.Module, layout: ParamLayout):

@@ -156,14 +156,33 @@ def workload_config(
 
 
 def local_executor(device: str) -> list[str]:
-    """One host: on the GPU, or on the CPU at torch's threads."""
+    """One host: on the GPU, or on the CPU at torch's threads (whatever a config's own
+    executor says)."""
     if device == "cuda":
         return ["executor.kind=local", "executor.num_actors=1", "executor.gpus_per_actor=1"]
     return [
         "executor.kind=local",
         "executor.num_actors=1",
         f"executor.cpus_per_actor={torch.get_num_threads()}",
+        "executor.gpus_per_actor=0",
     ]
+
+
+def ray_executor(actors: int, share: float, device: str) -> list[str]:
+    """``actors`` Ray actors of 1 CPU and, on the GPU, ``share`` of it each; every round timed
+    on the actors (no overlapped start)."""
+    gpus = share if device == "cuda" else 0
+    return [
+        "executor.kind=ray",
+        f"executor.num_actors={actors}",
+        "executor.cpus_per_actor=1",
+        f"executor.gpus_per_actor={gpus}",
+        "executor.overlap_start=false",
+    ]
+
+
+# Listed in place of a row where ``device`` is the CPU and a GPU share below one was asked for.
+FRACTIONAL_ON_CPU = {"skipped": "no GPU: fractional GPU actors need CUDA"}
 
 
 def timed_rounds(config: ExperimentConfig, store: ShardStore, rounds: int, profile=None) -> dict:
@@ -255,13 +274,9 @@ def ray_rows(w: Workload, store, device: str, rounds: int, layouts=RAY_LAYOUTS) 
     for actors, share in layouts:
         layout = f"{actors}x{share:g}"
         if device == "cpu" and share < 1:
-            rows.append({"layout": layout, "skipped": "no GPU: fractional GPU actors need CUDA"})
+            rows.append({"layout": layout, **FRACTIONAL_ON_CPU})
             continue
-        resources = [f"executor.num_actors={actors}", "executor.cpus_per_actor=1"]
-        if device == "cuda":
-            resources.append(f"executor.gpus_per_actor={share}")
-        overrides = ["executor.kind=ray", *resources, "executor.vectorize=true"]
-        overrides.append("executor.overlap_start=false")  # every round timed on the actors
+        overrides = [*ray_executor(actors, share, device), "executor.vectorize=true"]
         try:
             timing = timed_rounds(workload_config(w, store, rounds, overrides), store, rounds)
         finally:
@@ -281,15 +296,10 @@ def paper_rows(w: Workload, store, device: str, rounds: int, variants=PAPER_VARI
     rows = []
     for name, (actors, share, extra) in variants.items():
         if device == "cpu" and share < 1:
-            rows.append({"variant": name, "skipped": "no GPU: fractional GPU actors need CUDA"})
+            rows.append({"variant": name, **FRACTIONAL_ON_CPU})
             continue
-        if name.startswith("ray"):
-            executor = ["executor.kind=ray", f"executor.num_actors={actors}"]
-            executor += ["executor.cpus_per_actor=1", "executor.overlap_start=false"]
-            executor.append(f"executor.gpus_per_actor={share if device == 'cuda' else 0}")
-        else:  # one host; the config's own executor is Ray's 8 × 0.5 GPU
-            executor = local_executor(device)
-            executor += ["executor.gpus_per_actor=0"] if device == "cpu" else []
+        local = not name.startswith("ray")  # the config's own executor: Ray's 8 × 0.5 GPU
+        executor = local_executor(device) if local else ray_executor(actors, share, device)
         config = load_config(PAPER_CONFIG, [*_paper_overrides(w, store, rounds), *executor, *extra])
         try:
             timing = timed_rounds(config, store, rounds)

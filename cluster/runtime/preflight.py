@@ -279,15 +279,14 @@ def check_machine_fits(config: ExperimentConfig) -> None:
 
 def check_gpu_precision(precision: str) -> None:
     """This machine's first GPU (the hosts' device type) runs ``executor.precision``
-    (``autocast_dtype``: bf16 needs NVIDIA Ampere or later)."""
+    (``precision_unsupported``: bf16 needs NVIDIA Ampere or later)."""
     import torch
 
-    from algorithms.local import autocast_dtype
+    from algorithms.local import precision_unsupported
 
-    try:
-        autocast_dtype(precision, torch.device("cuda", 0))
-    except ValueError as error:
-        raise ConfigError("executor.precision", precision, str(error).partition(": ")[2]) from None
+    why = precision_unsupported(precision, torch.device("cuda", 0))
+    if why is not None:
+        raise ConfigError("executor.precision", precision, why)
 
 
 def check_host_threads(config: ExperimentConfig) -> None:
