@@ -449,6 +449,19 @@ CASES = [
         ("executor.keep_warm_s = 600", "an embedded Ray ends with this run"),
     ),
     Case(
+        "an embedded Ray inside a Ray job",
+        lambda workdir, _store: [
+            "run",
+            str(
+                config_file(
+                    workdir, {"executor.address": "local", "checkpoint.dir": str(workdir / "ck")}
+                )
+            ),
+        ],
+        ("executor.address = 'local'", "inside a Ray job a second, embedded Ray"),
+        env={"RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps({"runtime_env": {"working_dir": "."}})},
+    ),
+    Case(
         "gpus -1",
         run_with({"executor.gpus_per_actor": -1}),
         ("executor.gpus_per_actor = -1", "must be 0, a fraction in [0.0001, 1] or a whole"),

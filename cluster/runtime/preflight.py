@@ -20,7 +20,12 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from cluster.config import ConfigError, ExperimentConfig
-from cluster.config.runtime import effective_ray_address, ray_endpoint, starts_embedded_ray
+from cluster.config.runtime import (
+    effective_ray_address,
+    in_ray_job,
+    ray_endpoint,
+    starts_embedded_ray,
+)
 from cluster.runtime.memory import check_actor_processes_fit, check_sketch_fits
 from cluster.runtime.storage_checks import check_writable_dir, check_writable_location
 from cluster.runtime.store import check_data
@@ -222,7 +227,19 @@ def ray_address(config: ExperimentConfig) -> tuple[str, str | None]:
 
 def check_ray_address(field: str, address: str | None) -> None:
     """A Ray address (``ray_address``) is well formed and answers on its port; ``auto`` finds
-    a cluster on this machine. Nothing to check for none or ``local`` (an embedded Ray)."""
+    a cluster on this machine. Nothing to check for none or ``local`` (an embedded Ray),
+    except that inside a Ray job an embedded Ray cannot start its workers: Ray gives every
+    ``ray.init`` in a job the job's runtime environment, whose working_dir lives in the job's
+    cluster, not in the new one (its workers fail to set it up)."""
+    if address == "local" and in_ray_job():
+        raise ConfigError(
+            field,
+            address,
+            "inside a Ray job a second, embedded Ray cannot start workers (Ray hands it the "
+            "job's runtime environment, which only the job's cluster holds): leave "
+            "executor.address and RAY_ADDRESS unset to run on the job's cluster, or run "
+            "outside `ray job submit` for an embedded Ray",
+        )
     if address in (None, "local"):
         return
     endpoint = ray_endpoint(field, address)
