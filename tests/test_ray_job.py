@@ -359,6 +359,8 @@ def test_quickstart_as_ray_job(ray_head):
 
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"config.yaml", "curves.png", "model.pt"} <= artifacts, artifacts
+    # Submitted with the checkout as its working_dir: the workers get the code from it.
+    assert "the code the job's runtime environment" in output, output
     # The job's working directory is deleted with it: the checkpoint went under the store root.
     checkpoint = tmp / "shards" / "checkpoints" / f"{run.info.run_id}.pt"
     assert checkpoint.is_file() and f"checkpoint: {checkpoint}" in output

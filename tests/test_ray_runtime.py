@@ -1,5 +1,7 @@
 """The embedded Ray that ``python -m cluster run`` starts when no cluster is named."""
 
+from pathlib import Path
+
 import pytest
 
 
@@ -102,6 +104,8 @@ def test_lean_head_leaves_ray_as_it_is_where_its_private_api_differs(monkeypatch
 
 WORKING_DIR = '{"runtime_env": {"working_dir": "gcs://_ray_pkg_0.zip"}}'  # ray job submit's
 HEAD, CLIENT = "ray-head:6379", "ray://ray-head:10001"
+# Where a job's entrypoint finds the project it was submitted with (Ray's layout).
+UNPACKED_PROJECT = Path("/tmp/ray/session_1/runtime_resources/working_dir_files/_ray_pkg_0")
 # case → (executor.address, $RAY_ADDRESS, the job config Ray hands a job's entrypoint):
 # (what ray.init is given, how it joins: ``ray_connection``)
 CONNECTIONS = {
@@ -112,6 +116,7 @@ CONNECTIONS = {
     "Ray job": ((None, HEAD, WORKING_DIR), (None, "job")),
     "Ray job, address": ((HEAD, "other:1", WORKING_DIR), (HEAD, "job")),
     "Ray job, no working_dir": ((None, HEAD, '{"runtime_env": {}}'), (None, "cluster")),
+    "Ray job, the project not from it": ((None, HEAD, WORKING_DIR), (None, "cluster")),
     "Ray job, no RAY_ADDRESS": ((None, None, WORKING_DIR), ("local", "embedded")),
     "embedded": ((None, None, None), ("local", "embedded")),
     "local": (("local", None, None), ("local", "embedded")),
@@ -120,6 +125,20 @@ CONNECTIONS = {
     "auto, Ray Client": (("auto", CLIENT, None), ("auto", "client")),
     "init fails": ((HEAD, None, None), (HEAD, "cluster")),
 }
+
+
+def test_a_job_carries_the_code_only_where_ray_unpacked_the_project_itself():
+    """The project root a job's workers also get: the working_dir's or a py_module's root
+    (Ray unpacks each into its own folder under ``runtime_resources``). Not a subfolder of the
+    working_dir (the workers' path has its root), nor a checkout or an installed copy."""
+    from cluster.config.runtime import unpacked_by_ray
+
+    resources = Path("/tmp/ray/session_1/runtime_resources")
+    assert unpacked_by_ray(resources / "working_dir_files" / "_ray_pkg_0")
+    assert unpacked_by_ray(resources / "py_modules_files" / "_ray_pkg_1")
+    assert not unpacked_by_ray(resources / "working_dir_files" / "_ray_pkg_0" / "project")
+    assert not unpacked_by_ray(Path("/home/me/dpfl"))
+    assert not unpacked_by_ray(Path("/opt/venv/lib/python3.11/site-packages"))
 
 
 @pytest.mark.parametrize("where", list(CONNECTIONS))
@@ -137,10 +156,13 @@ def test_every_connection_joins_as_ray_would_and_ships_the_code_where_workers_la
     ray = pytest.importorskip("ray")
     from ray._private import ray_constants
 
+    from cluster.config import runtime
     from cluster.config.runtime import ExecutorConfig, starts_embedded_ray
     from cluster.runtime import code_shipping, ray_runtime
 
     (address, environment, job), (expected_address, how) = CONNECTIONS[where]
+    if where != "Ray job, the project not from it":  # as `ray job submit --working-dir .`
+        monkeypatch.setattr(runtime, "PROJECT_ROOT", UNPACKED_PROJECT)
     seen, published, environments = [], [], []
 
     def init(*args, **kwargs):
@@ -169,7 +191,8 @@ def test_every_connection_joins_as_ray_would_and_ships_the_code_where_workers_la
         session = ray_runtime.connect(address)
         assert session.embedded == (how == "embedded")
         if how in ("cluster", "job"):
-            assert session.where == "Ray cluster at 10.0.0.9:6379"
+            code = "the job's runtime environment" if how == "job" else "shipped by this driver"
+            assert session.where == f"Ray cluster at 10.0.0.9:6379, the code {code}"
     assert seen == [(True, expected_address)]
     assert ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER is False
     assert published == ([where] if how == "cluster" and where != "init fails" else [])

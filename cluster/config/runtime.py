@@ -8,8 +8,10 @@ import json
 import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
+from actors.code_digest import PROJECT_ROOT
 from cluster.config.errors import ConfigError
 from cluster.config.paths import configured_path, resolve
 from datasets.locations import Location
@@ -61,14 +63,29 @@ def in_ray_job() -> bool:
 
 
 def job_carries_code() -> bool:
-    """A Ray job whose runtime environment has a ``working_dir`` or ``py_modules``: its
-    workers get the code from it (``ray job submit --working-dir .``)."""
+    """A Ray job whose runtime environment gave this process the project (``ray job submit
+    --working-dir .`` from the checkout, or the packages as ``py_modules``): the job's workers
+    get it the same way. A job whose working_dir is something else (a folder of configs,
+    say) while the project comes from an installed copy, or from a subfolder of the
+    working_dir, which the workers do not have on their path, is not: the code is shipped as
+    for any driver (``ray_connection``)."""
     try:
         environment = json.loads(os.environ.get(JOB_CONFIG_VARIABLE, "{}")).get("runtime_env")
     except (ValueError, AttributeError):  # Ray itself refuses such a job config
         return False
-    return isinstance(environment, dict) and bool(
-        environment.get("working_dir") or environment.get("py_modules")
+    return (
+        isinstance(environment, dict)
+        and bool(environment.get("working_dir") or environment.get("py_modules"))
+        and unpacked_by_ray(PROJECT_ROOT)
+    )
+
+
+def unpacked_by_ray(root: Path) -> bool:
+    """``root`` is a package Ray's runtime environment unpacked for a job's working_dir or one
+    of its py_modules (``<session>/runtime_resources/{working_dir,py_modules}_files/<package>``,
+    Ray's layout since 1.x): the root on its workers' path too."""
+    return root.parent.name in ("working_dir_files", "py_modules_files") and (
+        root.parent.parent.name == "runtime_resources"
     )
 
 

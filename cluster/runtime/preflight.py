@@ -231,7 +231,7 @@ def check_ray_address(field: str, address: str | None) -> None:
     except that inside a Ray job an embedded Ray cannot start its workers: Ray gives every
     ``ray.init`` in a job the job's runtime environment, whose working_dir lives in the job's
     cluster, not in the new one (its workers fail to set it up)."""
-    if address == "local" and in_ray_job():
+    if address in (None, "local") and in_ray_job():
         raise ConfigError(
             field,
             address,

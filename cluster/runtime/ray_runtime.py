@@ -91,7 +91,8 @@ def _init(address: str | None, verbose: bool) -> RaySession:
                 ray.shutdown()
                 raise
         here = effective == "auto" or in_ray_job()  # a head on this machine: its logs here
-        where = f"Ray cluster at {ray.get_runtime_context().gcs_address}"
+        code = "the job's runtime environment" if how == "job" else "shipped by this driver"
+        where = f"Ray cluster at {ray.get_runtime_context().gcs_address}, the code {code}"
         return RaySession(where, _logs_dir() if here else None)
     # address="local": always a fresh embedded instance, never a cluster that some earlier
     # `ray start` on this machine left in /tmp/ray/ray_current_cluster. Its processes inherit
