@@ -212,27 +212,54 @@ def _linear_outer_products(objective, flat, linears: dict[str, nn.Linear], x, y)
     return logits.detach(), grads
 
 
-def _segments(per_example: torch.Tensor, offsets: tuple[int, ...] | None) -> list[torch.Tensor]:
-    """The last axis whole, or split at ``offsets`` (one segment per tensor)."""
+def finite_segments(
+    per_example: torch.Tensor, offsets: tuple[int, ...] | None
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The segments of the per-example rows (the last axis whole, or split at ``offsets``: one
+    per tensor) and each one's row L2 norms [..., 1], with every NaN or ±inf coordinate set to
+    0 first (a record's non-finite features, or a backward that overflowed). Each record's row
+    is then finite and clipped to C like any other; left as it was, one such record would make
+    its client's clipped sum, hence its whole update, non-finite, and the client's upload
+    would be dropped (``algorithms.client``): one record deciding whether its client's output
+    is released. (A finite row whose norm overflows gets clip factor C/∞ = 0.)
+
+    On the CPU the norms, needed anyway, tell whether there is any such coordinate: the usual
+    case costs nothing more. On a GPU the test would stall the host every step; the copy is
+    one kernel."""
+    on_cpu = per_example.device.type == "cpu"
+    if not on_cpu:
+        per_example = per_example.nan_to_num(0.0, 0.0, 0.0)
+    parts, norms = _split_with_norms(per_example, offsets)
+    if on_cpu and not all(bool(torch.isfinite(n).all()) for n in norms):
+        parts, norms = _split_with_norms(per_example.nan_to_num(0.0, 0.0, 0.0), offsets)
+    return parts, norms
+
+
+def _split_with_norms(per_example: torch.Tensor, offsets: tuple[int, ...] | None):
     if offsets is None:
-        return [per_example]
-    sizes = [stop - start for start, stop in zip(offsets[:-1], offsets[1:], strict=True)]
-    return list(per_example.split(sizes, dim=-1))
+        parts = [per_example]
+    else:
+        sizes = [stop - start for start, stop in zip(offsets[:-1], offsets[1:], strict=True)]
+        parts = list(per_example.split(sizes, dim=-1))
+    return parts, [torch.linalg.vector_norm(p, dim=-1, keepdim=True) for p in parts]
 
 
-def clip_scales(segment: torch.Tensor, clip_norm: float) -> torch.Tensor:
-    """min(1, C/‖row‖₂) of every row (last axis) of ``segment``, shape [..., 1]: the factor
-    that clips the row to L2 norm C (a zero row keeps factor 1)."""
-    return (clip_norm / torch.linalg.vector_norm(segment, dim=-1, keepdim=True)).clamp(max=1.0)
+def clip_factor(norms: torch.Tensor, clip_norm: float) -> torch.Tensor:
+    """min(1, C/‖row‖₂) of rows of these norms: the factor that clips the row to L2 norm C (a
+    zero row keeps factor 1)."""
+    return (clip_norm / norms).clamp(max=1.0)
 
 
 def clipped_sum(
     per_example: torch.Tensor, clip_norm: float, offsets: tuple[int, ...] | None = None
 ) -> torch.Tensor:
     """Σ_j of the [B, d] per-example rows clipped to L2 norm C: whole rows, or each (start,
-    stop) segment of ``offsets`` separately (per-tensor clipping)."""
-    parts = _segments(per_example, offsets)
-    return torch.cat([(p * clip_scales(p, clip_norm)).sum(0) for p in parts])
+    stop) segment of ``offsets`` separately (per-tensor clipping); non-finite coordinates 0
+    (``finite_segments``)."""
+    parts, norms = finite_segments(per_example, offsets)
+    return torch.cat(
+        [(p * clip_factor(n, clip_norm)).sum(0) for p, n in zip(parts, norms, strict=True)]
+    )
 
 
 def clipped_sums(
@@ -245,9 +272,12 @@ def clipped_sums(
     per-example gradients, each row clipped to C (or each segment, per tensor) as
     ``clipped_sum`` clips it, weighted by the [m, B] ``weights`` (1 a client's record, 0 a
     padded one); one batched product per segment."""
-    parts = _segments(per_example, offsets)
+    parts, norms = finite_segments(per_example, offsets)
     return torch.cat(
-        [torch.einsum("mb,mbd->md", clip_scales(p, clip_norm)[..., 0] * weights, p) for p in parts],
+        [
+            torch.einsum("mb,mbd->md", clip_factor(n, clip_norm)[..., 0] * weights, p)
+            for p, n in zip(parts, norms, strict=True)
+        ],
         dim=-1,
     )
 
@@ -257,14 +287,11 @@ def median_clipped_sum(
 ) -> tuple[torch.Tensor, torch.Tensor | float]:
     """The authors' heuristic: clip each segment to C_l = median of its per-example norms;
     returns (clipped sum, per-coordinate noise std κ·C_l·σ_g)."""
-    bounds = offsets or (0, per_example.shape[1])
     sums, stds = [], []
-    for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
-        part = per_example[:, start:stop]
-        norms = torch.linalg.vector_norm(part, dim=1, keepdim=True)
+    for part, norms in zip(*finite_segments(per_example, offsets), strict=True):
         clip = norms.median()
         sums.append((part * (clip / norms).nan_to_num(1.0).clamp(max=1.0)).sum(0))
-        stds.append(torch.full((stop - start,), float(rule.kappa * clip * rule.step_multiplier)))
+        stds.append(torch.full((part.shape[-1],), float(rule.kappa * clip * rule.step_multiplier)))
     return torch.cat(sums), torch.cat(stds).to(per_example.device, per_example.dtype)
 
 

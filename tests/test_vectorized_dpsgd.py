@@ -154,6 +154,28 @@ def _assert_paths_agree(
         assert a.loss_sum == pytest.approx(b.loss_sum, rel=loss_rel, abs=1e-6)
 
 
+def test_a_record_with_non_finite_features_contributes_a_clipped_row_on_both_paths():
+    """One record of NaN or inf features (the first row of a client, which also pads its
+    batches; or another) neither makes its client's update non-finite, which would drop the
+    client's whole upload (one record deciding whether its client is released), nor moves it
+    by more than that record's clipped row can: one step of lr·(C + C)/B from the update with
+    an ordinary record in its place, the same noise in both."""
+    objective = _objective("logreg", (40,))
+    trainer = _dp_trainer("epoch", "flat", "replace_one")  # 8 records, B = 8: one step
+    data = _clients([8, 8, 8], (40,))
+    bad = [(x.clone(), y) for x, y in data]
+    bad[0][0][0, 3] = float("nan")
+    bad[1][0][5] = float("inf")
+    bad[2][0][0, :] = -float("inf")
+    ordinary, _ = _both_paths(trainer, objective, data)
+    fast, slow = _both_paths(trainer, objective, bad)
+    bound = 0.1 * (0.5 + 0.5) / 8
+    for a, b, reference in zip(fast, slow, ordinary, strict=True):
+        assert torch.isfinite(a.params).all() and torch.isfinite(b.params).all()
+        assert (a.params - b.params).abs().max() < TOLERANCE
+        assert 0 < float((a.params - reference.params).norm()) <= bound * (1 + 1e-5)
+
+
 def _defined_noise(steps: int, dim: int, rows: int) -> torch.Tensor:
     """[K, d]: the module docstring's draw, written out: blocks of min(R, K − jR) rows of
     N(0, 1), in order, from client 0's SAMPLE_NOISE stream of round 3."""
