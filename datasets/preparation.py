@@ -16,7 +16,11 @@ Three options, each off unless set, applied by ``datasets.sources.build_store`` 
    the paper does; this step is outside the DP mechanism and no ε covers it (the unit norm is
    per row and leaks nothing). A per-client variant would not repair it: under DP-SCAFFOLD's
    record-level adjacency one record would still shift its own client's statistics and so every
-   other row of that client; only statistics from public data would.
+   other row of that client; only statistics from public data would. So ``statistics_from``
+   chooses: ``training`` (the paper's; the run is ``dp_valid=false``,
+   ``cluster.config.data.DataConfig.statistics_outside_dp``) or ``source_test``, the source's
+   test split, which step 3 leaves unused (the default where step 3 runs). A PCA
+   (``datasets.sources.pca_features``) is fitted to the same split.
 3. ``client_test_fraction`` f (DP-SCAFFOLD: "80%/20% train/test split" of every user): after
    partitioning, round(f·n_i) (ties to even) of each client's n_i rows, chosen uniformly from
    ``SeedSequence([seed, HOLDOUT_STREAM])``, become that client's test rows. They leave the
@@ -36,7 +40,12 @@ import numpy as np
 from datasets.arrays import LabeledArrays
 from datasets.partition import PartitionError
 
-PREPARATION_OPTIONS = ("train_subsample_fraction", "standardize_unit_norm", "client_test_fraction")
+PREPARATION_OPTIONS = (
+    "train_subsample_fraction",
+    "standardize_unit_norm",
+    "client_test_fraction",
+    "statistics_from",
+)
 SUBSAMPLE_STREAM = 0x5AB5
 HOLDOUT_STREAM = 0x7E5C
 
@@ -48,6 +57,7 @@ class Preparation:
     train_subsample_fraction: float | None = None
     standardize_unit_norm: bool = False
     client_test_fraction: float | None = None
+    statistics_from: str = "training"  # or "source_test": what statistics are fitted to
 
     def before_partition(
         self, train: LabeledArrays, test: LabeledArrays, seed: int
@@ -56,7 +66,7 @@ class Preparation:
         if self.train_subsample_fraction is not None:
             train = subsample_rows(train, self.train_subsample_fraction, seed)
         if self.standardize_unit_norm:
-            train, test = standardize_unit_norm(train, test)
+            train, test = standardize_unit_norm(train, test, self.statistics_from)
         return train, test
 
     def after_partition(
@@ -92,12 +102,22 @@ def subsample_rows(data: LabeledArrays, fraction: float, seed: int) -> LabeledAr
     return data.take(np.sort(keep))
 
 
+def fitted_split(train: LabeledArrays, test: LabeledArrays, statistics_from: str):
+    """The split whose rows a preparation step fits its statistics to: ``training`` (all
+    clients' rows, as the papers do: outside the DP mechanism) or ``source_test`` (the source's
+    test split, public data where the clients hold their own test rows)."""
+    if statistics_from not in ("training", "source_test"):
+        raise ValueError(f"statistics_from must be training or source_test: {statistics_from!r}")
+    return train if statistics_from == "training" else test
+
+
 def standardize_unit_norm(
-    train: LabeledArrays, test: LabeledArrays
+    train: LabeledArrays, test: LabeledArrays, statistics_from: str = "training"
 ) -> tuple[LabeledArrays, LabeledArrays]:
-    """Both splits standardised per feature with the training split's statistics, then each
+    """Both splits standardised per feature with the statistics of ``fitted_split``, then each
     row scaled to unit L2 norm (an all-zero row stays zero); float32, shapes kept."""
-    features = train.x.reshape(len(train), -1).astype(np.float64)
+    fitted = fitted_split(train, test, statistics_from)
+    features = fitted.x.reshape(len(fitted), -1).astype(np.float64)
     mean = features.mean(axis=0)
     std = features.std(axis=0)
     scale = np.where(std > 0, std, 1.0)
@@ -153,21 +173,3 @@ def hold_out_client_tests(
     owners = np.repeat(np.arange(len(clients)), [len(h) for h in held])
     test = train.take(rows)
     return LabeledArrays(test.x, test.y, owners.astype(np.int64)), kept
-
-
-def outside_dp_notes(options: dict) -> list[str]:
-    """Warnings for a private run whose store (``options``: its source options) was prepared
-    with statistics of all clients' rows, which no ε covers."""
-    notes = []
-    if options.get("pca_components"):
-        notes.append(
-            "privacy: data.pca_components projects every row on principal directions fitted "
-            "to all clients' training rows, outside the DP mechanism; ε does not cover it"
-        )
-    if options.get("standardize_unit_norm"):
-        notes.append(
-            "privacy: data.standardize_unit_norm standardises with means and standard "
-            "deviations of all clients' training rows (as DP-SCAFFOLD does), outside the DP "
-            "mechanism; ε does not cover it"
-        )
-    return notes

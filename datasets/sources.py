@@ -17,7 +17,7 @@ from datasets.arrays import LabeledArrays
 from datasets.glue import GLUE_NUM_CLASSES, GLUE_SOURCES, load_glue
 from datasets.locations import Location
 from datasets.partition import make_partitioner
-from datasets.preparation import split_preparation
+from datasets.preparation import fitted_split, split_preparation
 from datasets.store import FORMAT_VERSION, MANIFEST, ShardStore, write_store
 from datasets.synthetic import SyntheticSpec, generate_synthetic
 from datasets.vision import SOURCE_NAMES, image_shape, load_source, num_classes
@@ -25,9 +25,17 @@ from datasets.vision import SOURCE_NAMES, image_shape, load_source, num_classes
 SOURCES = ("synthetic", *SOURCE_NAMES, *GLUE_SOURCES)
 
 
-def _load(source: str, params: dict, seed: int, data_root: str | Path | None, download: bool):
+def _load(
+    source: str,
+    params: dict,
+    seed: int,
+    data_root: str | Path | None,
+    download: bool,
+    statistics_from: str = "training",
+):
     """(train, test, number of classes) of a source; vision and GLUE sources read
-    ``data_root`` (GLUE's options: ``tokenizer``, a folder inside it, and ``max_length``)."""
+    ``data_root`` (GLUE's options: ``tokenizer``, a folder inside it, and ``max_length``); a
+    PCA is fitted to the split ``statistics_from`` names (``preparation.fitted_split``)."""
     if source == "synthetic":
         spec = SyntheticSpec(**params)
         train, test = generate_synthetic(spec, seed)
@@ -41,7 +49,7 @@ def _load(source: str, params: dict, seed: int, data_root: str | Path | None, do
         components = params.pop("pca_components", None)
         train, test = load_source(source, data_root, download=download, **params)
         if components:
-            train, test = pca_features(train, test, components)
+            train, test = pca_features(train, test, components, statistics_from)
         return train, test, num_classes(source, **params)
     raise ValueError(f"unknown data source {source!r}; known: {', '.join(SOURCES)}")
 
@@ -59,11 +67,15 @@ def source_shape(source: str, params: dict) -> tuple[tuple[int, ...], int]:
     return ((components,) if components else image_shape(source)), num_classes(source, **params)
 
 
-def pca_features(train: LabeledArrays, test: LabeledArrays, components: int):
-    """Both splits projected on the top ``components`` principal directions of the training
-    pixels (in [0, 1], centred on their mean): DP-SCAFFOLD's non-private MNIST preprocessing.
-    Features are float32; the PCA is fitted once, on the training split only."""
-    pixels = train.x.reshape(len(train.x), -1).astype(np.float64) / 255.0
+def pca_features(
+    train: LabeledArrays, test: LabeledArrays, components: int, statistics_from: str = "training"
+):
+    """Both splits projected on the top ``components`` principal directions of the pixels (in
+    [0, 1], centred on their mean) of one split, ``preparation.fitted_split``: the training
+    split (DP-SCAFFOLD's non-private MNIST preprocessing) or the source's test split (public
+    data). Features are float32."""
+    fitted = fitted_split(train, test, statistics_from)
+    pixels = fitted.x.reshape(len(fitted.x), -1).astype(np.float64) / 255.0
     if not 0 < components <= pixels.shape[1]:
         raise ValueError(f"pca_components must be in [1, {pixels.shape[1]}], got {components}")
     mean = pixels.mean(axis=0)
@@ -101,7 +113,9 @@ def build_store(
     """
     description = _description(source, source_params, partition, num_clients, seed)
     params, preparation = split_preparation(source_params)
-    train, test, classes = _load(source, params, seed, data_root, download)
+    train, test, classes = _load(
+        source, params, seed, data_root, download, preparation.statistics_from
+    )
     train, test = preparation.before_partition(train, test, seed)
     partitioner = make_partitioner(**{k: v for k, v in partition.items() if v is not None})
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0xDA7A]))

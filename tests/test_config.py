@@ -6,7 +6,6 @@ from cluster.claims.privacy_plan import privacy_warnings
 from cluster.config import ConfigError, load_config
 from cluster.config.runtime import ray_endpoint
 from cluster.runtime.preflight import ray_address
-from datasets.preparation import outside_dp_notes
 
 DP = ["algorithm.name=dp_fedavg", "algorithm.clip_norm=1.0", "algorithm.noise_multiplier=1.0"]
 
@@ -142,13 +141,10 @@ def test_a_sample_level_delta_is_weak_against_the_records_not_the_clients():
     paper = "configs/papers/dpscaffold_mnist_mlp.yaml"
     config = load_config(paper, ["privacy.delta=1e-3"])
     assert config.sample_level and config.data.num_clients == 60
-    data_notes = outside_dp_notes(config.data.source_options())  # PCA, standardisation
-    assert len(data_notes) == 2
-    *notes, warning = privacy_warnings(config, sizes)
-    assert notes == data_notes
+    [warning] = privacy_warnings(config, sizes)
     assert "≥ 1/R = 0.000166667 (R = 6000 training records)" in warning
     strict = load_config(paper, ["privacy.delta=1e-4"])
-    assert privacy_warnings(strict, sizes) == data_notes
+    assert privacy_warnings(strict, sizes) == []
     # Standing for a deployment of 6,000 such clients, R is 600,000 records: 1e-4 is weak.
     deployment = [
         "algorithm.name=dp_fedavg_sample",
@@ -157,6 +153,31 @@ def test_a_sample_level_delta_is_weak_against_the_records_not_the_clients():
     ]
     *_, warning = privacy_warnings(load_config(paper, ["privacy.delta=1e-4", *deployment]), sizes)
     assert "≥ 1/R = 1.66667e-06 (R = 600000 training records)" in warning
+
+
+@pytest.mark.parametrize(
+    "paper",
+    ["configs/papers/dpscaffold_mnist_mlp.yaml", "configs/papers/dpscaffold_femnist_logreg.yaml"],
+)
+def test_the_papers_preparation_fits_public_data_by_default_and_its_own_is_unaccounted(paper):
+    """DP-SCAFFOLD's PCA and standardisation fit statistics to every user's rows, outside DP:
+    by default (the source's test split unused, each user holding its own test rows) they fit
+    the source's test split and the run's ε holds; ``statistics_from: training``, the paper's,
+    runs dp_valid=false, naming the steps."""
+    from cluster.claims.privacy_plan import privacy_claim
+
+    sizes = [800] * 60
+    public = load_config(paper)
+    assert public.data.resolved_statistics_from == "source_test"
+    assert public.data.source_options()["statistics_from"] == "source_test"  # keys the store
+    assert privacy_claim(public, public.build_algorithm(), sizes).dp_valid
+    literal = load_config(paper, ["data.statistics_from=training"])
+    assert "statistics_from" not in literal.data.source_options()  # the stores built before
+    claim = privacy_claim(literal, literal.build_algorithm(), sizes)
+    assert not claim.dp_valid and claim.epsilon_text(1.0) == "ε n/a (dp_valid=false)"
+    assert "data.statistics_from: training" in claim.unaccounted_reason
+    assert "standardize_unit_norm" in claim.unaccounted_reason
+    assert ("pca_components" in claim.unaccounted_reason) == ("mnist_mlp" in paper)
 
 
 def test_store_root_is_absolute_for_actors(monkeypatch, tmp_path):

@@ -9,7 +9,6 @@ import pyarrow as pa
 import pytest
 from helpers import run_local, small_config
 
-from cluster.claims.privacy_plan import privacy_warnings
 from cluster.config import ConfigError
 from cluster.runtime.store import open_store
 from datasets.arrays import LabeledArrays
@@ -57,6 +56,18 @@ def test_standardize_unit_norm_uses_the_training_statistics_then_unit_rows():
     np.testing.assert_allclose(out_test.x, expected, rtol=1e-6)
     np.testing.assert_allclose(np.linalg.norm(out_train.x, axis=1), 1.0, rtol=1e-6)
     assert np.all(out_train.x[:, 2] == 0)
+
+
+def test_standardize_unit_norm_fits_the_source_test_split_where_asked():
+    rng = np.random.default_rng(2)
+    train = LabeledArrays(rng.normal(3.0, 2.0, (50, 4)), np.zeros(50, dtype=np.int64))
+    test = LabeledArrays(rng.normal(-1.0, 0.5, (30, 4)), np.zeros(30, dtype=np.int64))
+    out_train, _ = standardize_unit_norm(train, test, "source_test")
+    expected = (train.x - test.x.mean(axis=0)) / test.x.std(axis=0)
+    expected /= np.linalg.norm(expected, axis=1, keepdims=True)
+    np.testing.assert_allclose(out_train.x, expected, rtol=1e-6)
+    with pytest.raises(ValueError, match="training or source_test"):
+        standardize_unit_norm(train, test, "public")
 
 
 def test_standardize_unit_norm_keeps_image_shapes():
@@ -115,6 +126,7 @@ def test_unset_options_key_no_store_and_split_off_the_source_options():
 
 SYNTHETIC = ["task=synthetic_logreg", "data.source=synthetic"]
 MNIST = ["task=mnist_pca_mlp", "data.source=mnist"]
+CNN = ["task=mnist_cnn", "data.source=mnist"]
 
 
 @pytest.mark.parametrize(
@@ -127,6 +139,15 @@ MNIST = ["task=mnist_pca_mlp", "data.source=mnist"]
         (
             MNIST + ["data.client_test_fraction=0.2", "data.test_per_client=5"],
             "data.test_per_client",
+        ),
+        (CNN + ["data.statistics_from=training"], "data.statistics_from"),  # nothing fitted
+        (
+            CNN + ["data.standardize_unit_norm=true", "data.statistics_from=public"],
+            "data.statistics_from",
+        ),
+        (  # the source's test split is the run's test set
+            CNN + ["data.standardize_unit_norm=true", "data.statistics_from=source_test"],
+            "data.statistics_from",
         ),
     ],
 )
@@ -169,8 +190,17 @@ def test_held_out_store_rows_are_unit_norm_owned_and_never_trained_on(store_root
     assert not any(row.tobytes() in trained for row in test.x)  # held-out rows never trained on
     for client in (0, 7):  # each user's test rows come from its own label-skewed rows
         assert np.mean(test.y[owners == client] == client) > 0.7
-    warnings = privacy_warnings(config, store.client_sizes)
-    assert any("standardize_unit_norm" in w and "ε does not cover it" in w for w in warnings)
+    # Standardised with the statistics of the source's test split (here images 8000–9999),
+    # which the clients' own test rows leave unused: public data.
+    assert store.manifest["source"]["statistics_from"] == "source_test"
+    assert config.data.statistics_outside_dp is None
+    paper = _mnist_config(store_root, "task=mnist_cnn", "data.statistics_from=training")
+    paper_store, _ = open_store(paper)
+    assert (
+        paper_store.path != store.path and "statistics_from" not in paper_store.manifest["source"]
+    )
+    assert not np.allclose(paper_store.train_rows().x[:5], train.x[:5])
+    assert "standardize_unit_norm" in paper.data.statistics_outside_dp
 
 
 @pytest.mark.slow  # the PCA's SVD and a run: 12 s, up to 60 s on 2 shared cores
@@ -180,7 +210,7 @@ def test_pca_then_standardise_then_unit_norm_and_a_run_evaluates_the_held_out_ro
     store, _ = open_store(config)
     assert store.manifest["x_shape"] == [60]
     np.testing.assert_allclose(np.linalg.norm(store.train_rows().x, axis=1), 1.0, rtol=1e-5)
-    assert any("pca_components" in w for w in privacy_warnings(config, store.client_sizes))
+    assert config.data.statistics_outside_dp is None  # fitted to the source's test split
     record = run_local(config).history[-1]
     assert 0.0 <= record.test_accuracy <= 1.0 and record.test_loss > 0
 

@@ -25,7 +25,6 @@ from algorithms.mechanism import GaussianMechanism
 from cluster.claims.claim_status import ClaimStatus
 from cluster.claims.sample_claim import SampleLevelClaim, sample_level_claim
 from cluster.config import ExperimentConfig
-from datasets.preparation import outside_dp_notes
 from privacy.accountant import (
     ADJACENCY,
     accountant_class,
@@ -198,7 +197,11 @@ def privacy_claim(
     return PrivacyClaim(
         preset=config.algorithm.name,
         mechanism=algorithm.mechanism,
-        unaccounted_reason=algorithm.unaccounted_reason or config.sampling_mismatch,
+        unaccounted_reason=(
+            algorithm.unaccounted_reason
+            or config.sampling_mismatch
+            or config.data.statistics_outside_dp
+        ),
         sample_rate=config.accounting_sample_rate,
         noise_cohort_size=config.noise_cohort_size,
         assumption=config.sampling_assumption,
@@ -220,8 +223,7 @@ def count_noise_on_sum(algorithm: Algorithm, config: ExperimentConfig) -> float 
 
 
 def privacy_warnings(config: ExperimentConfig, client_sizes) -> list[str]:
-    """Config-level warnings for a private run: data preparation outside the DP mechanism
-    (``datasets.preparation.outside_dp_notes``), and a configured δ ≥ 1/n, which permits
+    """Config-level warnings for a private run: a configured δ ≥ 1/n, which permits
     publishing one unit's data in the clear, n the clients (client level) or the training
     records of all clients (sample level, ``client_sizes`` summed; for a deployment
     ``privacy.population`` N of them, N/M times as many: ``sample_claim.record_delta``'s count)."""
@@ -231,10 +233,9 @@ def privacy_warnings(config: ExperimentConfig, client_sizes) -> list[str]:
         count, symbol, unit = round(sum(client_sizes) * scale), "R", "training record"
     else:
         count, symbol, unit = config.population, "N", "client"
-    notes = outside_dp_notes(config.data.source_options())
     if delta is None or delta < 1 / count:
-        return notes
-    return notes + [
+        return []
+    return [
         f"privacy: δ = {delta:g} ≥ 1/{symbol} = {1 / count:g} ({symbol} = {count} {unit}s): a "
         f"mechanism that publishes one random {unit}'s data in the clear meets such a δ; "
         f"prefer δ ≤ {symbol}^-1.1 = {count**-1.1:.3g} (the default when privacy.delta is unset)"

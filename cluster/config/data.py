@@ -98,6 +98,12 @@ class DataConfig:
     train_subsample_fraction: float | None = None
     standardize_unit_norm: bool = False
     client_test_fraction: float | None = None
+    # What pca_components and standardize_unit_norm fit their statistics to: source_test (the
+    # source's test split, used for nothing else where client_test_fraction gives the clients
+    # their test rows: public data, the default there) or training (all clients' training
+    # rows, as DP-SCAFFOLD does: outside the DP mechanism, so the run is dp_valid=false; the
+    # default elsewhere)
+    statistics_from: str | None = None
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     partition: PartitionConfig = field(default_factory=PartitionConfig)
     validation: ValidationConfig | None = None  # held-out data for tuning (ValidationConfig)
@@ -157,13 +163,51 @@ class DataConfig:
         return {**options, **self.preparation_options()}
 
     def preparation_options(self) -> dict:
-        """The ``datasets.preparation`` options that are set (unset ones key no store)."""
+        """The ``datasets.preparation`` options that are set (unset ones key no store, nor
+        does ``statistics_from: training``, what stores were fitted to before the option)."""
+        public = self.fits_statistics and self.resolved_statistics_from == "source_test"
         chosen = {
             "train_subsample_fraction": self.train_subsample_fraction,
             "standardize_unit_norm": self.standardize_unit_norm or None,
             "client_test_fraction": self.client_test_fraction,
+            "statistics_from": "source_test" if public else None,
         }
         return {name: value for name, value in chosen.items() if value is not None}
+
+    @property
+    def fits_statistics(self) -> bool:
+        """A step fits statistics to rows: ``pca_components`` or ``standardize_unit_norm``."""
+        return self.pca_components is not None or self.standardize_unit_norm is True
+
+    @property
+    def resolved_statistics_from(self) -> str:
+        """``statistics_from``, or its default: ``source_test`` where ``client_test_fraction``
+        leaves the source's test split unused, else ``training``."""
+        if self.statistics_from is not None:
+            return self.statistics_from
+        return "source_test" if self.client_test_fraction is not None else "training"
+
+    @property
+    def statistics_outside_dp(self) -> str | None:
+        """Why no ε holds where the preparation's statistics are fitted to the clients'
+        training rows, else None."""
+        if not self.fits_statistics or self.resolved_statistics_from != "training":
+            return None
+        steps = [
+            name
+            for name, on in (
+                ("pca_components", self.pca_components is not None),
+                ("standardize_unit_norm", self.standardize_unit_norm is True),
+            )
+            if on
+        ]
+        return (
+            f"data.{' and data.'.join(steps)} {'fit' if len(steps) > 1 else 'fits'} statistics "
+            "to all clients' training rows "
+            "(data.statistics_from: training, as DP-SCAFFOLD does), outside the DP mechanism: "
+            "one record moves every other row's features; fit them to public data with "
+            "data.statistics_from: source_test (with data.client_test_fraction)"
+        )
 
 
 # ----------------------------------------------------------------------------- checks
@@ -223,6 +267,7 @@ def validate_preparation(d: DataConfig) -> None:
         )
     if not isinstance(d.standardize_unit_norm, bool):
         raise ConfigError("data.standardize_unit_norm", d.standardize_unit_norm, "true or false")
+    _validate_statistics_from(d)
     fraction = d.client_test_fraction
     if fraction is not None and not 0 < fraction < 1:
         raise ConfigError(
@@ -284,4 +329,32 @@ def validate_partition(p: PartitionConfig) -> None:
             "data.partition.samples_per_client",
             p.samples_per_client,
             "must be >= 1 (e.g. 500), or null for an equal split without repeats",
+        )
+
+
+def _validate_statistics_from(d: DataConfig) -> None:
+    """``statistics_from``: training or source_test, the latter only where the source's test
+    split is no run's test set, and only where a step fits statistics."""
+    if d.statistics_from is None:
+        return
+    if d.statistics_from not in ("training", "source_test"):
+        raise ConfigError(
+            "data.statistics_from",
+            d.statistics_from,
+            "training (all clients' rows, outside DP: dp_valid=false) or source_test (the "
+            "source's test split, with data.client_test_fraction)",
+        )
+    if not d.fits_statistics:
+        raise ConfigError(
+            "data.statistics_from",
+            d.statistics_from,
+            "only data.pca_components and data.standardize_unit_norm fit statistics; remove it",
+        )
+    if d.statistics_from == "source_test" and d.client_test_fraction is None:
+        raise ConfigError(
+            "data.statistics_from",
+            d.statistics_from,
+            "the source's test split is this run's test set; set data.client_test_fraction "
+            "(each client's own test rows, e.g. 0.2) so that it is public data used for nothing "
+            "else, or statistics_from: training (outside DP: dp_valid=false)",
         )
