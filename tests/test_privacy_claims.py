@@ -18,6 +18,7 @@ from opacus.accountants.analysis.rdp import get_privacy_spent
 
 from algorithms.presets import CONTROL_VARIATE_PRESETS, PRESETS, PRIVATE_PRESETS, SKETCH_PRESETS
 from cluster.analysis.compare import epsilon_cell
+from cluster.claims.claim_status import NOT_COVERED_BY_EPSILON
 from cluster.cli.main import main
 from cluster.config import load_config
 from privacy.accountant import accountant_class
@@ -149,6 +150,11 @@ def test_every_epsilon_comes_from_the_mechanism(store_root, tracking, capsys, ca
         assert epsilon_cell(row) == "n/a (dp_valid=false)"
         assert description.endswith(f" · no ε: dp_valid=false ({reason})")
         return
+    # What no ε covers, in every valid run: the noise's seed and the noiseless diagnostics.
+    assert report["not_covered_by_epsilon"] == list(NOT_COVERED_BY_EPSILON)
+    assert tags["privacy.threat_model"].endswith(
+        "(see the privacy report's not_covered_by_epsilon)"
+    )
     if config.sample_level:
         assert f"at δ = {report['delta']:g} (" in description
         assert "; privacy unit: record; threat model: record level" in description

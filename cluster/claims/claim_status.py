@@ -17,6 +17,22 @@ import dataclasses
 import math
 from abc import ABC, abstractmethod
 
+# What a private run's ε does not cover, in every run, whatever its mechanism (the privacy
+# report's ``not_covered_by_epsilon``; docs/privacy.md).
+NOT_COVERED_BY_EPSILON = (
+    "the noise's seed: every noise draw comes from a stream of the run's seed (config.yaml, "
+    "logged with the run), so that the run reproduces; whoever holds the seed regenerates the "
+    "noise and can subtract it. The ε holds against an observer who does not: release models "
+    "without their run's seed",
+    "the run's diagnostics, computed from the clients' data without noise and logged with it "
+    "for the researcher who holds the data: clients and dropped_updates per round (the "
+    "realised cohort), train_loss and train_accuracy, the clients' pre-clip norms "
+    "(mean_pre_clip_norm, pre_clip_norm_p10/p50/p90, update_norms.npz), clip_fraction and the "
+    "clients' other statistics (mean_alpha, ...); with data.eval_train the training objective "
+    "and gradient dissimilarity, with data.test_per_client client_test_accuracy",
+)
+THREAT_SUFFIX = "; the noise unknown to them (see the privacy report's not_covered_by_epsilon)"
+
 
 class ClaimStatus(ABC):
     unit: str  # what the ε protects: "client" or "record"
@@ -90,7 +106,7 @@ class ClaimStatus(ABC):
             return "none: no noise is added"
         if self.unaccounted_reason is not None:
             return f"none: the mechanism is not DP as accounted ({self.unaccounted_reason})"
-        return self.valid_threat_model
+        return self.valid_threat_model + THREAT_SUFFIX
 
     def epsilon_text(self, epsilon: float | None, vs_server: float | None = None) -> str:
         """How an ε reads on the terminal: a number only where the mechanism has one."""
@@ -163,8 +179,9 @@ class ClaimStatus(ABC):
 
     def report_head(self, rounds: int, epsilon: float | None) -> dict:
         """The privacy report's fields every claim has: unit, validity, threat model, rounds, δ
-        and the run's ε (None where it is infinite or there is none)."""
-        return {
+        and the run's ε (None where it is infinite or there is none); for a valid claim, what
+        the ε does not cover."""
+        head = {
             "unit": self.unit if self.private else "none",
             "dp_valid": self.dp_valid,
             "threat_model": self.threat_model,
@@ -172,3 +189,6 @@ class ClaimStatus(ABC):
             "delta": self.delta,
             "epsilon": epsilon if epsilon is not None and math.isfinite(epsilon) else None,
         }
+        if self.dp_valid:
+            head["not_covered_by_epsilon"] = list(NOT_COVERED_BY_EPSILON)
+        return head
