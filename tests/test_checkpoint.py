@@ -116,3 +116,38 @@ def test_resumed_run_logs_into_the_same_mlflow_run(
     steps = [m.step for m in client.get_metric_history(first.run_id, "epsilon")]
     assert steps == [1, 2, 3, 4]
     assert client.get_run(first.run_id).info.status == "FINISHED"
+
+
+def test_a_checkpoint_is_written_by_one_command_at_a_time(store_root, tmp_path, capsys):
+    """While a process holds a checkpoint's lock (``checkpoint_lock``), a resume of it and a
+    new untracked run that would write it are refused before any work, the file unchanged;
+    once it is released, the resume runs. Lock files are never links followed."""
+    import yaml
+
+    from cluster.runtime.checkpoint import checkpoint_path
+    from cluster.runtime.checkpoint_lock import checkpoint_locks, lock_file
+    from datasets.locations import ObjectLocation
+
+    first = run_experiment(small_config(store_root, f"checkpoint.dir={tmp_path}", "rounds=2"))
+    other = small_config(store_root, f"checkpoint.dir={tmp_path}", "rounds=2", "seed=7")
+    config_file = tmp_path / "other.yaml"
+    config_file.write_text(yaml.safe_dump(other.to_dict()))
+    before = first.checkpoint.read_bytes()
+    busy = "another run or resume is writing this checkpoint now"
+    with checkpoint_locks(first.checkpoint, checkpoint_path(other, None)):
+        assert main(["resume", str(first.checkpoint), "--set", "rounds=3"]) == 2
+        assert busy in capsys.readouterr().err
+        assert main(["run", str(config_file)]) == 2
+        assert busy in capsys.readouterr().err
+    assert first.checkpoint.read_bytes() == before
+    assert not checkpoint_path(other, None).exists()
+    assert main(["resume", str(first.checkpoint), "--set", "rounds=3"]) == 0
+    assert open_checkpoint(first.checkpoint)[0]["simulation"]["rounds_done"] == 3
+
+    planted = tmp_path / "planted.pt"
+    lock_file(planted).symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ConfigError, match="cannot be opened"), checkpoint_locks(planted):
+        pass
+    assert not (tmp_path / "elsewhere").exists()
+    with checkpoint_locks(ObjectLocation("bucket", "ck/run.pt")):  # no lock on an object store
+        pass

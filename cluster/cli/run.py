@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import sys
+from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
 from cluster.runtime.interrupts import Interrupted, StopSignals
@@ -75,7 +76,6 @@ def _resume(args: argparse.Namespace) -> int:
     at once when its rounds are all done."""
     from cluster.config import ConfigError
     from cluster.runtime.checkpoint import open_checkpoint
-    from cluster.runtime.round_metrics import byte_budget_spent
 
     print(f"resume {args.checkpoint}", flush=True)
     _start_tracking_process(args.verbose)
@@ -97,6 +97,44 @@ def _resume(args: argparse.Namespace) -> int:
                 "may change",
             )
     checkpoint, config = open_checkpoint(args.checkpoint, overrides)
+    _rounds_left(config, checkpoint["simulation"]["rounds_done"])  # refused writing nothing
+    with ExitStack() as locks:
+        checkpoint, config = _locked_checkpoint(
+            locks, args.checkpoint, overrides, checkpoint, config
+        )
+        return _resume_checkpoint(args, checkpoint, config)
+
+
+def _locked_checkpoint(locks: ExitStack, path: str, overrides, checkpoint: dict, config):
+    """The checkpoint and config as they are once this process holds the locks of the
+    checkpoint it resumes and of the one it will write (``checkpoint_lock``): read again if
+    another run wrote it since it was first read (and checked, writing nothing)."""
+    from cluster.runtime.checkpoint import checkpoint_path, open_checkpoint
+    from cluster.runtime.checkpoint_lock import checkpoint_locks
+    from datasets.locations import parse_location
+
+    source = parse_location(path)
+    before = _identity(source)
+    writes = checkpoint_path(config, checkpoint.get("run_id"))
+    locks.enter_context(checkpoint_locks(source, writes))
+    if _identity(source) != before:
+        checkpoint, config = open_checkpoint(path, overrides)
+    return checkpoint, config
+
+
+def _identity(location) -> tuple | None:
+    """(inode, size, mtime) of a local file; None elsewhere (an object: never locked)."""
+    from pathlib import Path
+
+    if not isinstance(location, Path):
+        return None
+    stat = location.stat()
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns
+
+
+def _resume_checkpoint(args: argparse.Namespace, checkpoint: dict, config) -> int:
+    from cluster.runtime.round_metrics import byte_budget_spent
+
     done = checkpoint["simulation"]["rounds_done"]
     if _rounds_left(config, done) == 0:
         print(
@@ -167,8 +205,15 @@ def _execute(config, checkpoint: dict | None, verbose: bool) -> int:
 
 
 def _execute_in_session(config, checkpoint: dict | None, verbose: bool) -> int:
+    with ExitStack() as locks:
+        return _execute_locked(locks, config, checkpoint, verbose)
+
+
+def _execute_locked(locks: ExitStack, config, checkpoint: dict | None, verbose: bool) -> int:
     from cluster.claims.calibration import calibrate_with_message
     from cluster.claims.privacy_plan import privacy_claim
+    from cluster.runtime.checkpoint import checkpoint_path
+    from cluster.runtime.checkpoint_lock import checkpoint_locks
     from cluster.runtime.experiment import run_experiment
     from cluster.runtime.preflight import check_no_checkpoint_overwritten, preflight
 
@@ -177,7 +222,10 @@ def _execute_in_session(config, checkpoint: dict | None, verbose: bool) -> int:
 
     if checkpoint is None:
         preflight(config)  # before the σ search: a missing file fails at once
-        check_no_checkpoint_overwritten(config)
+        check_no_checkpoint_overwritten(config)  # refused before anything is written
+        if not config.tracking.enabled:  # named by experiment, preset and seed: may collide
+            locks.enter_context(checkpoint_locks(checkpoint_path(config, None)))
+            check_no_checkpoint_overwritten(config)  # no other run wrote it meanwhile
         config = calibrate_with_message(config, say)
 
     a = config.algorithm
