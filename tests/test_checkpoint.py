@@ -151,3 +151,26 @@ def test_a_checkpoint_is_written_by_one_command_at_a_time(store_root, tmp_path, 
     assert not (tmp_path / "elsewhere").exists()
     with checkpoint_locks(ObjectLocation("bucket", "ck/run.pt")):  # no lock on an object store
         pass
+
+
+def test_the_resume_command_printed_is_quoted_for_the_shell(store_root, tmp_path, capsys):
+    """A checkpoint directory named with ``$(…)`` is a valid name; the command ``run`` prints
+    to continue it, pasted into a shell, names that directory and runs nothing."""
+    import subprocess
+
+    import yaml
+
+    marker = tmp_path / "ran"
+    directory = tmp_path / f"$(touch {marker})"
+    config = small_config(store_root, f"checkpoint.dir={directory}", "rounds=1")
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(yaml.safe_dump(config.to_dict()))
+    assert main(["run", str(config_file)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "continue with:" in x)
+    command = line.split("continue with: ", 1)[1].removesuffix(" --set rounds=N)")
+    words = subprocess.run(
+        ["bash", "-c", f"printf '%s\\n' {command}"], capture_output=True, text=True, check=True
+    ).stdout.split("\n")
+    assert words[:5] == ["uv", "run", "python", "-m", "cluster"]
+    assert words[6] == str(directory / f"{config.tracking.experiment}-fedavg-seed0.pt")
+    assert not marker.exists()

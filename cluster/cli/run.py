@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from contextlib import ExitStack
 from typing import TYPE_CHECKING
@@ -212,7 +213,7 @@ def _execute_in_session(config, checkpoint: dict | None, verbose: bool) -> int:
 def _execute_locked(locks: ExitStack, config, checkpoint: dict | None, verbose: bool) -> int:
     from cluster.claims.calibration import calibrate_with_message
     from cluster.claims.privacy_plan import privacy_claim
-    from cluster.runtime.checkpoint import checkpoint_path
+    from cluster.runtime.checkpoint import checkpoint_path, resume_command
     from cluster.runtime.checkpoint_lock import checkpoint_locks
     from cluster.runtime.experiment import run_experiment
     from cluster.runtime.preflight import check_no_checkpoint_overwritten, preflight
@@ -258,23 +259,26 @@ def _execute_locked(locks: ExitStack, config, checkpoint: dict | None, verbose: 
         print(outcome.privacy_line())
     more = "rounds=N" if config.stop_at_bytes is None else "rounds=N or stop_at_bytes=B"
     print(
-        f"checkpoint: {outcome.checkpoint} (continue with: uv run python -m cluster resume "
-        f"{outcome.checkpoint} --set {more})"
+        f"checkpoint: {outcome.checkpoint} (continue with: {resume_command(outcome.checkpoint)} "
+        f"--set {more})"
     )
     if outcome.run_id:
         print(f"MLflow run {outcome.run_id} in {outcome.tracking_uri}")
         if not outcome.tracking_uri.startswith("http"):
-            print(f"browse it with: uv run mlflow ui --backend-store-uri {outcome.tracking_uri}")
+            uri = shlex.quote(outcome.tracking_uri)
+            print(f"browse it with: uv run mlflow ui --backend-store-uri {uri}")
         print(f"run page: {outcome.run_page}")
     return 0
 
 
 def _what_is_kept(error: Interrupted, resumed: dict | None) -> str:
     """Where the rounds an aborted run completed are kept."""
+    from cluster.runtime.checkpoint import resume_command
+
     written = getattr(error, "checkpoint", None)
     if written is not None:
         path, rounds = written
-        return f"round {rounds}'s checkpoint: {path} (uv run python -m cluster resume {path})"
+        return f"round {rounds}'s checkpoint: {path} ({resume_command(path)})"
     if resumed is not None:
         done = resumed["simulation"]["rounds_done"]
         return f"the checkpoint resumed from is unchanged (round {done})"

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import shlex
 import warnings
 from array import array
 from pathlib import Path
@@ -70,6 +71,12 @@ _RESUME_FIX = (
     "resume it with the version of the code that wrote it (its MLflow run's git_commit tag), "
     "or start the run afresh"
 )
+
+
+def resume_command(path: Location) -> str:
+    """The command that resumes the checkpoint at ``path``, the path quoted for a POSIX shell
+    (a directory name may hold ``$(…)``: pasted, it must not run)."""
+    return f"uv run python -m cluster resume {shlex.quote(str(path))}"
 
 
 def checkpoint_path(config: ExperimentConfig, run_id: str | None) -> Location:

@@ -22,7 +22,7 @@ from cluster.claims.privacy_plan import (
 from cluster.config import ExperimentConfig
 from cluster.config.data import ValidationConfig
 from cluster.runtime import overlapped_start
-from cluster.runtime.checkpoint import checkpoint_path, save_checkpoint
+from cluster.runtime.checkpoint import checkpoint_path, resume_command, save_checkpoint
 from cluster.runtime.executors import HostsUnavailable, LocalExecutor
 from cluster.runtime.interrupts import Interrupted, StopSignals, stop_signals
 from cluster.runtime.overlapped_start import OverlappedStart
@@ -436,7 +436,7 @@ def _run_rounds(
             if failure is not None:
                 say(
                     f"checkpoint of round {len(sim.history)} kept: {path} (once MLflow works "
-                    f"again: uv run python -m cluster resume {path})"
+                    f"again: {resume_command(path)})"
                 )
                 raise failure
             return path
@@ -452,7 +452,7 @@ def _run_rounds(
             if written is not None and written[1] == rounds:
                 return (
                     f"the run stopped at round {rounds}, its checkpoint {written[0]}: resume it "
-                    f"with: uv run python -m cluster resume {written[0]}"
+                    f"with: {resume_command(written[0])}"
                 )
             kept = f"; the last written, of round {written[1]}: {written[0]}" if written else ""
             return f"no checkpoint of round {rounds} could be written ({failure}){kept}"
@@ -485,10 +485,7 @@ def _run_rounds(
         interrupted = stop.reason is not None and result.stop_reason.startswith(stop.reason)
         path = written[0]
         if interrupted:  # at once: a scheduler's SIGKILL may follow within seconds
-            say(
-                f"{result.stop_reason}: checkpoint {path}; resume with: uv run python -m "
-                f"cluster resume {path}"
-            )
+            say(f"{result.stop_reason}: checkpoint {path}; resume with: {resume_command(path)}")
         if run is not None:
             _finish_run(run, config, sim, result, path, interrupted)
     except BaseException as error:

@@ -346,7 +346,7 @@ def check_no_checkpoint_overwritten(config: ExperimentConfig) -> None:
     one left by an earlier run (it may hold hundreds of rounds), or any other file there (read
     as a checkpoint is read: no code in it runs). Tracked runs are named by their MLflow run
     and never collide."""
-    from cluster.runtime.checkpoint import checkpoint_path, load_checkpoint
+    from cluster.runtime.checkpoint import checkpoint_path, load_checkpoint, resume_command
     from cluster.tracking.process import flatten
 
     path = checkpoint_path(config, None)
@@ -371,6 +371,6 @@ def check_no_checkpoint_overwritten(config: ExperimentConfig) -> None:
     raise ConfigError(
         "checkpoint.dir",
         str(path),
-        f"holds a checkpoint {what}, which this run would overwrite: continue it with `uv run "
-        f"python -m cluster resume {path}`, {keep}",
+        f"holds a checkpoint {what}, which this run would overwrite: continue it with "
+        f"`{resume_command(path)}`, {keep}",
     )
