@@ -127,6 +127,39 @@ CONNECTIONS = {
 }
 
 
+@pytest.mark.parametrize("listening_on", ["127.0.0.1", "0.0.0.0"])
+def test_a_head_on_this_machine_is_joined_as_ray_start_left_it(listening_on, monkeypatch):
+    """An address of this machine gets Ray's token where one exists (Ray sends it for auto
+    only), another machine's never; a loopback address whose port answers on loopback only is
+    kept loopback (Ray would rewrite it to the machine's address, where nothing answers)."""
+    import socket
+
+    pytest.importorskip("ray")
+    from ray._private import ray_constants, services
+    from ray._private.authentication import authentication_token_setup
+
+    from cluster.runtime.ray_runtime import head_on_this_machine
+
+    asked = []
+    monkeypatch.setattr(
+        authentication_token_setup,
+        "maybe_enable_token_auth_if_token_available",
+        lambda warn_if_disabled: asked.append(warn_if_disabled),
+    )
+    with socket.socket() as head:
+        head.bind((listening_on, 0))
+        head.listen()
+        port = head.getsockname()[1]
+        with head_on_this_machine(f"127.0.0.1:{port}"):
+            assert ray_constants.ENABLE_RAY_CLUSTER is (listening_on == "0.0.0.0")
+        with head_on_this_machine(f"{services.get_node_ip_address()}:{port}"):
+            assert ray_constants.ENABLE_RAY_CLUSTER
+        assert asked == [False, False]
+        with head_on_this_machine("ray-head:6379"), head_on_this_machine(None):
+            assert ray_constants.ENABLE_RAY_CLUSTER
+        assert asked == [False, False]  # no token offered to another machine
+
+
 def test_a_job_carries_the_code_only_where_ray_unpacked_the_project_itself():
     """The project root a job's workers also get: the working_dir's or a py_module's root
     (Ray unpacks each into its own folder under ``runtime_resources``). Not a subfolder of the
@@ -156,7 +189,7 @@ def test_every_connection_joins_as_ray_would_and_ships_the_code_where_workers_la
     ray = pytest.importorskip("ray")
     from ray._private import ray_constants
 
-    from cluster.config import runtime
+    from cluster.config import ConfigError, runtime
     from cluster.config.runtime import ExecutorConfig, starts_embedded_ray
     from cluster.runtime import code_shipping, ray_runtime
 
@@ -184,8 +217,8 @@ def test_every_connection_joins_as_ray_would_and_ships_the_code_where_workers_la
         monkeypatch.delenv(name, raising=False)
         if value is not None:
             monkeypatch.setenv(name, value)
-    if where == "init fails":
-        with pytest.raises(ConnectionError):
+    if where == "init fails":  # exit 2 naming the address and the token it may lack
+        with pytest.raises(ConfigError, match=r"executor\.address = 'ray-head:6379'.*RAY_AUTH"):
             ray_runtime.connect(address)
     else:
         session = ray_runtime.connect(address)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -81,7 +82,11 @@ def _init(address: str | None, verbose: bool) -> RaySession:
     if how in ("cluster", "job"):
         # Ray reads $RAY_ADDRESS where ``address`` is None or auto, and a job's config (its
         # runtime environment, which for ``job`` carries the code) from the environment.
-        ray.init(address=address, **quiet)
+        with head_on_this_machine(effective):
+            try:
+                ray.init(address=address, **quiet)
+            except ConnectionError as error:
+                raise _not_joined(address, effective, error) from None
         if how == "cluster":
             # The workers need our code: shipped through the GCS (a job's working_dir would
             # start every worker twice: ``code_shipping``).
@@ -226,6 +231,67 @@ def loopback_node() -> Iterator[None]:
         yield
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = saved
+
+
+@contextmanager
+def head_on_this_machine(address: str | None) -> Iterator[None]:
+    """Connect to a head on this machine, named by address, as ``ray start --head`` left it:
+
+    - token authentication, which Ray ≥ 2.59 turns on for a head it starts: Ray's driver
+      sends the token it finds (``~/.ray/auth_token``, ``RAY_AUTH_TOKEN``) for ``auto`` but
+      never for an address, and the GCS then refuses it after ~30 s of retries. For an
+      address on this machine (a loopback host, or this machine's own address) this does what
+      Ray does for ``auto``, where ``RAY_AUTH_MODE`` is unset (the token never goes to another
+      machine);
+    - a head listening on loopback only (started with ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``,
+      as docs/security.md advises): Ray replaces 127.0.0.1 by the machine's address, where
+      nothing answers, and the driver waits forever. Where a loopback address's port does not
+      answer on the machine's address, the driver keeps the loopback one (``loopback_node``).
+    """
+    from cluster.config.runtime import ray_endpoint
+
+    endpoint = None if address is None else ray_endpoint("executor.address", address)
+    if endpoint is None:  # auto: Ray's own rule applies
+        yield
+        return
+    from ray._private import services
+    from ray._private.authentication import authentication_token_setup
+
+    host, port = endpoint
+    machine = services.get_node_ip_address()
+    loopback = services.is_localhost(host)
+    if loopback or host == machine:
+        authentication_token_setup.maybe_enable_token_auth_if_token_available(
+            warn_if_disabled=False
+        )
+    if loopback and not _answers(machine, port):
+        with loopback_node():
+            yield
+        return
+    yield
+
+
+def _not_joined(address: str | None, effective: str, error: ConnectionError) -> Exception:
+    """What a user can fix when Ray's GCS answered the preflight's connect but not the driver:
+    most often token authentication (a ``ConfigError`` on the address, exit 2)."""
+    from cluster.config import ConfigError
+
+    return ConfigError(
+        "executor.address" if address == effective else "RAY_ADDRESS",
+        effective,
+        f"Ray refused or lost this driver ({str(error).splitlines()[0]}); a head of Ray ≥ 2.59 "
+        "requires its token: set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or the token file "
+        "~/.ray/auth_token; `ray get-auth-token` on the head prints it), and check that this "
+        "machine reaches the head's address",
+    )
+
+
+def _answers(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
 
 
 # The options of `ray start --head` that take a port, besides the dashboard's and the workers'
