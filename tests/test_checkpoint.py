@@ -110,6 +110,18 @@ def test_resumed_run_logs_into_the_same_mlflow_run(
     after = client.get_run(first.run_id).info
     assert (after.status, after.end_time) == ("FINISHED", finished.end_time)
 
+    # Killed after its last checkpoint, before the run was closed: resume closes it from the
+    # checkpoint (artifacts, FINISHED), running no round and logging no metric point again.
+    client.update_run(first.run_id, status="RUNNING")
+    client.delete_tag(first.run_id, "stop_reason")
+    assert main(["resume", str(first.checkpoint)]) == 0
+    assert f"its MLflow run {first.run_id} is RUNNING" in capsys.readouterr().out
+    closed = client.get_run(first.run_id)
+    assert closed.info.status == "FINISHED" and closed.data.tags["stop_reason"]
+    artifacts = {a.path for a in client.list_artifacts(first.run_id)}
+    assert {"model.pt", "summary.json", "privacy_report.json"} <= artifacts
+    assert [m.step for m in client.get_metric_history(first.run_id, "epsilon")] == [1, 2]
+
     config = small_config(store_root, *dp, "rounds=4")
     resumed = run_experiment(config, resume=saved)
     assert resumed.run_id == first.run_id

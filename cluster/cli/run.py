@@ -137,22 +137,45 @@ def _resume_checkpoint(args: argparse.Namespace, checkpoint: dict, config) -> in
     from cluster.runtime.round_metrics import byte_budget_spent
 
     done = checkpoint["simulation"]["rounds_done"]
-    if _rounds_left(config, done) == 0:
-        print(
-            f"nothing to do: {args.checkpoint} has completed all {config.rounds} rounds"
-            f"{_after_warmup(config)}; continue it with --set rounds=N, N > {config.rounds}"
-        )
-        return 0
     history = checkpoint["simulation"]["history"]
     spent = byte_budget_spent(config, history[-1]["metrics"] if history else None, len(history))
-    if spent is not None:
+    if _rounds_left(config, done) == 0 or spent is not None:
+        why = f"has completed all {config.rounds} rounds{_after_warmup(config)}"
+        more = f"--set rounds=N, N > {config.rounds}"
+        if spent is not None and _rounds_left(config, done):
+            why, more = f"has run to its {spent}", "--set stop_at_bytes=B, B above the bytes spent"
+        status = _open_run_status(config, checkpoint.get("run_id"))
+        if status is None:
+            print(f"nothing to do: {args.checkpoint} {why}; continue it with {more}")
+            return 0
+        # The command that ran the rounds ended before it closed the run (killed as it
+        # finished): its artifacts come from the checkpoint; no round runs, no ε is spent.
         print(
-            f"nothing to do: {args.checkpoint}: {spent}; continue it with --set "
-            "stop_at_bytes=B, B above the bytes spent"
+            f"{args.checkpoint} {why}, but its MLflow run {checkpoint['run_id']} is {status} "
+            "(the command that ran them ended before closing it): closing it from the "
+            "checkpoint, no round runs",
+            flush=True,
         )
-        return 0
+        return _execute(config, checkpoint, args.verbose)
     print(f"resuming after round {done} from {args.checkpoint}", flush=True)
     return _execute(config, checkpoint, args.verbose)
+
+
+def _open_run_status(config, run_id: str | None) -> str | None:
+    """The status of a tracked checkpoint's MLflow run where it is not FINISHED (RUNNING,
+    KILLED, FAILED), else None (finished, untracked, or the store unreachable: said)."""
+    if not config.tracking.enabled or run_id is None:
+        return None
+    from mlflow.tracking import MlflowClient
+
+    from cluster.tracking.settings import tracking_uri
+
+    try:
+        status = MlflowClient(tracking_uri()).get_run(run_id).info.status
+    except Exception as error:  # any store failure: the rounds are done, the run left as it is
+        print(f"could not read the MLflow run {run_id} ({type(error).__name__}): left as it is")
+        return None
+    return None if status == "FINISHED" else status
 
 
 def _rounds_left(config, done: int) -> int:
