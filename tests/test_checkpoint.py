@@ -122,12 +122,24 @@ def test_resumed_run_logs_into_the_same_mlflow_run(
     assert {"model.pt", "summary.json", "privacy_report.json"} <= artifacts
     assert [m.step for m in client.get_metric_history(first.run_id, "epsilon")] == [1, 2]
 
+    # Another run's checkpoint naming this run: refused, the run left as it was.
+    lr = _wrong(saved, tmp_path / "other.pt", lambda c: c["algorithm"]["local"].update(lr=0.5))
+    assert main(["resume", lr, "--set", "rounds=3"]) == 2
+    assert "algorithm.local.lr = '0.5' here" in capsys.readouterr().err
+
+    older = tmp_path / "round2.pt"
+    older.write_bytes(first.checkpoint.read_bytes())
     config = small_config(store_root, *dp, "rounds=4")
     resumed = run_experiment(config, resume=saved)
     assert resumed.run_id == first.run_id
     steps = [m.step for m in client.get_metric_history(first.run_id, "epsilon")]
     assert steps == [1, 2, 3, 4]
     assert client.get_run(first.run_id).info.status == "FINISHED"
+    # The run went on to round 4 from another copy: ending it at 3 from round 2 is refused.
+    assert main(["resume", str(older), "--set", "rounds=3"]) == 2
+    assert "has logged 4 rounds already" in capsys.readouterr().err
+    assert main(["resume", str(older), "--set", "rounds=4"]) == 0  # recomputed, nothing logged
+    assert [m.step for m in client.get_metric_history(first.run_id, "epsilon")] == steps
 
 
 def test_a_checkpoint_is_written_by_one_command_at_a_time(store_root, tmp_path, capsys):

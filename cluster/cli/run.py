@@ -144,8 +144,8 @@ def _resume_checkpoint(args: argparse.Namespace, checkpoint: dict, config) -> in
         more = f"--set rounds=N, N > {config.rounds}"
         if spent is not None and _rounds_left(config, done):
             why, more = f"has run to its {spent}", "--set stop_at_bytes=B, B above the bytes spent"
-        status = _open_run_status(config, checkpoint.get("run_id"))
-        if status is None:
+        status = _checked_run_status(args.checkpoint, config, checkpoint)
+        if status in (None, "FINISHED"):
             print(f"nothing to do: {args.checkpoint} {why}; continue it with {more}")
             return 0
         # The command that ran the rounds ended before it closed the run (killed as it
@@ -157,25 +157,61 @@ def _resume_checkpoint(args: argparse.Namespace, checkpoint: dict, config) -> in
             flush=True,
         )
         return _execute(config, checkpoint, args.verbose)
+    _checked_run_status(args.checkpoint, config, checkpoint)
     print(f"resuming after round {done} from {args.checkpoint}", flush=True)
     return _execute(config, checkpoint, args.verbose)
 
 
-def _open_run_status(config, run_id: str | None) -> str | None:
-    """The status of a tracked checkpoint's MLflow run where it is not FINISHED (RUNNING,
-    KILLED, FAILED), else None (finished, untracked, or the store unreachable: said)."""
+def _checked_run_status(path: str, config, checkpoint: dict) -> str | None:
+    """The status of the tracked checkpoint's MLflow run (None: untracked, or the store
+    unreachable, said; a run the store lacks is refused later, naming the store), once the
+    run is known to be this checkpoint's and not to have gone further. Refused (exit 2): a
+    checkpoint whose config differs from the run's params (in what a resume may not change:
+    another run's id in it), and a resume to fewer rounds than the run has logged (another
+    resume of it, writing elsewhere, went further: this one would end the run with fewer
+    rounds than it released, its summary's ε below theirs)."""
+    run_id = checkpoint.get("run_id")
     if not config.tracking.enabled or run_id is None:
         return None
     from mlflow.tracking import MlflowClient
 
+    from cluster.config import ConfigError
+    from cluster.tracking.process import flatten
     from cluster.tracking.settings import tracking_uri
 
+    client = MlflowClient(tracking_uri())
     try:
-        status = MlflowClient(tracking_uri()).get_run(run_id).info.status
-    except Exception as error:  # any store failure: the rounds are done, the run left as it is
-        print(f"could not read the MLflow run {run_id} ({type(error).__name__}): left as it is")
+        run = client.get_run(run_id)
+        logged = client.get_metric_history(run_id, "seconds_per_round")
+    except Exception as error:  # a missing run, an unreachable store: said where it is opened
+        print(f"could not read the MLflow run {run_id} ({type(error).__name__})")
         return None
-    return None if status == "FINISHED" else status
+    stored, params = flatten(checkpoint["config"]), run.data.params
+    differs = sorted(
+        k
+        for k in stored.keys() & params.keys()
+        if stored[k] != params[k] and not k.startswith(RESUMABLE_PREFIXES)
+    )
+    if differs:
+        key = differs[0]
+        raise ConfigError(
+            "checkpoint",
+            path,
+            f"its config differs from that of the MLflow run {run_id} it names ({key} = "
+            f"{stored[key]!r} here, {params[key]!r} in the run): the run did not write it; "
+            "resume that run's own checkpoint, or start a new run from this config",
+        )
+    last = max((m.step for m in logged), default=0)
+    if last > config.total_rounds:
+        raise ConfigError(
+            "rounds",
+            config.rounds,
+            f"the MLflow run {run_id} has logged {last} rounds already (a resume of it that "
+            "wrote its checkpoint elsewhere went further); ending it at fewer rounds would "
+            "understate what it released: resume its latest checkpoint, or --set rounds=N with "
+            f"N ≥ {last - (config.total_rounds - config.rounds)}",
+        )
+    return run.info.status
 
 
 def _rounds_left(config, done: int) -> int:
