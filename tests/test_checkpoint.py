@@ -122,6 +122,10 @@ def test_resumed_run_logs_into_the_same_mlflow_run(
     assert {"model.pt", "summary.json", "privacy_report.json"} <= artifacts
     assert [m.step for m in client.get_metric_history(first.run_id, "epsilon")] == [1, 2]
 
+    planted = tmp_path / "planted.pt"
+    save_checkpoint(planted, saved["simulation"], saved["config"], "../../etc")
+    assert main(["resume", str(planted)]) == 2
+    assert "its run_id '../../etc' is not an MLflow run id" in capsys.readouterr().err
     # Another run's checkpoint naming this run: refused, the run left as it was.
     lr = _wrong(saved, tmp_path / "other.pt", lambda c: c["algorithm"]["local"].update(lr=0.5))
     assert main(["resume", lr, "--set", "rounds=3"]) == 2

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import re
 import shlex
 import warnings
 from array import array
@@ -337,6 +338,11 @@ def _check_version(path: Location, payload: object) -> None:
 def _check_structure(payload: dict) -> None:
     """Raise ``_Malformed`` unless ``payload`` has the layout the module doc lists."""
     _fields(payload, _TOP, "it")
+    run_id = payload["run_id"]
+    _need(
+        run_id is None or re.fullmatch(r"[0-9a-f]{32}", run_id) is not None,
+        f"its run_id {run_id!r} is not an MLflow run id (32 hexadecimal digits)",
+    )
     state = payload["simulation"]
     _fields(state, _SIMULATION, "its simulation")
     params = state["params"]
