@@ -162,7 +162,38 @@ def run(args: argparse.Namespace) -> int:
     print(format_summary(partition_summary(counts, counts.shape[1])))
     print(f"report: {', '.join(paths)}")
     print(f"use it with: {_store_settings(args.out, data, store.num_clients)}")
+    print(f"  on {_configs_for(data.source)}")
     return 0
+
+
+def _configs_for(source: str) -> str:
+    """Which configs a store of ``source`` goes with: of that source (another source's options,
+    e.g. the quickstart's ``data.synthetic``, are refused for it), with a task reading it."""
+    from actors.code_digest import PROJECT_ROOT
+    from datasets.tasks import TASKS
+
+    tasks = ", ".join(name for name, task in TASKS.items() if source in task.sources)
+    examples = sorted(
+        path.relative_to(PROJECT_ROOT).as_posix()
+        for path in (PROJECT_ROOT / "configs").rglob("*.yaml")
+        if _run_config_source(path) == source
+    )
+    example = f", e.g. {examples[0]}" if examples else ""
+    return f"a config of data.source {source} (task {tasks}{example})"
+
+
+def _run_config_source(path) -> str | None:
+    """The ``data.source`` of a run config (not a sweep's or a comparison's spec)."""
+    import yaml
+
+    try:
+        config = yaml.safe_load(path.read_text())
+    except yaml.YAMLError:
+        return None
+    if not isinstance(config, dict) or "task" not in config:
+        return None
+    data = config.get("data")
+    return data.get("source") if isinstance(data, dict) else None
 
 
 def _store_settings(out: str, data: DataConfig, num_clients: int) -> str:
