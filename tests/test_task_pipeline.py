@@ -19,9 +19,9 @@ def _partition(tmp_path, dataset, root, clients, method, capsys):
     out = tmp_path / f"{dataset}-store"
     args = ["partition", "--dataset", dataset, "--root", str(root), "--clients", str(clients)]
     assert main([*args, "--method", method, "--out", str(out)]) == 0
-    out = capsys.readouterr().out
-    (hint,) = [line for line in out.splitlines() if "use it with:" in line]
-    assert f"\n  on a config of data.source {dataset} (task " in out  # not the quickstart's
+    printed = capsys.readouterr().out
+    (hint,) = [line for line in printed.splitlines() if "use it with:" in line]
+    assert f"\n  on a config of data.source {dataset} (task " in printed  # not the quickstart's
     words = shlex.split(hint.removeprefix("use it with:"))
     assert words[::2] == ["--set"] * (len(words) // 2) and words[1] == f"data.store={out}"
     return out, words[1::2]
