@@ -17,7 +17,7 @@ and the unfinished parent run is continued. A trial that fails is recorded
 The parent run holds ``sweep.md`` (one row per configuration: mean ± std over its seeds of the
 selection metric and of the test accuracy), ``sweep.csv`` (those rows, then one per trial),
 ``sweep_params.png`` (the selection metric against each swept field), ``selected.yaml`` (the
-selected configuration at the first seed: ``python -m cluster run selected.yaml`` reruns it)
+selected configuration at the first seed: ``python -m cluster run`` of it reruns it)
 and ``tuning_privacy.json``, the sweep's privacy statement (``privacy.tuning``), printed too.
 Each trial's run holds ``trial_privacy.json`` (its ``TrialPrivacy``), from which a resumed
 sweep rebuilds the statement. A trial that started but did not finish (FAILED, KILLED) trained
@@ -118,8 +118,7 @@ def selected_yaml(planned: Planned, values: Values) -> str:
     head = (
         f"# sweep {spec.name}: selected by the mean {spec.select.metric} ({spec.select.mode}) over "
         f"seeds {seeds}{' and folds' * spec.cross_validated}: {label(values, exact=True)}\n"
-        "# uv run python -m cluster run selected.yaml "
-        "[--set seed=K]\n"
+        "# from the repository root: uv run python -m cluster run <this file> [--set seed=K]\n"
     )
     return head + yaml.safe_dump(raw, sort_keys=False)
 

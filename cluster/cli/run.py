@@ -78,7 +78,9 @@ def _resume(args: argparse.Namespace) -> int:
     from cluster.config import ConfigError
     from cluster.runtime.checkpoint import open_checkpoint
 
-    print(f"resume {args.checkpoint}", flush=True)
+    print(
+        f"resume {args.checkpoint}" + "".join(f" --set {a}" for a in _overrides(args)), flush=True
+    )
     _start_tracking_process(args.verbose)
     overrides = _overrides(args)
     for assignment in overrides:
