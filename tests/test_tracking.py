@@ -354,3 +354,26 @@ def test_runs_one_after_another_each_find_a_tracking_process_loaded_during_the_l
     monkeypatch.setattr(dead[1], "close", lambda: closed.append(True))
     tracking_process.prestart()
     assert closed == [True] and tracking_process._prestarted[0] is not dead
+
+
+def test_update_norm_plots_leave_out_clients_that_released_nothing(tmp_path):
+    """DP-SCAFFOLD-warm's warm-up rounds release no update (NaN norms): the plot leaves them
+    out, with no warning on the terminal (matplotlib's All-NaN), and draws the trained rounds."""
+    import warnings
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from cluster.tracking.tracker import _plot_update_norms, _update_norms
+
+    norms = [np.full(3, np.nan)] * 4 + [np.array([0.5, np.nan, 2.0]), np.array([1.0, 3.0, 0.2])]
+    history = [
+        SimpleNamespace(round=i + 1, update_norms=n.astype(np.float32).tobytes(), metrics={})
+        for i, n in enumerate(norms)
+    ]
+    offsets, flat = _update_norms(history)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _plot_update_norms(history, offsets, flat, 1.0, tmp_path / "norms.png")
+        _plot_update_norms(history[:4], offsets[:5], flat[:12], 1.0, tmp_path / "none.png")
+    assert (tmp_path / "norms.png").stat().st_size > 0 and not (tmp_path / "none.png").exists()

@@ -254,9 +254,13 @@ def _plot_update_norms(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    per_round = [
-        (r, norms[offsets[i] : offsets[i + 1]]) for i, r in enumerate(history) if r.update_norms
-    ]
+    # A NaN norm is a client that released no update (a warm-up round's, a dropped one): left
+    # out, and so are rounds with none (DP-SCAFFOLD-warm's warm-up rounds).
+    rounds = [(r, norms[offsets[i] : offsets[i + 1]]) for i, r in enumerate(history)]
+    per_round = [(r, own[~np.isnan(own)]) for r, own in rounds]
+    per_round = [(r, own) for r, own in per_round if own.size]
+    if not per_round:
+        return
     picks = sorted({per_round[int(i * (len(per_round) - 1) / 3)][0].round for i in range(4)})
     fig, (hist, band) = plt.subplots(1, 2, figsize=(9.2, 3.6))
     finite = norms[np.isfinite(norms)]
