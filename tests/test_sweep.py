@@ -837,8 +837,11 @@ def test_sweep_runs_trials_concurrently_selects_resumes(tmp_path, store_root, mo
     rerun = capfd.readouterr().out
     assert f"final test accuracy {float(first['test_accuracy']):.4f}" in rerun
 
+    monkeypatch.delenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", raising=False)
     assert main(["sweep", str(spec_path), "--out", str(out)]) == 0  # resumed: nothing to run
-    assert "8 finished before (resumed), 0 to run" in capfd.readouterr().out
+    resumed = capfd.readouterr()
+    assert "8 finished before (resumed), 0 to run" in resumed.out
+    assert "Downloading artifacts" not in resumed.out + resumed.err  # no progress bar per trial
     assert len(client.search_runs([runs[0].info.experiment_id], "tags.sweep = 't'")) == 8
 
 

@@ -39,7 +39,12 @@ def find_finished(planned: Planned, records: list[TrialRecord]) -> None:
 
 
 def _read_json(client, run_id: str, artifact: str) -> dict:
+    import os
     import tempfile
+
+    # MLflow draws a progress bar per download, even off a terminal: one per finished trial
+    # on a resumed sweep's screen. The user's own setting stands.
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
     with tempfile.TemporaryDirectory(prefix="sweep-") as tmp:
         return json.loads(Path(client.download_artifacts(run_id, artifact, tmp)).read_text())
