@@ -285,10 +285,10 @@ def _execute_locked(locks: ExitStack, config, checkpoint: dict | None, verbose: 
     if checkpoint is None:
         preflight(config)  # before the σ search: a missing file fails at once
         check_no_checkpoint_overwritten(config)  # refused before anything is written
+        config = calibrate_with_message(config, say)
         if not config.tracking.enabled:  # named by experiment, preset and seed: may collide
             locks.enter_context(checkpoint_locks(checkpoint_path(config, None)))
             check_no_checkpoint_overwritten(config)  # no other run wrote it meanwhile
-        config = calibrate_with_message(config, say)
 
     a = config.algorithm
     print(
