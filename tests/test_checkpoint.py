@@ -2,6 +2,8 @@
 is checked against its config before any work, and loading one never runs code."""
 
 import pickle
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import ray
@@ -146,10 +148,14 @@ def test_resumed_run_logs_into_the_same_mlflow_run(
     assert [m.step for m in client.get_metric_history(first.run_id, "epsilon")] == steps
 
 
-def test_a_checkpoint_is_written_by_one_command_at_a_time(store_root, tmp_path, capsys):
-    """While a process holds a checkpoint's lock (``checkpoint_lock``), a resume of it and a
-    new untracked run that would write it are refused before any work, the file unchanged;
-    once it is released, the resume runs. Lock files are never links followed."""
+def test_a_checkpoint_is_written_by_one_command_at_a_time(
+    store_root, tmp_path, capsys, monkeypatch
+):
+    """While another process holds a checkpoint's lock (``checkpoint_lock``), a resume of it
+    and a new untracked run that would write it are refused before any work, the file
+    unchanged; once it is released, the resume runs (by a relative path: the same lock). This
+    process takes a lock it holds again without conflict. Lock files are never links
+    followed."""
     import yaml
 
     from cluster.runtime.checkpoint import checkpoint_path
@@ -162,16 +168,19 @@ def test_a_checkpoint_is_written_by_one_command_at_a_time(store_root, tmp_path, 
     config_file.write_text(yaml.safe_dump(other.to_dict()))
     before = first.checkpoint.read_bytes()
     busy = "another run or resume is writing this checkpoint now"
-    with checkpoint_locks(first.checkpoint, checkpoint_path(other, None)):
+    with _held_by_another_process(first.checkpoint, checkpoint_path(other, None)):
         assert main(["resume", str(first.checkpoint), "--set", "rounds=3"]) == 2
         assert busy in capsys.readouterr().err
         assert main(["run", str(config_file)]) == 2
         assert busy in capsys.readouterr().err
     assert first.checkpoint.read_bytes() == before
     assert not checkpoint_path(other, None).exists()
-    assert main(["resume", str(first.checkpoint), "--set", "rounds=3"]) == 0
+    monkeypatch.chdir(first.checkpoint.parent)  # a relative path names the same lock
+    assert main(["resume", first.checkpoint.name, "--set", "rounds=3"]) == 0
     assert open_checkpoint(first.checkpoint)[0]["simulation"]["rounds_done"] == 3
 
+    with checkpoint_locks(first.checkpoint), checkpoint_locks(Path(first.checkpoint.name)):
+        pass  # held twice by one process, through two spellings of its path
     planted = tmp_path / "planted.pt"
     lock_file(planted).symlink_to(tmp_path / "elsewhere")
     with pytest.raises(ConfigError, match="cannot be opened"), checkpoint_locks(planted):
@@ -202,3 +211,34 @@ def test_the_resume_command_printed_is_quoted_for_the_shell(store_root, tmp_path
     assert words[:5] == ["uv", "run", "python", "-m", "cluster"]
     assert words[6] == str(directory / f"{config.tracking.experiment}-fedavg-seed0.pt")
     assert not marker.exists()
+
+
+@contextmanager
+def _held_by_another_process(*checkpoints: Path):
+    """The checkpoints' locks, held by a child process for the block."""
+    import subprocess
+    import sys
+
+    from cluster.runtime.checkpoint_lock import lock_file
+
+    locks = [str(lock_file(c.parent.resolve() / c.name)) for c in checkpoints]
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys, time\n"
+            "for path in sys.argv[1:]:\n"
+            "    fcntl.flock(os.open(path, os.O_RDONLY | os.O_CREAT), fcntl.LOCK_EX)\n"
+            "print('held', flush=True)\n"
+            "time.sleep(120)\n",
+            *locks,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        yield
+    finally:
+        holder.kill()
+        holder.wait()

@@ -18,12 +18,18 @@ from __future__ import annotations
 
 import fcntl
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from cluster.config import ConfigError
 from datasets.locations import Location
+
+# The lock files this process holds (resolved paths): a command holds a checkpoint's lock once,
+# however many of its parts take it (the resume command, then ``run_experiment``).
+_HELD: dict[Path, int] = {}
+_HELD_GUARD = threading.Lock()
 
 
 def lock_file(checkpoint: Path) -> Path:
@@ -32,23 +38,52 @@ def lock_file(checkpoint: Path) -> Path:
 
 @contextmanager
 def checkpoint_locks(*checkpoints: Location) -> Iterator[None]:
-    """Hold the lock of every local checkpoint path given (each once) for the block; a
-    ``ConfigError`` naming the checkpoint where another process holds one."""
+    """Hold the lock of every local checkpoint path given for the block (each file once, by its
+    resolved path; a directory this process cannot write is one it will not write a
+    checkpoint to: no lock there); a ``ConfigError`` naming the checkpoint where another
+    process holds one."""
     with ExitStack() as held:
-        for checkpoint in dict.fromkeys(checkpoints):
+        locks = {}
+        for checkpoint in checkpoints:
             if isinstance(checkpoint, Path):
-                held.enter_context(_locked(checkpoint))
+                checkpoint.parent.mkdir(parents=True, exist_ok=True)
+                if os.access(checkpoint.parent, os.W_OK):
+                    locks.setdefault(
+                        lock_file(checkpoint.parent.resolve() / checkpoint.name), checkpoint
+                    )
+        for lock, checkpoint in locks.items():
+            held.enter_context(_locked(lock, checkpoint))
         yield
 
 
 @contextmanager
-def _locked(checkpoint: Path) -> Iterator[None]:
-    lock = lock_file(checkpoint)
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+def _locked(lock: Path, checkpoint: Path) -> Iterator[None]:
+    with _HELD_GUARD:
+        if lock in _HELD:  # this process holds it already
+            _HELD[lock] += 1
+            descriptor = None
+        else:
+            descriptor = _take(lock, checkpoint)
+            _HELD[lock] = 1
     try:
-        descriptor = os.open(lock, flags, 0o600)
-    except OSError as error:  # a link planted there, or no permission
+        yield
+    finally:
+        with _HELD_GUARD:
+            _HELD[lock] -= 1
+            if not _HELD[lock]:
+                del _HELD[lock]
+                if descriptor is not None:
+                    os.close(descriptor)  # releases the lock
+
+
+def _take(lock: Path, checkpoint: Path) -> int | None:
+    """The descriptor holding ``lock`` (None where the filesystem has no ``flock``: nothing is
+    held, as on an object store)."""
+    # Read-only suffices for flock; others in a shared directory can open it too.
+    flags = os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        descriptor = os.open(lock, flags, 0o644)
+    except OSError as error:  # a link planted there
         raise ConfigError(
             "checkpoint.dir",
             str(checkpoint),
@@ -65,7 +100,7 @@ def _locked(checkpoint: Path) -> Iterator[None]:
             "another run or resume is writing this checkpoint now (it holds its lock, "
             f"{lock.name}): wait for it to end, or give this run another checkpoint.dir",
         ) from None
-    try:
-        yield
-    finally:
-        os.close(descriptor)  # releases the lock
+    except OSError:  # ENOSYS, ENOLCK, EOPNOTSUPP: a filesystem without flock (Lustre, FUSE)
+        os.close(descriptor)
+        return None
+    return descriptor

@@ -6,6 +6,7 @@ import contextlib
 import math
 import statistics
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +24,7 @@ from cluster.config import ExperimentConfig
 from cluster.config.data import ValidationConfig
 from cluster.runtime import overlapped_start
 from cluster.runtime.checkpoint import checkpoint_path, resume_command, save_checkpoint
+from cluster.runtime.checkpoint_lock import checkpoint_locks
 from cluster.runtime.executors import HostsUnavailable, LocalExecutor
 from cluster.runtime.interrupts import Interrupted, StopSignals, stop_signals
 from cluster.runtime.overlapped_start import OverlappedStart
@@ -382,7 +384,15 @@ def _end_status(error: BaseException) -> str:
     return "KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED"
 
 
-def _run_rounds(
+def _run_rounds(*args) -> Outcome:
+    """``_run_rounds_locked`` holding its checkpoint's lock (``checkpoint_lock``) from when
+    the checkpoint's name is known to the end: no other command writes it meanwhile."""
+    with ExitStack() as locks:
+        return _run_rounds_locked(locks, *args)
+
+
+def _run_rounds_locked(
+    locks: ExitStack,
     config: ExperimentConfig,
     store: ShardStore,
     executor,
@@ -412,6 +422,7 @@ def _run_rounds(
             run.wait_open()  # command here (exit 2), before any round
             run.set_tags({NAME_TAG: run_name(config, run.run_id)})
             announce_once_open()
+        locks.enter_context(checkpoint_locks(checkpoint_path(config, run and run.run_id)))
         with stop.around_ray():  # the hosts answer through Ray
             sim = Simulation(config, store, executor)
             if resume is not None:
