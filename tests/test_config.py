@@ -178,6 +178,35 @@ def test_the_papers_preparation_fits_public_data_by_default_and_its_own_is_unacc
     assert "data.statistics_from: training" in claim.unaccounted_reason
     assert "standardize_unit_norm" in claim.unaccounted_reason
     assert ("pca_components" in claim.unaccounted_reason) == ("mnist_mlp" in paper)
+    assert literal.unaccounted_reason == claim.unaccounted_reason
+    with pytest.raises(ConfigError, match="privacy.target_epsilon"):  # no ε to calibrate to
+        load_config(paper, ["data.statistics_from=training", "privacy.target_epsilon=5"])
+    # A checkpoint written before the option fitted the training rows: it resumes so.
+    from cluster.config import config_from_dict
+    from cluster.runtime.checkpoint import _written_before_statistics_from
+
+    old = public.to_dict()
+    del old["data"]["statistics_from"]
+    _written_before_statistics_from(old)
+    assert config_from_dict(old).data.resolved_statistics_from == "training"
+
+
+def test_femnist_test_split_is_its_writers_data_not_public():
+    """FEMNIST's test split holds the training writers' other examples: never the public
+    data the statistics could be fitted to."""
+    femnist = [
+        "task=femnist_cnn",
+        "data.source=femnist",
+        "data.standardize_unit_norm=true",
+        "data.client_test_fraction=0.2",
+        "data.partition.method=natural",
+        *DP,
+    ]
+    config = load_config(None, femnist)
+    assert config.data.resolved_statistics_from == "training"
+    assert "standardize_unit_norm" in config.unaccounted_reason
+    with pytest.raises(ConfigError, match="same writers' other examples"):
+        load_config(None, [*femnist, "data.statistics_from=source_test"])
 
 
 def test_store_root_is_absolute_for_actors(monkeypatch, tmp_path):

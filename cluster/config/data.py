@@ -185,7 +185,8 @@ class DataConfig:
         leaves the source's test split unused, else ``training``."""
         if self.statistics_from is not None:
             return self.statistics_from
-        return "source_test" if self.client_test_fraction is not None else "training"
+        public = self.client_test_fraction is not None and self.source not in TEST_SHARES_WRITERS
+        return "source_test" if public else "training"
 
     @property
     def statistics_outside_dp(self) -> str | None:
@@ -332,6 +333,11 @@ def validate_partition(p: PartitionConfig) -> None:
         )
 
 
+# Sources whose test split comes from the training clients' own writers (datasets/femnist.py):
+# never public data for ``statistics_from``.
+TEST_SHARES_WRITERS = ("femnist",)
+
+
 def _validate_statistics_from(d: DataConfig) -> None:
     """``statistics_from``: training or source_test, the latter only where the source's test
     split is no run's test set, and only where a step fits statistics."""
@@ -349,6 +355,14 @@ def _validate_statistics_from(d: DataConfig) -> None:
             "data.statistics_from",
             d.statistics_from,
             "only data.pca_components and data.standardize_unit_norm fit statistics; remove it",
+        )
+    if d.statistics_from == "source_test" and d.source in TEST_SHARES_WRITERS:
+        raise ConfigError(
+            "data.statistics_from",
+            d.statistics_from,
+            f"{d.source}'s test split holds the same writers' other examples, so it is the "
+            "clients' data, not public data: statistics_from: training (outside DP: "
+            "dp_valid=false), or remove the step that fits statistics",
         )
     if d.statistics_from == "source_test" and d.client_test_fraction is None:
         raise ConfigError(

@@ -220,13 +220,18 @@ class ExperimentConfig:
     @property
     def unaccounted_reason(self) -> str | None:
         """Why the configured preset's mechanism has no ε (read off its pipeline, a sampling
-        assumption that is not the cohort's, or records copied for a record-level ε), else
-        None."""
+        assumption that is not the cohort's, records copied for a record-level ε, or data
+        preparation fitted to the clients' rows), else None."""
         if self.algorithm.name not in PRIVATE_PRESETS:
             return None
         # structural: any σ > 0
         reason = self._build_algorithm(1.0).unaccounted_reason
-        return reason or self.sampling_mismatch or self.record_copies
+        return (
+            reason
+            or self.sampling_mismatch
+            or self.record_copies
+            or self.data.statistics_outside_dp
+        )
 
     def _build_algorithm(self, noise_multiplier: float | None) -> Algorithm:
         a, local = self.algorithm, self.algorithm.local

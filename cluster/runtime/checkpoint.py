@@ -132,6 +132,7 @@ def open_checkpoint(
     its state checked against that config (``check_state``). Reads the file and builds the
     config's model on the CPU; no data, no Ray, no MLflow."""
     checkpoint = load_checkpoint(path)
+    _written_before_statistics_from(checkpoint["config"])
     try:
         config_from_dict(checkpoint["config"])
     except ConfigError as error:
@@ -144,6 +145,17 @@ def open_checkpoint(
     config = config_from_dict(checkpoint["config"], overrides)
     check_state(path, checkpoint["simulation"], config)
     return checkpoint, config
+
+
+def _written_before_statistics_from(config: dict) -> None:
+    """A checkpoint written before ``data.statistics_from`` existed fitted its PCA and
+    standardisation to the training rows: it resumes so (its default would now be the source's
+    test split where ``client_test_fraction`` is set: another store, another claim)."""
+    data = config.get("data")
+    if not isinstance(data, dict) or "statistics_from" in data:
+        return
+    if data.get("pca_components") is not None or data.get("standardize_unit_norm") is True:
+        data["statistics_from"] = "training"
 
 
 def load_checkpoint(path: str | Location) -> dict:

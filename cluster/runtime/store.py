@@ -184,7 +184,10 @@ def check_store_options(store: ShardStore, d: DataConfig) -> None:
     wanted = {k: v for k, v in d.source_options().items() if k != "num_users"}
     for name in sorted(built.keys() | wanted.keys()):
         if built.get(name) != wanted.get(name):
-            _refuse_other_store(store, _option_field(d, name), wanted.get(name), built.get(name))
+            held = built.get(name)
+            if name == "statistics_from" and held is None:  # keyed only where not training
+                held = "training"
+            _refuse_other_store(store, _option_field(d, name), wanted.get(name), held)
     partition = {k: v for k, v in asdict(d.partition).items() if v is not None}
     if make_partitioner(**partition).describe() != store.manifest["partition"]:
         held = {k: v for k, v in store.manifest["partition"].items() if k in _PARTITION_FIELDS}
