@@ -224,11 +224,12 @@ def finite_segments(
     is released. (A finite row whose norm overflows gets clip factor C/∞ = 0.)
 
     On the CPU the norms, needed anyway, tell whether there is any such coordinate: the usual
-    case costs nothing more. On a GPU the test would stall the host every step; the copy is
-    one kernel."""
+    case costs nothing more. On a GPU the test would stall the host every step; the
+    replacement is one kernel, in place (the per-example gradients are made anew each step
+    and read only here: a copy would double their peak memory)."""
     on_cpu = per_example.device.type == "cpu"
     if not on_cpu:
-        per_example = per_example.nan_to_num(0.0, 0.0, 0.0)
+        per_example = per_example.nan_to_num_(0.0, 0.0, 0.0)
     parts, norms = _split_with_norms(per_example, offsets)
     if on_cpu and not all(bool(torch.isfinite(n).all()) for n in norms):
         parts, norms = _split_with_norms(per_example.nan_to_num(0.0, 0.0, 0.0), offsets)

@@ -29,7 +29,9 @@ NOT_COVERED_BY_EPSILON = (
     "realised cohort), train_loss and train_accuracy, the clients' pre-clip norms "
     "(mean_pre_clip_norm, pre_clip_norm_p10/p50/p90, update_norms.npz), clip_fraction and the "
     "clients' other statistics (mean_alpha, ...); with data.eval_train the training objective "
-    "and gradient dissimilarity, with data.test_per_client client_test_accuracy",
+    "and gradient dissimilarity, with data.test_per_client client_test_accuracy; the test "
+    "metrics where data.client_test_fraction makes the clients' own rows the test set, and "
+    "the validation metrics of rows or folds held out of the training clients",
 )
 THREAT_SUFFIX = "; the noise unknown to them (see the privacy report's not_covered_by_epsilon)"
 

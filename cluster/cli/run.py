@@ -180,6 +180,7 @@ def _checked_run_status(path: str, config, checkpoint: dict) -> str | None:
     from cluster.config import ConfigError
     from cluster.tracking.process import flatten
     from cluster.tracking.settings import tracking_uri
+    from cluster.tracking.tracker import logged_param
 
     client = MlflowClient(tracking_uri())
     try:
@@ -192,7 +193,7 @@ def _checked_run_status(path: str, config, checkpoint: dict) -> str | None:
     differs = sorted(
         k
         for k in stored.keys() & params.keys()
-        if stored[k] != params[k] and not k.startswith(RESUMABLE_PREFIXES)
+        if logged_param(stored[k]) != params[k] and not k.startswith(RESUMABLE_PREFIXES)
     )
     if differs:
         key = differs[0]

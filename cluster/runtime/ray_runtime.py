@@ -241,8 +241,9 @@ def head_on_this_machine(address: str | None) -> Iterator[None]:
       sends the token it finds (``~/.ray/auth_token``, ``RAY_AUTH_TOKEN``) for ``auto`` but
       never for an address, and the GCS then refuses it after ~30 s of retries. For an
       address on this machine (a loopback host, or this machine's own address) this does what
-      Ray does for ``auto``, where ``RAY_AUTH_MODE`` is unset (the token never goes to another
-      machine);
+      Ray does for ``auto``, where ``RAY_AUTH_MODE`` is unset (and leaves it set, as Ray does).
+      The token goes to no other machine's address, but a loopback port forwarded to another
+      machine's head is taken for this machine's;
     - a head listening on loopback only (started with ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``,
       as docs/security.md advises): Ray replaces 127.0.0.1 by the machine's address, where
       nothing answers, and the driver waits forever. Where a loopback address's port does not
@@ -261,9 +262,16 @@ def head_on_this_machine(address: str | None) -> Iterator[None]:
     machine = services.get_node_ip_address()
     loopback = services.is_localhost(host)
     if loopback or host == machine:
-        authentication_token_setup.maybe_enable_token_auth_if_token_available(
-            warn_if_disabled=False
-        )
+        # Quietly: Ray's own notice of it would reach the terminal before ray.init's settings.
+        notices = logging.getLogger(authentication_token_setup.__name__)
+        level = notices.level
+        notices.setLevel(logging.ERROR)
+        try:
+            authentication_token_setup.maybe_enable_token_auth_if_token_available(
+                warn_if_disabled=False
+            )
+        finally:
+            notices.setLevel(level)
     if loopback and not _answers(machine, port):
         with loopback_node():
             yield
