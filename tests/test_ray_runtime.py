@@ -104,8 +104,10 @@ def test_lean_head_leaves_ray_as_it_is_where_its_private_api_differs(monkeypatch
 
 WORKING_DIR = '{"runtime_env": {"working_dir": "gcs://_ray_pkg_0.zip"}}'  # ray job submit's
 HEAD, CLIENT = "ray-head:6379", "ray://ray-head:10001"
-# Where a job's entrypoint finds the project it was submitted with (Ray's layout).
-UNPACKED_PROJECT = Path("/tmp/ray/session_1/runtime_resources/working_dir_files/_ray_pkg_0")
+# Where a job's entrypoint finds the project it was submitted with (Ray's layout, under Ray's
+# temporary directory).
+RUNTIME_RESOURCES = Path("ray-temp", "session_1", "runtime_resources")
+UNPACKED_PROJECT = RUNTIME_RESOURCES / "working_dir_files" / "_ray_pkg_0"
 # case → (executor.address, $RAY_ADDRESS, the job config Ray hands a job's entrypoint):
 # (what ray.init is given, how it joins: ``ray_connection``)
 CONNECTIONS = {
@@ -166,12 +168,12 @@ def test_a_job_carries_the_code_only_where_ray_unpacked_the_project_itself():
     working_dir (the workers' path has its root), nor a checkout or an installed copy."""
     from cluster.config.runtime import unpacked_by_ray
 
-    resources = Path("/tmp/ray/session_1/runtime_resources")
+    resources = RUNTIME_RESOURCES
     assert unpacked_by_ray(resources / "working_dir_files" / "_ray_pkg_0")
     assert unpacked_by_ray(resources / "py_modules_files" / "_ray_pkg_1")
     assert not unpacked_by_ray(resources / "working_dir_files" / "_ray_pkg_0" / "project")
-    assert not unpacked_by_ray(Path("/home/me/dpfl"))
-    assert not unpacked_by_ray(Path("/opt/venv/lib/python3.11/site-packages"))
+    assert not unpacked_by_ray(Path("checkout", "dpfl"))
+    assert not unpacked_by_ray(Path("venv", "lib", "python3.11", "site-packages"))
 
 
 @pytest.mark.parametrize("where", list(CONNECTIONS))
