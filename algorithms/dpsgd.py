@@ -231,7 +231,7 @@ def finite_segments(
     if not on_cpu:
         per_example = per_example.nan_to_num_(0.0, 0.0, 0.0)
     parts, norms = _split_with_norms(per_example, offsets)
-    if on_cpu and not all(bool(torch.isfinite(n).all()) for n in norms):
+    if on_cpu and not bool(torch.isfinite(torch.cat([n.flatten() for n in norms])).all()):
         parts, norms = _split_with_norms(per_example.nan_to_num(0.0, 0.0, 0.0), offsets)
     return parts, norms
 

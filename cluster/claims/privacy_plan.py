@@ -197,11 +197,7 @@ def privacy_claim(
     return PrivacyClaim(
         preset=config.algorithm.name,
         mechanism=algorithm.mechanism,
-        unaccounted_reason=(
-            algorithm.unaccounted_reason
-            or config.sampling_mismatch
-            or config.data.statistics_outside_dp
-        ),
+        unaccounted_reason=algorithm.unaccounted_reason or config.setup_unaccounted_reason,
         sample_rate=config.accounting_sample_rate,
         noise_cohort_size=config.noise_cohort_size,
         assumption=config.sampling_assumption,

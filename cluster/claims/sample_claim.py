@@ -269,11 +269,7 @@ def sample_level_claim(config, algorithm, client_sizes=None) -> SampleLevelClaim
     return SampleLevelClaim(
         preset=config.algorithm.name,
         rule=algorithm.sample_dp,
-        unaccounted_reason=(
-            algorithm.unaccounted_reason
-            or config.record_copies
-            or config.data.statistics_outside_dp
-        ),
+        unaccounted_reason=algorithm.unaccounted_reason or config.setup_unaccounted_reason,
         client_rate=config.accounting_sample_rate,
         data_rate=record_rate(batch, client_sizes) if known else math.nan,
         local_steps=config.algorithm.local.local_steps,

@@ -225,13 +225,14 @@ class ExperimentConfig:
         if self.algorithm.name not in PRIVATE_PRESETS:
             return None
         # structural: any σ > 0
-        reason = self._build_algorithm(1.0).unaccounted_reason
-        return (
-            reason
-            or self.sampling_mismatch
-            or self.record_copies
-            or self.data.statistics_outside_dp
-        )
+        return self._build_algorithm(1.0).unaccounted_reason or self.setup_unaccounted_reason
+
+    @property
+    def setup_unaccounted_reason(self) -> str | None:
+        """Why no ε holds whatever the mechanism: a sampling assumption that is not the
+        cohort's (client level), records copied (record level), or data preparation fitted to
+        the clients' rows; else None."""
+        return self.sampling_mismatch or self.record_copies or self.data.statistics_outside_dp
 
     def _build_algorithm(self, noise_multiplier: float | None) -> Algorithm:
         a, local = self.algorithm, self.algorithm.local

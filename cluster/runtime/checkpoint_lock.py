@@ -4,9 +4,11 @@ Two commands writing one checkpoint lose work and misreport privacy: two resumes
 checkpoint each log rounds into the same MLflow run and the later to end rewrites the checkpoint
 and the run's summary with its own, possibly fewer, rounds (its ε below what the run released);
 two untracked runs of the same experiment, preset and seed share a checkpoint name, and the
-second overwrites the first's after both passed the overwrite check. So ``run`` takes the lock
-of its checkpoint before that check, ``resume`` the locks of the checkpoint it reads and of the
-one it writes before reading, and both hold them until they end.
+second overwrites the first's after both passed the overwrite check. So ``run_experiment``
+holds the lock of the checkpoint it writes from when its name is known (the MLflow run open)
+to its end; ``resume`` takes the locks of the checkpoint it reads and of the one it writes
+before it reads it again, and an untracked ``run`` its own before checking the overwrite
+again; a process takes a lock it holds without conflict.
 
 The lock is ``flock`` on a hidden file beside the checkpoint, ``.<name>.lock`` (never the
 checkpoint itself: it is replaced by a rename at every save). The kernel drops it when the
