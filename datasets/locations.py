@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -49,6 +50,7 @@ MULTIPART_COPY_THRESHOLD = 256 * 2**20
 MULTIPART_COPY_CHUNK = 64 * 2**20
 COPY_TIMEOUT_S = 300.0
 PROBE_PREFIX = ".dpfl-write-probe-"
+_BUCKET = re.compile(r"[A-Za-z0-9._-]{1,255}")  # S3-compatible servers differ: lenient
 
 
 class LocationError(ValueError):
@@ -99,6 +101,17 @@ class ObjectLocation:
         ``..`` (which S3 keeps literally, but a reader of the key would not)."""
         if not self.bucket or "/" in self.bucket:
             raise LocationError(f"no bucket in {self}; write {self.scheme}://BUCKET/PREFIX")
+        if "@" in self.bucket or ":" in self.bucket:  # never echoed: it may hold a secret
+            raise LocationError(
+                "the URI holds credentials (USER:SECRET@ before the bucket); give them in "
+                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or another AWS credential "
+                f"source), never in the URI: {self.scheme}://BUCKET/PREFIX"
+            )
+        if not _BUCKET.fullmatch(self.bucket):
+            raise LocationError(
+                f"the bucket {self.bucket!r} is no bucket name (letters, digits, '.', '-' and "
+                f"'_'; S3's are 3-63 lowercase ones), e.g. {self.scheme}://dpfl/shards"
+            )
         segments = self.key.split("/") if self.key else []
         bad = next((s for s in segments if s in ("", ".", "..")), None)
         if bad is not None:
@@ -127,8 +140,14 @@ def parse_location(text: str | os.PathLike | ObjectLocation) -> Location:
     scheme, separator, rest = text.partition("://")
     if not separator:
         return Path(text)
-    if scheme == "file":
-        return Path(rest)
+    if scheme == "file":  # file:///ABSOLUTE/PATH (RFC 8089: the first segment is a host)
+        host, _, path = rest.partition("/")
+        if host not in ("", "localhost"):
+            raise LocationError(
+                f"file://{host}/... names the host {host!r}; write file:///ABSOLUTE/PATH (three "
+                "slashes) or the plain path"
+            )
+        return Path("/" + path)
     if scheme not in SCHEMES:
         raise LocationError(
             f"the scheme {scheme!r} is not supported: give a local path or s3://BUCKET/PREFIX "
@@ -298,6 +317,20 @@ def exists(location: Location) -> bool:
     return s3_filesystem().get_file_info(location.path).type == pafs.FileType.File
 
 
+def first_entries(location: Location, limit: int = 3) -> list[str]:
+    """Up to ``limit`` names directly under the folder ``location`` ([] where there is none or
+    it is empty); a ``NotADirectoryError`` where a file is there."""
+    if isinstance(location, Path):
+        if location.exists() and not location.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, "a file, not a directory", str(location))
+        return sorted(p.name for p in location.iterdir())[:limit] if location.is_dir() else []
+    fs = s3_filesystem()
+    if fs.get_file_info(location.path).type == pafs.FileType.File:
+        raise NotADirectoryError(errno.ENOTDIR, "an object, not a prefix", str(location))
+    selector = pafs.FileSelector(location.path, allow_not_found=True, recursive=False)
+    return sorted(PurePosixPath(info.path).name for info in fs.get_file_info(selector))[:limit]
+
+
 def read_bytes(location: Location) -> bytes:
     """The whole file at ``location``: on S3 its size, then one ranged request for all of it (a
     stream would fetch it in many small requests: 27 MB 11× slower, measured)."""
@@ -407,14 +440,16 @@ def _delete_quietly(fs: pafs.FileSystem, path: str) -> None:
 
 def upload_folder(folder: Path, location: ObjectLocation, last: str | None = None) -> None:
     """Copy every file under the local ``folder`` to the same relative keys under
-    ``location``; the file named ``last`` goes last, after any object of that name already
-    there was deleted first, so that a reader who waits for it (a store's manifest commits the
-    store) never sees it beside a half-written folder."""
+    ``location``, the file named ``last`` last: a reader who waits for it (a store's manifest
+    commits the store) never sees it beside a half-written folder. A ``last`` object already
+    there is never deleted nor overwritten: another writer of the same content-keyed folder
+    committed it first (its other objects are the same bytes as ours), and runs may be reading
+    it; ours is then not committed a second time."""
     fs = s3_filesystem()
-    if last is not None:
-        _delete_quietly(fs, (location / last).path)
     files = sorted(p.relative_to(folder) for p in folder.rglob("*") if p.is_file())
     for relative in sorted(files, key=lambda p: p.as_posix() == last):
+        if relative.as_posix() == last and exists(location / last):
+            return
         pafs.copy_files(
             str(folder / relative),
             (location / relative).path,
@@ -428,10 +463,14 @@ def write_folder(location: Location, fill: Callable[[Path], None], last: str | N
     filled in a temporary sibling and renamed into place; an object-store one is filled in a
     local temporary directory and uploaded (``upload_folder``, ``last`` last).
 
-    Locally, a folder already at ``location`` is replaced, unless it holds ``last``: then a
-    concurrent writer of the same folder (two trials of a sweep building one content-keyed
-    store) finished first, runs may be reading it, and ours is dropped instead."""
+    A folder already at ``location`` that holds ``last`` is kept and ours dropped: a concurrent
+    writer of the same folder (two trials of a sweep building one content-keyed store) finished
+    first, and runs may be reading it. Locally, a folder in the way that lacks ``last`` is
+    replaced only where every entry in it is one ``fill`` wrote too (an earlier copy of this
+    folder); one holding anything else is a ``FolderInTheWay``, left as it was."""
     if isinstance(location, ObjectLocation):
+        if last is not None and exists(location / last):
+            return
         with tempfile.TemporaryDirectory(prefix="dpfl-upload-") as staging:
             fill(Path(staging))
             upload_folder(Path(staging), location, last)
@@ -446,6 +485,19 @@ def write_folder(location: Location, fill: Callable[[Path], None], last: str | N
         raise
 
 
+class FolderInTheWay(FileExistsError):
+    """A directory at a folder's location holds files the folder would not: never deleted."""
+
+    def __init__(self, location: Path, foreign: list[str]):
+        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        super().__init__(
+            errno.EEXIST,
+            f"a directory that holds other files ({shown}) is in the way: not replaced; "
+            "move them or choose another location",
+            str(location),
+        )
+
+
 def _rename_into_place(staging: Path, location: Path, last: str | None) -> None:
     try:
         os.rename(staging, location)  # atomic; fails where a non-empty folder is in the way
@@ -456,5 +508,9 @@ def _rename_into_place(staging: Path, location: Path, last: str | None) -> None:
     if last is not None and (location / last).exists():  # another writer's complete folder
         shutil.rmtree(staging)
         return
-    shutil.rmtree(location)  # an incomplete one (a writer that died): ours replaces it
+    ours = {p.name for p in staging.iterdir()}
+    foreign = sorted(p.name for p in location.iterdir() if p.name not in ours)
+    if foreign:
+        raise FolderInTheWay(location, foreign)
+    shutil.rmtree(location)  # an earlier copy of this folder, without its last file
     os.replace(staging, location)

@@ -67,13 +67,27 @@ S3_NO_CREDENTIALS = {
 }
 S3_DOWN = {**S3_NO_CREDENTIALS, "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}
 S3_ROOT = "data.store_root=s3://dpfl/shards"
+SECRET = "S3CRET"  # in a URI's credentials: never on the terminal
 PARTITION = ["partition", "--dataset", "synthetic", "--clients", "10", "--method", "natural"]
 
 
-def partition_into_store(workdir: Path, valid_store: Path) -> list[str]:
+def partition_into_store(workdir: Path, valid_store: Path, name: str = "out") -> list[str]:
     """``partition --out`` a directory that holds a store already (runs may be reading it)."""
-    shutil.copytree(valid_store, workdir / "out")
-    return [*PARTITION, "--out", str(workdir / "out")]
+    shutil.copytree(valid_store, workdir / name)
+    return [*PARTITION, "--out", str(workdir / name)]
+
+
+def partition_into_other_files(workdir: Path, valid_store: Path) -> list[str]:
+    """``partition --out`` a folder of the user's, not a store: nothing in it may be lost."""
+    (workdir / "mine" / "notes").mkdir(parents=True)
+    (workdir / "mine" / "thesis.txt").write_text("years of work")
+    (workdir / "mine" / "notes" / "a.txt").write_text("more")
+    return [*PARTITION, "--out", str(workdir / "mine")]
+
+
+def partition_onto_a_file(workdir: Path, valid_store: Path) -> list[str]:
+    (workdir / "shards.txt").write_text("a file of the user's")
+    return [*PARTITION, "--out", str(workdir / "shards.txt")]
 
 
 def _store_args() -> tuple:
@@ -767,6 +781,21 @@ CASES = [
         ("--out = ", "a shard store is already there", "manifest.json", "another --out", "rm -r"),
     ),
     Case(
+        "partition out holds a store, a space in its path",
+        lambda w, s: partition_into_store(w, s, "out dir"),
+        ("a shard store is already there", "rm -r '", "out dir'`"),
+    ),
+    Case(
+        "partition out holds other files",
+        partition_into_other_files,
+        ("--out = ", "holds other files (notes, thesis.txt)", "a new or empty folder"),
+    ),
+    Case(
+        "partition out is a file",
+        partition_onto_a_file,
+        ("--out = ", "unusable (", "a file, not a directory"),
+    ),
+    Case(
         "partition out s3 without credentials",
         lambda w, s: [*PARTITION, "--out", "s3://dpfl/shards"],
         ("AWS_ACCESS_KEY_ID", "no AWS credentials", "--out s3://dpfl/shards"),
@@ -775,6 +804,25 @@ CASES = [
     # --- MLflow and Ray
     Case("mlflow scheme", run_with(), ("MLFLOW_TRACKING_URI", "no 'foo' store"), {"M": "foo://x"}),
     Case("mlflow down", run_with(), ("MLFLOW_TRACKING_URI", "nothing answers"), {"M": "http"}),
+    # A secret in a URI is never echoed (a job's logs keep the terminal): SECRET is checked for.
+    Case(
+        "mlflow password in the URI",
+        run_with(),
+        ("MLFLOW_TRACKING_URI = 'postgresql+psycopg://mlflow:***@127.0.0.1:1/mlflow'",),
+        {"M": f"postgresql+psycopg://mlflow:{SECRET}@127.0.0.1:1/mlflow"},
+    ),
+    Case(
+        "mlflow server password in the URI",
+        run_with(),
+        ("MLFLOW_TRACKING_URI = 'http://admin:***@127.0.0.1:1'", "nothing answers"),
+        {"M": f"http://admin:{SECRET}@127.0.0.1:1"},
+    ),
+    Case(
+        "checkpoint dir with credentials in the URI",
+        run_with(),
+        ("DPFL_CHECKPOINT_DIR = ", "AWS_SECRET_ACCESS_KEY", "never in the URI"),
+        {"DPFL_CHECKPOINT_DIR": f"s3://AKIAEXAMPLE:{SECRET}@bkt/ck"},
+    ),
     Case(
         "mlflow sqlite dir",
         run_with(),
@@ -1111,7 +1159,7 @@ def test_bad_input_is_refused_before_any_work(case, tmp_path, monkeypatch, capsy
 
     out, err = capsys.readouterr()
     assert code == 2, (out, err)
-    assert "Traceback" not in out + err
+    assert "Traceback" not in out + err and SECRET not in out + err
     for expected in case.expect:
         assert expected in err, (expected, err)
     assert len(err.strip().splitlines()) <= 12, err  # one paragraph, not a dump

@@ -44,7 +44,7 @@ LAYERS = (
     ("datasets",),
     ("algorithms",),
     ("actors", "privacy"),
-    ("cluster.config",),
+    ("cluster.config", "cluster.redaction"),
     (
         "cluster.runtime.memory",
         "cluster.runtime.records",

@@ -32,7 +32,7 @@ from cluster.config import ConfigError
 from cluster.runtime.checkpoint import load_checkpoint, open_checkpoint, save_checkpoint
 from cluster.runtime.experiment import run_experiment
 from datasets import locations
-from datasets.locations import ObjectLocation, parse_location
+from datasets.locations import Location, ObjectLocation, parse_location
 from datasets.sources import build_store, existing_store_path, store_path
 from datasets.store import MANIFEST, ShardStore
 
@@ -300,7 +300,15 @@ def test_location_checks_keep_keys_inside_their_prefix(monkeypatch):
         with pytest.raises(ValueError):
             parse_location(bad)
     assert parse_location("s3://b/a/c/") == ObjectLocation("b", "a/c")
+    assert parse_location("file:///tmp/x") == parse_location("file://localhost/tmp/x")
     assert parse_location("file:///tmp/x") == Path("/tmp/x")
+    with pytest.raises(ValueError, match="names the host 'shards'; write file:///ABSOLUTE/PATH"):
+        parse_location("file://shards/x")  # not the relative path shards/x
+    with pytest.raises(ValueError, match="never in the URI") as refused:
+        parse_location("s3://AKIAEXAMPLE:wJalrXUtnFEMI@bkt/ck")
+    assert "wJalrXUtnFEMI" not in str(refused.value)
+    with pytest.raises(ValueError, match=r"the bucket 'b\$\(x\)' is no bucket name"):
+        parse_location("s3://b$(x)/k")
     joined = parse_location("s3://b/root") / Path("../escape")
     with pytest.raises(ValueError, match=r"'\.\.' segment"):
         _ = joined.path  # never requested
@@ -467,3 +475,50 @@ def test_partition_refuses_an_out_that_holds_a_store(s3, tmp_path, capsys):
         for item in s3.client().list_objects_v2(Bucket=s3.bucket)["Contents"]
     }
     assert after == before
+
+
+def test_partition_refuses_an_out_that_holds_other_objects(s3, tmp_path, capsys):
+    s3.client().put_object(Bucket=s3.bucket, Key="mine/thesis.txt", Body=b"years of work")
+    argv = ["partition", "--dataset", "synthetic", "--clients", "4", "--method", "natural"]
+    err = _refused([*argv, "--out", s3.uri("mine")], capsys)
+    assert "holds other files (thesis.txt)" in err and "a new or empty folder" in err
+    keys = [item["Key"] for item in s3.client().list_objects_v2(Bucket=s3.bucket)["Contents"]]
+    assert keys == ["mine/thesis.txt"]
+
+
+def test_a_second_builder_of_a_store_never_hides_the_committed_one(s3, tmp_path, monkeypatch):
+    """Two trials building one content-keyed store at once, both past the check for its
+    manifest: the second's upload leaves the first's manifest in place at every step (it used
+    to delete it first, and the store was unreadable until its own upload ended)."""
+    config = small_config(tmp_path)
+    where = store_path(parse_location(s3.uri("shards")), *config.store_parameters)
+    sizes = build_store(where, *config.store_parameters).client_sizes.tolist()
+    manifest = {"Bucket": s3.bucket, "Key": f"{where.key}/{MANIFEST}"}
+    committed = s3.client().get_object(**manifest)["ETag"]
+    real_exists, real_copy = locations.exists, locations.pafs.copy_files
+    checks: list[Location] = []
+    readable: list[bool] = []
+
+    def raced_exists(location):
+        checks.append(location)
+        return len(checks) > 1 and real_exists(location)  # the first check: not there yet
+
+    def copy_then_read(*args, **kwargs):
+        readable.append(ShardStore.open(where).client_sizes.tolist() == sizes)
+        return real_copy(*args, **kwargs)
+
+    monkeypatch.setattr(locations, "exists", raced_exists)
+    monkeypatch.setattr(locations.pafs, "copy_files", copy_then_read)
+    locations.write_folder(where, lambda folder: _copy_store(where, folder), last=MANIFEST)
+    assert len(readable) >= 3 and all(readable)
+    assert s3.client().get_object(**manifest)["ETag"] == committed  # not written again
+
+
+def _copy_store(where: ObjectLocation, folder: Path) -> None:
+    """The second builder's files: the same store's objects, downloaded."""
+    for item in locations.s3_client().list_objects_v2(Bucket=where.bucket, Prefix=where.key)[
+        "Contents"
+    ]:
+        target = folder / item["Key"][len(where.key) + 1 :]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(locations.read_bytes(ObjectLocation(where.bucket, item["Key"])))

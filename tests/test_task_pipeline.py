@@ -80,3 +80,5 @@ def test_the_partition_hint_names_the_source_options_the_store_was_built_with():
     assert "data.split=letters" in hint(source="emnist", split="letters")
     assert "data.only_digits=true" in hint(source="femnist", only_digits=True)
     assert not [s for s in hint(source="femnist") if s.startswith(("data.split", "data.only"))]
+    pasted = shlex.split(_store_settings("my shards/$(touch x)", DataConfig(), 10))
+    assert pasted[:2] == ["--set", "data.store=my shards/$(touch x)"]  # one word, not run

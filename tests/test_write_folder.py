@@ -1,11 +1,14 @@
 """``datasets.locations.write_folder`` on local disk: a folder appears whole or not at all, and a
 complete folder that a concurrent writer put there first is left to the runs reading it (two
 trials of a sweep building one content-keyed validation store found its files deleted under
-them when the second writer replaced it)."""
+them when the second writer replaced it), and a folder of someone else's files in the way is
+never deleted (``partition --out`` a user's folder deleted it)."""
 
 from pathlib import Path
 
-from datasets.locations import write_folder
+import pytest
+
+from datasets.locations import FolderInTheWay, write_folder
 
 MANIFEST = "manifest.json"
 
@@ -37,18 +40,28 @@ def test_a_complete_folder_written_meanwhile_is_kept_and_ours_dropped(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["store"]  # no staging folder left
 
 
-def test_an_incomplete_folder_is_replaced(tmp_path):
+def test_an_earlier_copy_without_its_last_file_is_replaced(tmp_path):
     location = tmp_path / "store"
     location.mkdir()
-    (location / "rows.bin").write_text("a writer that died before its manifest")
+    (location / "rows.bin").write_text("a copy that lost its manifest")
     write_folder(location, _writer("whole"), last=MANIFEST)
     assert sorted(p.name for p in location.iterdir()) == [MANIFEST, "rows.bin"]
     assert (location / "rows.bin").read_text() == "whole"
+    report = tmp_path / "report"
+    report.mkdir()
+    (report / "plot.png").write_text("old")
+    write_folder(report, lambda folder: (folder / "plot.png").write_text("new"))
+    assert (report / "plot.png").read_text() == "new"
 
 
-def test_a_folder_without_a_last_file_is_replaced_by_the_new_one(tmp_path):
-    location = tmp_path / "report"
-    location.mkdir()
-    (location / "old.png").write_text("old")
-    write_folder(location, lambda folder: (folder / "new.png").write_text("new"))
-    assert [p.name for p in location.iterdir()] == ["new.png"]
+@pytest.mark.parametrize("last", [MANIFEST, None])
+def test_a_folder_holding_other_files_is_never_deleted(tmp_path, last):
+    location = tmp_path / "mine"
+    (location / "notes").mkdir(parents=True)
+    (location / "thesis.txt").write_text("years of work")
+    (location / "rows.bin").write_text("a name the store also writes")
+    with pytest.raises(FolderInTheWay, match=r"holds other files \(notes, thesis.txt\)"):
+        write_folder(location, _writer("store"), last=last)
+    assert sorted(p.name for p in location.iterdir()) == ["notes", "rows.bin", "thesis.txt"]
+    assert (location / "thesis.txt").read_text() == "years of work"
+    assert [p.name for p in tmp_path.iterdir()] == ["mine"]  # no staging folder left

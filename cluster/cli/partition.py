@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -86,6 +87,7 @@ def _out_location(out: str) -> Location:
         raise ConfigError("--out", out, error.problem) from None
     check_object_store("--out", location)
     _refuse_existing_store(out, location)
+    _refuse_other_files(out, location)
     check_writable_location("--out", location)
     return location
 
@@ -106,9 +108,9 @@ def _refuse_existing_store(out: str, location: Location) -> None:
     if not found:
         return
     remove = (
-        f"`aws s3 rm --recursive {location}/`"
+        f"`aws s3 rm --recursive {shlex.quote(f'{location}/')}`"
         if isinstance(location, ObjectLocation)
-        else f"`rm -r {location}`"
+        else f"`rm -r {shlex.quote(str(location))}`"
     )
     raise ConfigError(
         "--out",
@@ -117,6 +119,25 @@ def _refuse_existing_store(out: str, location: Location) -> None:
         "would hand their clients other rows; give another --out, or, when no run uses it, "
         f"delete it first ({remove})",
     )
+
+
+def _refuse_other_files(out: str, location: Location) -> None:
+    """A ``ConfigError`` when ``--out`` is a file, or a folder that holds anything (a store is
+    written only into a new or empty folder: nothing of the user's is ever replaced)."""
+    from cluster.config import ConfigError
+
+    try:
+        entries = locations.first_entries(location)
+    except OSError as error:
+        raise ConfigError("--out", out, f"unusable ({str(error).splitlines()[0]})") from None
+    if entries:
+        shown = ", ".join(entries) + (", ..." if len(entries) == 3 else "")
+        raise ConfigError(
+            "--out",
+            out,
+            f"holds other files ({shown}), and a store is written only into a new or empty "
+            "folder; give another --out, e.g. a new subfolder of it",
+        )
 
 
 def _write_report(counts, out: Location) -> list[str]:
@@ -212,7 +233,7 @@ def _store_settings(out: str, data: DataConfig, num_clients: int) -> str:
     ]
     return " ".join(
         [
-            f"--set data.store={out} --set data.source={data.source}",
+            f"--set {shlex.quote(f'data.store={out}')} --set data.source={data.source}",
             f"--set data.num_clients={num_clients}",
             f"--set 'data.partition={override_text(partition)}'",
             *options,

@@ -11,6 +11,7 @@ import sys
 from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
+from cluster.redaction import redact_credentials
 from cluster.runtime.interrupts import Interrupted, StopSignals
 from cluster.tracking.process import prestart as prestart_tracking
 
@@ -325,11 +326,11 @@ def _execute_locked(locks: ExitStack, config, checkpoint: dict | None, verbose: 
         f"--set {more})"
     )
     if outcome.run_id:
-        print(f"MLflow run {outcome.run_id} in {outcome.tracking_uri}")
+        shown = redact_credentials(outcome.tracking_uri)  # the terminal may be a job's log
+        print(f"MLflow run {outcome.run_id} in {shown}")
         if not outcome.tracking_uri.startswith("http"):
-            uri = shlex.quote(outcome.tracking_uri)
-            print(f"browse it with: uv run mlflow ui --backend-store-uri {uri}")
-        print(f"run page: {outcome.run_page}")
+            print(f"browse it with: uv run mlflow ui --backend-store-uri {shlex.quote(shown)}")
+        print(f"run page: {redact_credentials(outcome.run_page)}")
     return 0
 
 

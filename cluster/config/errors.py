@@ -6,6 +6,8 @@ import difflib
 import reprlib
 from typing import Any
 
+from cluster.redaction import redact_credentials
+
 # The value as the message shows it: bounded, since a hostile config can hold a 1 MB string or
 # YAML aliases that nest a list exponentially (a plain repr would not finish).
 _VALUE_REPR = reprlib.Repr()
@@ -26,9 +28,13 @@ FLOAT_LIMIT, FLOAT_TINY = 3.4e38, 1.2e-38
 
 
 class ConfigError(ValueError):
+    """A bad value: ``str`` names the field, the value (bounded; a URI's credentials masked)
+    and the fix."""
+
     def __init__(self, field_path: str, value: Any, fix: str):
         self.field_path, self.value, self.fix = field_path, value, fix
-        super().__init__(f"config error: {field_path} = {short_repr(value)}: {fix}")
+        message = f"config error: {field_path} = {short_repr(value)}: {fix}"
+        super().__init__(redact_credentials(message))
 
     def __reduce__(self):  # as Ray sends it from an actor: fields, then later state
         return (self.__class__, (self.field_path, self.value, self.fix), self.__dict__)

@@ -35,6 +35,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cluster.redaction import redact_credentials
 from cluster.tracking.settings import (
     ARTIFACT_TIMEOUT_S,
     ARTIFACT_TIMEOUT_VARIABLE,
@@ -72,7 +73,7 @@ class TrackingError(RuntimeError):
     when MLflow gave one."""
 
     def __init__(self, message: str, details: str = "", code: str | None = None):
-        super().__init__(message)
+        super().__init__(redact_credentials(message))
         self.details, self.code = details, code
 
     @classmethod
