@@ -209,7 +209,19 @@ def check_access(location: ObjectLocation) -> None:
     """What a run needs of ``location``'s object store, checked in seconds before any work:
     credentials, an endpoint that answers (one TCP connect), the bucket (one request, no
     retry). A ``LocationError`` naming the variable at fault, or the location's bucket."""
-    if not has_credentials():
+    import botocore.exceptions
+
+    try:
+        found_credentials = has_credentials()
+    except botocore.exceptions.BotoCoreError as error:  # e.g. AWS_PROFILE names no profile
+        raise LocationError(
+            f"the AWS credential chain failed ({error}); set AWS_PROFILE to a profile of the "
+            "shared credentials file, or unset it and set AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_PROFILE",
+            os.environ.get("AWS_PROFILE", "(unset)"),
+        ) from None
+    if not found_credentials:
         raise LocationError(
             "no AWS credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or "
             "AWS_PROFILE with a shared credentials file, or run where an instance or pod role "

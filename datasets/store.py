@@ -233,7 +233,7 @@ class ShardStore:
     """A read-only view of a store; cheap to open, safe to open in every actor."""
 
     def __init__(self, location: str, manifest: dict, offsets: np.ndarray):
-        self.location = location  # as given: a local path or a URI (what actors are sent)
+        self.location = location  # an absolute path or a URI: what actors are sent
         self.manifest = manifest
         self.offsets = offsets
         self.client_sizes = np.diff(offsets)  # once: hosts ask for it per client per round
@@ -253,12 +253,16 @@ class ShardStore:
     @classmethod
     def open(cls, location: str | Location) -> ShardStore:
         """Read the manifest and the offsets index; raises ``StoreError`` when either is
-        missing, unreadable or of another format."""
+        missing, unreadable or of another format. A relative path is made absolute here, so
+        that every actor, wherever its working directory, opens this store."""
         text = str(location)
         try:
             where = locations.parse_location(location)
         except LocationError as error:
             raise StoreError(text, error.problem) from None
+        if isinstance(where, Path):
+            where = where.absolute()
+            text = str(where)
         try:
             manifest = json.loads(locations.read_bytes(where / MANIFEST))
         except (OSError, ValueError) as error:  # missing, unreadable or not JSON
@@ -295,6 +299,10 @@ class ShardStore:
                 columns, found = self._splits.shape(split)
             except (OSError, pa.ArrowInvalid) as error:
                 raise StoreError(self.location, f"{split}.arrow unreadable ({error})") from None
+            except (KeyError, TypeError, ValueError) as error:  # a layout not of this format
+                raise StoreError(
+                    self.location, f"{MANIFEST}'s layout of {split}.arrow malformed ({error!r})"
+                ) from None
             if tuple(columns) != _COLUMNS:
                 raise StoreError(
                     self.location,
@@ -443,7 +451,8 @@ class _RangedSplits:
         (x_start, x_bytes), (y_start, y_bytes) = layout["x"], layout["y"]
         rows, remainder = divmod(x_bytes, self.x_width)
         end = max(x_start + x_bytes, y_start + y_bytes)
-        if remainder or y_bytes != 8 * rows or end > file.size():
+        negative = min(x_start, x_bytes, y_start, y_bytes) < 0
+        if negative or remainder or y_bytes != 8 * rows or end > file.size():
             raise pa.ArrowInvalid(f"the manifest's layout {layout} does not fit the file")
         return names, rows
 

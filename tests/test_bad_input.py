@@ -796,6 +796,12 @@ CASES = [
         ("--out = ", "unusable (", "a file, not a directory"),
     ),
     Case(
+        "s3 store root with an AWS_PROFILE that is no profile",
+        run_with({"data": {**BASE["data"], "store_root": "s3://dpfl/shards"}}),
+        ("AWS_PROFILE = 'no-such-profile'", "credential chain failed", "no-such-profile"),
+        {**S3_NO_CREDENTIALS, "AWS_PROFILE": "no-such-profile"},
+    ),
+    Case(
         "partition out s3 without credentials",
         lambda w, s: [*PARTITION, "--out", "s3://dpfl/shards"],
         ("AWS_ACCESS_KEY_ID", "no AWS credentials", "--out s3://dpfl/shards"),
@@ -830,6 +836,18 @@ CASES = [
         {"M": "sqlite:////nonexistent/dir/m.db"},
     ),
     Case("ray down", run_with(None, "--address", "PORT"), ("executor.address", "nothing answers")),
+    Case(
+        "restart timeout not a number",
+        run_with(),
+        ("DPFL_RESTART_TIMEOUT_S = 'abc'", "number of seconds > 0"),
+        {"DPFL_RESTART_TIMEOUT_S": "abc"},
+    ),
+    Case(
+        "restart timeout nan",
+        run_with(),
+        ("DPFL_RESTART_TIMEOUT_S = 'nan'", "number of seconds > 0"),
+        {"DPFL_RESTART_TIMEOUT_S": "nan"},
+    ),
     Case("ray no port", run_with(None, "--address", "somehost"), ("executor.address", "HOST:PORT")),
     Case(
         "actors exceed machine",

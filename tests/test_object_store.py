@@ -34,7 +34,7 @@ from cluster.runtime.experiment import run_experiment
 from datasets import locations
 from datasets.locations import Location, ObjectLocation, parse_location
 from datasets.sources import build_store, existing_store_path, store_path
-from datasets.store import MANIFEST, ShardStore
+from datasets.store import MANIFEST, ShardStore, StoreError
 
 REPO = Path(__file__).resolve().parents[1]
 # Clients of 320 KB of rows each, larger than the hole a ranged read fills in (64 KiB): a host
@@ -522,3 +522,29 @@ def _copy_store(where: ObjectLocation, folder: Path) -> None:
         target = folder / item["Key"][len(where.key) + 1 :]
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(locations.read_bytes(ObjectLocation(where.bucket, item["Key"])))
+
+
+def test_a_relative_store_path_is_sent_to_actors_absolute(tmp_path, monkeypatch):
+    """An actor's working directory is wherever its worker started (a head's, for a run by
+    address): a relative ``data.store`` opened there would be another store, or none."""
+    config = small_config(tmp_path / "shards")
+    store = _build(tmp_path / "shards", config)
+    monkeypatch.chdir(store.path.parent)
+    opened = ShardStore.open(store.path.name)
+    assert opened.location == str(store.path) and Path(opened.location).is_absolute()
+
+
+@pytest.mark.parametrize(
+    "layout", [{}, {"test.arrow": {"x": [-8, 8], "y": [0, 8]}}, {"test.arrow": "x"}]
+)
+def test_a_malformed_layout_in_an_s3_manifest_is_a_store_error(s3, tmp_path, layout):
+    config = small_config(tmp_path)
+    store = _build(s3.uri("shards"), config)
+    manifest = json.loads(locations.read_bytes(store.path / MANIFEST))
+    manifest["layout"] = {**manifest["layout"], **layout}
+    if not layout:
+        del manifest["layout"]["test.arrow"]
+    key = f"{store.path.key}/{MANIFEST}"
+    s3.client().put_object(Bucket=s3.bucket, Key=key, Body=json.dumps(manifest).encode())
+    with pytest.raises(StoreError, match="test.arrow"):
+        ShardStore.open(store.location).check()

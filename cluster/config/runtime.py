@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -15,6 +16,30 @@ from actors.code_digest import PROJECT_ROOT
 from cluster.config.errors import ConfigError
 from cluster.config.paths import configured_path, resolve
 from datasets.locations import Location
+
+RESTART_TIMEOUT_VARIABLE = "DPFL_RESTART_TIMEOUT_S"
+DEFAULT_RESTART_TIMEOUT_S = 120.0
+
+
+def restart_timeout_s() -> float:
+    """How long lost actors may take to be running again, somewhere: ``$DPFL_RESTART_TIMEOUT_S``
+    (unset or empty: 120 s; an autoscaling cluster may need minutes to add a node). A
+    ``ConfigError`` unless it is a finite number of seconds > 0 (NaN would never time out)."""
+    text = os.environ.get(RESTART_TIMEOUT_VARIABLE) or ""
+    if not text:
+        return DEFAULT_RESTART_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(
+            RESTART_TIMEOUT_VARIABLE,
+            text,
+            "must be a number of seconds > 0 (e.g. 600 where nodes are added on demand); unset "
+            f"it for {DEFAULT_RESTART_TIMEOUT_S:g}",
+        )
+    return value
 
 
 @dataclass

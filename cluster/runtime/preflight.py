@@ -24,6 +24,7 @@ from cluster.config.runtime import (
     effective_ray_address,
     in_ray_job,
     ray_endpoint,
+    restart_timeout_s,
     starts_embedded_ray,
 )
 from cluster.runtime.memory import check_actor_processes_fit, check_sketch_fits
@@ -59,6 +60,7 @@ def preflight(config: ExperimentConfig) -> None:
     if config.tracking.enabled:
         check_tracking_uri()
     if config.executor.kind == "ray":
+        restart_timeout_s()
         check_ray_address(*ray_address(config))
         if starts_embedded_ray(config.executor):  # a Ray on this machine alone
             check_machine_fits(config)

@@ -4,13 +4,13 @@ after a loss of hosts (``await_hosts``)."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from actors.client_host import AUTO_KERNELS, Kernels
 from algorithms.algorithm import Algorithm
+from cluster.config.runtime import restart_timeout_s
 from cluster.runtime.central_optimum import store_optimum
 from cluster.runtime.code_shipping import actor_class, remote_function
 from cluster.runtime.executors import (
@@ -29,11 +29,6 @@ from cluster.runtime.warm_pool import (
     release,
 )
 from datasets.store import ShardStore
-
-# How long lost actors may take to be running again, somewhere ($DPFL_RESTART_TIMEOUT_S: an
-# autoscaling cluster may need minutes to add a node).
-RESTART_TIMEOUT_S = float(os.environ.get("DPFL_RESTART_TIMEOUT_S") or "120")  # empty: unset
-
 
 PING_S = 5.0  # how long a restarted actor may take to answer its first call
 
@@ -273,13 +268,13 @@ class RayExecutor(HostPool):
     ) -> None:
         """Wait until every actor answers again (Ray restarts lost ones on a node with room);
         ``placement`` is updated. ``HostsUnavailable`` when an actor is dead for good (its
-        restarts spent) or not running within ``timeout_s`` (``RESTART_TIMEOUT_S``): no
+        restarts spent) or not running within ``timeout_s`` (``restart_timeout_s``): no
         surviving node can host it, or its new process is still starting (``_unplaceable``).
         ``check`` is polled every ``POLL_S`` meanwhile: what it raises ends the wait (a stop
         signal)."""
         from ray.exceptions import GetTimeoutError, RayActorError, UnserializableException
 
-        timeout_s = RESTART_TIMEOUT_S if timeout_s is None else timeout_s
+        timeout_s = restart_timeout_s() if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout_s
         waiting = set(range(len(self.actors)))
         while waiting:
