@@ -107,7 +107,11 @@ class ClientHost:
         test_per_client: int | None = None,
         kernels: Kernels = AUTO_KERNELS,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
+        data_seed: int | None = None,
     ):
+        """``seed`` keys the clients' streams (the config's ``streams_seed``); ``data_seed``
+        the matched test sets, as the driver draws them (the config's ``seed``; None:
+        ``seed``)."""
         self.device = torch.device(device)
         self.client_ids = list(client_ids)  # pinned here: each client's state lives here
         self.store = ShardStore.open(store_path)
@@ -137,7 +141,9 @@ class ClientHost:
         # Per-client test sets in each hosted client's label mix (optional evaluation).
         self.client_tests = {}
         if test_per_client:
-            sets = self.store.matched_test_sets(test_per_client, seed)
+            sets = self.store.matched_test_sets(
+                test_per_client, seed if data_seed is None else data_seed
+            )
             self.client_tests = {
                 cid: self._tensors(self.store.test_take(sets[cid])) for cid in client_ids
             }

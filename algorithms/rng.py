@@ -76,20 +76,40 @@ _INIT_A, _MULT_A, _INIT_B, _MULT_B = 0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38
 _MIX_MULT_L, _MIX_MULT_R = 0xCA01F9DD, 0x4973F715
 
 
+def _word_columns(keys: np.ndarray) -> np.ndarray | None:
+    """``keys`` (n × k, integers ≥ 0) as uint32 words (uint64 columns: a product of two words
+    fits before masking), each key spread over as many columns as it has words (SeedSequence:
+    at least one, little-endian); None where a column's rows differ in that number."""
+    columns = []
+    for j in range(keys.shape[1]):
+        values = [int(v) for v in keys[:, j]]
+        if min(values) < 0:
+            return None
+        counts = {max(1, (v.bit_length() + 31) // 32) for v in values}
+        if len(counts) > 1:
+            return None
+        for word in range(counts.pop()):
+            columns.append([(v >> (32 * word)) & _MASK32 for v in values])
+    return np.array(columns, dtype=np.uint64).T
+
+
 def stream_seeds(keys: np.ndarray) -> np.ndarray:
     """``stream_seed(*row)`` for every row of ``keys`` (n × k), vectorised over the rows.
 
     This is SeedSequence's entropy mixing and ``generate_state(1, uint64)`` step for step, on
     columns of uint32 words: its hash constants do not depend on the data, so every row follows
-    the same sequence of operations. Rows with a key outside [0, 2³²) — several words each —
-    take ``stream_seed`` itself. Bit-identical to it (``tests/test_rng.py``)."""
+    the same sequence of operations. A key of several words (a seed ≥ 2³², such as a sweep
+    trial's ``stream_seed``) is its little-endian words, as SeedSequence reads it; a column
+    whose rows differ in their number of words (or hold a negative key) takes ``stream_seed``
+    row by row. Bit-identical to it (``tests/test_rng.py``)."""
     keys = np.asarray(keys, dtype=object)
     n, k = keys.shape
     if n == 0:
         return np.zeros(0, dtype=np.uint64)
-    if not all(0 <= int(v) <= _MASK32 for v in keys.flat):
+    words = _word_columns(keys)
+    if words is None:
         return np.array([stream_seed(*(int(v) for v in row)) for row in keys], dtype=np.uint64)
-    words = keys.astype(np.uint64)  # uint64 columns: products of two words fit before masking
+    k = words.shape[1]
     hash_const = _INIT_A
 
     def hashmix(value: np.ndarray) -> np.ndarray:

@@ -81,7 +81,7 @@ ROLES = ("trial", "final")
 # The runtime sections and the seed do not make another configuration (see ``configuration_key``);
 # of the executor's, only the fields that change what is computed do: bf16 changes the results,
 # vectorize and channels_last their float rounding. Where the actors run never does.
-NOT_CONFIGURATION = ("seed", "tracking", "checkpoint", "executor")
+NOT_CONFIGURATION = ("seed", "stream_seed", "tracking", "checkpoint", "executor")
 EXECUTOR_CONFIGURATION = ("precision", "vectorize", "channels_last")
 NOT_PRIVATISED = "validation scores on private data are not privatised"
 PRIVACY_VARIES = (

@@ -85,10 +85,11 @@ def run_local(config, num_hosts: int = 1, kernels: Kernels = AUTO_KERNELS):
         store,
         config.task,
         config.build_algorithm(),
-        config.seed,
+        config.streams_seed,
         num_hosts=num_hosts,
         test_per_client=config.data.test_per_client,
         kernels=kernels,
+        data_seed=config.seed,
     )
     try:
         sim = Simulation(config, store, executor)

@@ -121,6 +121,58 @@ def test_grid_and_seeded_random_search(tmp_path, store_root):
     assert other.configurations() != first
 
 
+def test_every_trial_draws_its_own_noise_and_cohorts(tmp_path, store_root):
+    """Composition (and Papernot–Steinke) assume independent trials. At one shared seed the
+    noise of two trials was the same draw: the difference of their released models was the
+    noiseless difference (the review's 1.8e-7 against 0.159). Each trial now has its own
+    ``stream_seed``; the validation split stays the seed's, and a plan made again, or a
+    trial repeated by selected.yaml, has the same streams (the same computation)."""
+    from dataclasses import replace
+
+    from cluster.analysis.sweep import selected_yaml
+
+    base = _base(store_root, tmp_path)
+    base["privacy"] = {"accountant": "rdp"}
+    base["algorithm"] |= {"noise_multiplier": 1.0}
+    space = {"algorithm.local.lr": [0.05, 0.5]}
+    path = _write(tmp_path, "n", {"base": base, "space": space, "seeds": [0, 1]})
+    planned = plan(path, [])
+    configs = [planned.configs[r.name] for r in planned.records]
+    streams = [c.streams_seed for c in configs]
+    assert len(set(streams)) == 4 and all(0 <= s < 2**63 for s in streams)
+    assert [c.streams_seed for c in plan(path, []).configs.values()] == streams
+    assert streams[0] != plan(path, ["rounds=2"]).configs[planned.records[0].name].streams_seed
+    chosen = yaml.safe_load(selected_yaml(planned, (("algorithm.local.lr", 0.5),)))
+    assert (chosen["seed"], chosen["stream_seed"]) == (0, configs[2].streams_seed)
+
+    def released(config, sigma):
+        config = replace(config, rounds=1, executor=replace(config.executor, kind="local"))
+        config = replace(config, algorithm=replace(config.algorithm, noise_multiplier=sigma))
+        return run_local(config)
+
+    a, b = configs[0], configs[2]  # lr 0.05 and 0.5, both at seed 0
+    assert a.seed == b.seed == 0
+    runs = {(c.algorithm.local.lr, s): released(c, s) for c in (a, b) for s in (1.0, 0.0)}
+    noise = {lr: runs[lr, 1.0].state.params - runs[lr, 0.0].state.params for lr in (0.05, 0.5)}
+    assert noise[0.05].norm() > 0.1 and noise[0.5].norm() > 0.1
+    assert (noise[0.05] - noise[0.5]).norm() > 0.5 * noise[0.05].norm()  # independent draws
+    # The data's randomness is shared: the same store of held-out validation rows for both.
+    held = [runs[lr, 1.0].store for lr in (0.05, 0.5)]
+    assert held[0].location == held[1].location and held[0].num_validation > 0
+
+
+@pytest.mark.parametrize("given", ["seed=7", "stream_seed=3"])
+def test_seeds_are_the_sweeps_to_set(tmp_path, store_root, capsys, given):
+    space = {"algorithm.local.lr": [0.1]}
+    path = _write(tmp_path, "s", {"base": _base(store_root, tmp_path), "space": space})
+    assert main(["sweep", str(path), "--set", given]) == 2
+    assert f"--set = '{given}'" in capsys.readouterr().err
+    base = _base(store_root, tmp_path)
+    bad = _write(tmp_path, "s2", {"base": base, "space": {"stream_seed": [1]}})
+    assert main(["sweep", str(bad)]) == 2
+    assert "space.stream_seed" in capsys.readouterr().err
+
+
 def test_selection_is_by_the_mean_over_seeds_never_the_best_seed(tmp_path, store_root):
     spec = load(
         _write(tmp_path, "s", {"base": _base(store_root, tmp_path), "space": {"x": [1]}})

@@ -109,18 +109,34 @@ def fill(record: TrialRecord, result: TrialResult, metric: str, role: str) -> No
 
 
 def selected_yaml(planned: Planned, values: Values) -> str:
-    """The selected configuration at the spec's first seed, as ``cluster run`` reads it."""
+    """The selected configuration at the spec's first seed, as ``cluster run`` reads it: its
+    trial there (the retraining, after cross-validation) again, with that trial's streams."""
     spec = planned.spec
     changes = selected_changes(spec, values)
     run_base, run_overrides = run_setup(spec.base, planned.overrides, changes)
-    raw = merged(run_base, [*run_overrides, *assignments(changes), f"seed={spec.seeds[0]}"])
+    seed = [f"seed={spec.seeds[0]}", f"stream_seed={_streams_of(planned, values)}"]
+    raw = merged(run_base, [*run_overrides, *assignments(changes), *seed])
     seeds = ", ".join(map(str, spec.seeds))
     head = (
         f"# sweep {spec.name}: selected by the mean {spec.select.metric} ({spec.select.mode}) over "
         f"seeds {seeds}{' and folds' * spec.cross_validated}: {label(values, exact=True)}\n"
-        "# from the repository root: uv run python -m cluster run <this file> [--set seed=K]\n"
+        "# from the repository root: uv run python -m cluster run <this file>: the trial again;\n"
+        "# fresh noise and cohorts: --set stream_seed=null (another seed: also --set seed=K)\n"
     )
     return head + yaml.safe_dump(raw, sort_keys=False)
+
+
+def _streams_of(planned: Planned, values: Values) -> int:
+    """The ``stream_seed`` of the trial ``selected_yaml`` repeats: the retraining on all rows
+    after cross-validation, else the first draw of ``values`` at the first seed."""
+    if planned.spec.cross_validated:
+        record = planned.finals[values]
+    else:
+        first = planned.spec.seeds[0]
+        record = next(
+            r for r in planned.records if r.trial.values == values and r.trial.seed == first
+        )
+    return planned.configs[record.name].streams_seed
 
 
 def statement(planned: Planned, records: list[TrialRecord], earlier: list[str] = ()):
@@ -407,6 +423,8 @@ def _parent_tags(spec: SweepSpec, chosen: dict | None, reported: str, tuning) ->
     if chosen is not None:
         tags["selected"] = chosen["configuration"]
         tags["selected_test_accuracy"] = reported
+    # Always written: a resumed parent's earlier value must not outlive a statement without ε.
+    tags["tuning_epsilon"] = "none"
     if tuning.epsilon is not None and math.isfinite(tuning.epsilon):
         tags["tuning_epsilon"] = f"{tuning.epsilon:.6g}"
     return tags

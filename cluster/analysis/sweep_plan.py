@@ -3,6 +3,8 @@ checked (``plan``); a ``ConfigError`` names the trial."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -10,7 +12,15 @@ from pathlib import Path
 
 from cluster.analysis.run_configs import build_config, merged
 from cluster.analysis.sweep_report import TrialRecord, configurations
-from cluster.analysis.sweep_spec import SweepSpec, SweepTrial, Values, trial_digest, values_digest
+from cluster.analysis.sweep_spec import (
+    SEED_FIELDS,
+    SEEDS_FIX,
+    SweepSpec,
+    SweepTrial,
+    Values,
+    trial_digest,
+    values_digest,
+)
 from cluster.config import ConfigError, ExperimentConfig
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # the spec's stem: it names runs and tags
@@ -30,6 +40,13 @@ class Planned:
     final: TrialRecord | None = None
     tracking: tuple[str, str] | None = None  # (tracking URI, experiment) where runs are found
 
+    def digest(self) -> str:
+        """What the trials depend on: the spec's ``digest`` and every trial's identity (its
+        configuration after ``--set``, seed and draw); ``--set`` of a runtime section (the
+        executor, tracking, checkpoints) leaves it unchanged."""
+        identities = [self.spec.digest(), *(r.digest for r in self.records)]
+        return hashlib.sha256("/".join(identities).encode()).hexdigest()[:16]
+
     def all_records(self) -> list[TrialRecord]:
         return self.records + ([self.final] if self.final is not None else [])
 
@@ -42,6 +59,9 @@ def plan(path: Path, overrides: list[str]) -> Planned:
     spec = load(path)
     if not NAME.match(spec.name):
         raise ConfigError("SPEC", str(path), "name the spec file with letters, digits, . _ -")
+    for given in overrides:
+        if given.partition("=")[0].strip() in SEED_FIELDS:
+            raise ConfigError("--set", given, SEEDS_FIX)
     planned = Planned(spec, [], overrides=list(overrides))
     drawn: dict[str, int] = {}  # a configuration and seed: how often drawn so far
     for trial in spec.trials():
@@ -50,10 +70,9 @@ def plan(path: Path, overrides: list[str]) -> Planned:
         repeat = drawn[once] = drawn.get(once, -1) + 1
         if name in planned.configs:  # SweepTrial.key makes names unique: a bug otherwise
             raise AssertionError(f"two trials named {name}")
-        planned.configs[name] = config
-        planned.records.append(
-            TrialRecord(trial, name, trial_digest(config, repeat), repeat=repeat)
-        )
+        digest = trial_digest(config, repeat)
+        planned.configs[name] = with_own_streams(config, digest)
+        planned.records.append(TrialRecord(trial, name, digest, repeat=repeat))
     if planned.records:
         check_selection(spec, planned.configs[planned.records[0].name])
     if spec.cross_validated:
@@ -68,8 +87,19 @@ def final_record(planned: Planned, values: Values) -> TrialRecord:
     trial = SweepTrial(values, spec.seeds[0])
     config = trial_config(spec, planned.overrides, trial, selected_changes(spec, values))
     record = TrialRecord(trial, final_name(spec, trial), trial_digest(config))
-    planned.configs[record.name] = config
+    planned.configs[record.name] = with_own_streams(config, record.digest)
     return record
+
+
+def with_own_streams(config: ExperimentConfig, digest: str) -> ExperimentConfig:
+    """``config`` with the ``stream_seed`` of the trial whose identity is ``digest``
+    (``trial_digest``: its configuration, seed and draw). Each trial's noise, cohorts and
+    batches are then independent of every other trial's, as the composition of their ε
+    assumes (at one shared seed the difference of two trials' models cancelled the noise), and
+    two runs share them only where they are the same computation. The data's randomness (the
+    validation split) stays the seed's, shared by the trials."""
+    word = hashlib.sha256(f"dpfl-trial-streams/{digest}".encode()).hexdigest()[:15]
+    return dataclasses.replace(config, stream_seed=int(word, 16))  # 60 bits: < 2**63
 
 
 def trial_config(

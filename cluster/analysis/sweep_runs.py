@@ -51,8 +51,9 @@ def _read_json(client, run_id: str, artifact: str) -> dict:
 
 
 def parent_run(planned: Planned, uri: str, experiment: str):
-    """The sweep's parent run: the last one of this spec (its digest) if a sweep of it ran
-    before (resumed), else a new one."""
+    """The sweep's parent run: the last one of this sweep (``Planned.digest``: its spec and
+    every trial's identity, so ``--set`` values that change results make another sweep) if it
+    ran before (resumed), else a new one."""
     from mlflow.tracking import MlflowClient
 
     from cluster.tracking.process import TrackingRun
@@ -60,13 +61,13 @@ def parent_run(planned: Planned, uri: str, experiment: str):
     spec = planned.spec
     found = MlflowClient(uri).get_experiment_by_name(experiment)
     if found is not None:
-        query = f"tags.sweep_parent = '{spec.name}' and tags.sweep_digest = '{spec.digest()}'"
+        query = f"tags.sweep_parent = '{spec.name}' and tags.sweep_digest = '{planned.digest()}'"
         runs = MlflowClient(uri).search_runs([found.experiment_id], query, max_results=1)
         if runs:
             return TrackingRun.resume(uri, runs[0].info.run_id)
     params = {"space": json.dumps(spec.space), "seeds": str(list(spec.seeds))}
     params |= {"search": spec.method, "select": f"{spec.select.mode} {spec.select.metric}"}
-    tags = {"sweep_parent": spec.name, "sweep_digest": spec.digest()}
+    tags = {"sweep_parent": spec.name, "sweep_digest": planned.digest()}
     return TrackingRun.open(uri, experiment, f"sweep-{spec.name}", params, tags)
 
 

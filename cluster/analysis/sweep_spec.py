@@ -46,6 +46,11 @@ from typing import Any
 from cluster.config import ConfigError, ExperimentConfig, read_yaml_mapping
 
 SPEC_KEYS = ("base", "space", "search", "seeds", "select")
+# The sweep sets them per trial: the seed from ``seeds``, the streams from the trial's identity.
+SEED_FIELDS = ("seed", "stream_seed")
+SEEDS_FIX = (
+    "a sweep sets each trial's seed (list them under seeds:, e.g. seeds: 3) and its own stream_seed"
+)
 DISTRIBUTIONS = {"uniform": ("low", "high"), "loguniform": ("low", "high"), "choice": ("values",)}
 METRICS = ("validation_accuracy", "validation_loss", "test_accuracy", "test_loss")
 MODES = ("max", "min")
@@ -337,8 +342,8 @@ def _space(space: Any, method: str) -> dict[str, Any]:
         raise ConfigError("space", space, "a mapping field → values, e.g. {algorithm.rho: [0.1]}")
     for key, domain in space.items():
         where = f"space.{key}"
-        if key == "seed":
-            raise ConfigError(where, domain, "list the seeds under seeds: (e.g. seeds: 3)")
+        if key in SEED_FIELDS:
+            raise ConfigError(where, domain, SEEDS_FIX)
         if isinstance(domain, list):
             if not domain:
                 raise ConfigError(where, domain, "an empty list: give at least one value")

@@ -48,6 +48,7 @@ def validate(c: ExperimentConfig) -> None:
     choice("data.partition.method", c.data.partition.method, PARTITION_METHODS, "partition")
     choice("algorithm.name", c.algorithm.name, PRESETS, "algorithm")
     check_seed("seed", c.seed)
+    check_seed("stream_seed", c.stream_seed)
     check_seed("algorithm.sketch_seed", c.algorithm.sketch_seed)
     positive("rounds", c.rounds, "100")
     positive("eval_every", c.eval_every, "1")

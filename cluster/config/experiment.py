@@ -36,6 +36,12 @@ from privacy.record_level import methods_for
 class ExperimentConfig:
     task: str = "synthetic_logreg"
     seed: int = 0
+    # The seed of the run's random streams (cohorts, local batches, noise, dropout,
+    # augmentation) where they must differ from another run's at the same `seed`: a sweep gives
+    # each trial its own, so that no two trials share noise or cohorts (their ε compose only
+    # then). The data's randomness (the store, the validation split, the matched test sets) and
+    # the model's initialisation stay `seed`'s. null: `seed`.
+    stream_seed: int | None = None
     rounds: int = 100
     eval_every: int = 1
     # At each evaluation also DP-SCAFFOLD's diagnostics over every client's training data: the
@@ -54,6 +60,12 @@ class ExperimentConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     # Derived quantities used by the driver and the actors.
+    @property
+    def streams_seed(self) -> int:
+        """The seed every stream but the data's and the model initialisation's is keyed by:
+        ``stream_seed``, else ``seed``."""
+        return self.seed if self.stream_seed is None else self.stream_seed
+
     @property
     def sample_rate(self) -> float:
         return self.cohort.size / self.data.num_clients

@@ -196,6 +196,7 @@ class LocalExecutor(HostPool):
         test_per_client: int | None = None,
         kernels: Kernels = AUTO_KERNELS,
         intra_op_threads: int | None = None,
+        data_seed: int | None = None,
     ):
         super().__init__(store, algorithm, num_hosts)
         self._thread_count = ExitStack()  # closed by ``close``, or here if a host fails
@@ -211,6 +212,7 @@ class LocalExecutor(HostPool):
                     device,
                     test_per_client=test_per_client,
                     kernels=kernels,
+                    data_seed=data_seed,
                 )
                 for clients in self.assignment
             ]

@@ -118,6 +118,7 @@ class RayExecutor(HostPool):
         cpus_per_actor: float = 1.0,
         gpus_per_actor: float = 0.0,
         test_per_client: int | None = None,
+        data_seed: int | None = None,
         kernels: Kernels = AUTO_KERNELS,
         placement: str = "pack",
         keep_warm_s: float = 0.0,
@@ -143,6 +144,7 @@ class RayExecutor(HostPool):
             "task": task,
             "algorithm": algorithm,
             "seed": seed,
+            "data_seed": data_seed,
         }
         options = actor_options(cpus_per_actor, gpus_per_actor, placement)
         group = get_current_placement_group()  # a trial's, or None

@@ -136,7 +136,7 @@ class Simulation:
         start = time.perf_counter()
         self.executor.between_rounds()
         cohort = sample_cohort(
-            c.cohort.sampling, c.data.num_clients, c.cohort.size, c.seed, round_index
+            c.cohort.sampling, c.data.num_clients, c.cohort.size, c.streams_seed, round_index
         )
         warmup = round_index < c.warmup_rounds
         algorithm = self.algorithm.at_round(round_index)
@@ -244,13 +244,13 @@ class Simulation:
         noise = algorithm.pipeline.server_noise(
             self.state.params.numel(),
             self.layout,
-            (c.seed, round_index),
-            torch_generator(c.seed, round_index, Purpose.SERVER_NOISE),
+            (c.streams_seed, round_index),
+            torch_generator(c.streams_seed, round_index, Purpose.SERVER_NOISE),
         )
         count_noise = 0.0
         adaptive = algorithm.adaptive_clip
         if adaptive is not None and algorithm.mechanism.placement == "server":
-            generator = torch_generator(c.seed, round_index, Purpose.SERVER_COUNT_NOISE)
+            generator = torch_generator(c.streams_seed, round_index, Purpose.SERVER_COUNT_NOISE)
             std = adaptive.server_noise_std(c.cohort.size, algorithm.mechanism.noise_scale)
             count_noise = std * float(torch.randn(1, generator=generator, dtype=torch.float64))
         return ServerContext(float(c.cohort.size), c.data.num_clients, noise, count_noise)
