@@ -294,6 +294,7 @@ def tuning_statement(
     num_trials_distribution: dict | None,
     validation: str,
     delta: float | None,
+    space_refusal: str | None = None,
 ) -> TuningStatement:
     """The privacy of releasing the model a sweep of ``trials`` selected (module docstring).
 
@@ -307,6 +308,9 @@ def tuning_statement(
         validation: "public" (held-out clients outside the training population), "private"
             (rows of the training clients) or "none" (selection on the test set).
         delta: δ of the statement; None: the smallest of the trials' δ.
+        space_refusal: why the search space may draw a configuration whose mechanism no trial
+            ran (the caller reads the space: ``cluster.analysis.sweep_spec``), or None;
+            Papernot–Steinke is then not applied.
 
     Raises:
         ValueError: for an unknown ``search`` or ``validation``, a malformed distribution, or
@@ -335,7 +339,7 @@ def tuning_statement(
     composed, method = compose_trials(trials, delta)
     if num_trials_distribution is None:
         return TuningStatement(composed, delta, method, assumption, None)
-    why = papernot_steinke_refusal(trials)
+    why = space_refusal or papernot_steinke_refusal(trials)
     if why is not None:
         assumption += f"; Papernot–Steinke not applied: {why}"
         return TuningStatement(composed, delta, method, assumption, None)

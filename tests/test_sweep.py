@@ -22,6 +22,7 @@ from cluster.analysis.sweep_report import TrialRecord, summarize
 from cluster.analysis.sweep_spec import FOLD, SweepTrial, load
 from cluster.analysis.trials import calibrate
 from cluster.cli.main import main
+from cluster.config import ConfigError
 from cluster.runtime.checkpoint import load_checkpoint
 from tests.helpers import run_local
 
@@ -66,6 +67,17 @@ def _write(tmp_path, name: str, spec: dict) -> Path:
             {"algorithm.local.lr": [0.1]},
             {"search": {"method": "random", "seed": 1, "num_trials": {"distribution": "poisson"}}},
             ["search.num_trials", "mean"],
+        ),
+        (
+            {"data.partition": [{"method": "natural"}, {"method": "dirichlet", "alpha": 0.3}]},
+            {},
+            ["space.data.partition", "sweep the mapping's own fields"],
+        ),
+        ({"algorithm.local.lr": [0.1, 0.2, 0.1]}, {}, ["space.algorithm.local.lr = 0.1", "twice"]),
+        (
+            {"algorithm.local.lr": [0.1], "data.validation.fold": [0, 1]},
+            {"search": {"method": "random", "seed": 1, "num_samples": 2}},
+            ["space.data.validation.fold", "every fold"],
         ),
     ],
 )
@@ -1077,3 +1089,87 @@ def test_a_retrainings_config_error_names_the_retraining(tmp_path, store_root, m
         "sweep: config error: data.validation = None: needs validation data (the retraining "
         "of lr=0.1 on all training rows, seed 0)\n"
     )
+
+
+def test_papernot_steinke_needs_every_mechanism_the_space_can_draw(tmp_path, store_root):
+    """The review's space: rounds ∈ {50, 500} × a loguniform lr, K ~ Poisson. A draw of only
+    50-round configurations ran one mechanism, but ε(λ) must bound the 500-round ones too (by
+    the review's computation 4.795 stated against 13.0 with them): refused unless every
+    combination of the fields that may change the mechanism finished; the lr never matters."""
+    from cluster.analysis.sweep_spec import mechanism_may_vary
+
+    lr = {"distribution": "loguniform", "low": 0.01, "high": 1.0}
+    search = {"method": "random", "seed": 1, "num_trials": {"distribution": "poisson", "mean": 6}}
+    base = _base(store_root, tmp_path)
+
+    def spec(space):
+        return load(_write(tmp_path, "ps", {"base": base, "space": space, "search": search}))
+
+    neutral = spec({"algorithm.local.lr": lr, "algorithm.clip_norm": [0.5, 1.0]})
+    assert mechanism_may_vary(neutral, []) is None
+    rounds = spec({"rounds": [50, 500], "algorithm.local.lr": lr})
+    at = [SweepTrial((("rounds", r), ("algorithm.local.lr", 0.1)), 0) for r in (50, 50)]
+    why = mechanism_may_vary(rounds, at)
+    assert why == "rounds may change the privacy mechanism, and no finished trial ran rounds=500"
+    both = [*at, SweepTrial((("rounds", 500), ("algorithm.local.lr", 0.3)), 0)]
+    assert mechanism_may_vary(rounds, both) is None  # then privacy.tuning compares the curves
+    drawn = spec({"cohort.size": {"distribution": "uniform", "low": 2, "high": 8}})
+    assert "cohort.size may change the privacy mechanism and is drawn from a continuous" in (
+        mechanism_may_vary(drawn, [])
+    )
+
+
+def test_a_loss_is_minimised_unless_told_otherwise(tmp_path, store_root, capsys):
+    base = _base(store_root, tmp_path)
+    space = {"algorithm.local.lr": [0.1]}
+
+    def selection(select):
+        return load(_write(tmp_path, "sel", {"base": base, "space": space, "select": select}))
+
+    assert selection({"metric": "validation_loss"}).select.mode == "min"
+    assert selection({"metric": "validation_accuracy"}).select.mode == "max"
+    with pytest.raises(ConfigError, match="select.mode = 'max': selects the worst validation_loss"):
+        selection({"metric": "validation_loss", "mode": "max"})
+
+
+def test_the_parameter_plot_takes_a_field_with_a_null_value(tmp_path, store_root):
+    from cluster.analysis.sweep_report import plot_parameters
+
+    space = {"privacy.noise_cohort_size": [10, None]}
+    spec = load(_write(tmp_path, "plot", {"base": _base(store_root, tmp_path), "space": space}))
+    records = [
+        TrialRecord(t, f"t{i}", "d", status="FINISHED", metric=0.5 + i / 10)
+        for i, t in enumerate(spec.trials())
+    ]
+    plot_parameters(spec, records, tmp_path / "p.png")  # '<' between None and int before
+    assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_finished_trials_are_found_beyond_one_page_of_runs(
+    tmp_path, store_root, sqlite_store, monkeypatch
+):
+    """A sweep may hold more trials than one page of MLflow's search (1,000 by default): every
+    page is read (one run a page here), and a trial's newest finished run is its result."""
+    from cluster.analysis import sweep_runs
+
+    space = {"algorithm.local.lr": [0.05, 0.1, 0.2]}
+    planned = plan(
+        _write(tmp_path, "pg", {"base": _base(store_root, tmp_path), "space": space}), []
+    )
+    uri = sqlite_store(tmp_path / "mlflow.db")
+    planned.tracking = (uri, "sweep")
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("sweep")
+    privacy = tmp_path / "trial_privacy.json"
+    for start, record in enumerate([*planned.records, planned.records[0]]):  # newest wins
+        tags = {"sweep": "pg", sweep_runs.RECORDED: "true", "sweep_trial": record.digest,
+                sweep_runs.SECONDS: "1.5"}  # fmt: skip
+        run_id = client.create_run(experiment, 1000 + start, tags).info.run_id
+        privacy.write_text(json.dumps({"label": run_id}))
+        client.log_artifact(run_id, str(privacy))
+        client.set_terminated(run_id, "FINISHED")
+    monkeypatch.setattr(sweep_runs, "SEARCH_PAGE", 1)
+    records = [TrialRecord(r.trial, r.name, r.digest) for r in planned.records]
+    sweep_runs.find_finished(planned, records)
+    assert [r.status for r in records] == ["FINISHED"] * 3
+    assert records[0].privacy == {"label": run_id}

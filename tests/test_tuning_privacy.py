@@ -330,6 +330,14 @@ def test_papernot_steinke_needs_the_same_mechanism_in_every_configuration():
         assert refused.epsilon == statement(trials).epsilon
         assert refused.composition_epsilon is None
         assert f"Papernot–Steinke not applied: {PRIVACY_VARIES}" in refused.assumption
+    # The same mechanism in every trial that ran, but the space could draw another.
+    space = "rounds may change the privacy mechanism, and no finished trial ran rounds=500"
+    unseen = tuning_statement(
+        same, search="random", num_trials_distribution=poisson, validation="public",
+        delta=DELTA, space_refusal=space,
+    )  # fmt: skip
+    assert unseen.method.startswith("composition of") and unseen.epsilon > applied.epsilon
+    assert f"Papernot–Steinke not applied: {space}" in unseen.assumption
 
 
 def test_a_final_retraining_is_composed_after_the_selection():

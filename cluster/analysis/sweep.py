@@ -64,7 +64,7 @@ from cluster.analysis.sweep_report import (
     trial_rows,
 )
 from cluster.analysis.sweep_runs import MlflowLedger, parent_run
-from cluster.analysis.sweep_spec import SweepSpec, Values, label
+from cluster.analysis.sweep_spec import SweepSpec, Values, label, mechanism_may_vary
 from cluster.analysis.trials import (
     RecordingFailed,
     Trial,
@@ -169,6 +169,7 @@ def statement(planned: Planned, records: list[TrialRecord], earlier: list[str] =
         num_trials_distribution=spec.num_trials,
         validation=validation_kind(spec, first),
         delta=None,
+        space_refusal=mechanism_may_vary(spec, [r.trial for r in records if r.privacy]),
     )
 
 

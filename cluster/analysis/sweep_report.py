@@ -120,9 +120,9 @@ def plot_parameters(spec: SweepSpec, records: list[TrialRecord], path: Path) -> 
     for index, name in enumerate(fields):
         ax = fig.add_subplot(1, len(fields), index + 1)
         done = [r for r in records if r.status == "FINISHED" and r.metric is not None]
-        values = dict(done[0].trial.values)[name] if done else None
-        numeric = isinstance(values, int | float) and not isinstance(values, bool)
         xs = [dict(r.trial.values)[name] for r in done]
+        # a number axis only where every value is one ([10, null] is a category axis)
+        numeric = all(isinstance(x, int | float) and not isinstance(x, bool) for x in xs)
         xs = xs if numeric else [str(x) for x in xs]
         ax.scatter(xs, [r.metric for r in done], alpha=0.5, label="trials")
         means: dict = {}

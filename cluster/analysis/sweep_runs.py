@@ -12,6 +12,7 @@ from cluster.analysis.sweep_report import TrialRecord
 from cluster.analysis.sweep_resume import SECONDS, resume_killed
 
 RECORDED = "sweep_recorded"
+SEARCH_PAGE = 1000
 
 
 def find_finished(planned: Planned, records: list[TrialRecord]) -> None:
@@ -24,8 +25,18 @@ def find_finished(planned: Planned, records: list[TrialRecord]) -> None:
     if found is None:
         return
     query = f"tags.sweep = '{planned.spec.name}' and tags.{RECORDED} = 'true'"
-    runs = client.search_runs([found.experiment_id], query + " and attributes.status = 'FINISHED'")
-    by_digest = {run.data.tags.get("sweep_trial"): run for run in runs}
+    query += " and attributes.status = 'FINISHED'"
+    by_digest: dict = {}
+    token = None
+    while True:  # every page: a sweep may hold more trials than one page (MLflow: 1,000)
+        page = client.search_runs(
+            [found.experiment_id], query, max_results=SEARCH_PAGE, page_token=token
+        )
+        for run in page:  # newest first: the newest finished run of a trial is its result
+            by_digest.setdefault(run.data.tags.get("sweep_trial"), run)
+        token = page.token
+        if not token:
+            break
     metric = planned.spec.select.metric
     for record in records:
         run = by_digest.get(record.digest)

@@ -193,6 +193,63 @@ class SweepSpec:
         return _digest({k: getattr(self, k) for k in keys})
 
 
+# Swept fields that change the training but never the privacy mechanism (σ multiplies C; the
+# rounds, the sampling, the local steps and batches of DP-SGD, the noise are elsewhere).
+PRIVACY_NEUTRAL = (
+    "algorithm.local.lr",
+    "algorithm.local.momentum",
+    "algorithm.local.weight_decay",
+    "algorithm.local.lr_decay",
+    "algorithm.server_lr",
+    "algorithm.server_momentum",
+    "algorithm.clip_norm",
+    "algorithm.clip_lr",
+    "algorithm.rho",
+    "algorithm.pgn_rho",
+    "algorithm.pgn_beta",
+    "algorithm.blur_lambda",
+    "algorithm.ls_sigma",
+    "algorithm.sketch_momentum",
+)
+
+
+def mechanism_may_vary(spec: SweepSpec, finished: list[SweepTrial]) -> str | None:
+    """Why the space may draw a configuration whose privacy mechanism no finished trial ran
+    (Papernot–Steinke's ε(λ) must bound every configuration the search could draw), or None.
+
+    Fields outside ``PRIVACY_NEUTRAL`` may change the mechanism: each must have a finite domain
+    (a list or a choice), and every combination of their values must be among the ``finished``
+    trials (whose mechanisms ``privacy.tuning`` then checks are one)."""
+    varying = [f for f in spec.fields if f not in PRIVACY_NEUTRAL]
+    if not varying:
+        return None
+    continuous = [f for f in varying if not _finite_values(spec.space[f])]
+    if continuous:
+        return (
+            f"{', '.join(continuous)} may change the privacy mechanism and "
+            f"{'is' if len(continuous) == 1 else 'are'} drawn from a continuous distribution"
+        )
+    drawn = {tuple(_key(dict(t.values)[f]) for f in varying) for t in finished}
+    for combination in itertools.product(*(_finite_values(spec.space[f]) for f in varying)):
+        if tuple(_key(v) for v in combination) not in drawn:
+            shown = ", ".join(f"{f}={v!r}" for f, v in zip(varying, combination, strict=True))
+            return (
+                f"{', '.join(varying)} may change the privacy mechanism, and no finished trial "
+                f"ran {shown}"
+            )
+    return None
+
+
+def _finite_values(domain: Any) -> list | None:
+    if isinstance(domain, list):
+        return domain
+    return domain["values"] if domain["distribution"] == "choice" else None
+
+
+def _key(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
 def _digest(value: Any) -> str:
     text = json.dumps(value, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -344,9 +401,17 @@ def _space(space: Any, method: str) -> dict[str, Any]:
         where = f"space.{key}"
         if key in SEED_FIELDS:
             raise ConfigError(where, domain, SEEDS_FIX)
+        if key == FOLD and method != "grid":
+            raise ConfigError(
+                where,
+                domain,
+                "cross-validation scores every configuration on every fold: sweep the folds "
+                "in a grid (search: {method: grid}), or fix the fold in the base",
+            )
         if isinstance(domain, list):
             if not domain:
                 raise ConfigError(where, domain, "an empty list: give at least one value")
+            _scalar_values(where, domain)
             continue
         if method == "grid":
             raise ConfigError(
@@ -356,6 +421,27 @@ def _space(space: Any, method: str) -> dict[str, Any]:
             )
         _distribution(where, domain)
     return dict(space)
+
+
+def _scalar_values(where: str, values: list) -> None:
+    """Each value once, and a number, string, boolean or null (a configuration is its values:
+    a mapping names no field a table or a plot can show, and a value twice is the same runs
+    twice, charged twice to the tuning ε)."""
+    for value in values:
+        if isinstance(value, dict | list):
+            raise ConfigError(
+                where,
+                value,
+                "a value of a swept field is a number, a string, a boolean or null: sweep the "
+                "mapping's own fields (e.g. data.partition.alpha: [0.1, 0.3], its method in "
+                "the base)",
+            )
+    seen = [_key(v) for v in values]
+    repeated = next((v for v, k in zip(values, seen, strict=True) if seen.count(k) > 1), None)
+    if repeated is not None or len(set(seen)) < len(seen):
+        raise ConfigError(
+            where, repeated, "listed twice: give each value once (seeds: repeats a configuration)"
+        )
 
 
 def _distribution(where: str, domain: Any) -> None:
@@ -368,6 +454,7 @@ def _distribution(where: str, domain: Any) -> None:
     if kind == "choice":
         if not isinstance(domain.get("values"), list) or not domain["values"]:
             raise ConfigError(f"{where}.values", domain.get("values"), "a non-empty list")
+        _scalar_values(f"{where}.values", domain["values"])
         return
     low, high = (_number(f"{where}.{k}", domain.get(k)) for k in ("low", "high"))
     if not low < high or (kind == "loguniform" and low <= 0):
@@ -391,9 +478,16 @@ def _selection(select: Any) -> Selection:
     if not isinstance(select, dict):
         raise ConfigError("select", select, "e.g. {metric: validation_accuracy, mode: max}")
     _known_keys("select", select, ("metric", "mode"))
-    selection = Selection(**select)
-    if selection.metric not in METRICS:
-        raise ConfigError("select.metric", selection.metric, f"one of {', '.join(METRICS)}")
-    if selection.mode not in MODES:
-        raise ConfigError("select.mode", selection.mode, "max or min")
-    return selection
+    metric = select.get("metric", Selection.metric)
+    if metric not in METRICS:
+        raise ConfigError("select.metric", metric, f"one of {', '.join(METRICS)}")
+    # A loss is minimised, an accuracy maximised, unless the spec says otherwise.
+    mode = select.get("mode", "min" if str(metric).endswith("_loss") else "max")
+    if mode not in MODES:
+        raise ConfigError("select.mode", mode, "max or min")
+    if (mode == "max") == metric.endswith("_loss"):
+        better = "min" if mode == "max" else "max"
+        raise ConfigError(
+            "select.mode", mode, f"selects the worst {metric}: give {better} (or leave it out)"
+        )
+    return Selection(metric, mode)
