@@ -274,20 +274,27 @@ def test_a_trial_that_started_and_did_not_finish_leaves_the_sweep_without_epsilo
     )
 
 
+def _tracked_plan(tmp_path, store_root, sqlite_store, name: str, space: dict):
+    """The plan of a sweep ``name`` over ``space``, tracked in a new SQLite store: (planned,
+    its client, the experiment ``sweep``'s id)."""
+    planned = plan(
+        _write(tmp_path, name, {"base": _base(store_root, tmp_path), "space": space}), []
+    )
+    uri = sqlite_store(tmp_path / "mlflow.db")
+    planned.tracking = (uri, "sweep")
+    client = MlflowClient(uri)
+    return planned, client, client.create_experiment("sweep")
+
+
 def test_a_resumed_sweep_accounts_for_its_earlier_attempts(tmp_path, store_root, sqlite_store):
     """A trial killed (or failed) in an earlier attempt and run again since: its run, a child
     of the parent run that no trial holds, trained on the private data: no ε."""
     from cluster.analysis.sweep import statement
     from cluster.analysis.sweep_runs import earlier_attempts
 
-    space = {"algorithm.local.lr": [0.05]}
-    planned = plan(
-        _write(tmp_path, "ea", {"base": _base(store_root, tmp_path), "space": space}), []
+    planned, client, experiment = _tracked_plan(
+        tmp_path, store_root, sqlite_store, "ea", {"algorithm.local.lr": [0.05]}
     )
-    uri = sqlite_store(tmp_path / "mlflow.db")
-    planned.tracking = (uri, "sweep")
-    client = MlflowClient(uri)
-    experiment = client.create_experiment("sweep")
     parent = client.create_run(experiment).info.run_id
     children = {}
     for status in ("KILLED", "FINISHED"):
@@ -1152,14 +1159,9 @@ def test_finished_trials_are_found_beyond_one_page_of_runs(
     page is read (one run a page here), and a trial's newest finished run is its result."""
     from cluster.analysis import sweep_runs
 
-    space = {"algorithm.local.lr": [0.05, 0.1, 0.2]}
-    planned = plan(
-        _write(tmp_path, "pg", {"base": _base(store_root, tmp_path), "space": space}), []
+    planned, client, experiment = _tracked_plan(
+        tmp_path, store_root, sqlite_store, "pg", {"algorithm.local.lr": [0.05, 0.1, 0.2]}
     )
-    uri = sqlite_store(tmp_path / "mlflow.db")
-    planned.tracking = (uri, "sweep")
-    client = MlflowClient(uri)
-    experiment = client.create_experiment("sweep")
     privacy = tmp_path / "trial_privacy.json"
     for start, record in enumerate([*planned.records, planned.records[0]]):  # newest wins
         tags = {"sweep": "pg", sweep_runs.RECORDED: "true", "sweep_trial": record.digest,
