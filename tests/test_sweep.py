@@ -1175,3 +1175,33 @@ def test_finished_trials_are_found_beyond_one_page_of_runs(
     sweep_runs.find_finished(planned, records)
     assert [r.status for r in records] == ["FINISHED"] * 3
     assert records[0].privacy == {"label": run_id}
+
+
+def test_untracked_trials_keep_their_own_checkpoints_under_dpfl_checkpoint_dir(
+    tmp_path, store_root, monkeypatch
+):
+    """``$DPFL_CHECKPOINT_DIR`` (the k8s manifests set it) replaces each trial's own folder:
+    its checkpoint is still its own, named by the trial (all four shared one file before)."""
+    from cluster.runtime.checkpoint import checkpoint_path
+
+    base = _base(store_root, tmp_path) | {"tracking": {"enabled": False}}
+    space = {"algorithm.local.lr": [0.05, 0.5]}
+    planned = plan(_write(tmp_path, "k", {"base": base, "space": space, "seeds": 2}), [])
+    monkeypatch.setenv("DPFL_CHECKPOINT_DIR", str(tmp_path / "shared"))
+    paths = [checkpoint_path(c, None) for c in planned.configs.values()]
+    assert len(set(paths)) == 4 and {p.parent for p in paths} == {tmp_path / "shared"}
+    assert {p.name for p in paths} == {f"dpfl-{r.name}.pt" for r in planned.records}
+
+
+def test_a_long_label_is_left_out_of_the_trials_names(tmp_path, store_root):
+    """Four random fields made names over the 100 bytes a run name may have, refused with a fix
+    naming tracking.run_name, which the user never set: the label goes, the key stays."""
+    uniform = {"distribution": "loguniform", "low": 0.001, "high": 1.0}
+    fields = ("local.lr", "clip_norm", "server_lr", "local.momentum")
+    space = {f"algorithm.{f}": uniform for f in fields}
+    search = {"method": "random", "seed": 0, "num_samples": 2}
+    spec = {"base": _base(store_root, tmp_path), "space": space, "search": search}
+    planned = plan(_write(tmp_path, "sweep_client_level_mnist_tuning", spec), [])
+    names = [r.name for r in planned.records]
+    assert all(len(n.encode()) <= 100 for n in names) and len(set(names)) == 2
+    assert names[0] == f"sweep-sweep_client_level_mnist_tuning-{planned.records[0].trial.key}-seed0"

@@ -19,6 +19,7 @@ from cluster.analysis.sweep_spec import (
     SweepTrial,
     Values,
     trial_digest,
+    trial_name,
     values_digest,
 )
 from cluster.config import ConfigError, ExperimentConfig
@@ -126,7 +127,9 @@ def trial_config(
 
 
 def final_name(spec: SweepSpec, trial: SweepTrial) -> str:
-    return f"sweep-{spec.name}-{trial.label()}-{values_digest(trial.values)}-final-seed{trial.seed}"
+    return trial_name(
+        spec.name, trial.label(), f"{values_digest(trial.values)}-final-seed{trial.seed}"
+    )
 
 
 def selected_changes(spec: SweepSpec, values: Values) -> dict:

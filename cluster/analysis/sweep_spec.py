@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster.config import ConfigError, ExperimentConfig, read_yaml_mapping
+from cluster.config.runtime import NAME_MAX_BYTES
 
 SPEC_KEYS = ("base", "space", "search", "seeds", "select")
 # The sweep sets them per trial: the seed from ``seeds``, the streams from the trial's identity.
@@ -95,7 +96,14 @@ class SweepTrial:
     def name(self, sweep: str) -> str:
         """Its MLflow run's name, unique in the sweep (its checkpoint folder where untracked,
         and its key in every table): ``sweep-<spec>-lr=0.05-rho=0.02-c3-1f0a9e-seed1``."""
-        return f"sweep-{sweep}-{self.label()}-{self.key}-seed{self.seed}"
+        return trial_name(sweep, self.label(), f"{self.key}-seed{self.seed}")
+
+
+def trial_name(sweep: str, label: str, unique: str) -> str:
+    """``sweep-<spec>-<label>-<unique>``, or without the label where that is longer than a
+    run name may be (``NAME_MAX_BYTES``): ``unique`` alone tells the trials apart."""
+    name = f"sweep-{sweep}-{label}-{unique}"
+    return name if len(name.encode()) <= NAME_MAX_BYTES else f"sweep-{sweep}-{unique}"
 
 
 def _short_names(fields: list[str]) -> dict[str, str]:

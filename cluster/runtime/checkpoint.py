@@ -81,9 +81,12 @@ def resume_command(path: Location) -> str:
 
 
 def checkpoint_path(config: ExperimentConfig, run_id: str | None) -> Location:
-    """A tracked run's checkpoint is named by its MLflow run; an untracked one by what it runs."""
-    name = run_id or f"{config.tracking.experiment}-{config.algorithm.name}-seed{config.seed}"
-    return config.checkpoint_dir / f"{name}.pt"
+    """A tracked run's checkpoint is named by its MLflow run; an untracked one by its
+    ``tracking.run_name`` where it has one (a sweep's trials: each its own file, also where
+    ``$DPFL_CHECKPOINT_DIR`` puts every trial in one directory), else by what it runs."""
+    t = config.tracking
+    what = t.run_name if t.run_name is not None else f"{config.algorithm.name}-seed{config.seed}"
+    return config.checkpoint_dir / f"{run_id or f'{t.experiment}-{what}'}.pt"
 
 
 def save_checkpoint(
