@@ -1205,3 +1205,57 @@ def test_a_long_label_is_left_out_of_the_trials_names(tmp_path, store_root):
     names = [r.name for r in planned.records]
     assert all(len(n.encode()) <= 100 for n in names) and len(set(names)) == 2
     assert names[0] == f"sweep-sweep_client_level_mnist_tuning-{planned.records[0].trial.key}-seed0"
+
+
+def test_a_trial_whose_bundle_fits_no_single_node_is_refused(tmp_path, store_root):
+    """Two nodes of one CPU hold two CPUs in all, but not a local-executor trial's one bundle of
+    two (the review's sweep waited for good): refused before any trial, naming the largest."""
+    from dataclasses import replace
+
+    from cluster.analysis.trials import Trial, check_fits
+
+    config = _one_trial_config(store_root, tmp_path)
+    local = replace(config, executor=replace(config.executor, kind="local", num_actors=2,
+                                             cpus_per_actor=1.0))  # fmt: skip
+    nodes = [{"CPU": 1.0}, {"CPU": 1.0}]
+    with pytest.raises(ConfigError, match=r"needs 2 CPU, 0 GPU on one node.*largest: 1 CPU"):
+        check_fits([Trial("t", local)], {"CPU": 2.0}, nodes)
+    check_fits([Trial("t", local)], {"CPU": 3.0}, [*nodes, {"CPU": 2.0}])  # fits on the third
+
+
+def _one_trial_config(store_root, tmp_path):
+    space = {"algorithm.local.lr": [0.1]}
+    planned = plan(_write(tmp_path, "b", {"base": _base(store_root, tmp_path), "space": space}), [])
+    return planned.configs[planned.records[0].name]
+
+
+def test_a_trial_the_preflight_refuses_is_refused_before_any_trial_starts(
+    tmp_path, store_root, capsys
+):
+    """The review's checkpoint.dir under a plain file: both trials started and FAILED (exit 1),
+    then counted as trained on the private data; now exit 2 before any work, as `run` does."""
+    (tmp_path / "afile").write_text("")
+    base = _base(store_root, tmp_path) | {"tracking": {"enabled": False}}
+    base["checkpoint"] = {"dir": str(tmp_path / "afile" / "ck")}
+    path = _write(tmp_path, "pf", {"base": base, "space": {"algorithm.local.lr": [0.1, 0.2]}})
+    assert main(["sweep", str(path), "--out", str(tmp_path / "out")]) == 2
+    assert "checkpoint.dir" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_parent_says_which_epsilon_covers_the_logged_trials(tmp_path, store_root):
+    """Papernot–Steinke bounds the selected model only; the sweep logs every trial's model and
+    metrics, which the composition covers: both are tags, and a statement without ε writes
+    ``none`` over a resumed parent's earlier values."""
+    from cluster.analysis.sweep import _parent_tags
+    from privacy.tuning import TuningStatement
+
+    spec = load(_write(tmp_path, "t", {"base": _base(store_root, tmp_path),
+                                       "space": {"algorithm.local.lr": [0.1]}}))  # fmt: skip
+    both = TuningStatement(4.8, 1e-5, "Papernot–Steinke, poisson", "a", None, 5.8)
+    tags = _parent_tags(spec, None, "", both)
+    assert (tags["tuning_epsilon"], tags["tuning_epsilon_all_trials"]) == ("4.8", "5.8")
+    composed = TuningStatement(5.8, 1e-5, "composition", "a", None)
+    assert _parent_tags(spec, None, "", composed)["tuning_epsilon_all_trials"] == "5.8"
+    none = _parent_tags(spec, None, "", TuningStatement(None, None, "none", "a", "why"))
+    assert (none["tuning_epsilon"], none["tuning_epsilon_all_trials"]) == ("none", "none")

@@ -230,6 +230,7 @@ def run(args: argparse.Namespace) -> int:
         planned = plan(Path(args.spec), args.set)
         if args.concurrent < 0:
             raise ConfigError("--concurrent", args.concurrent, "0 (as many as fit) or more")
+        preflight_trials(planned)
     except (ConfigError, OSError, yaml.YAMLError) as error:
         print(f"sweep: {error}", file=sys.stderr)
         return 2
@@ -252,6 +253,17 @@ def run(args: argparse.Namespace) -> int:
         return 2
     with held:
         return _run_held(planned, ledger, first, out, args.concurrent)
+
+
+def preflight_trials(planned: Planned) -> None:
+    """The checks ``cluster run`` makes before any work (the store, the tracking store, Ray,
+    the checkpoint directory, a sketch's memory), for every trial before any starts: a trial
+    refused there would otherwise fail once started, and count as one that trained on the
+    private data (≈ 1 ms a trial with a local store)."""
+    from cluster.runtime.preflight import preflight
+
+    for config in planned.configs.values():
+        preflight(config)
 
 
 def _run_held(planned: Planned, ledger: Ledger, first: ExperimentConfig, out: Path, concurrent):
@@ -425,7 +437,10 @@ def _parent_tags(spec: SweepSpec, chosen: dict | None, reported: str, tuning) ->
         tags["selected"] = chosen["configuration"]
         tags["selected_test_accuracy"] = reported
     # Always written: a resumed parent's earlier value must not outlive a statement without ε.
-    tags["tuning_epsilon"] = "none"
-    if tuning.epsilon is not None and math.isfinite(tuning.epsilon):
-        tags["tuning_epsilon"] = f"{tuning.epsilon:.6g}"
+    # tuning_epsilon bounds the selected model (Papernot–Steinke where it is smaller); every
+    # trial's model and metrics logged here are covered by the composition only.
+    composed = tuning.epsilon if tuning.composition_epsilon is None else tuning.composition_epsilon
+    for tag, value in (("tuning_epsilon", tuning.epsilon), ("tuning_epsilon_all_trials", composed)):
+        finite = value is not None and math.isfinite(value)
+        tags[tag] = f"{value:.6g}" if finite else "none"
     return tags

@@ -139,20 +139,40 @@ def fit_in(needed: dict[str, float], total: dict[str, float]) -> bool:
     return all(need <= total.get(r, 0.0) + 1e-9 for r, need in needed.items())
 
 
-def check_fits(trials: Iterable[Trial], total: dict[str, float]) -> None:
-    """A trial whose bundles the cluster cannot hold would wait for good: refused first."""
+def check_fits(
+    trials: Iterable[Trial], total: dict[str, float], nodes: list[dict[str, float]]
+) -> None:
+    """A trial whose bundles the cluster cannot hold would wait for good: refused first, both
+    where they exceed the cluster's ``total`` and where one bundle fits on none of its
+    ``nodes`` (each node's resources: a bundle is placed on one node)."""
     for trial in trials:
+        e = trial.config.executor
+        shape = f"{e.num_actors} actors × {e.cpus_per_actor:g} CPU, {e.gpus_per_actor:g} GPU"
         for resource, need in resources_needed([trial]).items():
             if not fit_in({resource: need}, total):
-                e = trial.config.executor
                 raise ConfigError(
                     "executor",
-                    f"{e.num_actors} actors × {e.cpus_per_actor:g} CPU, {e.gpus_per_actor:g} GPU",
+                    shape,
                     f"trial {trial.name} needs {need:g} {resource} (its driver "
                     f"{DRIVER_CPU:g} CPU and its actors) but the Ray cluster has "
                     f"{total.get(resource, 0.0):g}; lower executor.num_actors or "
                     "executor.cpus_per_actor / gpus_per_actor",
                 )
+        for bundle in bundles(trial.config):
+            if not any(fit_in(bundle, node) for node in nodes):
+                largest = max(nodes, key=lambda n: (n.get("GPU", 0.0), n.get("CPU", 0.0)))
+                raise ConfigError(
+                    "executor",
+                    shape,
+                    f"trial {trial.name} needs {_bundle_text(bundle)} on one node, and no node "
+                    f"of the Ray cluster has it (the largest: {_bundle_text(largest)}); lower "
+                    "executor.cpus_per_actor / gpus_per_actor (a local executor's hosts share "
+                    "one bundle: also executor.num_actors)",
+                )
+
+
+def _bundle_text(resources: dict[str, float]) -> str:
+    return ", ".join(f"{resources.get(r, 0.0):g} {r}" for r in ("CPU", "GPU"))
 
 
 def _error_text(error: BaseException) -> str:
@@ -544,7 +564,8 @@ def run_concurrently(
             start_ray(trials[0].config.executor.address)  # first: the server has no such deadline
             import ray
 
-            check_fits(trials, ray.cluster_resources())
+            nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
+            check_fits(trials, ray.cluster_resources(), nodes)
         writer = single_writer(tracking_uri()) if tracked else contextlib.nullcontext(None)
         with writer as uri:
             engine = RayTrials(concurrent, parent_run_id, uri)
