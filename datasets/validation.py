@@ -137,13 +137,24 @@ def split_store(
     return train, clients, validation
 
 
+def _validation_description(base: ShardStore, spec: dict, seed: int) -> dict:
+    return {**spec, "seed": int(seed), "base": base.path.name}
+
+
+def validation_location(base: ShardStore, spec: dict, seed: int) -> locations.Location:
+    """Where ``validation_store`` keeps the store derived from ``base``: beside it, keyed by
+    its checksums and the split."""
+    validation = _validation_description(base, spec, seed)
+    key = store_key({"base": base.manifest["checksums"], "validation": validation})
+    return base.path.parent / f"{base.path.name}-validation-{key}"
+
+
 def validation_store(base: ShardStore, spec: dict, num_clients: int, seed: int) -> ShardStore:
     """The store derived from ``base`` with ``spec``'s rows held out (module docstring),
     opened if it was written before, else written beside ``base`` first."""
     description = {k: v for k, v in base.manifest.items() if k not in COMPUTED}
-    description["validation"] = {**spec, "seed": int(seed), "base": base.path.name}
-    key = store_key({"base": base.manifest["checksums"], "validation": description["validation"]})
-    location = base.path.parent / f"{base.path.name}-validation-{key}"
+    description["validation"] = _validation_description(base, spec, seed)
+    location = validation_location(base, spec, seed)
     if locations.exists(location / MANIFEST):
         return ShardStore.open(location)
     train, clients, validation = split_store(base, spec, num_clients, seed)

@@ -46,6 +46,8 @@ from tests.fixtures_k8s import (
 IMAGE_ENV = dict(re.findall(r"\b(APP_HOME|DPFL_\w+)=(\S+)", (K8S / "Dockerfile").read_text()))
 APP_HOME = IMAGE_ENV.pop("APP_HOME")  # the image's WORKDIR / PYTHONPATH
 RAY_ENV = {"MLFLOW_TRACKING_URI": "http://mlflow:5000", **IMAGE_ENV}
+PRIVATE_TMP = "/tmp/dpfl"
+PRIVATE_TMP_COMMAND = ["sh", "-c", f"mkdir -p {PRIVATE_TMP} && chmod 700 {PRIVATE_TMP}"]
 SHARED_MOUNT = os.path.commonpath(list(IMAGE_ENV.values()))  # the dpfl-shared volume
 _BASE_KINDS = [
     ("v1", "Service"),
@@ -111,9 +113,14 @@ def test_ray_clusters(rendered):
                 for n, v in volumes.items()
                 if "persistentVolumeClaim" in v
             }
+            (init,) = pod["initContainers"]  # TMPDIR made private in the /tmp emptyDir
+            assert init["command"] == PRIVATE_TMP_COMMAND, (name, group)
+            assert {"name": "tmp", "mountPath": "/tmp"} in init["volumeMounts"], (name, group)
+            assert init["image"] == pod["containers"][0]["image"], (name, group)
             for c in pod["containers"]:
                 env = {e["name"]: e.get("value") for e in c["env"]}
                 assert {k: env.get(k) for k in expected_env} == expected_env, (name, group)
+                assert (env["TMPDIR"], env["RAY_TMPDIR"]) == (PRIVATE_TMP, "/tmp"), (name, group)
                 assert c["image"].startswith("dpfl-cluster:"), (name, group)
                 assert c["resources"]["limits"]["cpu"], (name, group)
                 mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
@@ -292,3 +299,22 @@ def test_kubectl_client_dry_run_of_core_objects(rendered):
         # (kubectl#991, #1589); offline this fails with "connection refused".
         pytest.skip(f"kubectl --dry-run=client needs an API server: {out.stderr.strip()[:200]}")
     assert len([d for d in yaml.safe_load_all(out.stdout) if d]) >= 1
+
+
+def test_the_private_tmpdir_passes_the_shipped_codes_check(tmp_path, monkeypatch):
+    """An emptyDir is mode 0777 with no sticky bit (02777 with an fsGroup): the workers'
+    package directory there was refused (any local user could rename it), and every actor of
+    a run by address failed to start. The initContainer's command makes TMPDIR private in it,
+    which the check accepts."""
+    from actors import code_bootstrap
+
+    emptydir = tmp_path / "tmp"
+    emptydir.mkdir()
+    emptydir.chmod(0o2777)
+    monkeypatch.setattr(code_bootstrap.tempfile, "gettempdir", lambda: str(emptydir))
+    with pytest.raises(PermissionError, match="set TMPDIR to a private directory"):
+        code_bootstrap.unpack_root()
+    command = PRIVATE_TMP_COMMAND[2].replace(PRIVATE_TMP, str(emptydir / "dpfl"))
+    subprocess.run(["sh", "-c", command], check=True, timeout=30)
+    monkeypatch.setattr(code_bootstrap.tempfile, "gettempdir", lambda: str(emptydir / "dpfl"))
+    assert code_bootstrap.unpack_root() == emptydir / "dpfl" / f"dpfl-code-{os.getuid()}"

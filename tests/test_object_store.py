@@ -548,3 +548,25 @@ def test_a_malformed_layout_in_an_s3_manifest_is_a_store_error(s3, tmp_path, lay
     s3.client().put_object(Bucket=s3.bucket, Key=key, Body=json.dumps(manifest).encode())
     with pytest.raises(StoreError, match="test.arrow"):
         ShardStore.open(store.location).check()
+
+
+@pytest.mark.timeout(60)
+def test_a_validation_store_these_credentials_cannot_write_beside_is_refused_before_any_work(
+    s3, tmp_path, monkeypatch, capsys
+):
+    """``data.validation`` writes its store beside ``data.store``: read-only credentials passed
+    the preflight and failed in the store's opening with a traceback."""
+    monkeypatch.chdir(tmp_path)
+    store = _build(s3.uri("shards"), small_config(tmp_path))
+    before = s3.keys()
+    config = _config_file(
+        tmp_path,
+        data={**small_config(tmp_path).to_dict()["data"], "store": store.location,
+              "store_root": str(tmp_path), "validation": {"fraction": 0.2}},
+        checkpoint={"dir": str(tmp_path / "ck")}, tracking={"enabled": False},
+    )  # fmt: skip
+    _as_iam_user(s3, monkeypatch, READ_ONLY)
+    err = _refused(["run", config, "--executor", "local"], capsys)
+    assert f"data.validation = '{store.path.parent}'" in err and "cannot write under" in err
+    monkeypatch.undo()
+    assert s3.keys() == before

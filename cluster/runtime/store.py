@@ -24,8 +24,8 @@ from datasets import locations
 from datasets.partition import PartitionError, make_partitioner
 from datasets.preparation import split_preparation
 from datasets.sources import build_or_open_store
-from datasets.store import ShardStore, StoreError
-from datasets.validation import held_out_rows, validation_store
+from datasets.store import MANIFEST, ShardStore, StoreError
+from datasets.validation import held_out_rows, validation_location, validation_store
 
 
 def open_store(config: ExperimentConfig) -> tuple[ShardStore, bool]:
@@ -117,6 +117,10 @@ def check_data(config: ExperimentConfig) -> None:
     except StoreError as error:
         raise unreadable_store(location, error, _rebuild_fix(d)) from None
     check_store_matches(store, d)
+    if d.validation is not None:  # its store is written beside this one, unless it is there
+        derived = validation_location(store, d.validation.describe(), config.seed)
+        if not locations.exists(derived / MANIFEST):
+            check_writable_location("data.validation", store.path.parent)
 
 
 def unreadable_store(location: str, error: StoreError, fix: str) -> ConfigError:
