@@ -97,38 +97,39 @@ def test_ray_executor_matches_local_executor(store_root, ray_session, algorithm)
     config = small_config(store_root, *extra, "data.test_per_client=10")
     store, _ = open_store(config)
     local = run_local(config)
-    for num_actors in (1, 3):
-        executor = RayExecutor(
-            store,
-            config.task,
-            config.build_algorithm(),
-            config.seed,
-            num_actors,
-            cpus_per_actor=1,
-            test_per_client=10,
-        )
-        try:
-            sim = Simulation(config, store, executor)
-            sim.run()
-        finally:
-            executor.close()
-        np.testing.assert_allclose(
-            sim.state.params.numpy(), local.state.params.numpy(), atol=1e-6, rtol=0
-        )
-        assert sim.history[-1].test_accuracy == pytest.approx(local.history[-1].test_accuracy)
-        # Per-client matched test sets: each actor evaluates its own clients' sets.
-        assert sim.history[-1].metrics["client_test_accuracy"] == pytest.approx(
-            local.history[-1].metrics["client_test_accuracy"]
-        )
-        for name, value in local.state.extras.items():
-            np.testing.assert_allclose(sim.state.extras[name].numpy(), value.numpy(), atol=1e-6)
-        # As many threads in process as actors: the same sums in the same order, bit for bit
-        # (one thread: the local run itself).
-        threaded = local if num_actors == 1 else run_local(config, num_hosts=num_actors)
-        assert torch.equal(threaded.state.params, sim.state.params)
-        assert threaded.history[-1].metrics == sim.history[-1].metrics
-        for name, value in threaded.state.extras.items():
-            assert torch.equal(value, sim.state.extras[name])
+    # Three actors: against one host (the actor count changes no result beyond rounding) and,
+    # bit for bit, three host threads (one actor against one host is that case's n = 1).
+    num_actors = 3
+    executor = RayExecutor(
+        store,
+        config.task,
+        config.build_algorithm(),
+        config.seed,
+        num_actors,
+        cpus_per_actor=1,
+        test_per_client=10,
+    )
+    try:
+        sim = Simulation(config, store, executor)
+        sim.run()
+    finally:
+        executor.close()
+    np.testing.assert_allclose(
+        sim.state.params.numpy(), local.state.params.numpy(), atol=1e-6, rtol=0
+    )
+    assert sim.history[-1].test_accuracy == pytest.approx(local.history[-1].test_accuracy)
+    # Per-client matched test sets: each actor evaluates its own clients' sets.
+    assert sim.history[-1].metrics["client_test_accuracy"] == pytest.approx(
+        local.history[-1].metrics["client_test_accuracy"]
+    )
+    for name, value in local.state.extras.items():
+        np.testing.assert_allclose(sim.state.extras[name].numpy(), value.numpy(), atol=1e-6)
+    # As many threads in process as actors: the same sums in the same order, bit for bit.
+    threaded = run_local(config, num_hosts=num_actors)
+    assert torch.equal(threaded.state.params, sim.state.params)
+    assert threaded.history[-1].metrics == sim.history[-1].metrics
+    for name, value in threaded.state.extras.items():
+        assert torch.equal(value, sim.state.extras[name])
 
 
 def test_fractional_gpu_actors_are_packed_and_a_stateless_round_survives_a_killed_actor(
