@@ -204,6 +204,23 @@ class ClientArrays:
     y: np.ndarray
 
 
+class StoreReadFailed(RuntimeError):
+    """Rows of an object-store store that could not be fetched once a run began (the endpoint
+    went away, or kept failing past ``locations.ATTEMPTS`` tries): not a damaged store, and no
+    reason to rebuild it."""
+
+    def __init__(self, location: str, reason: str):
+        self.location, self.reason = location, reason
+        super().__init__(
+            f"shard store {location}: rows could not be read ({reason}); the run stopped: "
+            "resume it from its last checkpoint (python -m cluster resume) once the store "
+            "answers"
+        )
+
+    def __reduce__(self):  # as Ray sends it from an actor
+        return (self.__class__, (self.location, self.reason))
+
+
 class StoreError(ValueError):
     """A store that cannot be read as written: missing, corrupt, truncated or of another format,
     or (``denied``) in an object store that refused these credentials.
@@ -465,7 +482,7 @@ class _RangedSplits:
         x_start, y_start = layout["x"][0], layout["y"][0]
         byte_ranges = [(x_start + a * self.x_width, x_start + b * self.x_width) for a, b in ranges]
         byte_ranges += [(y_start + a * 8, y_start + b * 8) for a, b in ranges]
-        data = read_ranges(self._file(split), byte_ranges)
+        data = self._read(split, byte_ranges)
         x_bytes = sum(b - a for a, b in ranges) * self.x_width
         x = data[:x_bytes].view(self.x_dtype).reshape(-1, *self.x_shape)
         return ClientArrays(x, data[x_bytes:].view(np.int64))
@@ -479,7 +496,16 @@ class _RangedSplits:
     def labels(self, split: str, num_rows: int) -> np.ndarray:
         """The y column alone (8 bytes a row, in one request)."""
         start = self.layout[f"{split}.arrow"]["y"][0]
-        return read_ranges(self._file(split), [(start, start + 8 * num_rows)]).view(np.int64)
+        return self._read(split, [(start, start + 8 * num_rows)]).view(np.int64)
+
+    def _read(self, split: str, ranges: Sequence[tuple[int, int]]) -> np.ndarray:
+        """``read_ranges`` of the split's file; a ``StoreReadFailed`` where the object store
+        did not answer (pyarrow has retried each request)."""
+        try:
+            return read_ranges(self._file(split), ranges)
+        except OSError as error:
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise StoreReadFailed(str(self.location), reason) from None
 
 
 def read_ranges(file: pa.NativeFile, ranges: Sequence[tuple[int, int]]) -> np.ndarray:

@@ -570,3 +570,34 @@ def test_a_validation_store_these_credentials_cannot_write_beside_is_refused_bef
     assert f"data.validation = '{store.path.parent}'" in err and "cannot write under" in err
     monkeypatch.undo()
     assert s3.keys() == before
+
+
+def test_a_store_that_stops_answering_mid_run_ends_it_in_one_paragraph(
+    s3, tmp_path, monkeypatch, capsys
+):
+    """Rows fetched by ranges while the run trains (a host's cache, an evaluation): an endpoint
+    that stopped answering ended the run with a traceback; now one paragraph, exit 1, saying
+    to resume once the store answers (not to rebuild it: nothing is damaged)."""
+    import pickle
+
+    from datasets import store as store_module
+    from datasets.store import StoreReadFailed
+
+    monkeypatch.chdir(tmp_path)
+    built = _build(s3.uri("shards"), small_config(tmp_path))
+    config = _config_file(
+        tmp_path,
+        data={**small_config(tmp_path).to_dict()["data"], "store": built.location},
+        checkpoint={"dir": str(tmp_path / "ck")}, tracking={"enabled": False},
+    )  # fmt: skip
+
+    def endpoint_gone(file, ranges):
+        raise OSError("AWS Error NETWORK_CONNECTION during GetObject operation: timed out")
+
+    monkeypatch.setattr(store_module, "read_ranges", endpoint_gone)
+    assert main(["run", config, "--executor", "local"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: shard store {built.location}: rows could not be read (AWS Error")
+    assert "resume it from its last checkpoint" in err and "Traceback" not in err
+    failure = StoreReadFailed(built.location, "timed out")
+    assert str(pickle.loads(pickle.dumps(failure))) == str(failure)  # as Ray sends it

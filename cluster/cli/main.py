@@ -72,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
         except TrackingError as error:  # MLflow or its process failed once the run began
             print(_tracking_failure(error, getattr(args, "verbose", False)), file=sys.stderr)
             return stop.exit_code or 1  # a stop signal that came meanwhile still says so
+        except _read_failures() as error:  # an object store that stopped answering mid-run
+            print(f"error: {raised_in_actor(error)}", file=sys.stderr)
+            return stop.exit_code or 1
         return stop.exit_code or code  # a signal during the last writes still says it came
 
 
@@ -92,6 +95,13 @@ def raised_in_actor(error: BaseException) -> BaseException:
     if ray is not None and isinstance(error, ray.exceptions.RayTaskError):
         return error.cause
     return error
+
+
+def _read_failures() -> tuple[type[Exception], ...]:
+    """What a store that stops answering once the run began raises (imported when needed)."""
+    from datasets.store import StoreReadFailed
+
+    return (StoreReadFailed,)
 
 
 def _input_errors() -> tuple[type[Exception], ...]:
