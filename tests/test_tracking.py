@@ -170,6 +170,17 @@ def test_rounds_are_written_together_and_a_refused_batch_keeps_the_rounds_before
         tracker.log_rounds([(later[0], 1), (later[1], 2), (bad, 3), (later[2], 4)])
     steps = sorted(m.step for m in tracker.client.get_metric_history(tracker.run_id, "m3"))
     assert steps == [*range(1, 53)] and tracker.logged_through == 52
+    # A node lost while round 50's checkpoint was written: round 50 recomputed, logged already,
+    # but its recovery's time is new (it was lost before); nothing else is logged again.
+    recovered = {"m3": 9.0, "recovery_seconds": 4.5, "rounds_replayed": 3.0}
+    again = RoundRecord(round=50, cohort_size=5, seconds=0.1, metrics=recovered)
+    tracker.log_rounds([(again, 7_000)])
+    history = tracker.client.get_metric_history(tracker.run_id, "recovery_seconds")
+    assert [(m.step, m.value) for m in history] == [(50, 4.5)]
+    assert [m.value for m in tracker.client.get_metric_history(tracker.run_id, "m3")].count(
+        9.0
+    ) == 0
+    assert tracker.logged_through == 52
     tracker.client.set_terminated(tracker.run_id)
 
 

@@ -72,6 +72,10 @@ def _artifact_location(uri: str, experiment: str) -> str | None:
     return (database.resolve().parent / "mlruns" / experiment).as_uri()
 
 
+# Known only once a lost round is recomputed (``Simulation._recovered``).
+RECOVERY_METRICS = frozenset({"recovery_seconds", "rounds_replayed"})
+
+
 class MlflowTracker:
     def __init__(
         self,
@@ -147,12 +151,19 @@ class MlflowTracker:
         to it. A call the store refuses as invalid is retried round by round: the rounds before
         the bad one are written and its error is raised, as if each round had been written
         alone. Any other failure (the store unreachable) is raised at once: retrying round by
-        round would spend MLflow's HTTP retries again on a server that is gone."""
-        pending = [
-            (record.round, self._round_metrics(record, when_ms))
-            for record, when_ms in rounds
-            if record.round > self.logged_through
-        ]
+        round would spend MLflow's HTTP retries again on a server that is gone.
+
+        A round this run holds already is not logged again, but for its ``RECOVERY_METRICS``:
+        a node lost while a checkpoint was written (after the round was logged) recomputes
+        it, and only then is the recovery's time known."""
+        pending = []
+        for record, when_ms in rounds:
+            if record.round > self.logged_through:
+                pending.append((record.round, self._round_metrics(record, when_ms)))
+            elif RECOVERY_METRICS & record.metrics.keys():
+                recovery = {k: record.metrics[k] for k in RECOVERY_METRICS if k in record.metrics}
+                metrics = [Metric(k, float(v), when_ms, record.round) for k, v in recovery.items()]
+                pending.append((record.round, metrics))
         group: list[tuple[int, list[Metric]]] = []
         size = 0
         for number, metrics in pending:
@@ -174,7 +185,7 @@ class MlflowTracker:
             for one in group:
                 self._write([one])
             return
-        self.logged_through = group[-1][0]
+        self.logged_through = max(self.logged_through, group[-1][0])
 
     @staticmethod
     def _round_metrics(record: RoundRecord, when_ms: int) -> list[Metric]:
