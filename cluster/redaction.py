@@ -1,21 +1,27 @@
 """Secrets kept off the terminal and the job logs: a URI's credentials, masked in every message
-that may show one (``ConfigError``, ``TrackingError``, the lines a finished run prints)."""
+that may show one (``ConfigError``, ``TrackingError``, the lines a command prints)."""
 
 from __future__ import annotations
 
 import re
 
-# The user information of a URI (``scheme://USER:PASSWORD@host`` or ``scheme://TOKEN@host``).
-_USERINFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)([^\s/@:'\"]*)(:[^\s/@'\"]*)?@")
+# A URI up to the last "@" of its token (whitespace and quotes end a token): its user
+# information. Taken to the last "@", not the first "/": an AWS secret key holds "/" and
+# "+", and a password may hold a raw "@", as users paste them unescaped.
+_USERINFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)([^\s'\"]*)@")
 
 
 def redact_credentials(text: str) -> str:
     """``text`` with the secret of every URI's user information masked: a password
     (``postgresql://mlflow:***@db/mlflow``), or a user part without one, which may be a token
-    (``https://***@host``). For what reaches a terminal or a job's logs."""
+    (``https://***@host``). For what reaches a terminal or a job's logs; a URI whose path
+    holds an "@" is masked too (better too much than a secret)."""
 
     def mask(match: re.Match) -> str:
-        scheme, user, password = match.groups()
-        return f"{scheme}{user}:***@" if password is not None else f"{scheme}***@"
+        scheme, userinfo = match.groups()
+        user, colon, _ = userinfo.partition(":")
+        if colon and "/" not in user:
+            return f"{scheme}{user}:***@"
+        return f"{scheme}***@"
 
     return _USERINFO.sub(mask, text)

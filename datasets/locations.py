@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -101,11 +101,16 @@ class ObjectLocation:
         ``..`` (which S3 keeps literally, but a reader of the key would not)."""
         if not self.bucket or "/" in self.bucket:
             raise LocationError(f"no bucket in {self}; write {self.scheme}://BUCKET/PREFIX")
-        if "@" in self.bucket or ":" in self.bucket:  # never echoed: it may hold a secret
+        if "@" in str(self) and ":" in self.bucket:  # never echoed: it may hold a secret
             raise LocationError(
                 "the URI holds credentials (USER:SECRET@ before the bucket); give them in "
                 "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or another AWS credential "
                 f"source), never in the URI: {self.scheme}://BUCKET/PREFIX"
+            )
+        if ":" in self.bucket:
+            raise LocationError(
+                "a bucket name has no ':' (an endpoint, HOST:PORT, goes in AWS_ENDPOINT_URL, "
+                f"e.g. http://minio:9000): write {self.scheme}://BUCKET/PREFIX"
             )
         if not _BUCKET.fullmatch(self.bucket):
             raise LocationError(
@@ -142,12 +147,12 @@ def parse_location(text: str | os.PathLike | ObjectLocation) -> Location:
         return Path(text)
     if scheme == "file":  # file:///ABSOLUTE/PATH (RFC 8089: the first segment is a host)
         host, _, path = rest.partition("/")
-        if host not in ("", "localhost"):
+        if host not in ("", "localhost") or not path:
             raise LocationError(
-                f"file://{host}/... names the host {host!r}; write file:///ABSOLUTE/PATH (three "
-                "slashes) or the plain path"
+                f"file://{rest} names {f'the host {host!r}' if host else 'no path'}; write "
+                "file:///ABSOLUTE/PATH (three slashes) or the plain path"
             )
-        return Path("/" + path)
+        return Path("/" + unquote(path))
     if scheme not in SCHEMES:
         raise LocationError(
             f"the scheme {scheme!r} is not supported: give a local path or s3://BUCKET/PREFIX "
@@ -456,12 +461,18 @@ def upload_folder(folder: Path, location: ObjectLocation, last: str | None = Non
     commits the store) never sees it beside a half-written folder. A ``last`` object already
     there is never deleted nor overwritten: another writer of the same content-keyed folder
     committed it first (its other objects are the same bytes as ours), and runs may be reading
-    it; ours is then not committed a second time."""
+    it; ours is then not committed a second time. Where ``last`` is given no object is
+    replaced: the upload stops once ``last`` appears, and skips an object already there (a
+    store's arrays need not be the same bytes on every machine: PCA's SVD varies with the
+    LAPACK build), so a committed store is never changed under its readers. Two writers
+    racing to their manifests can still mix their objects: ``ShardStore.verify`` finds it."""
     fs = s3_filesystem()
     files = sorted(p.relative_to(folder) for p in folder.rglob("*") if p.is_file())
     for relative in sorted(files, key=lambda p: p.as_posix() == last):
-        if relative.as_posix() == last and exists(location / last):
+        if last is not None and exists(location / last):  # committed meanwhile: keep it whole
             return
+        if last is not None and exists(location / relative):  # another writer's, never replaced
+            continue
         pafs.copy_files(
             str(folder / relative),
             (location / relative).path,

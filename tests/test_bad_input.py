@@ -476,6 +476,15 @@ CASES = [
         env={"RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps({"runtime_env": {"working_dir": "."}})},
     ),
     Case(
+        "a resume onto an embedded Ray inside a Ray job",  # a resume runs the preflight too
+        lambda workdir, store: resume_with(
+            checkpoint_payload(rounds=1, changes=[f"checkpoint.dir={workdir / 'ck'}"]),
+            *("--set", "executor.address=local"),
+        )(workdir, store),
+        ("executor.address = 'local'", "inside a Ray job a second, embedded Ray"),
+        env={"RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps({"runtime_env": {"working_dir": "."}})},
+    ),
+    Case(
         "gpus -1",
         run_with({"executor.gpus_per_actor": -1}),
         ("executor.gpus_per_actor = -1", "must be 0, a fraction in [0.0001, 1] or a whole"),
@@ -822,6 +831,20 @@ CASES = [
         run_with(),
         ("MLFLOW_TRACKING_URI = 'http://admin:***@127.0.0.1:1'", "nothing answers"),
         {"M": f"http://admin:{SECRET}@127.0.0.1:1"},
+    ),
+    Case(
+        "a store URI with a secret key holding a slash, echoed by --set",
+        run_with(None, "--set", f"data.store=s3://AKIAIOSFODNN7EXAMPLE:{SECRET}/K7MDENG@bkt/x"),
+        ("data.store = 's3://AKIAIOSFODNN7EXAMPLE:***@bkt/x'", "never in the URI"),
+    ),
+    Case(
+        "a password holding a slash and an @",
+        run_with(),
+        (
+            "MLFLOW_TRACKING_URI = 'postgresql+psycopg://mlflow:***@127.0.0.1:1/mlflow'",
+            "percent-encode",
+        ),
+        {"M": f"postgresql+psycopg://mlflow:{SECRET}/x@y@127.0.0.1:1/mlflow"},
     ),
     Case(
         "checkpoint dir with credentials in the URI",

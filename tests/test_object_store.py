@@ -32,7 +32,7 @@ from cluster.config import ConfigError
 from cluster.runtime.checkpoint import load_checkpoint, open_checkpoint, save_checkpoint
 from cluster.runtime.experiment import run_experiment
 from datasets import locations
-from datasets.locations import Location, ObjectLocation, parse_location
+from datasets.locations import ObjectLocation, parse_location
 from datasets.sources import build_store, existing_store_path, store_path
 from datasets.store import MANIFEST, ShardStore, StoreError
 
@@ -304,9 +304,14 @@ def test_location_checks_keep_keys_inside_their_prefix(monkeypatch):
     assert parse_location("file:///tmp/x") == Path("/tmp/x")
     with pytest.raises(ValueError, match="names the host 'shards'; write file:///ABSOLUTE/PATH"):
         parse_location("file://shards/x")  # not the relative path shards/x
+    with pytest.raises(ValueError, match="names no path"):
+        parse_location("file://")
+    assert parse_location("file:///tmp/a%20b") == Path("/tmp/a b")
+    with pytest.raises(ValueError, match="goes in AWS_ENDPOINT_URL"):
+        parse_location("s3://minio:9000/dpfl/shards")
     with pytest.raises(ValueError, match="never in the URI") as refused:
-        parse_location("s3://AKIAEXAMPLE:wJalrXUtnFEMI@bkt/ck")
-    assert "wJalrXUtnFEMI" not in str(refused.value)
+        parse_location("s3://AKIAIOSFODNN7EXAMPLE:wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY@bkt/ck")
+    assert "wJalrXUtnFEMI" not in str(refused.value) and "bPxRfiCY" not in str(refused.value)
     with pytest.raises(ValueError, match=r"the bucket 'b\$\(x\)' is no bucket name"):
         parse_location("s3://b$(x)/k")
     joined = parse_location("s3://b/root") / Path("../escape")
@@ -486,32 +491,44 @@ def test_partition_refuses_an_out_that_holds_other_objects(s3, tmp_path, capsys)
     assert keys == ["mine/thesis.txt"]
 
 
-def test_a_second_builder_of_a_store_never_hides_the_committed_one(s3, tmp_path, monkeypatch):
+def test_a_second_builder_of_a_store_never_changes_the_committed_one(s3, tmp_path, monkeypatch):
     """Two trials building one content-keyed store at once, both past the check for its
-    manifest: the second's upload leaves the first's manifest in place at every step (it used
-    to delete it first, and the store was unreadable until its own upload ended)."""
+    manifest. The second's objects need not be the same bytes (PCA's SVD varies with the
+    machine): it used to delete the first's manifest first (the store unreadable until its own
+    upload ended) and replace every object. Now it replaces none: with the manifest there it
+    uploads nothing; before it (the first still uploading) it skips the objects there."""
     config = small_config(tmp_path)
     where = store_path(parse_location(s3.uri("shards")), *config.store_parameters)
-    sizes = build_store(where, *config.store_parameters).client_sizes.tolist()
-    manifest = {"Bucket": s3.bucket, "Key": f"{where.key}/{MANIFEST}"}
-    committed = s3.client().get_object(**manifest)["ETag"]
-    real_exists, real_copy = locations.exists, locations.pafs.copy_files
-    checks: list[Location] = []
-    readable: list[bool] = []
+    build_store(where, *config.store_parameters)
 
-    def raced_exists(location):
-        checks.append(location)
-        return len(checks) > 1 and real_exists(location)  # the first check: not there yet
+    def objects() -> dict[str, str]:
+        listed = s3.client().list_objects_v2(Bucket=s3.bucket, Prefix=where.key)["Contents"]
+        return {item["Key"]: item["ETag"] for item in listed}
 
-    def copy_then_read(*args, **kwargs):
-        readable.append(ShardStore.open(where).client_sizes.tolist() == sizes)
-        return real_copy(*args, **kwargs)
+    def other_bytes(folder: Path) -> None:  # the second machine's build of the same store
+        _copy_store(where, folder)
+        for path in folder.rglob("*.npy"):
+            path.write_bytes(path.read_bytes() + b"\0")
 
-    monkeypatch.setattr(locations, "exists", raced_exists)
-    monkeypatch.setattr(locations.pafs, "copy_files", copy_then_read)
-    locations.write_folder(where, lambda folder: _copy_store(where, folder), last=MANIFEST)
-    assert len(readable) >= 3 and all(readable)
-    assert s3.client().get_object(**manifest)["ETag"] == committed  # not written again
+    before, real_exists = objects(), locations.exists
+    copied: list[str] = []
+    real_copy = locations.pafs.copy_files
+    monkeypatch.setattr(
+        locations.pafs, "copy_files", lambda *a, **k: copied.append(a[1]) or real_copy(*a, **k)
+    )
+    locations.upload_folder(_filled(tmp_path / "a", other_bytes), where, MANIFEST)
+    assert copied == [] and objects() == before  # committed: nothing uploaded
+    monkeypatch.setattr(  # the first writer has not committed yet
+        locations, "exists", lambda loc: loc.name != MANIFEST and real_exists(loc)
+    )
+    locations.upload_folder(_filled(tmp_path / "b", other_bytes), where, MANIFEST)
+    assert copied == [(where / MANIFEST).path] and objects() == before  # no object replaced
+
+
+def _filled(folder: Path, fill) -> Path:
+    folder.mkdir()
+    fill(folder)
+    return folder
 
 
 def _copy_store(where: ObjectLocation, folder: Path) -> None:

@@ -133,7 +133,7 @@ def test_grid_and_seeded_random_search(tmp_path, store_root):
     assert other.configurations() != first
 
 
-def test_every_trial_draws_its_own_noise_and_cohorts(tmp_path, store_root):
+def test_every_trial_draws_its_own_noise_and_cohorts(tmp_path, store_root, monkeypatch):
     """Composition (and Papernot–Steinke) assume independent trials. At one shared seed the
     noise of two trials was the same draw: the difference of their released models was the
     noiseless difference (the review's 1.8e-7 against 0.159). Each trial now has its own
@@ -141,7 +141,11 @@ def test_every_trial_draws_its_own_noise_and_cohorts(tmp_path, store_root):
     trial repeated by selected.yaml, has the same streams (the same computation)."""
     from dataclasses import replace
 
+    from actors.client_host import ClientHost
     from cluster.analysis.sweep import selected_yaml
+    from cluster.runtime import simulation
+    from cluster.runtime.experiment import run_experiment
+    from cluster.runtime.store import open_store
 
     base = _base(store_root, tmp_path)
     base["privacy"] = {"accountant": "rdp"}
@@ -157,19 +161,37 @@ def test_every_trial_draws_its_own_noise_and_cohorts(tmp_path, store_root):
     chosen = yaml.safe_load(selected_yaml(planned, (("algorithm.local.lr", 0.5),)))
     assert (chosen["seed"], chosen["stream_seed"]) == (0, configs[2].streams_seed)
 
-    def released(config, sigma):
+    seeds: list[tuple] = []  # what the run's own path hands the cohorts and the hosts
+    real_cohort, real_host = simulation.sample_cohort, ClientHost.__init__
+
+    def cohort(sampling, num_clients, size, seed, round_index):
+        seeds.append(("cohort", seed))
+        return real_cohort(sampling, num_clients, size, seed, round_index)
+
+    def host(self, *args, **kwargs):
+        seeds.append(("host", args[3], kwargs["data_seed"]))
+        real_host(self, *args, **kwargs)
+
+    monkeypatch.setattr(simulation, "sample_cohort", cohort)
+    monkeypatch.setattr(ClientHost, "__init__", host)
+
+    def released(config, sigma):  # as a trial runs: run_experiment
         config = replace(config, rounds=1, executor=replace(config.executor, kind="local"))
         config = replace(config, algorithm=replace(config.algorithm, noise_multiplier=sigma))
-        return run_local(config)
+        config = replace(config, tracking=replace(config.tracking, enabled=False))
+        seeds.clear()
+        params = run_experiment(config).result.params
+        assert seeds == [("host", config.streams_seed, 0), ("cohort", config.streams_seed)]
+        return params
 
     a, b = configs[0], configs[2]  # lr 0.05 and 0.5, both at seed 0
     assert a.seed == b.seed == 0
     runs = {(c.algorithm.local.lr, s): released(c, s) for c in (a, b) for s in (1.0, 0.0)}
-    noise = {lr: runs[lr, 1.0].state.params - runs[lr, 0.0].state.params for lr in (0.05, 0.5)}
+    noise = {lr: runs[lr, 1.0] - runs[lr, 0.0] for lr in (0.05, 0.5)}
     assert noise[0.05].norm() > 0.1 and noise[0.5].norm() > 0.1
     assert (noise[0.05] - noise[0.5]).norm() > 0.5 * noise[0.05].norm()  # independent draws
     # The data's randomness is shared: the same store of held-out validation rows for both.
-    held = [runs[lr, 1.0].store for lr in (0.05, 0.5)]
+    held = [open_store(c)[0] for c in (a, b)]
     assert held[0].location == held[1].location and held[0].num_validation > 0
 
 
@@ -1190,7 +1212,9 @@ def test_untracked_trials_keep_their_own_checkpoints_under_dpfl_checkpoint_dir(
     monkeypatch.setenv("DPFL_CHECKPOINT_DIR", str(tmp_path / "shared"))
     paths = [checkpoint_path(c, None) for c in planned.configs.values()]
     assert len(set(paths)) == 4 and {p.parent for p in paths} == {tmp_path / "shared"}
-    assert {p.name for p in paths} == {f"dpfl-{r.name}.pt" for r in planned.records}
+    assert {p.name for p in paths} == {
+        f"dpfl-dp_fedavg-seed{r.trial.seed}-{r.name}.pt" for r in planned.records
+    }
 
 
 def test_a_long_label_is_left_out_of_the_trials_names(tmp_path, store_root):

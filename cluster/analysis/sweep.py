@@ -257,13 +257,16 @@ def run(args: argparse.Namespace) -> int:
 
 def preflight_trials(planned: Planned) -> None:
     """The checks ``cluster run`` makes before any work (the store, the tracking store, Ray,
-    the checkpoint directory, a sketch's memory), for every trial before any starts: a trial
-    refused there would otherwise fail once started, and count as one that trained on the
-    private data (≈ 1 ms a trial with a local store)."""
+    the checkpoint directory, a sketch's memory), for every trial before any starts, where the
+    trials run on this machine (an embedded Ray; on a cluster their drivers run on its nodes,
+    whose paths and memory these checks cannot see): a trial refused there would otherwise
+    fail once started, and count as one that trained on the private data (≈ 1 ms a trial)."""
+    from cluster.config.runtime import starts_embedded_ray
     from cluster.runtime.preflight import preflight
 
     for config in planned.configs.values():
-        preflight(config)
+        if starts_embedded_ray(config.executor):  # else trials run on the cluster's nodes
+            preflight(config)
 
 
 def _run_held(planned: Planned, ledger: Ledger, first: ExperimentConfig, out: Path, concurrent):

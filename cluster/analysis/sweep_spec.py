@@ -218,6 +218,9 @@ PRIVACY_NEUTRAL = (
     "algorithm.blur_lambda",
     "algorithm.ls_sigma",
     "algorithm.sketch_momentum",
+    "algorithm.local.max_grad_norm",  # local clipping outside DP-SGD's
+    "algorithm.clip_target_quantile",  # the adaptive clip's target: its count noise is σ_b's
+    "algorithm.clip_error_tolerance",
 )
 
 
@@ -270,7 +273,10 @@ def trial_digest(config: ExperimentConfig, repeat: int = 0) -> str:
     (a random search's repeated draw is a trial of its own)."""
     from privacy.tuning import configuration_key
 
-    key = f"{configuration_key(config.to_dict())}-seed{config.seed}"
+    # Marked: a trial run before trials had streams of their own (they shared the seed's
+    # noise) has another identity, and is never taken for one of these.
+    own_streams = hashlib.sha256(f"own-streams/{configuration_key(config.to_dict())}".encode())
+    key = f"{own_streams.hexdigest()[:16]}-seed{config.seed}"
     return key + (f"-repeat{repeat}" if repeat else "")
 
 

@@ -66,7 +66,8 @@ def _start_tracking_process(verbose: bool) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     # First line before the heavy imports (torch alone takes seconds): the user sees it started.
-    print(f"run {args.config}" + "".join(f" --set {a}" for a in _overrides(args)), flush=True)
+    echoed = "".join(f" --set {a}" for a in _overrides(args))
+    print(redact_credentials(f"run {args.config}{echoed}"), flush=True)
     _start_tracking_process(args.verbose)
     from cluster.config import load_config
 
@@ -78,10 +79,10 @@ def _resume(args: argparse.Namespace) -> int:
     at once when its rounds are all done."""
     from cluster.config import ConfigError
     from cluster.runtime.checkpoint import open_checkpoint
+    from cluster.runtime.preflight import preflight
 
-    print(
-        f"resume {args.checkpoint}" + "".join(f" --set {a}" for a in _overrides(args)), flush=True
-    )
+    echoed = "".join(f" --set {a}" for a in _overrides(args))
+    print(redact_credentials(f"resume {args.checkpoint}{echoed}"), flush=True)
     _start_tracking_process(args.verbose)
     overrides = _overrides(args)
     for assignment in overrides:
@@ -102,6 +103,7 @@ def _resume(args: argparse.Namespace) -> int:
             )
     checkpoint, config = open_checkpoint(args.checkpoint, overrides)
     _rounds_left(config, checkpoint["simulation"]["rounds_done"])  # refused writing nothing
+    preflight(config)  # as a new run's: the store, MLflow, Ray, the checkpoint directory
     with ExitStack() as locks:
         checkpoint, config = _locked_checkpoint(
             locks, args.checkpoint, overrides, checkpoint, config
@@ -115,6 +117,7 @@ def _locked_checkpoint(locks: ExitStack, path: str, overrides, checkpoint: dict,
     another run wrote it since it was first read (and checked, writing nothing)."""
     from cluster.runtime.checkpoint import checkpoint_path, open_checkpoint
     from cluster.runtime.checkpoint_lock import checkpoint_locks
+    from cluster.runtime.preflight import check_no_checkpoint_overwritten
     from datasets.locations import parse_location
 
     source = parse_location(path)
@@ -123,7 +126,15 @@ def _locked_checkpoint(locks: ExitStack, path: str, overrides, checkpoint: dict,
     locks.enter_context(checkpoint_locks(source, writes))
     if _identity(source) != before:
         checkpoint, config = open_checkpoint(path, overrides)
+    if checkpoint.get("run_id") is None and _resolved(writes) != _resolved(source):
+        check_no_checkpoint_overwritten(config)  # another run's checkpoint may be there
     return checkpoint, config
+
+
+def _resolved(location):
+    from pathlib import Path
+
+    return location.resolve() if isinstance(location, Path) else location
 
 
 def _identity(location) -> tuple | None:
@@ -328,8 +339,9 @@ def _execute_locked(locks: ExitStack, config, checkpoint: dict | None, verbose: 
     if outcome.run_id:
         shown = redact_credentials(outcome.tracking_uri)  # the terminal may be a job's log
         print(f"MLflow run {outcome.run_id} in {shown}")
-        if not outcome.tracking_uri.startswith("http"):
-            print(f"browse it with: uv run mlflow ui --backend-store-uri {shlex.quote(shown)}")
+        if not outcome.tracking_uri.startswith("http"):  # a masked password: the variable
+            uri = shlex.quote(shown) if shown == outcome.tracking_uri else '"$MLFLOW_TRACKING_URI"'
+            print(f"browse it with: uv run mlflow ui --backend-store-uri {uri}")
         print(f"run page: {redact_credentials(outcome.run_page)}")
     return 0
 

@@ -23,8 +23,8 @@ DEFAULT_RESTART_TIMEOUT_S = 120.0
 
 def restart_timeout_s() -> float:
     """How long lost actors may take to be running again, somewhere: ``$DPFL_RESTART_TIMEOUT_S``
-    (unset or empty: 120 s; an autoscaling cluster may need minutes to add a node). A
-    ``ConfigError`` unless it is a finite number of seconds > 0 (NaN would never time out)."""
+    (unset or empty: 120 s; an autoscaling cluster may need minutes to add a node; inf: wait
+    for good). A ``ConfigError`` unless it is a number of seconds > 0 (NaN is not one)."""
     text = os.environ.get(RESTART_TIMEOUT_VARIABLE) or ""
     if not text:
         return DEFAULT_RESTART_TIMEOUT_S
@@ -32,12 +32,12 @@ def restart_timeout_s() -> float:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and value > 0):
+    if not value > 0:  # NaN too; inf: wait for good
         raise ConfigError(
             RESTART_TIMEOUT_VARIABLE,
             text,
-            "must be a number of seconds > 0 (e.g. 600 where nodes are added on demand); unset "
-            f"it for {DEFAULT_RESTART_TIMEOUT_S:g}",
+            "must be a number of seconds > 0 (e.g. 600 where nodes are added on demand, inf to "
+            f"wait for good); unset it for {DEFAULT_RESTART_TIMEOUT_S:g}",
         )
     return value
 

@@ -81,12 +81,14 @@ def resume_command(path: Location) -> str:
 
 
 def checkpoint_path(config: ExperimentConfig, run_id: str | None) -> Location:
-    """A tracked run's checkpoint is named by its MLflow run; an untracked one by its
-    ``tracking.run_name`` where it has one (a sweep's trials: each its own file, also where
-    ``$DPFL_CHECKPOINT_DIR`` puts every trial in one directory), else by what it runs."""
+    """A tracked run's checkpoint is named by its MLflow run; an untracked one by what it runs
+    (experiment, preset, seed), and its ``tracking.run_name`` where it has one (a sweep's
+    trials: each its own file, also where ``$DPFL_CHECKPOINT_DIR`` puts all in one directory)."""
     t = config.tracking
-    what = t.run_name if t.run_name is not None else f"{config.algorithm.name}-seed{config.seed}"
-    return config.checkpoint_dir / f"{run_id or f'{t.experiment}-{what}'}.pt"
+    name = f"{t.experiment}-{config.algorithm.name}-seed{config.seed}"
+    if t.run_name is not None:
+        name += f"-{t.run_name}"
+    return config.checkpoint_dir / f"{run_id or name}.pt"
 
 
 def save_checkpoint(

@@ -27,6 +27,7 @@ from cluster.config.runtime import (
     restart_timeout_s,
     starts_embedded_ray,
 )
+from cluster.redaction import redact_credentials
 from cluster.runtime.memory import check_actor_processes_fit, check_sketch_fits
 from cluster.runtime.storage_checks import check_writable_dir, check_writable_location
 from cluster.runtime.store import check_data
@@ -86,11 +87,13 @@ def check_tracking_uri() -> None:
         scheme = "databricks" if uri == "databricks" else where.scheme.split("+")[0]
         port = where.port if scheme in _DEFAULT_PORTS else None  # a non-number raises here
     except ValueError as error:
+        # The parser's reason may quote part of a password ("a/b@host" splits it as a port)
+        why = error if redact_credentials(uri) == uri else "a password or token holds / or @"
         raise ConfigError(
             "MLFLOW_TRACKING_URI",
             uri,
-            f"not a valid URI ({error}); e.g. http://127.0.0.1:5000 or sqlite:///mlflow.db "
-            "(unset it for the local default)",
+            f"not a valid URI ({why}); e.g. http://127.0.0.1:5000 or sqlite:///mlflow.db "
+            "(unset it for the local default; percent-encode a password's / and @)",
         ) from None
     if scheme not in _MLFLOW_SCHEMES:
         raise ConfigError(

@@ -74,7 +74,7 @@ class TrackingError(RuntimeError):
 
     def __init__(self, message: str, details: str = "", code: str | None = None):
         super().__init__(redact_credentials(message))
-        self.details, self.code = details, code
+        self.details, self.code = redact_credentials(details), code
 
     @classmethod
     def from_reply(cls, uri: str, failure: dict) -> TrackingError:
