@@ -242,3 +242,31 @@ def _held_by_another_process(*checkpoints: Path):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_resume_never_overwrites_another_runs_checkpoint_at_its_target(
+    store_root, tmp_path, capsys
+):
+    """An untracked resume writes the checkpoint its config names; where that is not the file
+    it read (``--set checkpoint.dir``, or an older naming), a checkpoint of another run there
+    was overwritten in silence: now refused, as ``run`` refuses it."""
+    import yaml
+
+    def untracked(directory, lr):
+        config = small_config(
+            store_root, f"checkpoint.dir={directory}", "rounds=1", "tracking.enabled=false",
+            f"algorithm.local.lr={lr}",
+        )  # fmt: skip
+        path = tmp_path / f"c{lr}.yaml"
+        path.write_text(yaml.safe_dump(config.to_dict()))
+        assert main(["run", str(path)]) == 0
+        return next((tmp_path / directory).glob("*.pt"))
+
+    mine, theirs = untracked(tmp_path / "mine", 0.1), untracked(tmp_path / "theirs", 0.2)
+    assert mine.name == theirs.name
+    kept = theirs.read_bytes()
+    capsys.readouterr()
+    argv = ["resume", str(mine), "--set", "rounds=2", "--set", f"checkpoint.dir={theirs.parent}"]
+    assert main(argv) == 2
+    assert "holds a checkpoint of another run" in capsys.readouterr().err
+    assert theirs.read_bytes() == kept
