@@ -101,7 +101,7 @@ class ObjectLocation:
         ``..`` (which S3 keeps literally, but a reader of the key would not)."""
         if not self.bucket or "/" in self.bucket:
             raise LocationError(f"no bucket in {self}; write {self.scheme}://BUCKET/PREFIX")
-        if "@" in str(self) and ":" in self.bucket:  # never echoed: it may hold a secret
+        if "@" in self.bucket or (":" in self.bucket and "@" in self.key):  # never echoed
             raise LocationError(
                 "the URI holds credentials (USER:SECRET@ before the bucket); give them in "
                 "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or another AWS credential "
@@ -147,12 +147,17 @@ def parse_location(text: str | os.PathLike | ObjectLocation) -> Location:
         return Path(text)
     if scheme == "file":  # file:///ABSOLUTE/PATH (RFC 8089: the first segment is a host)
         host, _, path = rest.partition("/")
-        if host not in ("", "localhost") or not path:
-            raise LocationError(
-                f"file://{rest} names {f'the host {host!r}' if host else 'no path'}; write "
-                "file:///ABSOLUTE/PATH (three slashes) or the plain path"
-            )
-        return Path("/" + unquote(path))
+        path = unquote(path)
+        if not path or "\0" in path:
+            problem = "names no path" if not path else "holds a NUL character (%00)"
+        elif host not in ("", "localhost"):
+            problem = "names a host" if "@" in host else f"names the host {host!r}"
+        else:
+            return Path("/" + path)
+        raise LocationError(
+            f"the file:// URI {problem}; write file:///ABSOLUTE/PATH (three slashes) or the "
+            "plain path"
+        )
     if scheme not in SCHEMES:
         raise LocationError(
             f"the scheme {scheme!r} is not supported: give a local path or s3://BUCKET/PREFIX "
@@ -461,18 +466,17 @@ def upload_folder(folder: Path, location: ObjectLocation, last: str | None = Non
     commits the store) never sees it beside a half-written folder. A ``last`` object already
     there is never deleted nor overwritten: another writer of the same content-keyed folder
     committed it first (its other objects are the same bytes as ours), and runs may be reading
-    it; ours is then not committed a second time. Where ``last`` is given no object is
-    replaced: the upload stops once ``last`` appears, and skips an object already there (a
-    store's arrays need not be the same bytes on every machine: PCA's SVD varies with the
-    LAPACK build), so a committed store is never changed under its readers. Two writers
-    racing to their manifests can still mix their objects: ``ShardStore.verify`` finds it."""
+    it; ours is then not committed a second time. The upload stops as soon as ``last``
+    appears (checked before each object), so the objects of a committed store are not
+    replaced (a store's arrays need not be the same bytes on every machine: PCA's SVD varies
+    with the LAPACK build); before a commit, objects left by a writer that died are replaced.
+    Left: two writers uploading at once, both before either manifest, can mix their objects
+    (S3 has no transaction; ``ShardStore.verify`` recomputes the checksums)."""
     fs = s3_filesystem()
     files = sorted(p.relative_to(folder) for p in folder.rglob("*") if p.is_file())
     for relative in sorted(files, key=lambda p: p.as_posix() == last):
         if last is not None and exists(location / last):  # committed meanwhile: keep it whole
             return
-        if last is not None and exists(location / relative):  # another writer's, never replaced
-            continue
         pafs.copy_files(
             str(folder / relative),
             (location / relative).path,

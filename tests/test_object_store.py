@@ -310,6 +310,13 @@ def test_location_checks_keep_keys_inside_their_prefix(monkeypatch):
     with pytest.raises(ValueError, match="goes in AWS_ENDPOINT_URL"):
         parse_location("s3://minio:9000/dpfl/shards")
     with pytest.raises(ValueError, match="never in the URI") as refused:
+        parse_location("s3://ghp_T0KENx@bkt/x")
+    assert "T0KEN" not in str(refused.value)
+    for bad in ("file://", "file://localhost", "file:///tmp/a%00b", "file://u:p@host/x"):
+        with pytest.raises(ValueError, match="the file:// URI") as refused:
+            parse_location(bad)
+        assert "u:p" not in str(refused.value)
+    with pytest.raises(ValueError, match="never in the URI") as refused:
         parse_location("s3://AKIAIOSFODNN7EXAMPLE:wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY@bkt/ck")
     assert "wJalrXUtnFEMI" not in str(refused.value) and "bPxRfiCY" not in str(refused.value)
     with pytest.raises(ValueError, match=r"the bucket 'b\$\(x\)' is no bucket name"):
@@ -495,8 +502,9 @@ def test_a_second_builder_of_a_store_never_changes_the_committed_one(s3, tmp_pat
     """Two trials building one content-keyed store at once, both past the check for its
     manifest. The second's objects need not be the same bytes (PCA's SVD varies with the
     machine): it used to delete the first's manifest first (the store unreadable until its own
-    upload ended) and replace every object. Now it replaces none: with the manifest there it
-    uploads nothing; before it (the first still uploading) it skips the objects there."""
+    upload ended) and replace every object. Now, with the manifest there it uploads nothing,
+    and a manifest that appears meanwhile stops it before its next object; the objects of a
+    writer that died before its manifest are replaced."""
     config = small_config(tmp_path)
     where = store_path(parse_location(s3.uri("shards")), *config.store_parameters)
     build_store(where, *config.store_parameters)
@@ -518,11 +526,16 @@ def test_a_second_builder_of_a_store_never_changes_the_committed_one(s3, tmp_pat
     )
     locations.upload_folder(_filled(tmp_path / "a", other_bytes), where, MANIFEST)
     assert copied == [] and objects() == before  # committed: nothing uploaded
-    monkeypatch.setattr(  # the first writer has not committed yet
-        locations, "exists", lambda loc: loc.name != MANIFEST and real_exists(loc)
-    )
+    checks = iter([False, True])  # the first writer commits after our first object
+    monkeypatch.setattr(locations, "exists", lambda loc: next(checks, True))
     locations.upload_folder(_filled(tmp_path / "b", other_bytes), where, MANIFEST)
-    assert copied == [(where / MANIFEST).path] and objects() == before  # no object replaced
+    assert len(copied) == 1 and (where / MANIFEST).path not in copied  # stopped at once
+    folder = _filled(tmp_path / "c", other_bytes)  # with the manifest
+    s3.client().delete_object(Bucket=s3.bucket, Key=f"{where.key}/{MANIFEST}")
+    monkeypatch.setattr(locations, "exists", real_exists)  # a writer that died: replaced
+    locations.upload_folder(folder, where, MANIFEST)
+    after = objects()
+    assert set(after) == set(before) and after != before, (sorted(after), sorted(before))
 
 
 def _filled(folder: Path, fill) -> Path:

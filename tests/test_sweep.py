@@ -1260,6 +1260,7 @@ def test_a_trial_the_preflight_refuses_is_refused_before_any_trial_starts(
     then counted as trained on the private data; now exit 2 before any work, as `run` does."""
     (tmp_path / "afile").write_text("")
     base = _base(store_root, tmp_path) | {"tracking": {"enabled": False}}
+    base["executor"] = {"kind": "local"}  # the examples' executor: trials on this machine too
     base["checkpoint"] = {"dir": str(tmp_path / "afile" / "ck")}
     path = _write(tmp_path, "pf", {"base": base, "space": {"algorithm.local.lr": [0.1, 0.2]}})
     assert main(["sweep", str(path), "--out", str(tmp_path / "out")]) == 2

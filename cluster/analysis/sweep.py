@@ -261,11 +261,11 @@ def preflight_trials(planned: Planned) -> None:
     trials run on this machine (an embedded Ray; on a cluster their drivers run on its nodes,
     whose paths and memory these checks cannot see): a trial refused there would otherwise
     fail once started, and count as one that trained on the private data (≈ 1 ms a trial)."""
-    from cluster.config.runtime import starts_embedded_ray
+    from cluster.config.runtime import ray_connection
     from cluster.runtime.preflight import preflight
 
-    for config in planned.configs.values():
-        if starts_embedded_ray(config.executor):  # else trials run on the cluster's nodes
+    for config in planned.configs.values():  # the sweep's Ray: the first trial's address
+        if ray_connection(config.executor.address) == "embedded":  # else on a cluster's nodes
             preflight(config)
 
 

@@ -102,8 +102,8 @@ def _resume(args: argparse.Namespace) -> int:
                 "may change",
             )
     checkpoint, config = open_checkpoint(args.checkpoint, overrides)
-    _rounds_left(config, checkpoint["simulation"]["rounds_done"])  # refused writing nothing
-    preflight(config)  # as a new run's: the store, MLflow, Ray, the checkpoint directory
+    if _rounds_left(config, checkpoint["simulation"]["rounds_done"]):  # refused writing nothing
+        preflight(config)  # as a new run's: the store, MLflow, Ray, the checkpoint directory
     with ExitStack() as locks:
         checkpoint, config = _locked_checkpoint(
             locks, args.checkpoint, overrides, checkpoint, config
