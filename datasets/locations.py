@@ -516,6 +516,7 @@ class FolderInTheWay(FileExistsError):
     """A directory at a folder's location holds files the folder would not: never deleted."""
 
     def __init__(self, location: Path, foreign: list[str]):
+        self.location, self.foreign = location, foreign
         shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
         super().__init__(
             errno.EEXIST,
@@ -523,6 +524,9 @@ class FolderInTheWay(FileExistsError):
             "move them or choose another location",
             str(location),
         )
+
+    def __reduce__(self):  # as Ray sends it from an actor: fields, then later state
+        return (self.__class__, (self.location, self.foreign), self.__dict__)
 
 
 def _rename_into_place(staging: Path, location: Path, last: str | None) -> None:

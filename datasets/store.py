@@ -217,8 +217,8 @@ class StoreReadFailed(RuntimeError):
             "answers"
         )
 
-    def __reduce__(self):  # as Ray sends it from an actor
-        return (self.__class__, (self.location, self.reason))
+    def __reduce__(self):  # as Ray sends it from an actor: fields, then later state
+        return (self.__class__, (self.location, self.reason), self.__dict__)
 
 
 class StoreError(ValueError):

@@ -14,9 +14,9 @@ import yaml
 from cluster.config.errors import ConfigError
 from cluster.config.loading import DuplicateKeyError
 from datasets.femnist import FemnistFormatError
-from datasets.locations import LocationError
+from datasets.locations import FolderInTheWay, LocationError
 from datasets.partition import PartitionError
-from datasets.store import StoreError
+from datasets.store import StoreError, StoreReadFailed
 from datasets.tokenizer import TokenizerFilesError
 from datasets.vision import SourceMissingError
 from models.pretrained import PretrainedError
@@ -37,6 +37,8 @@ ERRORS = [
     PartitionError("num_clients", "too few rows"),
     FemnistFormatError(Path("/femnist/train.json"), "not JSON"),
     SourceMissingError("mnist", Path("/data"), [(Path("/data/x"), "missing")], "fetch", "h", "n"),
+    StoreReadFailed("s3://bucket/shards", "AWS Error NETWORK_CONNECTION"),
+    FolderInTheWay(Path("/work/mine"), ["notes", "thesis.txt"]),
 ]
 
 
