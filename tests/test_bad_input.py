@@ -847,6 +847,12 @@ CASES = [
         {"M": f"postgresql+psycopg://mlflow:{SECRET}/x@y@127.0.0.1:1/mlflow"},
     ),
     Case(
+        "a password whose digits before a slash read as a port",  # not "nothing answers at"
+        run_with(),
+        ("MLFLOW_TRACKING_URI = 'http://admin:***@127.0.0.1:1'", "percent-encode"),
+        {"M": f"http://admin:1234/{SECRET}@127.0.0.1:1"},
+    ),
+    Case(
         "checkpoint dir with credentials in the URI",
         run_with(),
         ("DPFL_CHECKPOINT_DIR = ", "AWS_SECRET_ACCESS_KEY", "never in the URI"),

@@ -81,6 +81,14 @@ def check_tracking_uri() -> None:
     only where ``MLFLOW_ALLOW_FILE_STORE`` opts into it, as MLflow itself requires; never
     Databricks (``_check_databricks``)."""
     uri = tracking_uri()
+    if _password_read_as_address(uri):
+        raise ConfigError(
+            "MLFLOW_TRACKING_URI",
+            uri,
+            "it holds an @ after a / or a second @: a password or token with / or @ is read as "
+            "the path, host or port: percent-encode them (%2F, %40; an @ of the path too), or "
+            "give the password in PGPASSWORD or MLFLOW_TRACKING_PASSWORD",
+        )
     try:
         where = urlsplit(uri)
         # MLflow reads a bare "databricks" as the Databricks store of the default profile.
@@ -124,6 +132,17 @@ def check_tracking_uri() -> None:
 # libpq's words for a login refused for its password: the server's (a wrong one), the client's
 # (none given where the server asks for one).
 _PASSWORD_REFUSED = ("password authentication failed", "no password supplied")
+
+
+def _password_read_as_address(uri: str) -> bool:
+    """Whether a network URI's user information, up to the last ``@`` of its authority and
+    path, holds a ``/`` or an ``@``: the parser then reads part of the password as the host,
+    the port or the path (``http://admin:1234/x@host``: a host ``admin``, port 1234)."""
+    scheme, separator, rest = uri.partition("://")
+    if not separator or scheme.split("+")[0] not in _DEFAULT_PORTS or "@" not in rest:
+        return False
+    userinfo = rest.split("?")[0].rpartition("@")[0]
+    return "/" in userinfo or "@" in userinfo
 
 
 def _check_postgres_login(uri: str) -> None:
