@@ -38,7 +38,7 @@ ERRORS = [
     FemnistFormatError(Path("/femnist/train.json"), "not JSON"),
     SourceMissingError("mnist", Path("/data"), [(Path("/data/x"), "missing")], "fetch", "h", "n"),
     StoreReadFailed("s3://bucket/shards", "AWS Error NETWORK_CONNECTION"),
-    FolderInTheWay(Path("/work/mine"), ["notes", "thesis.txt"]),
+    FolderInTheWay(Path("mine"), ["notes", "thesis.txt"]),
 ]
 
 

@@ -115,6 +115,7 @@ def _locked_checkpoint(locks: ExitStack, path: str, overrides, checkpoint: dict,
     """The checkpoint and config as they are once this process holds the locks of the
     checkpoint it resumes and of the one it will write (``checkpoint_lock``): read again if
     another run wrote it since it was first read (and checked, writing nothing)."""
+    from cluster.config.paths import resolve
     from cluster.runtime.checkpoint import checkpoint_path, open_checkpoint
     from cluster.runtime.checkpoint_lock import checkpoint_locks
     from cluster.runtime.preflight import check_no_checkpoint_overwritten
@@ -126,15 +127,10 @@ def _locked_checkpoint(locks: ExitStack, path: str, overrides, checkpoint: dict,
     locks.enter_context(checkpoint_locks(source, writes))
     if _identity(source) != before:
         checkpoint, config = open_checkpoint(path, overrides)
-    if checkpoint.get("run_id") is None and _resolved(writes) != _resolved(source):
+    target = resolve("checkpoint.dir", writes)
+    if checkpoint.get("run_id") is None and target != resolve("CHECKPOINT", source):
         check_no_checkpoint_overwritten(config)  # another run's checkpoint may be there
     return checkpoint, config
-
-
-def _resolved(location):
-    from pathlib import Path
-
-    return location.resolve() if isinstance(location, Path) else location
 
 
 def _identity(location) -> tuple | None:
