@@ -365,6 +365,11 @@ CASES = [
     Case("cohort > clients", run_with({"cohort.size": 50}), ("cohort.size", "population")),
     Case("δ out of range", run_with({"privacy.delta": 2}), ("privacy.delta", "(0, 1)")),
     Case("calibrate no ε", run_with({"privacy.calibrate": "sigma"}), ("target_epsilon",)),
+    Case(
+        "secret streams and a stream seed",
+        run_with({"privacy.secret_streams": True, "stream_seed": 3}),
+        ("stream_seed = 3", "privacy.secret_streams draws", "stream_seed: null"),
+    ),
     Case("gpu fraction", run_with({"executor.gpus_per_actor": 1.5}), ("gpus_per_actor",)),
     Case("actors > clients", run_with({"executor.num_actors": 11}), ("num_actors",)),
     Case("set no =", run_with(None, "--set", "rounds"), ("--set", "key.path=value")),

@@ -43,7 +43,7 @@ class HeldStart:
     def release(self) -> None:
         self.gate.set()
 
-    def __call__(self, config, store, algorithm, say, verbose, hooks):
+    def __call__(self, config, store, algorithm, streams, say, verbose, hooks):
         hooks.connected()
         self.gate.wait(timeout=60)
         if self.failure is not None:
@@ -51,7 +51,7 @@ class HeldStart:
         if hooks.cancelled():
             return None
         say("actors on 1 node: stand-ins")
-        actors = experiment._local_executor(config, store, algorithm)
+        actors = experiment._local_executor(config, store, algorithm, streams)
         close = actors.close
 
         def counted_close() -> None:

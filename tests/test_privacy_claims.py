@@ -7,6 +7,7 @@ compare table cell against ε recomputed independently from the mechanism's σ.
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,9 +19,10 @@ from opacus.accountants.analysis.rdp import get_privacy_spent
 
 from algorithms.presets import CONTROL_VARIATE_PRESETS, PRESETS, PRIVATE_PRESETS, SKETCH_PRESETS
 from cluster.analysis.compare import epsilon_cell
-from cluster.claims.claim_status import NOT_COVERED_BY_EPSILON
+from cluster.claims.claim_status import not_covered_by_epsilon
 from cluster.cli.main import main
 from cluster.config import load_config
+from cluster.runtime.checkpoint import open_checkpoint
 from privacy.accountant import accountant_class
 from privacy.calibration import epsilon_for
 from privacy.participation import epsilon_vs_server
@@ -46,6 +48,8 @@ SKETCHED = (
 )
 CASES = {name: (f"algorithm.name={name}",) for name in PRESETS} | LITERAL
 ROUNDS = 2
+# Cases whose streams are keyed by a secret (privacy.secret_streams): one of each claim class.
+SECRET_STREAMS = {"dp_fedavg", "dp_scaffold"}
 # Cases whose end-to-end path another case here takes, with the part that differs checked in CI
 # elsewhere: they run with the slow tests. A non-private run's terminal, tags and report come
 # from the one "not private" branch; an unaccounted run's "n/a" from its config's unaccounted
@@ -88,6 +92,7 @@ def _overrides(store_root, case):
         "tracking.experiment=claims",
         f"tracking.run_name={case}",
         *CASES[case],
+        *(["privacy.secret_streams=true"] if case in SECRET_STREAMS else []),
     ]
     name = CASES[case][0].split("=")[1]
     private = name in PRIVATE_PRESETS
@@ -114,7 +119,7 @@ def test_control_variate_presets_are_those_whose_algorithm_keeps_c_i(store_root)
 def test_every_epsilon_comes_from_the_mechanism(store_root, tracking, capsys, case, tmp_path):
     sets = _overrides(store_root, case)
     assert main(["run", "configs/quickstart.yaml", *(x for s in sets for x in ("--set", s))]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     config = load_config("configs/quickstart.yaml", sets)
     (run,) = tracking.search_runs(
         [tracking.get_experiment_by_name("claims").experiment_id],
@@ -150,8 +155,11 @@ def test_every_epsilon_comes_from_the_mechanism(store_root, tracking, capsys, ca
         assert epsilon_cell(row) == "n/a (dp_valid=false)"
         assert description.endswith(f" · no ε: dp_valid=false ({reason})")
         return
-    # What no ε covers, in every valid run: the noise's seed and the noiseless diagnostics.
-    assert report["not_covered_by_epsilon"] == list(NOT_COVERED_BY_EPSILON)
+    # What no ε covers, in every valid run: the streams' key and the noiseless diagnostics.
+    secret = config.privacy.secret_streams
+    assert report["not_covered_by_epsilon"] == not_covered_by_epsilon(secret)
+    if secret:
+        _logged_nowhere(run, tracking, store_root, out + err, tmp_path)
     assert tags["privacy.threat_model"].endswith(
         "(see the privacy report's not_covered_by_epsilon)"
     )
@@ -186,6 +194,20 @@ def test_every_epsilon_comes_from_the_mechanism(store_root, tracking, capsys, ca
         assert vs_server is None and "trusted server" in tags["privacy.threat_model"]
     row.update(epsilon=expected[-1], epsilon_vs_server=vs_server)
     assert epsilon_cell(row).startswith(f"{expected[-1]:.3f}")
+
+
+def _logged_nowhere(run, tracking, store_root, terminal: str, tmp_path) -> None:
+    """The key of ``run``'s secret streams (its checkpoint's) is in none of its params, tags,
+    metrics or text artifacts, nor on the ``terminal``."""
+    saved, _ = open_checkpoint(store_root / "checkpoints" / f"{run.info.run_id}.pt")
+    key = saved["simulation"]["streams_secret"]
+    folder = Path(tracking.download_artifacts(run.info.run_id, "", str(tmp_path / "all")))
+    logged = [json.dumps([run.data.params, run.data.tags, run.data.metrics]), terminal]
+    logged += [p.read_text() for p in folder.iterdir() if p.suffix in (".json", ".yaml")]
+    assert {"config.yaml", "summary.json", "history.json"} <= {p.name for p in folder.iterdir()}
+    assert not any(form in text for form in (key, str(int(key, 16))) for text in logged)
+    assert run.data.params["privacy.secret_streams"] == "True"
+    assert run.data.params["stream_seed"] == "None"
 
 
 def _record_level_rdp(sigma, client_rate, data_rate, steps, rounds, delta):

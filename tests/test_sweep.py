@@ -193,6 +193,13 @@ def test_every_trial_draws_its_own_noise_and_cohorts(tmp_path, store_root, monke
     # The data's randomness is shared: the same store of held-out validation rows for both.
     held = [open_store(c)[0] for c in (a, b)]
     assert held[0].location == held[1].location and held[0].num_validation > 0
+    # With secret streams each trial draws its own key as it starts; selected.yaml cannot
+    # repeat one and says so.
+    secret = base | {"privacy": {"accountant": "rdp", "secret_streams": True}}
+    kept = plan(_write(tmp_path, "s", {"base": secret, "space": space, "seeds": [0, 1]}), [])
+    assert all(c.stream_seed is None and c.privacy.secret_streams for c in kept.configs.values())
+    text = selected_yaml(kept, (("algorithm.local.lr", 0.5),))
+    assert yaml.safe_load(text)["stream_seed"] is None and "a fresh secret key" in text
 
 
 @pytest.mark.parametrize("given", ["seed=7", "stream_seed=3"])

@@ -114,21 +114,28 @@ def selected_yaml(planned: Planned, values: Values) -> str:
     spec = planned.spec
     changes = selected_changes(spec, values)
     run_base, run_overrides = run_setup(spec.base, planned.overrides, changes)
-    seed = [f"seed={spec.seeds[0]}", f"stream_seed={_streams_of(planned, values)}"]
+    streams = _streams_of(planned, values)
+    seed = [f"seed={spec.seeds[0]}", f"stream_seed={'null' if streams is None else streams}"]
     raw = merged(run_base, [*run_overrides, *assignments(changes), *seed])
     seeds = ", ".join(map(str, spec.seeds))
+    again = (
+        "the configuration again, with a fresh secret key (privacy.secret_streams)"
+        if streams is None
+        else "the trial again;\n# fresh noise and cohorts: --set stream_seed=null (another "
+        "seed: also --set seed=K)"
+    )
     head = (
         f"# sweep {spec.name}: selected by the mean {spec.select.metric} ({spec.select.mode}) over "
         f"seeds {seeds}{' and folds' * spec.cross_validated}: {label(values, exact=True)}\n"
-        "# from the repository root: uv run python -m cluster run <this file>: the trial again;\n"
-        "# fresh noise and cohorts: --set stream_seed=null (another seed: also --set seed=K)\n"
+        f"# from the repository root: uv run python -m cluster run <this file>: {again}\n"
     )
     return head + yaml.safe_dump(raw, sort_keys=False)
 
 
-def _streams_of(planned: Planned, values: Values) -> int:
+def _streams_of(planned: Planned, values: Values) -> int | None:
     """The ``stream_seed`` of the trial ``selected_yaml`` repeats: the retraining on all rows
-    after cross-validation, else the first draw of ``values`` at the first seed."""
+    after cross-validation, else the first draw of ``values`` at the first seed; None where
+    its key was a secret (``privacy.secret_streams``), which no rerun repeats."""
     if planned.spec.cross_validated:
         record = planned.finals[values]
     else:
@@ -136,7 +143,8 @@ def _streams_of(planned: Planned, values: Values) -> int:
         record = next(
             r for r in planned.records if r.trial.values == values and r.trial.seed == first
         )
-    return planned.configs[record.name].streams_seed
+    config = planned.configs[record.name]
+    return None if config.privacy.secret_streams else config.streams_seed
 
 
 def statement(planned: Planned, records: list[TrialRecord], earlier: list[str] = ()):

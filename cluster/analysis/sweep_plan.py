@@ -98,7 +98,10 @@ def with_own_streams(config: ExperimentConfig, digest: str) -> ExperimentConfig:
     batches are then independent of every other trial's, as the composition of their ε
     assumes (at one shared seed the difference of two trials' models cancelled the noise), and
     two runs share them only where they are the same computation. The data's randomness (the
-    validation split) stays the seed's, shared by the trials."""
+    validation split) stays the seed's, shared by the trials. With ``privacy.secret_streams``
+    every trial draws its own secret key: ``config`` as it is."""
+    if config.privacy.secret_streams:
+        return config
     word = hashlib.sha256(f"dpfl-trial-streams/{digest}".encode()).hexdigest()[:15]
     return dataclasses.replace(config, stream_seed=int(word, 16))  # 60 bits: < 2**63
 

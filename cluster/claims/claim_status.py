@@ -18,12 +18,24 @@ import math
 from abc import ABC, abstractmethod
 
 # What a private run's ε does not cover, in every run, whatever its mechanism (the privacy
-# report's ``not_covered_by_epsilon``; docs/privacy.md).
-NOT_COVERED_BY_EPSILON = (
+# report's ``not_covered_by_epsilon``; docs/privacy.md): the key of its streams, logged or
+# secret (privacy.secret_streams), and its diagnostics.
+LOGGED_SEED_NOT_COVERED = (
     "the noise's seed: every noise draw comes from a stream of the run's seed (config.yaml, "
     "logged with the run), so that the run reproduces; whoever holds the seed regenerates the "
     "noise and can subtract it. The ε holds against an observer who does not: release models "
-    "without their run's seed",
+    "without their run's seed, or run with privacy.secret_streams"
+)
+SECRET_KEY_NOT_COVERED = (
+    "the streams' secret key (privacy.secret_streams): the noise, cohorts and local batches "
+    "come from streams of a 128-bit key from the operating system's entropy, logged nowhere "
+    "and kept in the run's checkpoint, whose holder regenerates the noise (keep it as private "
+    "as the data, or delete it once the run is done). The streams' generators (torch's "
+    "Mersenne Twister on the CPU and Philox on a GPU, each seeded with 64 bits derived from "
+    "the key; NumPy's PCG64) are not cryptographically secure, and the Gaussian draws are "
+    "floating-point numbers, not hardened against attacks on their low-order bits"
+)
+DIAGNOSTICS_NOT_COVERED = (
     "the run's diagnostics, computed from the clients' data without noise and logged with it "
     "for the researcher who holds the data: clients and dropped_updates per round (the "
     "realised cohort), train_loss and train_accuracy, the clients' pre-clip norms "
@@ -31,8 +43,17 @@ NOT_COVERED_BY_EPSILON = (
     "clients' other statistics (mean_alpha, ...); with data.eval_train the training objective "
     "and gradient dissimilarity, with data.test_per_client client_test_accuracy; the test "
     "metrics where data.client_test_fraction makes the clients' own rows the test set, and "
-    "the validation metrics of rows or folds held out of the training clients",
+    "the validation metrics of rows or folds held out of the training clients"
 )
+
+
+def not_covered_by_epsilon(secret_streams: bool) -> list[str]:
+    """The privacy report's ``not_covered_by_epsilon`` for a run whose streams' key is secret
+    (``privacy.secret_streams``) or its logged seed."""
+    key = SECRET_KEY_NOT_COVERED if secret_streams else LOGGED_SEED_NOT_COVERED
+    return [key, DIAGNOSTICS_NOT_COVERED]
+
+
 THREAT_SUFFIX = "; the noise unknown to them (see the privacy report's not_covered_by_epsilon)"
 
 
@@ -48,6 +69,8 @@ class ClaimStatus(ABC):
     # The accountant whose bound the run's ε is where ``accountant_name`` refused it (beyond
     # its range: the RDP bound a run falls back to); None while ``accountant_name`` gives it.
     fallback_accountant: str | None
+    # The streams' key is a secret (privacy.secret_streams), not the logged seed.
+    secret_streams: bool
 
     @property
     @abstractmethod
@@ -192,5 +215,5 @@ class ClaimStatus(ABC):
             "epsilon": epsilon if epsilon is not None and math.isfinite(epsilon) else None,
         }
         if self.dp_valid:
-            head["not_covered_by_epsilon"] = list(NOT_COVERED_BY_EPSILON)
+            head["not_covered_by_epsilon"] = not_covered_by_epsilon(self.secret_streams)
         return head

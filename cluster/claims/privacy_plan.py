@@ -83,6 +83,7 @@ class PrivacyClaim(ClaimStatus):
     count_noise_on_sum: float | None = None
     deployment: str | None = None  # the deployment a noise cohort claims ε for
     fallback_accountant: str | None = None  # set by ``reported_by`` after a run
+    secret_streams: bool = False  # privacy.secret_streams
 
     @property
     def update_noise_multiplier(self) -> float:
@@ -206,6 +207,7 @@ def privacy_claim(
         cohort_sampler=config.cohort.sampling,
         count_noise_on_sum=count_noise_on_sum(algorithm, config),
         deployment=config.deployment,
+        secret_streams=config.privacy.secret_streams,
     )
 
 

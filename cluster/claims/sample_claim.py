@@ -76,6 +76,7 @@ class SampleLevelClaim(ClaimStatus):
     warm_start: str | None = None  # None, paper, authors_code
     deployment: str | None = None  # the deployment of a noise cohort the ε is claimed for
     fallback_accountant: str | None = None  # set by ``reported_by`` after a run
+    secret_streams: bool = False  # privacy.secret_streams
 
     @property
     def noise_multiplier(self) -> float:
@@ -282,4 +283,5 @@ def sample_level_claim(config, algorithm, client_sizes=None) -> SampleLevelClaim
         cohort_sampler=config.cohort.sampling,
         warm_start=algorithm.warm_start,
         deployment=config.deployment,
+        secret_streams=config.privacy.secret_streams,
     )

@@ -26,3 +26,8 @@ class PrivacyConfig:
     # Noise and accounting as if each cohort had this many clients (pfl-research's noise cohort)
     noise_cohort_size: int | None = None
     population: int | None = None  # clients the ε is claimed for; default data.num_clients
+    # The key of the run's random streams (cohorts, local batches, noise) drawn from the
+    # operating system's entropy and kept only in the run's checkpoint, never logged: the
+    # logged seed then does not regenerate the noise (the run is not repeatable bit for bit;
+    # a resume continues its streams). false: the streams are keyed by `stream_seed`/`seed`.
+    secret_streams: bool = False

@@ -222,6 +222,13 @@ def validate_privacy(c: ExperimentConfig) -> None:
         name, value = changed[0]
         fix = f"{c.algorithm.name} is non-private; use dp_fedavg or remove it"
         raise ConfigError(f"privacy.{name}", value, fix)
+    if p.secret_streams and c.stream_seed is not None:
+        raise ConfigError(
+            "stream_seed",
+            c.stream_seed,
+            "privacy.secret_streams draws the streams' key from the operating system; set "
+            "stream_seed: null, or privacy.secret_streams: false to key them by this seed",
+        )
     if p.delta is not None and not 0 < p.delta < 1:
         raise ConfigError(
             "privacy.delta", p.delta, f"δ must be in (0, 1), e.g. {c.population**-1.1:.3g}"

@@ -63,7 +63,14 @@ class ExperimentConfig:
     @property
     def streams_seed(self) -> int:
         """The seed every stream but the data's and the model initialisation's is keyed by:
-        ``stream_seed``, else ``seed``."""
+        ``stream_seed``, else ``seed``. With ``privacy.secret_streams`` the key is the run's
+        secret, which the config does not hold (``cluster.runtime.stream_key``): asking for a
+        seed then raises rather than key the streams by the logged one."""
+        if self.privacy.secret_streams:
+            raise ValueError(
+                "privacy.secret_streams: the streams' key is the run's secret "
+                "(cluster.runtime.stream_key.streams_key), not a seed of the config"
+            )
         return self.seed if self.stream_seed is None else self.stream_seed
 
     @property

@@ -15,6 +15,9 @@ strings, numbers, None and CPU tensors::
       accountant        {"history": [[σ, q, rounds], …]}, or None for a run without an ε
       history           one dict per round (RoundRecord's fields; update_norms a float32 tensor)
       client_states     {"client_ids": int64 (n,), name: (n, width) per client state (c_i)}
+      streams_secret    with privacy.secret_streams only: the key of the run's streams, 32
+                        hexadecimal digits (``cluster.runtime.stream_key``); whoever holds
+                        the checkpoint can regenerate the run's noise
 
 It is read with torch's weights-only unpickler (``torch.load(weights_only=True)``, nothing
 added to its allowlist), which builds tensors and plain containers and nothing else, so
@@ -60,6 +63,7 @@ from algorithms.sketch import HASH_FAMILY
 from cluster.config import ConfigError, config_from_dict
 from cluster.config.paths import location_error
 from cluster.runtime.checkpoint_match import check_state
+from cluster.runtime.stream_key import CHECKPOINT_FIELD, SECRET_DIGITS
 from datasets import locations
 from datasets.locations import Location, LocationError, ObjectLocation
 
@@ -361,7 +365,13 @@ def _check_structure(payload: dict) -> None:
         f"its run_id {run_id!r} is not an MLflow run id (32 hexadecimal digits)",
     )
     state = payload["simulation"]
-    _fields(state, _SIMULATION, "its simulation")
+    privacy = payload["config"].get("privacy")
+    secret = isinstance(privacy, dict) and privacy.get("secret_streams") is True
+    _fields(state, _SIMULATION | ({CHECKPOINT_FIELD: str} if secret else {}), "its simulation")
+    _need(
+        not secret or re.fullmatch(f"[0-9a-f]{{{SECRET_DIGITS}}}", state[CHECKPOINT_FIELD]),
+        f"its streams' secret is not {SECRET_DIGITS} hexadecimal digits",
+    )
     params = state["params"]
     _need(params.ndim == 1 and params.is_floating_point(), "its params are not a float vector")
     _need(

@@ -43,6 +43,7 @@ from cluster.runtime.run_names import (
 )
 from cluster.runtime.simulation import NonFiniteModel, Simulation, SimulationResult
 from cluster.runtime.store import open_store
+from cluster.runtime.stream_key import streams_key
 from cluster.tracking.process import TrackingError, TrackingRun, flatten
 from cluster.tracking.settings import tracking_uri
 from datasets.locations import Location
@@ -83,10 +84,14 @@ def make_executor(
     store: ShardStore,
     say: Callable[[str], None] = lambda message: None,
     verbose: bool = False,
+    streams: int | None = None,
 ):
+    """The run's executor, its hosts' streams keyed by ``streams`` (the run's
+    ``stream_key.streams_key``; None: the config's seed)."""
     algorithm = config.build_algorithm()
+    streams = config.streams_seed if streams is None else streams
     if config.executor.kind == "local":
-        return _local_executor(config, store, algorithm)
+        return _local_executor(config, store, algorithm, streams)
     # Before Ray starts: where several nodes share one disk (the multi-node test cluster on one
     # machine shares a session directory), another node unpacking the job's working_dir rewrites
     # the package under this driver, and an import that lands in that window is not found.
@@ -99,26 +104,28 @@ def make_executor(
     if overlap:  # the first rounds here while Ray starts on a thread
 
         def start_ray(tell: Callable[[str], None], hooks: overlapped_start.StartHooks):
-            return _start_ray(config, store, algorithm, tell, verbose, hooks)
+            return _start_ray(config, store, algorithm, streams, tell, verbose, hooks)
 
         return OverlappedStart(
-            lambda: _local_executor(config, store, algorithm),
+            lambda: _local_executor(config, store, algorithm, streams),
             start_ray,
             store,
             say,
         )
     with stop.around_ray() if stop is not None else contextlib.nullcontext():
-        return _start_ray(config, store, algorithm, say, verbose)
+        return _start_ray(config, store, algorithm, streams, say, verbose)
 
 
-def _local_executor(config: ExperimentConfig, store: ShardStore, algorithm) -> LocalExecutor:
+def _local_executor(
+    config: ExperimentConfig, store: ShardStore, algorithm, streams: int
+) -> LocalExecutor:
     """In process, each host an "actor" on a thread, with the same thread budget."""
     e = config.executor
     return LocalExecutor(
         store,
         config.task,
         algorithm,
-        config.streams_seed,
+        streams,
         num_hosts=e.num_actors,
         data_seed=config.seed,
         device=host_device(config),
@@ -132,6 +139,7 @@ def _start_ray(
     config: ExperimentConfig,
     store: ShardStore,
     algorithm,
+    streams: int,
     say: Callable[[str], None],
     verbose: bool,
     hooks: overlapped_start.StartHooks | None = None,
@@ -154,7 +162,7 @@ def _start_ray(
         store,
         config.task,
         algorithm,
-        config.streams_seed,
+        streams,
         e.num_actors,
         e.cpus_per_actor,
         e.gpus_per_actor,
@@ -316,19 +324,20 @@ def run_experiment(
         if resume is None and calibrate:
             config = calibrate_with_message(config, say)
         store, _ = open_store(config)
+        streams = streams_key(config, resume["simulation"] if resume is not None else None)
         if config.build_algorithm().privacy_unit != "none":
             for warning in privacy_warnings(config, store.client_sizes):
                 say(f"warning: {warning}")
         resumed_run = resume.get("run_id") if resume is not None else None
         run = _start_tracking(config, store, resumed_run, parent_run_id)
         try:
-            executor = make_executor(config, store, say, verbose)
+            executor = make_executor(config, store, say, verbose, streams)
         except BaseException as error:
             if run is not None:
                 _abandon(run, error, config, None, resume)
             raise
         try:
-            return _run_rounds(config, store, executor, run, resume, on_round, say, stop)
+            return _run_rounds(config, store, executor, streams, run, resume, on_round, say, stop)
         finally:
             with stop.finishing():
                 executor.close()
@@ -398,6 +407,7 @@ def _run_rounds_locked(
     config: ExperimentConfig,
     store: ShardStore,
     executor,
+    streams: int,
     run: TrackingRun | None,
     resume: dict | None,
     on_round: Callable[[RoundRecord], None],
@@ -426,7 +436,7 @@ def _run_rounds_locked(
             announce_once_open()
         locks.enter_context(checkpoint_locks(checkpoint_path(config, run and run.run_id)))
         with stop.around_ray():  # the hosts answer through Ray
-            sim = Simulation(config, store, executor)
+            sim = Simulation(config, store, executor, streams)
             if resume is not None:
                 sim.load_state_dict(resume["simulation"])
         for notice in sim.claim.notices():

@@ -53,6 +53,7 @@ from cluster.runtime.initial_state import initial_params, initial_state
 from cluster.runtime.interrupts import RoundDropped, StopSignals
 from cluster.runtime.records import RoundRecord
 from cluster.runtime.round_metrics import byte_budget_spent, round_metrics
+from cluster.runtime.stream_key import saved_key
 from datasets.store import ShardStore
 
 
@@ -83,10 +84,15 @@ class SimulationResult:
 
 
 class Simulation:
-    def __init__(self, config: ExperimentConfig, store: ShardStore, executor):
+    def __init__(
+        self, config: ExperimentConfig, store: ShardStore, executor, streams: int | None = None
+    ):
+        """``streams``: the key of the run's streams (``stream_key.streams_key``, the key
+        ``executor``'s hosts were given; None: the config's seed)."""
         self.config = config
         self.store = store
         self.executor = executor
+        self.streams = config.streams_seed if streams is None else streams
         self.model, params = initial_params(config, store)
         self.layout = ParamLayout.of(self.model)
         self.algorithm, self.state = initial_state(config, self.layout, params)
@@ -136,7 +142,7 @@ class Simulation:
         start = time.perf_counter()
         self.executor.between_rounds()
         cohort = sample_cohort(
-            c.cohort.sampling, c.data.num_clients, c.cohort.size, c.streams_seed, round_index
+            c.cohort.sampling, c.data.num_clients, c.cohort.size, self.streams, round_index
         )
         warmup = round_index < c.warmup_rounds
         algorithm = self.algorithm.at_round(round_index)
@@ -244,13 +250,13 @@ class Simulation:
         noise = algorithm.pipeline.server_noise(
             self.state.params.numel(),
             self.layout,
-            (c.streams_seed, round_index),
-            torch_generator(c.streams_seed, round_index, Purpose.SERVER_NOISE),
+            (self.streams, round_index),
+            torch_generator(self.streams, round_index, Purpose.SERVER_NOISE),
         )
         count_noise = 0.0
         adaptive = algorithm.adaptive_clip
         if adaptive is not None and algorithm.mechanism.placement == "server":
-            generator = torch_generator(c.streams_seed, round_index, Purpose.SERVER_COUNT_NOISE)
+            generator = torch_generator(self.streams, round_index, Purpose.SERVER_COUNT_NOISE)
             std = adaptive.server_noise_std(c.cohort.size, algorithm.mechanism.noise_scale)
             count_noise = std * float(torch.randn(1, generator=generator, dtype=torch.float64))
         return ServerContext(float(c.cohort.size), c.data.num_clients, noise, count_noise)
@@ -274,6 +280,7 @@ class Simulation:
             **self._server_point(),
             "history": [asdict(r) for r in self.history],
             "client_states": self._client_states(),
+            **saved_key(self.config, self.streams),
         }
         if self._keeps_rollback_point:
             self._checkpointed = state
