@@ -89,9 +89,25 @@ def client_round(
     def noise_stream(keys=keys) -> torch.Generator:
         return torch_generator(*keys, Purpose.SAMPLE_NOISE, device=params.device)
 
+    def augment_stream(keys=keys) -> torch.Generator | None:
+        if objective.augment is None:
+            return None
+        return torch_generator(*keys, Purpose.AUGMENT, device=params.device)
+
+    def seed_dropout(keys=keys) -> None:
+        # Dropout draws from torch's global generator: seed it per (round, client) too (only
+        # then: ``torch.manual_seed`` also queues a seed for every device type, ≈ 2 ms each).
+        if objective.draws_from_global_rng:
+            torch.manual_seed(stream_seed(*keys, Purpose.DROPOUT))
+
     def warm_control(at: torch.Tensor, keys=keys) -> torch.Tensor:
+        """c_i⁰'s mean of K gradients at ``at``, drawn from the streams of ``keys`` alone, as a
+        round's training is: whatever the host ran before (the number of hosts) changes none."""
+        seed_dropout(keys)
         rng = torch_generator(*keys, Purpose.LOCAL_TRAINING)
-        return algorithm.trainer.mean_gradient(objective, at, x, y, rng, lambda: noise_stream(keys))
+        return algorithm.trainer.mean_gradient(
+            objective, at, x, y, rng, lambda: noise_stream(keys), augment_stream(keys)
+        )
 
     correction = None
     if algorithm.control_variates:
@@ -115,15 +131,9 @@ def client_round(
         uploads = counted({"control": control - client_control}, report)
         return uploads, 1.0, {**state, "control": control}, report
 
-    augment_rng = None
-    if objective.augment is not None:
-        augment_rng = torch_generator(*keys, Purpose.AUGMENT, device=params.device)
     result = trained
     if result is None:
-        # Dropout draws from torch's global generator: seed it per (round, client) too (only
-        # then: ``torch.manual_seed`` also queues a seed for every device type, ≈ 2 ms each).
-        if objective.draws_from_global_rng:
-            torch.manual_seed(stream_seed(*keys, Purpose.DROPOUT))
+        seed_dropout()
         result = algorithm.trainer.train(
             objective,
             params,
@@ -131,7 +141,7 @@ def client_round(
             y,
             torch_generator(*keys, Purpose.LOCAL_TRAINING),
             correction,
-            augment_generator=augment_rng,
+            augment_generator=augment_stream(),
             payload=payload,
             noise_stream=noise_stream,
         )

@@ -199,9 +199,13 @@ def _nhwc(t: torch.Tensor) -> torch.Tensor:
 def _batch_totals(
     losses: list[torch.Tensor], outputs: list[torch.Tensor], labels: list[torch.Tensor]
 ) -> tuple[float, int, int]:
-    """(Σ batch mean loss × batch size, correct predictions, records seen) over the steps."""
-    if not losses:
+    """(Σ batch mean loss × batch size, correct predictions, records seen) over the steps. An
+    empty step (a Poisson batch of no record: DP-SGD's noise alone) adds nothing: its loss and
+    outputs are placeholders, of no class count and not on the batches' device."""
+    kept = [(loss, out, y) for loss, out, y in zip(losses, outputs, labels, strict=True) if len(y)]
+    if not kept:
         return 0.0, 0, 0
+    losses, outputs, labels = zip(*kept, strict=True)
     y = torch.cat(labels)
     sizes = torch.tensor([b.shape[0] for b in labels], dtype=torch.float64, device=y.device)
     loss_sum = float((torch.stack(losses).double() * sizes).sum())

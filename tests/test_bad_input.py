@@ -361,6 +361,11 @@ CASES = [
     Case("unknown task", run_with({"task": "mnist_cnnn"}), ("task", "mnist_cnn")),
     Case("source for task", run_with({"data.source": "mnist"}), ("data.source", "reads")),
     Case("negative clip", run_with({"algorithm.clip_norm": -1}), ("algorithm.clip_norm", "> 0")),
+    Case(
+        "clip below float32's norms",
+        run_with({"algorithm.clip_norm": 1e-30}),
+        ("algorithm.clip_norm = 1e-30", "at least 1e-06", "underflow"),
+    ),
     Case("negative σ", run_with({"algorithm.noise_multiplier": -0.5}), ("noise_multiplier",)),
     Case("cohort > clients", run_with({"cohort.size": 50}), ("cohort.size", "population")),
     Case("δ out of range", run_with({"privacy.delta": 2}), ("privacy.delta", "(0, 1)")),

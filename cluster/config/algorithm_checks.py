@@ -16,6 +16,13 @@ if TYPE_CHECKING:
     from cluster.config.experiment import ExperimentConfig
 
 
+# The smallest clip norm C: a vector whose norm exceeds C ≥ 1e-6 (of at most 2³¹ entries) has
+# an entry above 2e-11, whose float32 square is a normal number, and the squares that
+# underflow (entries below 1e-19) sum to under 1e-28 ≪ C². At C = 1e-30 an update of 410
+# entries of 1e-25 (norm 2e-24) had a float32 norm of 0 and was released unclipped, 2e6 × C.
+MIN_CLIP_NORM = 1e-6
+
+
 def validate_algorithm(c: ExperimentConfig) -> None:
     a, local = c.algorithm, c.algorithm.local
     positive("algorithm.local.lr", local.lr, "0.1")
@@ -68,12 +75,13 @@ def validate_algorithm(c: ExperimentConfig) -> None:
                 )
             if not c.sample_level:
                 validate_client_median(c)
-        elif a.clip_norm is None or not a.clip_norm > 0:
+        elif a.clip_norm is None or not a.clip_norm >= MIN_CLIP_NORM:
             raise ConfigError(
                 "algorithm.clip_norm",
                 a.clip_norm,
-                "the clip norm C must be > 0 (e.g. 1.0; .inf disables clipping)"
-                + start_from(a.name),
+                f"the clip norm C must be > 0, at least {MIN_CLIP_NORM:g}: below it the float32 "
+                "norm of an update or gradient above C can underflow to 0 and skip the clip "
+                "(e.g. 1.0; .inf disables clipping)" + start_from(a.name),
             )
         sigma_is_calibrated = c.privacy.calibrate == "sigma" and a.noise_multiplier is None
         if c.paper_sketch_noise:
