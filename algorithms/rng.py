@@ -3,6 +3,8 @@
 Every random draw in a simulation comes from a generator keyed by
 ``SeedSequence([seed, round, client_id, purpose, ...])``. Nothing reads global RNG state, so
 results depend neither on the number of actors nor on the order in which clients are scheduled.
+A run's secret key (``privacy.secret_streams``) keys them cryptographically instead
+(``algorithms.secret_streams``), through the same functions.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from enum import IntEnum
 
 import numpy as np
 import torch
+
+from algorithms import secret_streams
 
 
 class Purpose(IntEnum):
@@ -38,17 +42,23 @@ def _seed_words(seed: int, keys: tuple[int, ...]) -> np.random.SeedSequence:
 
 def numpy_rng(seed: int, *keys: int) -> np.random.Generator:
     """A NumPy generator for the stream ``(seed, *keys)``."""
+    if secret_streams.is_secret(seed):
+        return secret_streams.numpy_rng(seed, keys)
     return np.random.default_rng(_seed_words(seed, keys))
 
 
 def stream_seed(seed: int, *keys: int) -> int:
     """The 64-bit seed of the stream ``(seed, *keys)`` (for APIs that take a seed, not a
     generator, such as ``torch.manual_seed`` for dropout and model init)."""
+    if secret_streams.is_secret(seed):
+        return secret_streams.stream_seed(seed, keys)
     return int(_seed_words(seed, keys).generate_state(1, np.uint64)[0])
 
 
 def torch_generator(seed: int, *keys: int, device: str | torch.device = "cpu") -> torch.Generator:
     """A torch generator on ``device`` for the stream ``(seed, *keys)``."""
+    if secret_streams.is_secret(seed):
+        return secret_streams.torch_generator(seed, keys, device)
     return _seeded(stream_seed(seed, *keys), device)
 
 
@@ -64,6 +74,8 @@ def client_generators(
     """``torch_generator(seed, round_index, c, purpose)`` for every client c, with the stream
     seeds of all clients computed at once (``stream_seeds``): a round's thousand clients cost
     one pass over arrays instead of a thousand ``SeedSequence`` objects (≈ 30 µs each)."""
+    if secret_streams.is_secret(seed):
+        return [torch_generator(seed, round_index, c, purpose, device=device) for c in client_ids]
     keys = np.array([[seed, round_index, c, purpose] for c in client_ids], dtype=object).reshape(
         -1, 4
     )
@@ -139,3 +151,34 @@ def stream_seeds(keys: np.ndarray) -> np.ndarray:
         value = (value * np.uint64(hash_const)) & np.uint64(_MASK32)
         state.append(value ^ (value >> np.uint64(16)))
     return state[0] | (state[1] << np.uint64(32))
+
+
+_LOW_32 = np.uint64(0xFFFFFFFF)
+
+
+def distinct_round_streams(seed: int, rounds: int, purpose: Purpose) -> dict[int, tuple[int]]:
+    """Extra key words that keep the CPU streams ``(seed, round, purpose)`` of ``rounds`` rounds
+    apart: {round: (k,)} for each round whose stream would repeat an earlier round's draws,
+    to be keyed ``(seed, round, purpose, k)`` instead, k ≥ 1 the least that is distinct.
+
+    torch's CPU generator (MT19937) keeps the low 32 bits of a seed, so two of T rounds'
+    streams coincide with probability ≈ T²/2³³ (1.2e-4 at T = 1,000): for the server's noise
+    on the sum, the difference of those two rounds' releases would be noiseless. Every other
+    round keeps its stream, so runs repeat as before. A secret key needs none
+    (``algorithms.secret_streams`` sets a generator's whole state)."""
+    if secret_streams.is_secret(seed) or rounds <= 0:
+        return {}
+    keys = np.array([[seed, r, int(purpose)] for r in range(rounds)], dtype=object)
+    low = stream_seeds(keys) & _LOW_32
+    _, first = np.unique(low, return_index=True)
+    if len(first) == rounds:
+        return {}
+    taken = {int(v) for v in low}
+    extra = {}
+    for r in sorted(set(range(rounds)) - set(first.tolist())):
+        k = 1
+        while stream_seed(seed, r, purpose, k) & 0xFFFFFFFF in taken:
+            k += 1
+        taken.add(stream_seed(seed, r, purpose, k) & 0xFFFFFFFF)
+        extra[r] = (k,)
+    return extra

@@ -6,9 +6,13 @@ import pytest
 import torch
 from helpers import small_config
 
+from algorithms.rng import Purpose, torch_generator
 from cluster.config import ConfigError
 from cluster.runtime.checkpoint import open_checkpoint, save_checkpoint
+from cluster.runtime.executors import LocalExecutor
 from cluster.runtime.experiment import run_experiment
+from cluster.runtime.simulation import Simulation
+from cluster.runtime.store import open_store
 
 PRIVATE = (
     "algorithm.name=dp_fedavg",
@@ -36,7 +40,7 @@ def test_each_run_draws_its_own_secret_and_a_resume_continues_it(store_root, tmp
     resumed = [run_experiment(config, resume=open_checkpoint(first.checkpoint)[0])]
     resumed.append(run_experiment(config, resume=saved))
     assert torch.equal(resumed[0].result.params, resumed[1].result.params)
-    other = f"{(int(key, 16) + 1) % 2**128:032x}"
+    other = f"{int(key, 16) ^ 1:032x}"
     saved["simulation"]["streams_secret"] = other
     elsewhere = run_experiment(config, resume=saved)
     assert not torch.equal(elsewhere.result.params, resumed[0].result.params)
@@ -45,8 +49,52 @@ def test_each_run_draws_its_own_secret_and_a_resume_continues_it(store_root, tmp
     save_checkpoint(tmp_path / "lacking.pt", lacking, saved["config"], None)
     with pytest.raises(ConfigError, match="its simulation lacks streams_secret"):
         open_checkpoint(tmp_path / "lacking.pt")
-    save_checkpoint(
-        tmp_path / "short.pt", {**lacking, "streams_secret": "ab"}, saved["config"], None
+    for wrong in ("ab", "0" * 31 + "1"):  # not 32 digits; a key below the secret floor
+        save_checkpoint(
+            tmp_path / "wrong.pt", {**lacking, "streams_secret": wrong}, saved["config"], None
+        )
+        with pytest.raises(ConfigError, match="streams' secret is not a key of 32 hexadecimal"):
+            open_checkpoint(tmp_path / "wrong.pt")
+
+
+def test_a_run_that_fails_before_its_first_checkpoint_resumes_its_streams(
+    store_root, tmp_path, monkeypatch
+):
+    """The key is kept before round 1: a run that fails before its first periodic checkpoint,
+    its round-1 metrics released, resumes the same streams (a new run would draw a new key,
+    a second release no ε counts)."""
+    config = small_config(
+        store_root, *PRIVATE, f"checkpoint.dir={tmp_path}", "rounds=3", "checkpoint.every=10"
     )
-    with pytest.raises(ConfigError, match="streams' secret is not 32 hexadecimal digits"):
-        open_checkpoint(tmp_path / "short.pt")
+    released = []
+    real = Simulation.run_round
+
+    def lost_in_round_2(self, index, *args, **kwargs):
+        if index == 1:
+            raise RuntimeError("node lost")
+        return real(self, index, *args, **kwargs)
+
+    monkeypatch.setattr(Simulation, "run_round", lost_in_round_2)
+    with pytest.raises(RuntimeError, match="node lost"):
+        run_experiment(config, on_round=released.append)
+    monkeypatch.undo()
+    (path,) = tmp_path.glob("*.pt")
+    saved, again = open_checkpoint(path)
+    assert saved["simulation"]["rounds_done"] == 0 and len(released) == 1
+    resumed = run_experiment(again, resume=saved)
+    assert resumed.result.history[0].test_loss == released[0].test_loss
+
+
+def test_the_server_draws_its_noise_from_rounds_kept_apart(store_root):
+    """``algorithms.rng.distinct_round_streams`` reaches the server: at seed 0 round 29,994's
+    noise stream would repeat an earlier round's (tests/test_rng.py)."""
+    config = small_config(store_root, *PRIVATE[:3], "rounds=30000")
+    store, _ = open_store(config)
+    executor = LocalExecutor(store, config.task, config.build_algorithm(), 0)
+    try:
+        sim = Simulation(config, store, executor)
+        drawn = torch.randn(4, generator=sim._round_stream(29994, Purpose.SERVER_NOISE))
+    finally:
+        executor.close()
+    expected = torch_generator(0, 29994, Purpose.SERVER_NOISE, 1)
+    assert torch.equal(drawn, torch.randn(4, generator=expected))

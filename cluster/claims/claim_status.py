@@ -24,16 +24,20 @@ LOGGED_SEED_NOT_COVERED = (
     "the noise's seed: every noise draw comes from a stream of the run's seed (config.yaml, "
     "logged with the run), so that the run reproduces; whoever holds the seed regenerates the "
     "noise and can subtract it. The ε holds against an observer who does not: release models "
-    "without their run's seed, or run with privacy.secret_streams"
+    "without their run's seed, or run with privacy.secret_streams. On the CPU torch seeds a "
+    "stream's generator with 32 bits of its seed: the server's rounds are kept apart, but two "
+    "of a run's n client noise streams (one a client and round) draw the same noise with "
+    "probability about n²/2^33 (secret streams set each generator's whole state)"
 )
 SECRET_KEY_NOT_COVERED = (
     "the streams' secret key (privacy.secret_streams): the noise, cohorts and local batches "
-    "come from streams of a 128-bit key from the operating system's entropy, logged nowhere "
+    "come from streams of a 127-bit key from the operating system's entropy, logged nowhere "
     "and kept in the run's checkpoint, whose holder regenerates the noise (keep it as private "
-    "as the data, or delete it once the run is done). The streams' generators (torch's "
-    "Mersenne Twister on the CPU and Philox on a GPU, each seeded with 64 bits derived from "
-    "the key; NumPy's PCG64) are not cryptographically secure, and the Gaussian draws are "
-    "floating-point numbers, not hardened against attacks on their low-order bits"
+    "as the data, or delete it once the run is done), and in Ray's control store as an "
+    "argument of the actors' creation. Each stream is derived with BLAKE2b keyed by it; its "
+    "generator (MT19937 on the CPU, its whole state set; Philox on a GPU, seeded with 64 "
+    "bits; NumPy's PCG64 for cohorts) is not cryptographically secure, and the Gaussian "
+    "draws are floating-point numbers, not hardened against attacks on their low-order bits"
 )
 DIAGNOSTICS_NOT_COVERED = (
     "the run's diagnostics, computed from the clients' data without noise and logged with it "

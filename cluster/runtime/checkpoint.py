@@ -369,8 +369,10 @@ def _check_structure(payload: dict) -> None:
     secret = isinstance(privacy, dict) and privacy.get("secret_streams") is True
     _fields(state, _SIMULATION | ({CHECKPOINT_FIELD: str} if secret else {}), "its simulation")
     _need(
-        not secret or re.fullmatch(f"[0-9a-f]{{{SECRET_DIGITS}}}", state[CHECKPOINT_FIELD]),
-        f"its streams' secret is not {SECRET_DIGITS} hexadecimal digits",
+        not secret
+        or re.fullmatch(f"[89a-f][0-9a-f]{{{SECRET_DIGITS - 1}}}", state[CHECKPOINT_FIELD]),
+        f"its streams' secret is not a key of {SECRET_DIGITS} hexadecimal digits, the first "
+        "at least 8",
     )
     params = state["params"]
     _need(params.ndim == 1 and params.is_floating_point(), "its params are not a float vector")

@@ -480,6 +480,12 @@ def _run_rounds_locked(
             kept = f"; the last written, of round {written[1]}: {written[0]}" if written else ""
             return f"no checkpoint of round {rounds} could be written ({failure}){kept}"
 
+        if config.privacy.secret_streams and resume is None:
+            # The secret key is in no other place: kept before any round releases anything,
+            # so that a run that fails before its first checkpoint resumes the same streams
+            # (a new run's new key would be a second, unaccounted release).
+            checkpoint_here()
+
         def report(record: RoundRecord) -> None:
             if run is not None:
                 run.log_round(record)

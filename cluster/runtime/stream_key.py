@@ -1,19 +1,20 @@
 """The key of a run's random streams: its config's seed, or a secret (``privacy.secret_streams``).
 
 Every stream but the data's and the model initialisation's (cohorts, local batches, noise,
-dropout, augmentation: ``algorithms.rng``) is keyed by it. A secret key is 128 bits from the
-operating system's entropy (``secrets``), drawn when a run starts, kept in its checkpoint (hex,
-so that a resume continues the same streams and a replayed round releases nothing new) and
-nowhere else: not in the config, the MLflow run or the terminal.
+dropout, augmentation: ``algorithms.rng``) is keyed by it. A secret key is 127 bits from the
+operating system's entropy (``secrets``) above ``algorithms.secret_streams.SECRET_FLOOR``
+(which keys streams cryptographically), drawn when a run starts and kept in its checkpoint
+(hex, so that a resume continues the same streams and a replayed round releases nothing new):
+not in the config, the MLflow run or the terminal.
 """
 
 from __future__ import annotations
 
 import secrets
 
-from cluster.config import ExperimentConfig
+from algorithms.secret_streams import SECRET_BITS, SECRET_FLOOR, is_secret
+from cluster.config import ConfigError, ExperimentConfig
 
-SECRET_BITS = 128
 SECRET_DIGITS = SECRET_BITS // 4  # hexadecimal, as the checkpoint holds it
 CHECKPOINT_FIELD = "streams_secret"  # in the checkpoint's simulation state
 
@@ -24,8 +25,16 @@ def streams_key(config: ExperimentConfig, resumed: dict | None = None) -> int:
     if not config.privacy.secret_streams:
         return config.streams_seed
     if resumed is not None:
-        return int(resumed[CHECKPOINT_FIELD], 16)
-    return secrets.randbits(SECRET_BITS)
+        key = int(resumed.get(CHECKPOINT_FIELD, "0"), 16)
+        if not is_secret(key):
+            raise ConfigError(
+                "privacy.secret_streams",
+                True,
+                "the checkpoint resumed holds no secret key of its streams: resume it with "
+                "the config it was written with",
+            )
+        return key
+    return SECRET_FLOOR | secrets.randbits(SECRET_BITS - 1)
 
 
 def saved_key(config: ExperimentConfig, key: int) -> dict[str, str]:
