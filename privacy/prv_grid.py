@@ -168,7 +168,9 @@ def prv_epsilon(history, delta: float, eps_error: float = 0.01) -> float:
             "Floating point errors will dominate for such small values of delta. "
             "Increase delta or reduce domain size."
         )
-    return _epsilon_at(pmf, composed.ts, delta - delta_error) + eps_error
+    # ε ≥ 0 by definition; the estimate's own value is negative where δ exceeds what the
+    # mechanism needs even at ε = 0 (a review: −0.674 at δ = 0.5, σ=1, q=0.01, T=1000).
+    return max(0.0, _epsilon_at(pmf, composed.ts, delta - delta_error) + eps_error)
 
 
 def grid_points(history, eps_error: float, delta_error: float) -> int:

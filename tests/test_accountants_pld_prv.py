@@ -14,7 +14,7 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from opacus.accountants import PRVAccountant
 
 from privacy.accountant import RdpAccountant
-from privacy.pld import PldAccountant
+from privacy.pld import MIN_DELTA, PldAccountant, rdp_epsilon
 from privacy.pld_runs import (
     MAX_DOUBLINGS,
     SUPPORT_CAP,
@@ -155,6 +155,33 @@ def test_huge_epsilon_is_refused_not_attempted(cls):
     acc.step(0.01, 0.1, 300)
     with pytest.raises(ValueError, match="rdp"):
         acc.epsilon(DELTA)
+
+
+@pytest.mark.parametrize("cls", TIGHT)
+def test_below_the_smallest_delta_the_rdp_bound_stands(cls):
+    """The float64 FFT composition's round-off, against δ: at δ=1e-12 (σ=1, q=0.01, T=1000)
+    the PLD gave ε 3.90941 where a review's tilted-FFT reference, checked against an exact
+    mixture, gives 3.9143 (too small), and below ≈1e-14 its truncated tails gave ∞. Below
+    ``MIN_DELTA`` each refuses, and a run's accountant falls back to the RDP bound."""
+    acc = cls(fallback_to_rdp=True)
+    acc.step(1.0, 0.01, 1000)
+    for delta in (1e-12, 1e-16):
+        assert acc.produced_by(delta) == "rdp"
+        assert acc.epsilon(delta) == rdp_epsilon(((1.0, 0.01, 1000),), delta)
+    assert acc.epsilon(1e-12) > 3.9143
+    assert acc.produced_by(MIN_DELTA) == cls.name
+    strict = cls(fallback_to_rdp=False)
+    strict.step(1.0, 0.01, 1000)
+    with pytest.raises(ValueError, match="refused at δ=1e-12"):
+        strict.epsilon(1e-12)
+
+
+def test_prv_is_never_negative_where_delta_is_large():
+    """ε ≥ 0: opacus's estimate is negative where δ exceeds what the mechanism needs at ε = 0
+    (−0.674 at δ = 0.5, σ=1, q=0.01, T=1000, a review's check); PLD and RDP give 0 there."""
+    acc = PrvAccountant()
+    acc.step(1.0, 0.01, 1000)
+    assert acc.epsilon(0.5) == 0.0
 
 
 def test_pld_is_judged_on_its_own_merits_where_rdp_exceeds_the_cap():

@@ -32,7 +32,7 @@ from datasets.tasks import TASKS
 from datasets.vision import EMNIST_SPLITS, SOURCE_NAMES, image_shape
 from models import PRETRAINED_LOADERS, input_problem
 from privacy.accountant import accountants_for
-from privacy.pld import DEFAULT_MAX_EPSILON
+from privacy.pld import DEFAULT_MAX_EPSILON, MIN_DELTA
 
 
 def validate(c: ExperimentConfig) -> None:
@@ -232,6 +232,22 @@ def validate_privacy(c: ExperimentConfig) -> None:
     if p.delta is not None and not 0 < p.delta < 1:
         raise ConfigError(
             "privacy.delta", p.delta, f"δ must be in (0, 1), e.g. {c.population**-1.1:.3g}"
+        )
+    if (
+        c.sample_level
+        and p.delta is not None
+        and p.delta < MIN_DELTA
+        and c.accountant_name
+        in (
+            "pld",
+            "aggregate",
+        )
+    ):  # a client-level run falls back to RDP there; a record-level accountant cannot
+        raise ConfigError(
+            "privacy.delta",
+            p.delta,
+            f"below {MIN_DELTA:g} the record-level pld accountant's float64 convolution is not "
+            "accurate against δ; use privacy.accountant: rdp, or a larger δ",
         )
     if p.delta is None and c.population == 1 and c.algorithm.name in CLIENT_LEVEL_PRESETS:
         raise ConfigError(
