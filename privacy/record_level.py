@@ -55,6 +55,7 @@ from functools import lru_cache
 import numpy as np
 
 from privacy.accountant import epsilon_from_rdp
+from privacy.pld import MIN_DELTA
 from privacy.sample_level import SampleLevelPldAccountant, _rdp_orders, _round_rdp
 from privacy.subsampling_wor import TwoLevelSampleAccountant
 
@@ -203,6 +204,11 @@ class RecordLevelAccountant:
         if not history:
             return 0.0
         if self.method in ("pld", "aggregate"):
+            if delta < MIN_DELTA:  # the FFT composition's round-off (privacy.pld.MIN_DELTA)
+                raise ValueError(
+                    f"the {self.method} accountant refuses δ={delta:g} < {MIN_DELTA:g}: its "
+                    "float64 convolution's round-off is no longer small against δ; use rdp"
+                )
             if len(history) == 1:
                 sigma, rate, n = history[0]
                 return self._pld_accountant(sigma, rate).epsilon(n, delta)  # with its guard

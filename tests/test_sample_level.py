@@ -16,6 +16,7 @@ from cluster.claims.calibration import calibrate_with_message, calibrated
 from cluster.claims.privacy_plan import privacy_claim
 from cluster.config import ConfigError, load_config
 from cluster.runtime.executors import LocalExecutor
+from cluster.runtime.experiment import run_experiment
 from cluster.runtime.simulation import Simulation
 from cluster.runtime.store import open_store
 from models.logreg import LogisticRegression
@@ -525,3 +526,23 @@ def test_a_partition_that_copies_records_has_no_record_level_epsilon():
     assert privacy_claim(disjoint, disjoint.build_algorithm(), [100] * 20).dp_valid
     client_level = small_config("unused", "algorithm.name=dp_fedavg", *SCAFFOLD_DP[1:3], copying)
     assert client_level.record_copies is None  # a client's data is the unit: copies are data
+
+
+def test_a_record_level_delta_below_the_pld_floor_is_refused_before_any_work(store_root):
+    """δ = R^-1.1 for a deployment of 10⁷ clients like these 20 (80 training records each) is
+    1.6e-10, below ``privacy.pld.MIN_DELTA``, where the pld accountant's FFT is not accurate:
+    refused before the executor starts (the rdp accountant takes it)."""
+    sets = (
+        "algorithm.name=dp_fedavg_sample",
+        "algorithm.clip_norm=1.0",
+        "algorithm.noise_multiplier=1.0",
+        "algorithm.noise_placement=null",
+        "algorithm.local.batch_sampling=poisson",
+        "algorithm.adjacency=add_remove",
+        "privacy.population=10000000",
+    )
+    assert small_config(store_root, *sets).accountant_name == "pld"
+    with pytest.raises(ConfigError, match="below 1e-09, where the pld accountant"):
+        run_experiment(small_config(store_root, *sets, "rounds=1"))
+    sim = run_local(small_config(store_root, *sets, "rounds=1", "privacy.accountant=rdp"))
+    assert sim.claim.delta < 1e-9 and math.isfinite(sim.history[-1].epsilon)

@@ -32,6 +32,8 @@ import numpy as np
 
 from algorithms.dpsgd import DpSgdGradient
 from cluster.claims.claim_status import ClaimStatus
+from cluster.config.errors import ConfigError
+from privacy.pld import MIN_DELTA
 from privacy.record_level import ASSUMPTIONS, RecordLevelAccountant, methods_for
 
 THREAT_SAMPLE = (
@@ -267,6 +269,15 @@ def sample_level_claim(config, algorithm, client_sizes=None) -> SampleLevelClaim
     batch = config.algorithm.local.batch_size
     known = client_sizes is not None
     scale = config.population / config.data.num_clients
+    delta = config.privacy.delta or (record_delta(client_sizes, scale) if known else config.delta)
+    if config.accountant_name in ("pld", "aggregate") and delta < MIN_DELTA:
+        raise ConfigError(
+            "privacy.delta",
+            config.privacy.delta,
+            f"δ = {delta:.3g} (records^-1.1 where unset) is below {MIN_DELTA:g}, where the "
+            f"{config.accountant_name} accountant's float64 convolution is not accurate; set "
+            "privacy.accountant: rdp",
+        )
     return SampleLevelClaim(
         preset=config.algorithm.name,
         rule=algorithm.sample_dp,
@@ -277,8 +288,7 @@ def sample_level_claim(config, algorithm, client_sizes=None) -> SampleLevelClaim
         num_clients=config.population,
         batch_sampling=config.batch_sampling,
         accountant_name=config.accountant_name,
-        delta=config.privacy.delta
-        or (record_delta(client_sizes, scale) if known else config.delta),
+        delta=delta,
         warmup_rounds=config.warmup_rounds,
         cohort_sampler=config.cohort.sampling,
         warm_start=algorithm.warm_start,

@@ -233,21 +233,14 @@ def validate_privacy(c: ExperimentConfig) -> None:
         raise ConfigError(
             "privacy.delta", p.delta, f"δ must be in (0, 1), e.g. {c.population**-1.1:.3g}"
         )
-    if (
-        c.sample_level
-        and p.delta is not None
-        and p.delta < MIN_DELTA
-        and c.accountant_name
-        in (
-            "pld",
-            "aggregate",
-        )
-    ):  # a client-level run falls back to RDP there; a record-level accountant cannot
+    record_pld = c.sample_level and c.accountant_name in ("pld", "aggregate")
+    if record_pld and p.delta is not None and p.delta < MIN_DELTA:
+        # a client-level run falls back to RDP there; a record-level accountant cannot
         raise ConfigError(
             "privacy.delta",
             p.delta,
-            f"below {MIN_DELTA:g} the record-level pld accountant's float64 convolution is not "
-            "accurate against δ; use privacy.accountant: rdp, or a larger δ",
+            f"below {MIN_DELTA:g} the record-level {c.accountant_name} accountant's float64 "
+            "convolution is not accurate against δ; use privacy.accountant: rdp, or a larger δ",
         )
     if p.delta is None and c.population == 1 and c.algorithm.name in CLIENT_LEVEL_PRESETS:
         raise ConfigError(

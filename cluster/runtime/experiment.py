@@ -328,6 +328,7 @@ def run_experiment(
         if config.build_algorithm().privacy_unit != "none":
             for warning in privacy_warnings(config, store.client_sizes):
                 say(f"warning: {warning}")
+            privacy_claim(config, config.build_algorithm(), store.client_sizes)  # δ in range
         resumed_run = resume.get("run_id") if resume is not None else None
         run = _start_tracking(config, store, resumed_run, parent_run_id)
         try:
