@@ -106,6 +106,8 @@ def calibrate_sigma(
     bracket's last step) whose ε after ``rounds`` rounds is at most ε*."""
     if not target_epsilon > 0:
         raise ValueError(f"target_epsilon must be > 0, got {target_epsilon}")
+    if rounds <= 0 or sample_rate <= 0:  # ε is 0 at every σ: there is no smallest one
+        raise ValueError(f"nothing to calibrate: {rounds} rounds at q={sample_rate:g} spend no ε")
 
     def excess(log_sigma: float) -> float:
         """log ε − log ε* at σ = e^log_sigma: ≤ 0 meets the target; ∞ where refused."""

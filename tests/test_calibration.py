@@ -47,3 +47,11 @@ def test_max_rounds_is_the_exact_boundary():
 def test_unreachable_budget_is_a_clear_error():
     with pytest.raises(ValueError, match="raise the budget"):
         calibrate_sigma(1e-4, 1e-9, 1.0, 10**6, sigma_max=10.0)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("q", "rounds"), [(0.1, 0), (0.0, 100)])
+def test_calibrating_a_mechanism_that_spends_nothing_is_a_clear_error(q, rounds):
+    """ε ≡ 0 at every σ: the search lowered σ for good (a review's hang, library use only)."""
+    with pytest.raises(ValueError, match="nothing to calibrate"):
+        calibrate_sigma(1.0, 1e-5, q, rounds)
