@@ -153,9 +153,6 @@ def stream_seeds(keys: np.ndarray) -> np.ndarray:
     return state[0] | (state[1] << np.uint64(32))
 
 
-_LOW_32 = np.uint64(0xFFFFFFFF)
-
-
 def distinct_round_streams(seed: int, rounds: int, purpose: Purpose) -> dict[int, tuple[int]]:
     """Extra key words that keep the CPU streams ``(seed, round, purpose)`` of ``rounds`` rounds
     apart: {round: (k,)} for each round whose stream would repeat an earlier round's draws,
@@ -169,7 +166,7 @@ def distinct_round_streams(seed: int, rounds: int, purpose: Purpose) -> dict[int
     if secret_streams.is_secret(seed) or rounds <= 0:
         return {}
     keys = np.array([[seed, r, int(purpose)] for r in range(rounds)], dtype=object)
-    low = stream_seeds(keys) & _LOW_32
+    low = stream_seeds(keys) & np.uint64(_MASK32)
     _, first = np.unique(low, return_index=True)
     if len(first) == rounds:
         return {}
@@ -177,8 +174,8 @@ def distinct_round_streams(seed: int, rounds: int, purpose: Purpose) -> dict[int
     extra = {}
     for r in sorted(set(range(rounds)) - set(first.tolist())):
         k = 1
-        while stream_seed(seed, r, purpose, k) & 0xFFFFFFFF in taken:
+        while (word := stream_seed(seed, r, purpose, k) & _MASK32) in taken:
             k += 1
-        taken.add(stream_seed(seed, r, purpose, k) & 0xFFFFFFFF)
+        taken.add(word)
         extra[r] = (k,)
     return extra

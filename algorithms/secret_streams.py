@@ -10,7 +10,7 @@ released models alone). A secret key K (``SECRET_FLOOR`` ≤ K < 2¹²⁸) is us
   purpose, ...): a pseudorandom function, so streams are independent and none reveals K;
 - a CPU torch generator gets MT19937's whole state (624 words) from SHAKE-256 of the
   material, set through its saved state (the layout is checked once against torch's own
-  seeding, ``_check_state_layout``); a GPU one (Philox) 64 bits of it as its seed, all that
+  seeding, ``_seeded_state``); a GPU one (Philox) 64 bits of it as its seed, all that
   torch takes there;
 - a NumPy generator (cohorts) is PCG64 seeded with the material (256 bits into SeedSequence's
   128-bit pool); a seed for ``torch.manual_seed`` (dropout) 64 bits of it.
@@ -53,9 +53,7 @@ def torch_generator(key: int, ids: tuple[int, ...], device) -> torch.Generator:
     if generator.device.type != "cpu":
         generator.manual_seed(int.from_bytes(stream[:8], "little"))
         return generator
-    _check_state_layout()
-    generator.manual_seed(0)  # left = 1, next = 0: the first draw twists the words set below
-    state = generator.get_state().clone()
+    state = _seeded_state().clone()
     words = np.frombuffer(hashlib.shake_256(stream).digest(4 * _MT_WORDS), dtype="<u4")
     state[_MT_OFFSET : _MT_OFFSET + 8 * _MT_WORDS] = torch.from_numpy(
         words.astype("<u8").view(np.uint8)
@@ -74,20 +72,22 @@ def stream_seed(key: int, ids: tuple[int, ...]) -> int:
 
 
 @functools.cache
-def _check_state_layout() -> None:
-    """torch's CPU generator state holds MT19937's words where ``torch_generator`` writes
-    them: after ``manual_seed(s)`` they are MT's ``init_genrand(s)``. A torch that lays its
-    state out otherwise is refused, not seeded wrongly."""
+def _seeded_state() -> torch.Tensor:
+    """A CPU generator's state just after ``manual_seed`` (``left`` 1, ``next`` 0: the first
+    draw twists the words ``torch_generator`` sets), made once. Its layout is checked: after
+    ``manual_seed(s)`` the words at ``_MT_OFFSET`` are MT's ``init_genrand(s)``; a torch that
+    lays its state out otherwise is refused, not seeded wrongly."""
     generator = torch.Generator()
-    generator.manual_seed(5489)
-    state = generator.get_state().numpy()
-    expected = [5489]
+    generator.manual_seed(0)
+    state = generator.get_state()
+    expected = [0]
     for i in range(1, _MT_WORDS):
         previous = expected[-1]
         expected.append((1812433253 * (previous ^ (previous >> 30)) + i) & 0xFFFFFFFF)
-    words = state[_MT_OFFSET : _MT_OFFSET + 8 * _MT_WORDS]
+    words = state.numpy()[_MT_OFFSET : _MT_OFFSET + 8 * _MT_WORDS]
     if len(words) != 8 * _MT_WORDS or not np.array_equal(words.view("<u8"), expected):
         raise RuntimeError(
             f"torch {torch.__version__} keeps its CPU generator's state in another layout: "
             "privacy.secret_streams cannot key its streams; run without it"
         )
+    return state

@@ -504,8 +504,7 @@ class _RangedSplits:
         try:
             return read_ranges(self._file(split), ranges)
         except OSError as error:
-            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-            raise StoreReadFailed(str(self.location), reason) from None
+            raise StoreReadFailed(str(self.location), _first_line(error)) from None
 
 
 def read_ranges(file: pa.NativeFile, ranges: Sequence[tuple[int, int]]) -> np.ndarray:

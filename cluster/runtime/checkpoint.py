@@ -63,7 +63,7 @@ from algorithms.sketch import HASH_FAMILY
 from cluster.config import ConfigError, config_from_dict
 from cluster.config.paths import location_error
 from cluster.runtime.checkpoint_match import check_state
-from cluster.runtime.stream_key import CHECKPOINT_FIELD, SECRET_DIGITS
+from cluster.runtime.stream_key import CHECKPOINT_FIELD, SECRET_DIGITS, parsed_key
 from datasets import locations
 from datasets.locations import Location, LocationError, ObjectLocation
 
@@ -369,8 +369,7 @@ def _check_structure(payload: dict) -> None:
     secret = isinstance(privacy, dict) and privacy.get("secret_streams") is True
     _fields(state, _SIMULATION | ({CHECKPOINT_FIELD: str} if secret else {}), "its simulation")
     _need(
-        not secret
-        or re.fullmatch(f"[89a-f][0-9a-f]{{{SECRET_DIGITS - 1}}}", state[CHECKPOINT_FIELD]),
+        not secret or parsed_key(state[CHECKPOINT_FIELD]) is not None,
         f"its streams' secret is not a key of {SECRET_DIGITS} hexadecimal digits, the first "
         "at least 8",
     )

@@ -325,10 +325,11 @@ def run_experiment(
             config = calibrate_with_message(config, say)
         store, _ = open_store(config)
         streams = streams_key(config, resume["simulation"] if resume is not None else None)
-        if config.build_algorithm().privacy_unit != "none":
+        algorithm = config.build_algorithm()
+        if algorithm.privacy_unit != "none":
             for warning in privacy_warnings(config, store.client_sizes):
                 say(f"warning: {warning}")
-            privacy_claim(config, config.build_algorithm(), store.client_sizes)  # δ in range
+            privacy_claim(config, algorithm, store.client_sizes)  # refuses a δ out of range
         resumed_run = resume.get("run_id") if resume is not None else None
         run = _start_tracking(config, store, resumed_run, parent_run_id)
         try:

@@ -10,6 +10,7 @@ not in the config, the MLflow run or the terminal.
 
 from __future__ import annotations
 
+import re
 import secrets
 
 from algorithms.secret_streams import SECRET_BITS, SECRET_FLOOR, is_secret
@@ -25,8 +26,8 @@ def streams_key(config: ExperimentConfig, resumed: dict | None = None) -> int:
     if not config.privacy.secret_streams:
         return config.streams_seed
     if resumed is not None:
-        key = int(resumed.get(CHECKPOINT_FIELD, "0"), 16)
-        if not is_secret(key):
+        key = parsed_key(resumed.get(CHECKPOINT_FIELD))
+        if key is None:
             raise ConfigError(
                 "privacy.secret_streams",
                 True,
@@ -35,6 +36,15 @@ def streams_key(config: ExperimentConfig, resumed: dict | None = None) -> int:
             )
         return key
     return SECRET_FLOOR | secrets.randbits(SECRET_BITS - 1)
+
+
+def parsed_key(saved: object) -> int | None:
+    """The secret key a checkpoint holds as ``saved`` (``saved_key``'s text), None where that
+    is no key: not ``SECRET_DIGITS`` hexadecimal digits, or below ``SECRET_FLOOR``."""
+    if not isinstance(saved, str) or not re.fullmatch(f"[0-9a-f]{{{SECRET_DIGITS}}}", saved):
+        return None
+    key = int(saved, 16)
+    return key if is_secret(key) else None
 
 
 def saved_key(config: ExperimentConfig, key: int) -> dict[str, str]:

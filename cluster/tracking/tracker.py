@@ -162,8 +162,7 @@ class MlflowTracker:
                 pending.append((record.round, self._round_metrics(record, when_ms)))
             elif RECOVERY_METRICS & record.metrics.keys():
                 recovery = {k: record.metrics[k] for k in RECOVERY_METRICS if k in record.metrics}
-                metrics = [Metric(k, float(v), when_ms, record.round) for k, v in recovery.items()]
-                pending.append((record.round, metrics))
+                pending.append((record.round, _metrics(recovery, record, when_ms)))
         group: list[tuple[int, list[Metric]]] = []
         size = 0
         for number, metrics in pending:
@@ -197,7 +196,7 @@ class MlflowTracker:
         for name in ("epsilon", "test_accuracy", "test_loss"):
             if getattr(record, name) is not None:
                 values[name] = getattr(record, name)
-        return [Metric(k, float(v), when_ms, record.round) for k, v in values.items()]
+        return _metrics(values, record, when_ms)
 
     def finish(
         self,
@@ -240,6 +239,11 @@ class MlflowTracker:
 
     def end(self, status: str = "FINISHED") -> None:
         self.client.set_terminated(self.run_id, status)
+
+
+def _metrics(values: dict, record: RoundRecord, when_ms: int) -> list[Metric]:
+    """``values`` as MLflow metrics of ``record``'s round, stamped ``when_ms``."""
+    return [Metric(k, float(v), when_ms, record.round) for k, v in values.items()]
 
 
 def _update_norms(history: list[RoundRecord]) -> tuple[np.ndarray, np.ndarray]:
