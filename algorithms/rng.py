@@ -1,7 +1,8 @@
 """Explicit, seeded randomness.
 
 Every random draw in a simulation comes from a generator keyed by
-``SeedSequence([seed, round, client_id, purpose, ...])``. Nothing reads global RNG state, so
+``SeedSequence([seed, round, client_id, purpose, ...])`` (a CPU torch generator gets MT19937's
+whole state from it, not a 32-bit seed: ``algorithms.mt_state``). Nothing reads global RNG state, so
 results depend neither on the number of actors nor on the order in which clients are scheduled.
 A run's secret key (``privacy.secret_streams``) keys them cryptographically instead
 (``algorithms.secret_streams``), through the same functions.
@@ -9,12 +10,14 @@ A run's secret key (``privacy.secret_streams``) keys them cryptographically inst
 
 from __future__ import annotations
 
+import functools
 from enum import IntEnum
 
 import numpy as np
 import torch
 
 from algorithms import secret_streams
+from algorithms.mt_state import MT_WORDS, cpu_generators, mt19937_key
 
 
 class Purpose(IntEnum):
@@ -49,37 +52,45 @@ def numpy_rng(seed: int, *keys: int) -> np.random.Generator:
 
 def stream_seed(seed: int, *keys: int) -> int:
     """The 64-bit seed of the stream ``(seed, *keys)`` (for APIs that take a seed, not a
-    generator, such as ``torch.manual_seed`` for dropout and model init)."""
+    generator, such as ``torch.manual_seed`` for dropout and model init, and a GPU generator)."""
     if secret_streams.is_secret(seed):
         return secret_streams.stream_seed(seed, keys)
     return int(_seed_words(seed, keys).generate_state(1, np.uint64)[0])
 
 
 def torch_generator(seed: int, *keys: int, device: str | torch.device = "cpu") -> torch.Generator:
-    """A torch generator on ``device`` for the stream ``(seed, *keys)``."""
+    """A torch generator on ``device`` for the stream ``(seed, *keys)``: on the CPU, MT19937's
+    whole state as NumPy's ``MT19937(SeedSequence([seed, *keys]))`` holds it
+    (``algorithms.mt_state``); on a GPU, Philox seeded with ``stream_seed(seed, *keys)``."""
     if secret_streams.is_secret(seed):
         return secret_streams.torch_generator(seed, keys, device)
-    return _seeded(stream_seed(seed, *keys), device)
+    if torch.device(device).type == "cpu":
+        pool = _seed_words(seed, keys).pool[None, :]
+        return cpu_generators(mt19937_key(generated_words(pool, MT_WORDS)))[0]
+    return _gpu_generators([stream_seed(seed, *keys)], device)[0]
 
 
-def _seeded(seed: int, device: str | torch.device) -> torch.Generator:
-    generator = torch.Generator(device=device)
-    generator.manual_seed(seed)
-    return generator
+def _gpu_generators(seeds, device: str | torch.device) -> list[torch.Generator]:
+    generators = [torch.Generator(device=device) for _ in seeds]
+    for generator, seed in zip(generators, seeds, strict=True):
+        generator.manual_seed(int(seed))
+    return generators
 
 
 def client_generators(
     seed: int, round_index: int, client_ids: list[int], purpose: Purpose, device="cpu"
 ) -> list[torch.Generator]:
-    """``torch_generator(seed, round_index, c, purpose)`` for every client c, with the stream
-    seeds of all clients computed at once (``stream_seeds``): a round's thousand clients cost
-    one pass over arrays instead of a thousand ``SeedSequence`` objects (≈ 30 µs each)."""
+    """``torch_generator(seed, round_index, c, purpose)`` for every client c, with the streams
+    of all clients computed at once (``pools``): a round's thousand clients cost one
+    pass over arrays instead of a thousand ``SeedSequence`` objects (≈ 30 µs each)."""
     if secret_streams.is_secret(seed):
         return [torch_generator(seed, round_index, c, purpose, device=device) for c in client_ids]
     keys = np.array([[seed, round_index, c, purpose] for c in client_ids], dtype=object).reshape(
         -1, 4
     )
-    return [_seeded(int(s), device) for s in stream_seeds(keys)]
+    if torch.device(device).type == "cpu":
+        return cpu_generators(mt19937_key(generated_words(pools(keys), MT_WORDS)))
+    return _gpu_generators(stream_seeds(keys), device)
 
 
 # NumPy's SeedSequence (numpy/random/bit_generator.pyx), pool of 4 uint32 words.
@@ -106,22 +117,45 @@ def _word_columns(keys: np.ndarray) -> np.ndarray | None:
 
 
 def stream_seeds(keys: np.ndarray) -> np.ndarray:
-    """``stream_seed(*row)`` for every row of ``keys`` (n × k), vectorised over the rows.
+    """``stream_seed(*row)`` for every row of ``keys`` (n × k), vectorised over the rows."""
+    words = generated_words(pools(keys), 2).astype(np.uint64)
+    return words[:, 0] | (words[:, 1] << np.uint64(32))
 
-    This is SeedSequence's entropy mixing and ``generate_state(1, uint64)`` step for step, on
-    columns of uint32 words: its hash constants do not depend on the data, so every row follows
-    the same sequence of operations. A key of several words (a seed ≥ 2³², such as a sweep
-    trial's ``stream_seed``) is its little-endian words, as SeedSequence reads it; a column
-    whose rows differ in their number of words (or hold a negative key) takes ``stream_seed``
-    row by row. Bit-identical to it (``tests/test_rng.py``)."""
+
+def pools(keys: np.ndarray) -> np.ndarray:
+    """The pool of ``SeedSequence(row)`` (n × 4, uint32) for every row of ``keys`` (n × k),
+    vectorised over the rows.
+
+    This is SeedSequence's entropy mixing step for step, on columns of uint32 words: its hash
+    constants do not depend on the data, so every row follows the same sequence of
+    operations. A key of several words (a seed ≥ 2³², such as a sweep trial's
+    ``stream_seed``) is its little-endian words, as SeedSequence reads it; a column whose rows
+    differ in their number of words (or hold a negative key) takes SeedSequence row by row.
+    Bit-identical to it (``tests/test_rng.py``)."""
     keys = np.asarray(keys, dtype=object)
-    n, k = keys.shape
-    if n == 0:
-        return np.zeros(0, dtype=np.uint64)
+    if keys.shape[0] == 0:
+        return np.zeros((0, 4), dtype=np.uint32)
     words = _word_columns(keys)
     if words is None:
-        return np.array([stream_seed(*(int(v) for v in row)) for row in keys], dtype=np.uint64)
-    k = words.shape[1]
+        return np.stack([np.random.SeedSequence([int(v) for v in row]).pool for row in keys])
+    return _pool(words).astype(np.uint32)
+
+
+def generated_words(pool: np.ndarray, count: int) -> np.ndarray:
+    """``generate_state(count, uint32)`` of the SeedSequences whose pools are the rows of
+    ``pool`` (n × 4, uint32): n × count uint32, in uint32 arithmetic (its products wrap modulo
+    2³², as SeedSequence's do). Bit-identical to it (``tests/test_rng.py``)."""
+    xor, mult = _output_constants(count)
+    value = np.tile(pool, (1, -(-count // 4)))[:, :count]  # word i reads pool word i mod 4
+    value ^= xor
+    value *= mult
+    value ^= value >> np.uint32(16)
+    return value
+
+
+def _pool(words: np.ndarray) -> np.ndarray:
+    """SeedSequence's pool (n × 4) after mixing in each row's entropy ``words`` (n × k)."""
+    n, k = words.shape
     hash_const = _INIT_A
 
     def hashmix(value: np.ndarray) -> np.ndarray:
@@ -144,38 +178,16 @@ def stream_seeds(keys: np.ndarray) -> np.ndarray:
     for src in range(4, k):
         for dst in range(4):
             pool[dst] = mix(pool[dst], hashmix(words[:, src]))
-    hash_const, state = _INIT_B, []
-    for word in pool[:2]:  # two uint32 words, little-endian, make the uint64
-        value = word ^ np.uint64(hash_const)
+    return np.stack(pool, axis=1)
+
+
+@functools.cache
+def _output_constants(count: int) -> tuple[np.ndarray, np.ndarray]:
+    """``generate_state``'s data-independent part for ``count`` words: for each word, the
+    constant it is XORed with and the one it is multiplied by."""
+    xor, mult, hash_const = [], [], _INIT_B
+    for _ in range(count):
+        xor.append(hash_const)
         hash_const = (hash_const * _MULT_B) & _MASK32
-        value = (value * np.uint64(hash_const)) & np.uint64(_MASK32)
-        state.append(value ^ (value >> np.uint64(16)))
-    return state[0] | (state[1] << np.uint64(32))
-
-
-def distinct_round_streams(seed: int, rounds: int, purpose: Purpose) -> dict[int, tuple[int]]:
-    """Extra key words that keep the CPU streams ``(seed, round, purpose)`` of ``rounds`` rounds
-    apart: {round: (k,)} for each round whose stream would repeat an earlier round's draws,
-    to be keyed ``(seed, round, purpose, k)`` instead, k ≥ 1 the least that is distinct.
-
-    torch's CPU generator (MT19937) keeps the low 32 bits of a seed, so two of T rounds'
-    streams coincide with probability ≈ T²/2³³ (1.2e-4 at T = 1,000): for the server's noise
-    on the sum, the difference of those two rounds' releases would be noiseless. Every other
-    round keeps its stream, so runs repeat as before. A secret key needs none
-    (``algorithms.secret_streams`` sets a generator's whole state)."""
-    if secret_streams.is_secret(seed) or rounds <= 0:
-        return {}
-    keys = np.array([[seed, r, int(purpose)] for r in range(rounds)], dtype=object)
-    low = stream_seeds(keys) & np.uint64(_MASK32)
-    _, first = np.unique(low, return_index=True)
-    if len(first) == rounds:
-        return {}
-    taken = {int(v) for v in low}
-    extra = {}
-    for r in sorted(set(range(rounds)) - set(first.tolist())):
-        k = 1
-        while (word := stream_seed(seed, r, purpose, k) & _MASK32) in taken:
-            k += 1
-        taken.add(word)
-        extra[r] = (k,)
-    return extra
+        mult.append(hash_const)
+    return np.array(xor, dtype=np.uint32), np.array(mult, dtype=np.uint32)

@@ -4,10 +4,10 @@ Runs configs/quickstart.yaml (DP-FedAvg, synthetic(1, 1), 100 clients, cohort 20
 steps of batch 32, clip + server Gaussian noise) for ``--rounds`` rounds four ways:
 
 * ``plain_torch``: one process, the same math written directly with ``nn.Linear`` +
-  ``torch.optim.SGD`` (only the shard store and the cohort sampler come from the project). It
-  draws model init, mini-batches and server noise from the same seeded streams as the project
-  (``algorithms/rng.py``'s derivation), so its final parameters should match the executors' up
-  to float rounding.
+  ``torch.optim.SGD`` (only the shard store, the cohort sampler and the stream generators,
+  ``algorithms.rng.torch_generator``, come from the project). It draws model init,
+  mini-batches and server noise from the same seeded streams as the project, so its final
+  parameters should match the executors' up to float rounding.
 * ``local_executor``: ``Simulation`` + ``LocalExecutor``.
 * ``ray_1_actor`` / ``ray_2_actors``: ``Simulation`` + ``RayExecutor`` on an embedded Ray
   (``ray.init(address="local")``, shut down between variants). Ray start-up and actor creation
@@ -40,6 +40,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from algorithms.rng import torch_generator
 from benchmarks.overhead_micro import microbench
 from cluster.config import ExperimentConfig, load_config
 from cluster.runtime.cohort import sample_cohort
@@ -52,19 +53,13 @@ DEFAULT_OUT = ROOT / "benchmarks" / "results" / "overhead.json"
 WORKER_NICENESS_ENV = "RAY_worker_niceness"
 VARIANTS = ("plain_torch", "local_executor", "ray_1_actor", "ray_2_actors")
 
-# Stream ids of algorithms/rng.py's Purpose, restated so the plain loop uses no project code.
+# Stream ids of algorithms/rng.py's Purpose.
 MODEL_INIT, LOCAL_TRAINING, SERVER_NOISE = 1, 3, 5
 
 
 def _seed(*words: int) -> int:
-    """The same 64-bit seed that algorithms.rng.torch_generator derives for ``words``."""
+    """The same 64-bit seed that algorithms.rng.stream_seed derives for ``words``."""
     return int(np.random.SeedSequence([int(w) for w in words]).generate_state(1, np.uint64)[0])
-
-
-def _generator(*words: int) -> torch.Generator:
-    g = torch.Generator()
-    g.manual_seed(_seed(*words))
-    return g
 
 
 def _load() -> tuple[float, float]:
@@ -135,7 +130,7 @@ def run_plain(config: ExperimentConfig, store) -> dict:
             x, y = train[cid]
             n = len(y)
             size = min(local.batch_size, n)
-            g = _generator(config.seed, r, cid, LOCAL_TRAINING)
+            g = torch_generator(config.seed, r, cid, LOCAL_TRAINING)
             client = copy.deepcopy(model)
             opt = torch.optim.SGD(client.parameters(), lr=local.lr)
             steps = 0
@@ -155,7 +150,9 @@ def run_plain(config: ExperimentConfig, store) -> dict:
                 delta = delta * (clip / norm)
             total += delta
         noise = torch.randn(
-            total.shape, generator=_generator(config.seed, r, SERVER_NOISE), dtype=torch.float64
+            total.shape,
+            generator=torch_generator(config.seed, r, SERVER_NOISE),
+            dtype=torch.float64,
         )
         mean = (total + noise_std * noise if noise_std > 0 else total) / m
         new = (global_vec.double() + a.server_lr * mean).to(global_vec.dtype)

@@ -12,8 +12,9 @@ from algorithms import secret_streams
 from algorithms.rng import (
     Purpose,
     client_generators,
-    distinct_round_streams,
+    generated_words,
     numpy_rng,
+    pools,
     stream_seed,
     stream_seeds,
     torch_generator,
@@ -56,9 +57,9 @@ KEY = secret_streams.SECRET_FLOOR | 0x5EC2E7  # a secret key (its top bit set)
 
 
 def test_a_cpu_stream_of_a_secret_key_holds_mt19937s_whole_state_from_its_material():
-    """A public seed's CPU generator keeps 32 bits of its seed (MT19937's ``manual_seed``),
-    and SeedSequence gave every stream of a 128-bit key the same 32 bits, which a search of
-    2³² recovered (a review did, from released models). A secret key's CPU stream gets all
+    """``manual_seed`` keeps 32 bits of a seed (MT19937), and SeedSequence gave every stream
+    of a 128-bit key the same 32 bits, which a search of 2³² recovered (a review did, from
+    released models). A secret key's CPU stream gets all
     624 state words, SHAKE-256 of the stream's keyed BLAKE2b material."""
     ids = (3, 7, Purpose.SERVER_NOISE)
     generator = torch_generator(KEY, *ids)
@@ -99,25 +100,50 @@ def test_every_stream_function_keys_a_secret_cryptographically():
     ):
         alone = torch_generator(KEY, 4, client, Purpose.CLIENT_NOISE)
         assert torch.equal(torch.randn(5, generator=generator), torch.randn(5, generator=alone))
-    # A public seed keeps SeedSequence (runs repeat as before); the two never meet.
+    # A public seed keys its streams through SeedSequence; the two never meet.
     assert stream_seed(11, *ids) == int(
         np.random.SeedSequence([11, *ids]).generate_state(1, np.uint64)[0]
     )
     assert not secret_streams.is_secret(2**63 - 1) and secret_streams.is_secret(KEY)
 
 
-def test_rounds_whose_server_streams_would_coincide_are_kept_apart():
-    """torch's CPU generator keeps 32 bits of a seed: at seed 0, two of 100,000 rounds'
-    server-noise streams draw the same noise (T²/2³³ ≈ 1.2 expected pairs), which would make
-    the difference of their releases noiseless. The later round is keyed apart; no other
-    round's stream changes, and a secret key needs nothing."""
+def test_a_cpu_stream_holds_numpys_mt19937_state_of_its_seed_sequence():
+    """torch's ``manual_seed`` keeps 32 bits of a seed: at seed 0 the server-noise streams of
+    rounds 12,288 and 29,994 have seeds that share their low 32 bits, and drew the same noise
+    (two of 100,000 rounds: T²/2³³ ≈ 1.2 such pairs expected), which made the difference of
+    their releases noiseless; two clients' noise the same for their uploads. A CPU stream now
+    holds MT19937's whole state, as NumPy's ``MT19937`` seeds it from the stream's
+    SeedSequence (128 bits of pool), one at a time or a round's clients at once."""
     noise = Purpose.SERVER_NOISE
-    apart = distinct_round_streams(0, 100_000, noise)
-    assert apart == {29994: (1,)}
-    draws = {r: torch.randn(4, generator=torch_generator(0, r, noise)) for r in range(30_000)}
-    same = [r for r in range(29994) if torch.equal(draws[r], draws[29994])]
-    assert len(same) == 1  # the hazard, without the extra word
-    kept = torch.randn(4, generator=torch_generator(0, 29994, noise, 1))
-    assert not any(torch.equal(kept, d) for d in draws.values())
-    assert distinct_round_streams(0, 29994, noise) == {}  # an earlier round: nothing changes
-    assert distinct_round_streams(KEY, 100_000, noise) == {}
+    low = [stream_seed(0, r, noise) & 0xFFFFFFFF for r in (12288, 29994)]
+    assert low[0] == low[1]  # the pair that coincided
+    first, later = (torch.randn(4, generator=torch_generator(0, r, noise)) for r in (12288, 29994))
+    assert not torch.equal(first, later)
+    for ids in [(12288, noise), (7, 3, Purpose.CLIENT_NOISE), (2**40 + 1, 5, 99, 4)]:
+        state = torch_generator(0, *ids).get_state().numpy()[24 : 24 + 8 * 624].view("<u8")
+        numpys = np.random.MT19937(np.random.SeedSequence([0, *ids])).state["state"]["key"]
+        assert np.array_equal(state, numpys)
+    clients = [0, 5, 2**33, 17]
+    for client, generator in zip(
+        clients, client_generators(9, 2, clients, Purpose.SAMPLE_NOISE), strict=True
+    ):
+        expected = np.random.MT19937(np.random.SeedSequence([9, 2, client, 11])).state
+        state = generator.get_state().numpy()[24 : 24 + 8 * 624].view("<u8")
+        assert np.array_equal(state, expected["state"]["key"])
+    draws = torch.randn(100_000, generator=torch_generator(3, 1, noise), dtype=torch.float64)
+    assert abs(float(draws.mean())) < 0.01 and abs(float(draws.std()) - 1) < 0.01
+
+
+@pytest.mark.parametrize("count", [1, 2, 5, 624])
+def test_generated_words_equal_seed_sequence(count):
+    draw = random.Random(count)
+    rows = [[draw.randrange(2**32) for _ in range(draw.choice([3, 4]))] for _ in range(50)]
+    for width in (3, 4):
+        keys = np.array([r for r in rows if len(r) == width], dtype=object)
+        expected = [np.random.SeedSequence(list(r)).generate_state(count) for r in keys]
+        assert np.array_equal(generated_words(pools(keys), count), np.array(expected))
+    mixed = np.array([[2**40, 1], [3, 2**64 - 1]], dtype=object)  # row by row
+    assert np.array_equal(
+        generated_words(pools(mixed), count),
+        [np.random.SeedSequence([int(v) for v in r]).generate_state(count) for r in mixed],
+    )

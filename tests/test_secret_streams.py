@@ -6,13 +6,10 @@ import pytest
 import torch
 from helpers import small_config
 
-from algorithms.rng import Purpose, torch_generator
 from cluster.config import ConfigError
 from cluster.runtime.checkpoint import open_checkpoint, save_checkpoint
-from cluster.runtime.executors import LocalExecutor
 from cluster.runtime.experiment import run_experiment
 from cluster.runtime.simulation import Simulation
-from cluster.runtime.store import open_store
 
 PRIVATE = (
     "algorithm.name=dp_fedavg",
@@ -83,18 +80,3 @@ def test_a_run_that_fails_before_its_first_checkpoint_resumes_its_streams(
     assert saved["simulation"]["rounds_done"] == 0 and len(released) == 1
     resumed = run_experiment(again, resume=saved)
     assert resumed.result.history[0].test_loss == released[0].test_loss
-
-
-def test_the_server_draws_its_noise_from_rounds_kept_apart(store_root):
-    """``algorithms.rng.distinct_round_streams`` reaches the server: at seed 0 round 29,994's
-    noise stream would repeat an earlier round's (tests/test_rng.py)."""
-    config = small_config(store_root, *PRIVATE[:3], "rounds=30000")
-    store, _ = open_store(config)
-    executor = LocalExecutor(store, config.task, config.build_algorithm(), 0)
-    try:
-        sim = Simulation(config, store, executor)
-        drawn = torch.randn(4, generator=sim._round_stream(29994, Purpose.SERVER_NOISE))
-    finally:
-        executor.close()
-    expected = torch_generator(0, 29994, Purpose.SERVER_NOISE, 1)
-    assert torch.equal(drawn, torch.randn(4, generator=expected))

@@ -24,10 +24,7 @@ LOGGED_SEED_NOT_COVERED = (
     "the noise's seed: every noise draw comes from a stream of the run's seed (config.yaml, "
     "logged with the run), so that the run reproduces; whoever holds the seed regenerates the "
     "noise and can subtract it. The ε holds against an observer who does not: release models "
-    "without their run's seed, or run with privacy.secret_streams. On the CPU torch seeds a "
-    "stream's generator with 32 bits of its seed: the server's rounds are kept apart, but two "
-    "of a run's n client noise streams (one a client and round) draw the same noise with "
-    "probability about n²/2^33 (secret streams set each generator's whole state)"
+    "without their run's seed, or run with privacy.secret_streams"
 )
 SECRET_KEY_NOT_COVERED = (
     "the streams' secret key (privacy.secret_streams): the noise, cohorts and local batches "

@@ -43,7 +43,7 @@ from actors.client_host import Broadcast
 from actors.client_state import ClientStateStore
 from algorithms.client import upload_bytes
 from algorithms.layout import ParamLayout
-from algorithms.rng import Purpose, distinct_round_streams, torch_generator
+from algorithms.rng import Purpose, torch_generator
 from algorithms.server import ServerContext, ServerState
 from cluster.claims.privacy_plan import privacy_claim
 from cluster.config import ExperimentConfig
@@ -93,11 +93,6 @@ class Simulation:
         self.store = store
         self.executor = executor
         self.streams = config.streams_seed if streams is None else streams
-        # The server's per-round CPU streams, kept apart where two rounds' would coincide.
-        self._apart = {
-            purpose: distinct_round_streams(self.streams, config.total_rounds, purpose)
-            for purpose in (Purpose.SERVER_NOISE, Purpose.SERVER_COUNT_NOISE)
-        }
         self.model, params = initial_params(config, store)
         self.layout = ParamLayout.of(self.model)
         self.algorithm, self.state = initial_state(config, self.layout, params)
@@ -256,21 +251,15 @@ class Simulation:
             self.state.params.numel(),
             self.layout,
             (self.streams, round_index),
-            self._round_stream(round_index, Purpose.SERVER_NOISE),
+            torch_generator(self.streams, round_index, Purpose.SERVER_NOISE),
         )
         count_noise = 0.0
         adaptive = algorithm.adaptive_clip
         if adaptive is not None and algorithm.mechanism.placement == "server":
-            generator = self._round_stream(round_index, Purpose.SERVER_COUNT_NOISE)
+            generator = torch_generator(self.streams, round_index, Purpose.SERVER_COUNT_NOISE)
             std = adaptive.server_noise_std(c.cohort.size, algorithm.mechanism.noise_scale)
             count_noise = std * float(torch.randn(1, generator=generator, dtype=torch.float64))
         return ServerContext(float(c.cohort.size), c.data.num_clients, noise, count_noise)
-
-    def _round_stream(self, round_index: int, purpose: Purpose) -> torch.Generator:
-        """The server's stream of ``purpose`` in round ``round_index``, kept apart from the
-        other rounds' (``distinct_round_streams``)."""
-        apart = self._apart[purpose].get(round_index, ())
-        return torch_generator(self.streams, round_index, purpose, *apart)
 
     def _server_point(self) -> dict:
         """The driver's state now, for a roll-back: server state and accountant (the history
