@@ -5,32 +5,32 @@ torch's CPU generator is MT19937, and ``manual_seed`` keeps only the low 32 bits
 would draw the same values with probability ≈ n²/2³³ (≈ 1.2 pairs expected over 100 clients a
 round for 1,000 rounds). Two clients' noise drawn alike would make the difference of their
 uploads noiseless to the server. Here every stream's generator gets its 624 state words
-instead (from the stream's SeedSequence, as NumPy seeds its own MT19937: ``mt19937_key``; from
-a secret: ``algorithms.secret_streams``), written through the state that ``get_state``
-returns, at the layout checked once against torch's own seeding (``seeded_template``).
+instead, SHAKE-256 of the stream's 128-bit SeedSequence pool (``mt_words``; a secret stream's:
+of its keyed digest, ``algorithms.secret_streams``), written through the state that
+``get_state`` returns, at the layout checked once against torch's own seeding
+(``seeded_template``). Two streams then coincide, wholly or in part, only where their pools do
+(≈ n²/2¹²⁹).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 
 import numpy as np
 import torch
 
 MT_WORDS = 624
 _OFFSET = 24  # MT19937's words, a uint64 each, from byte 24 of torch's saved state
-_TOP_BIT = 0x80000000
 
 
-def mt19937_key(words: np.ndarray) -> np.ndarray:
-    """MT19937 states (n × 624), in place, from n rows of 624 words of a stream's
-    ``SeedSequence`` (uint32), as
-    NumPy's ``MT19937`` seeds itself: the first word's top bit set and the rest zero (only
-    that bit of it enters the twist; setting it keeps the state nonzero), the others as
-    drawn. A pool of 128 bits makes each state, so two streams coincide only where their
-    pools do (≈ n²/2¹²⁹), not their seeds' low 32 bits (≈ n²/2³³)."""
-    words[:, 0] = _TOP_BIT
-    return words
+def mt_words(material: bytes) -> np.ndarray:
+    """MT19937's 624 state words for a stream: SHAKE-256 of its ``material`` (the 16 bytes of a
+    public stream's SeedSequence pool, or a secret stream's keyed digest), so that every word
+    depends on all of it. (Reading the pool's words in turn, as ``generate_state`` and
+    NumPy's own MT19937 seeding do, makes each state word a function of one 32-bit pool word:
+    two streams sharing one drew some equal float32 noise, a review found, ≈ n²/2³¹ pairs.)"""
+    return np.frombuffer(hashlib.shake_256(material).digest(4 * MT_WORDS), dtype="<u4")
 
 
 def cpu_generators(words: np.ndarray) -> list[torch.Generator]:
@@ -43,7 +43,8 @@ def cpu_generators(words: np.ndarray) -> list[torch.Generator]:
     generators = []
     for state in states:
         generator = torch.Generator()
-        # A row of its own: set_state reads a tensor from the start of its storage.
+        # A row of its own: set_state reads from the start of the tensor's storage (given a
+        # row of one larger tensor, at an offset, torch 2.x crashes the process).
         generator.set_state(torch.from_numpy(state))
         generators.append(generator)
     return generators
@@ -69,4 +70,6 @@ def seeded_template() -> np.ndarray:
             "the torch this project is locked to (uv.lock): its random streams cannot be "
             "seeded; install the locked version (uv sync)"
         )
-    return state.numpy()
+    template = state.numpy()
+    template.flags.writeable = False  # shared by every generator made
+    return template

@@ -2,8 +2,9 @@
 
 Every random draw in a simulation comes from a generator keyed by
 ``SeedSequence([seed, round, client_id, purpose, ...])`` (a CPU torch generator gets MT19937's
-whole state from it, not a 32-bit seed: ``algorithms.mt_state``). Nothing reads global RNG state, so
-results depend neither on the number of actors nor on the order in which clients are scheduled.
+whole state from its pool, not a 32-bit seed: ``algorithms.mt_state``). Nothing reads global
+RNG state, so results depend neither on the number of actors nor on the order in which clients
+are scheduled.
 A run's secret key (``privacy.secret_streams``) keys them cryptographically instead
 (``algorithms.secret_streams``), through the same functions.
 """
@@ -17,7 +18,7 @@ import numpy as np
 import torch
 
 from algorithms import secret_streams
-from algorithms.mt_state import MT_WORDS, cpu_generators, mt19937_key
+from algorithms.mt_state import cpu_generators, mt_words
 
 
 class Purpose(IntEnum):
@@ -60,13 +61,12 @@ def stream_seed(seed: int, *keys: int) -> int:
 
 def torch_generator(seed: int, *keys: int, device: str | torch.device = "cpu") -> torch.Generator:
     """A torch generator on ``device`` for the stream ``(seed, *keys)``: on the CPU, MT19937's
-    whole state as NumPy's ``MT19937(SeedSequence([seed, *keys]))`` holds it
-    (``algorithms.mt_state``); on a GPU, Philox seeded with ``stream_seed(seed, *keys)``."""
+    whole state from ``SeedSequence([seed, *keys])``'s pool (``algorithms.mt_state``); on a
+    GPU, Philox seeded with ``stream_seed(seed, *keys)``."""
     if secret_streams.is_secret(seed):
         return secret_streams.torch_generator(seed, keys, device)
     if torch.device(device).type == "cpu":
-        pool = _seed_words(seed, keys).pool[None, :]
-        return cpu_generators(mt19937_key(generated_words(pool, MT_WORDS)))[0]
+        return _cpu_generators(_seed_words(seed, keys).pool[None, :])[0]
     return _gpu_generators([stream_seed(seed, *keys)], device)[0]
 
 
@@ -89,8 +89,13 @@ def client_generators(
         -1, 4
     )
     if torch.device(device).type == "cpu":
-        return cpu_generators(mt19937_key(generated_words(pools(keys), MT_WORDS)))
+        return _cpu_generators(pools(keys))
     return _gpu_generators(stream_seeds(keys), device)
+
+
+def _cpu_generators(pool: np.ndarray) -> list[torch.Generator]:
+    """CPU generators whose MT19937 states come from the SeedSequence pools (n × 4 uint32)."""
+    return cpu_generators(np.stack([mt_words(row.astype("<u4").tobytes()) for row in pool]))
 
 
 # NumPy's SeedSequence (numpy/random/bit_generator.pyx), pool of 4 uint32 words.

@@ -15,6 +15,11 @@ from cluster.runtime.store import open_store
 from models import build_model
 
 TOLERANCE = 1e-5
+# The CNN's ReLUs and max-pools amplify rounding where an activation sits at a kink: one client
+# of 30 rows (momentum 0.5, two steps) differs by 2.6e-5 in most rounds' batches, before and
+# after the CPU streams' seeding changed (f4c90ca), against updates of ≈ 1e-2; a wrong batch,
+# step or learning rate differs by the update's size.
+TOLERANCE_KINKED = 1e-4
 
 
 def _objective(name: str, shape: tuple[int, ...]) -> ModelObjective:
@@ -85,7 +90,8 @@ def test_vectorized_equals_sequential_per_client(model, shape, trainer, sizes):
     evals = objective.grad_evals
     for i, (x, y) in enumerate(data):
         slow = trainer.train(objective, params, x, y, torch_generator(0, 3, i))
-        assert (fast[i].params - slow.params).abs().max() < TOLERANCE
+        tolerance = TOLERANCE if model == "logreg" else TOLERANCE_KINKED
+        assert (fast[i].params - slow.params).abs().max() < tolerance
         counts = (fast[i].steps, fast[i].seen, fast[i].correct)
         assert counts == (slow.steps, slow.seen, slow.correct)
         assert fast[i].loss_sum == pytest.approx(slow.loss_sum, rel=1e-5)

@@ -1,9 +1,11 @@
 """Driver checkpoints: the Simulation's state plus the config and the MLflow run to continue.
 
-A checkpoint (format 2) is a ``torch.save`` file holding only plain data: dicts, lists,
+A checkpoint (format 3) is a ``torch.save`` file holding only plain data: dicts, lists,
 strings, numbers, None and CPU tensors::
 
-    format_version      2
+    format_version      3 (format 2 held the same fields, written by code that seeded a CPU
+                        stream's generator with 32 bits: a resume here would continue with other
+                        batches and noise than the run it continues, so it is refused)
     sketch_hash_family  the count-sketch hash its sketches were made with (algorithms/sketch.py)
     config              the run's config as a plain dict (after privacy calibration)
     run_id              its MLflow run, or None (untracked)
@@ -70,8 +72,13 @@ from datasets.locations import Location, LocationError, ObjectLocation
 if TYPE_CHECKING:
     from cluster.config import ExperimentConfig
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
+# What an older format's run would lose if this code continued it.
+_WHY_NOT_READ = {
+    2: " (its run drew from CPU generators seeded with 32 bits, this code sets their whole "
+    "state: a resume would continue with other batches and noise than the run's)",
+}
 _RESUME_FIX = (
     "resume it with the version of the code that wrote it (its MLflow run's git_commit tag), "
     "or start the run afresh"
@@ -349,10 +356,12 @@ def _check_version(path: Location, payload: object) -> None:
     version = payload["format_version"]
     _need(isinstance(version, int), f"its format_version is a {type(version).__name__}")
     if version != FORMAT_VERSION:
+        why = _WHY_NOT_READ.get(version, "")
         raise ConfigError(
             "CHECKPOINT",
             str(path),
-            f"checkpoint format {version}, this code reads format {FORMAT_VERSION}: {_RESUME_FIX}",
+            f"checkpoint format {version}, this code reads format {FORMAT_VERSION}{why}: "
+            f"{_RESUME_FIX}",
         )
 
 
