@@ -16,6 +16,7 @@ from algorithms.aggregate import ClientReport
 from algorithms.algorithm import Algorithm
 from algorithms.control_variates import local_correction, updated_client_control
 from algorithms.local import LocalResult, ModelObjective
+from algorithms.norms import l2_norm
 from algorithms.rng import Purpose, stream_seed, torch_generator
 from algorithms.transforms import ClientContext
 
@@ -148,8 +149,9 @@ def client_round(
     delta = result.params - params
     report = trained_report(client_id, len(y), result)
     # One reduction instead of a full-size isfinite mask: NaN or ±inf anywhere makes the norm
-    # NaN or inf (so does a float32 overflow of ‖Δ‖², an update no clipping could use).
-    delta_norm = float(torch.linalg.vector_norm(delta))
+    # NaN or inf (so does a float32 overflow of a piece's norm, an update no clipping could
+    # use). An upper bound of ‖Δ‖₂ (``algorithms.norms``): the clip scales by it.
+    delta_norm = l2_norm(delta)
     report.dropped = not math.isfinite(delta_norm)
     if report.dropped and not algorithm.pipeline.owes_noise_share:
         return {}, 0.0, state, report

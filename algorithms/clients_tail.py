@@ -11,9 +11,9 @@ coordinate; anything else runs ``client_round`` per client.
 Bit for bit ``client_round``'s uploads, sums and reports (``tests/test_clients_tail.py``): the
 delta and the clip's and the weight's products are elementwise (the scale C/‖Δ‖₂ rounded to
 float32 once, as torch rounds a Python scalar for a float32 tensor); each norm is its row's own
-reduction (on the CPU ``vector_norm(·, dim=1)`` reduces each row as ``vector_norm`` of the row
-alone; elsewhere the rows are reduced one by one); the float64 sum adds the rows one after the
-other in client order (``PartialAggregate.add_rows``).
+reduction (``algorithms.norms``; on the CPU ``l2_norms`` reduces each row of a block as it
+reduces the row alone; elsewhere the rows are reduced one by one); the float64 sum adds the rows
+one after the other in client order (``PartialAggregate.add_rows``).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from algorithms.client import (
 )
 from algorithms.local import LocalResult
 from algorithms.mechanism import DenseSupport
+from algorithms.norms import l2_norms
 from algorithms.vectorized import MAX_CHUNK_FLOATS
 
 
@@ -108,10 +109,10 @@ def _add_block(
 
 
 def _row_norms(rows: torch.Tensor) -> torch.Tensor:
-    """‖row‖₂ of every row, each as ``torch.linalg.vector_norm(row)`` computes it."""
+    """‖row‖₂ of every row, each as ``l2_norm(row)`` computes it (``algorithms.norms``)."""
     if rows.device.type == "cpu":
-        return torch.linalg.vector_norm(rows, dim=1)
-    return torch.stack([torch.linalg.vector_norm(row) for row in rows])
+        return l2_norms(rows)
+    return torch.stack([l2_norms(row) for row in rows])
 
 
 def _clip_scale(clip_norm: float, norm: float) -> float:

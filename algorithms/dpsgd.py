@@ -48,6 +48,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from algorithms.norms import l2_norms
+
 Adjacency = Literal["replace_one", "add_remove"]
 
 
@@ -221,7 +223,8 @@ def finite_segments(
     is then finite and clipped to C like any other; left as it was, one such record would make
     its client's clipped sum, hence its whole update, non-finite, and the client's upload
     would be dropped (``algorithms.client``): one record deciding whether its client's output
-    is released. (A finite row whose norm overflows gets clip factor C/∞ = 0.)
+    is released. (A finite row whose norm overflows float32 gets clip factor C/∞ = 0; the
+    norms are upper bounds, ``algorithms.norms``.)
 
     On the CPU the norms, needed anyway, tell whether there is any such coordinate: the usual
     case costs nothing more. On a GPU the test would stall the host every step; the
@@ -242,13 +245,13 @@ def _split_with_norms(per_example: torch.Tensor, offsets: tuple[int, ...] | None
     else:
         sizes = [stop - start for start, stop in zip(offsets[:-1], offsets[1:], strict=True)]
         parts = list(per_example.split(sizes, dim=-1))
-    return parts, [torch.linalg.vector_norm(p, dim=-1, keepdim=True) for p in parts]
+    return parts, [l2_norms(p)[..., None] for p in parts]
 
 
-def clip_factor(norms: torch.Tensor, clip_norm: float) -> torch.Tensor:
-    """min(1, C/‖row‖₂) of rows of these norms: the factor that clips the row to L2 norm C (a
-    zero row keeps factor 1)."""
-    return (clip_norm / norms).clamp(max=1.0)
+def clip_factor(norms: torch.Tensor, clip_norm: float, dtype: torch.dtype) -> torch.Tensor:
+    """min(1, C/‖row‖₂) of rows of these (float64) norms, in the rows' ``dtype``: the factor
+    that clips the row to L2 norm C (a zero row keeps factor 1)."""
+    return (clip_norm / norms).clamp(max=1.0).to(dtype)
 
 
 def clipped_sum(
@@ -259,7 +262,7 @@ def clipped_sum(
     (``finite_segments``)."""
     parts, norms = finite_segments(per_example, offsets)
     return torch.cat(
-        [(p * clip_factor(n, clip_norm)).sum(0) for p, n in zip(parts, norms, strict=True)]
+        [(p * clip_factor(n, clip_norm, p.dtype)).sum(0) for p, n in zip(parts, norms, strict=True)]
     )
 
 
@@ -276,7 +279,7 @@ def clipped_sums(
     parts, norms = finite_segments(per_example, offsets)
     return torch.cat(
         [
-            torch.einsum("mb,mbd->md", clip_factor(n, clip_norm)[..., 0] * weights, p)
+            torch.einsum("mb,mbd->md", clip_factor(n, clip_norm, p.dtype)[..., 0] * weights, p)
             for p, n in zip(parts, norms, strict=True)
         ],
         dim=-1,
@@ -291,7 +294,8 @@ def median_clipped_sum(
     sums, stds = [], []
     for part, norms in zip(*finite_segments(per_example, offsets), strict=True):
         clip = norms.median()
-        sums.append((part * (clip / norms).nan_to_num(1.0).clamp(max=1.0)).sum(0))
+        factor = (clip / norms).nan_to_num(1.0).clamp(max=1.0).to(part.dtype)
+        sums.append((part * factor).sum(0))
         stds.append(torch.full((part.shape[-1],), float(rule.kappa * clip * rule.step_multiplier)))
     return torch.cat(sums), torch.cat(stds).to(per_example.device, per_example.dtype)
 

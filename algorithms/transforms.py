@@ -19,6 +19,7 @@ from typing import ClassVar, Literal, Protocol
 import torch
 
 from algorithms.layout import ParamLayout
+from algorithms.norms import l2_norm, l2_norms
 
 
 @dataclass
@@ -128,7 +129,7 @@ class Clip:
     def apply(self, update, ctx, norm: float | None = None):
         """``norm``: ‖update‖₂ if the caller has it (the same number: no second pass)."""
         if norm is None:
-            norm = float(torch.linalg.vector_norm(update))
+            norm = l2_norm(update)
         ctx.stats["pre_clip_norm"] = norm
         if self.scope == "flat":
             ctx.stats.update(self.flat_stats(norm))
@@ -136,7 +137,7 @@ class Clip:
         # All layers at once: per-segment norms, then one scale per layer (1 within the bound).
         segments = layer_segments(ctx.layout, update.numel())
         sizes = torch.tensor([stop - start for start, stop in segments], device=update.device)
-        norms = torch.segment_reduce(update * update, "sum", lengths=sizes).sqrt()
+        norms = torch.stack([l2_norms(update[start:stop]) for start, stop in segments])
         clip_norm = self.clip_norm
         if self.rule == "median":
             clip_norm = float(norms.median())

@@ -12,6 +12,7 @@ from actors.client_host import ClientHost, Kernels
 from algorithms.client import client_round
 from algorithms.layout import ParamLayout
 from algorithms.local import LocalTrainer, ModelObjective, autocast_dtype
+from algorithms.norms import EXCESS
 from algorithms.rng import torch_generator
 from cluster.config import ConfigError, load_config
 from cluster.runtime.store import open_store
@@ -95,7 +96,8 @@ def _released(autocast, sigma: float, clip: float, cohort: int):
 
 @pytest.mark.timeout(120)
 def test_bf16_keeps_the_released_updates_clip_bound_and_noise_std():
-    """With bf16 the update is clipped to C in float32 (its norm is C, as float32's is) and the
+    """With bf16 the update is clipped to C in float32 (its norm at most C and within the norm
+    bound's ``EXCESS`` of it, as float32's is) and the
     noise has the stated per-client std σ·C/√m: measured on the 582k coordinates of the MNIST
     CNN's noise (the upload with σ minus the one without: the same training, bit for bit), whose
     sample std has a relative standard error of 1/√(2d) ≈ 0.09%."""
@@ -104,7 +106,8 @@ def test_bf16_keeps_the_released_updates_clip_bound_and_noise_std():
     noisy, _, _ = _released(BF16, sigma, clip, cohort)
     assert report.pre_clip_norm > clip  # the clip acts
     assert clean.dtype == noisy.dtype == torch.float32
-    assert float(torch.linalg.vector_norm(clean)) == pytest.approx(clip, rel=1e-6)
+    released = float(torch.linalg.vector_norm(clean.double()))
+    assert clip * (1 - EXCESS) <= released <= clip
     assert algorithm.mechanism.sensitivity == clip  # the accountant's S is float32's C
     noise = (noisy - clean).double()
     stated = sigma * clip / math.sqrt(cohort)
@@ -114,7 +117,8 @@ def test_bf16_keeps_the_released_updates_clip_bound_and_noise_std():
     # The same noise draw as float32's (the noise never passes through the model).
     clean32, _, _ = _released(None, 0.0, clip, cohort)
     noisy32, _, _ = _released(None, sigma, clip, cohort)
-    assert float(torch.linalg.vector_norm(clean32)) == pytest.approx(clip, rel=1e-6)
+    released32 = float(torch.linalg.vector_norm(clean32.double()))
+    assert clip * (1 - EXCESS) <= released32 <= clip
     assert torch.allclose(noisy32 - clean32, noisy - clean, atol=1e-7)
 
 
