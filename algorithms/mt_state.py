@@ -5,7 +5,7 @@ torch's CPU generator is MT19937, and ``manual_seed`` keeps only the low 32 bits
 would draw the same values with probability ≈ n²/2³³ (≈ 1.2 pairs expected over 100 clients a
 round for 1,000 rounds). Two clients' noise drawn alike would make the difference of their
 uploads noiseless to the server. Here every stream's generator gets its 624 state words
-instead, SHAKE-256 of the stream's 128-bit SeedSequence pool (``mt_words``; a secret stream's:
+instead, SHAKE-128 of the stream's 128-bit SeedSequence pool (``mt_words``; a secret stream's:
 of its keyed digest, ``algorithms.secret_streams``), written through the state that
 ``get_state`` returns, at the layout checked once against torch's own seeding
 (``seeded_template``). Two streams then coincide, wholly or in part, only where their pools do
@@ -25,12 +25,12 @@ _OFFSET = 24  # MT19937's words, a uint64 each, from byte 24 of torch's saved st
 
 
 def mt_words(material: bytes) -> np.ndarray:
-    """MT19937's 624 state words for a stream: SHAKE-256 of its ``material`` (the 16 bytes of a
+    """MT19937's 624 state words for a stream: SHAKE-128 of its ``material`` (the 16 bytes of a
     public stream's SeedSequence pool, or a secret stream's keyed digest), so that every word
     depends on all of it. (Reading the pool's words in turn, as ``generate_state`` and
     NumPy's own MT19937 seeding do, makes each state word a function of one 32-bit pool word:
     two streams sharing one drew some equal float32 noise, a review found, ≈ n²/2³¹ pairs.)"""
-    return np.frombuffer(hashlib.shake_256(material).digest(4 * MT_WORDS), dtype="<u4")
+    return np.frombuffer(hashlib.shake_128(material).digest(4 * MT_WORDS), dtype="<u4")
 
 
 def cpu_generators(words: np.ndarray) -> list[torch.Generator]:

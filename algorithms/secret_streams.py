@@ -8,7 +8,7 @@ K (``SECRET_FLOOR`` ≤ K < 2¹²⁸) is used otherwise:
 
 - each stream's material is BLAKE2b-256 keyed by K of the stream's ids (round, client,
   purpose, ...): a pseudorandom function, so streams are independent and none reveals K;
-- a CPU torch generator gets MT19937's whole state (624 words) from SHAKE-256 of the
+- a CPU torch generator gets MT19937's whole state (624 words) from SHAKE-128 of the
   material (``algorithms.mt_state``); a GPU one (Philox) 64 bits of it as its seed, all that
   torch takes there;
 - a NumPy generator (cohorts) is PCG64 seeded with the material (256 bits into SeedSequence's

@@ -60,12 +60,12 @@ def test_a_cpu_stream_of_a_secret_key_holds_mt19937s_whole_state_from_its_materi
     """``manual_seed`` keeps 32 bits of a seed (MT19937), and SeedSequence gave every stream
     of a 128-bit key the same 32 bits, which a search of 2³² recovered (a review did, from
     released models). A secret key's CPU stream gets all
-    624 state words, SHAKE-256 of the stream's keyed BLAKE2b material."""
+    624 state words, SHAKE-128 of the stream's keyed BLAKE2b material."""
     ids = (3, 7, Purpose.SERVER_NOISE)
     generator = torch_generator(KEY, *ids)
     words = generator.get_state().numpy()[24 : 24 + 8 * 624].view("<u8")
     material = secret_streams.material(KEY, ids)
-    expected = np.frombuffer(hashlib.shake_256(material).digest(4 * 624), dtype="<u4")
+    expected = np.frombuffer(hashlib.shake_128(material).digest(4 * 624), dtype="<u4")
     assert np.array_equal(words, expected)
     assert (
         material
@@ -116,7 +116,7 @@ def test_a_cpu_stream_holds_the_shake_of_its_seed_sequences_whole_pool():
     rounds 12,288 and 29,994 have seeds that share their low 32 bits, and drew the same noise
     (two of 100,000 rounds: T²/2³³ ≈ 1.2 such pairs expected), which made the difference of
     their releases noiseless; two clients' noise the same for their uploads. A CPU stream now
-    holds MT19937's whole state, SHAKE-256 of its SeedSequence's 128-bit pool, one at a time
+    holds MT19937's whole state, SHAKE-128 of its SeedSequence's 128-bit pool, one at a time
     or a round's clients at once."""
     noise = Purpose.SERVER_NOISE
     low = [stream_seed(0, r, noise) & 0xFFFFFFFF for r in (12288, 29994)]
@@ -126,7 +126,7 @@ def test_a_cpu_stream_holds_the_shake_of_its_seed_sequences_whole_pool():
 
     def expected(*key: int) -> np.ndarray:
         pool = np.random.SeedSequence(list(key)).pool.astype("<u4").tobytes()
-        return np.frombuffer(hashlib.shake_256(pool).digest(4 * 624), dtype="<u4")
+        return np.frombuffer(hashlib.shake_128(pool).digest(4 * 624), dtype="<u4")
 
     for ids in [(12288, noise), (7, 3, Purpose.CLIENT_NOISE), (2**40 + 1, 5, 99, 4)]:
         assert np.array_equal(_mt_state(torch_generator(0, *ids)), expected(0, *ids))
