@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
+from algorithms.norms import MIN_CLIP_NORM
+
 
 @dataclass(frozen=True)
 class AdaptiveClip:
@@ -85,9 +87,12 @@ class AdaptiveClip:
     def next_clip_norm(
         self, clip_norm: float, centred_sum: float, nominal_cohort_size: float
     ) -> float:
-        """C·exp(−η_C(b̄ − γ)) with b̄ = Σ(b̃_i − ½)/m + ½."""
+        """C·exp(−η_C(b̄ − γ)) with b̄ = Σ(b̃_i − ½)/m + ½, never below ``MIN_CLIP_NORM`` (where
+        float32 norms would underflow: ``algorithms.norms``; a function of the noisy count, so
+        post-processing)."""
         mean_bit = centred_sum / nominal_cohort_size + 0.5
-        return clip_norm * math.exp(-self.clip_lr * (mean_bit - self.target_quantile))
+        shrunk = clip_norm * math.exp(-self.clip_lr * (mean_bit - self.target_quantile))
+        return max(MIN_CLIP_NORM, shrunk)
 
     def fixed_point(self, quantile_of_norms: float) -> float:
         """C* = (1 − θ)·q_γ(‖g‖), given the γ-quantile of the gradient norms."""

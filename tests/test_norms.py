@@ -1,14 +1,16 @@
 """The norms that decide a clip are upper bounds (``algorithms.norms``): a clipped update's or
-record's exact norm is at most C and within 3.4·10⁻⁶ of it, where float32's ``vector_norm`` was 2e-5
+record's exact norm is at most C and within 3.5·10⁻⁶ of it, where float32's ``vector_norm`` was 2e-5
 off, either way, at the MNIST CNN's 582k coordinates."""
 
 import math
 
+import pytest
 import torch
 
+from algorithms.adaptive_clip import AdaptiveClip
 from algorithms.dpsgd import clipped_sum
 from algorithms.layout import ParamLayout
-from algorithms.norms import EXCESS, PIECE, l2_norm, l2_norms
+from algorithms.norms import EXCESS, MIN_CLIP_NORM, PIECE, l2_norm, l2_norms
 from algorithms.transforms import ClientContext, Clip
 
 D = 582_026  # the MNIST CNN's parameters
@@ -64,4 +66,34 @@ def test_norms_are_tight_upper_bounds_a_row_the_same_alone_or_in_a_block():
     bad = rows.clone()
     bad[1, 5], bad[2, PIECE + 3] = math.nan, math.inf
     assert [math.isfinite(n) for n in l2_norms(bad).tolist()] == [True, False, False]
-    assert l2_norm(torch.full((10,), 3e19)) == math.inf  # its float32 squares overflow
+    assert l2_norm(torch.full((1000,), 3e19)) == math.inf  # its float32 squares overflow
+    assert math.isfinite(l2_norm(torch.full((10,), 3e19)))  # a short row: summed in float64
+
+
+def test_a_long_rows_bound_does_not_depend_on_threads_or_block():
+    """torch splits one long float64 sum across threads: a row of 2M coordinates (62,500
+    pieces) summed so came out otherwise alone than in a block at 2 threads (a review's
+    reproducer); the pieces are summed in a fixed order."""
+    rows = torch.stack([_update(2_000_003, seed) for seed in range(3)])
+    threads = torch.get_num_threads()
+    try:
+        seen = []
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            seen.append((l2_norms(rows).tolist(), [l2_norm(row) for row in rows]))
+    finally:
+        torch.set_num_threads(threads)
+    assert seen[0][0] == seen[0][1] == seen[1][0] == seen[1][1]
+
+
+def test_half_precision_rows_are_refused_and_float64_rows_bounded():
+    with pytest.raises(TypeError, match="bfloat16"):
+        l2_norms(torch.ones(8, dtype=torch.bfloat16))
+    row = _update(100_003).double()
+    assert _exact(row) <= l2_norm(row) <= _exact(row) * (1 + TIGHT)
+
+
+def test_the_adaptive_clip_never_shrinks_c_below_the_smallest_clip():
+    rule = AdaptiveClip(target_quantile=0.5, clip_lr=50.0)
+    assert rule.next_clip_norm(2e-6, 5.0, 10.0) == MIN_CLIP_NORM  # every bit 1: shrink e^-25
+    assert rule.next_clip_norm(2e-6, -5.0, 10.0) == pytest.approx(2e-6 * math.exp(25))

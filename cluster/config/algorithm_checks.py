@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from algorithms.norms import MIN_CLIP_NORM
 from algorithms.presets import PRIVATE_PRESETS, SAMPLE_LEVEL_PRESETS, SKETCH_PRESETS, presets_taking
 from cluster.config.algorithm import validate_preset_options
 from cluster.config.errors import FLOAT_LIMIT, ConfigError, positive, start_from
@@ -14,13 +15,6 @@ from cluster.config.families import validate_noise_support, validate_sample_leve
 
 if TYPE_CHECKING:
     from cluster.config.experiment import ExperimentConfig
-
-
-# The smallest clip norm C: a vector whose norm exceeds C ≥ 1e-6 (of at most 2³¹ entries) has
-# an entry above 2e-11, whose float32 square is a normal number, and the squares that
-# underflow (entries below 1e-19) sum to under 1e-28 ≪ C². At C = 1e-30 an update of 410
-# entries of 1e-25 (norm 2e-24) had a float32 norm of 0 and was released unclipped, 2e6 × C.
-MIN_CLIP_NORM = 1e-6
 
 
 def validate_algorithm(c: ExperimentConfig) -> None:
