@@ -4,7 +4,7 @@ Each client of round t reports whether clipping its gradient g_i to C_t keeps th
 within a tolerance θ, b_i = 1{‖Top(clip(g_i, C_t)) − Top(g_i)‖ ≤ θ‖Top(g_i)‖}, plus Gaussian
 noise N(0, σ_b²); the server averages b̄ = (1/m) Σ b̃_i over the nominal cohort m and sets
 
-    C_{t+1} = C_t · exp(−η_C (b̄ − γ)).
+    C_{t+1} = max(C_min, C_t · exp(−η_C (b̄ − γ))),  C_min = ``MIN_CLIP_NORM`` (10⁻⁶).
 
 Identity. The clip is flat, clip(g, C) = s·g with s = min(1, C/‖g‖), so on *any* index set
 ‖Top(clip(g)) − Top(g)‖ = (1 − s)‖Top(g)‖ and b_i = 1{1 − s ≤ θ} = 1{‖g_i‖ ≤ C/(1 − θ)}: the
@@ -91,8 +91,8 @@ class AdaptiveClip:
         float32 norms would underflow: ``algorithms.norms``; a function of the noisy count, so
         post-processing)."""
         mean_bit = centred_sum / nominal_cohort_size + 0.5
-        shrunk = clip_norm * math.exp(-self.clip_lr * (mean_bit - self.target_quantile))
-        return max(MIN_CLIP_NORM, shrunk)
+        updated = clip_norm * math.exp(-self.clip_lr * (mean_bit - self.target_quantile))
+        return max(MIN_CLIP_NORM, updated)
 
     def fixed_point(self, quantile_of_norms: float) -> float:
         """C* = (1 − θ)·q_γ(‖g‖), given the γ-quantile of the gradient norms."""

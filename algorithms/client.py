@@ -149,8 +149,8 @@ def client_round(
     delta = result.params - params
     report = trained_report(client_id, len(y), result)
     # One reduction instead of a full-size isfinite mask: NaN or ±inf anywhere makes the norm
-    # NaN or inf (so does a float32 overflow of a piece's norm, an update no clipping could
-    # use). An upper bound of ‖Δ‖₂ (``algorithms.norms``): the clip scales by it.
+    # NaN or inf (so does a float32 overflow of a piece's norm, in an update longer than
+    # ``norms.SHORT``). An upper bound of ‖Δ‖₂ (``algorithms.norms``): the clip scales by it.
     delta_norm = l2_norm(delta)
     report.dropped = not math.isfinite(delta_norm)
     if report.dropped and not algorithm.pipeline.owes_noise_share:

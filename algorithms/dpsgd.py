@@ -223,8 +223,8 @@ def finite_segments(
     is then finite and clipped to C like any other; left as it was, one such record would make
     its client's clipped sum, hence its whole update, non-finite, and the client's upload
     would be dropped (``algorithms.client``): one record deciding whether its client's output
-    is released. (A finite row whose norm overflows float32 gets clip factor C/∞ = 0; the
-    norms are upper bounds, ``algorithms.norms``.)
+    is released. (A finite row longer than ``algorithms.norms.SHORT`` whose float32 norm
+    overflows gets clip factor C/∞ = 0; the norms are upper bounds, ``algorithms.norms``.)
 
     On the CPU the norms, needed anyway, tell whether there is any such coordinate: the usual
     case costs nothing more. On a GPU the test would stall the host every step; the

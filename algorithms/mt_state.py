@@ -40,7 +40,7 @@ def cpu_generators(words: np.ndarray) -> list[torch.Generator]:
     states = np.empty((len(words), template.size), dtype=np.uint8)
     states[:] = template
     states.view("<u8")[:, _OFFSET // 8 : _OFFSET // 8 + MT_WORDS] = words
-    generators = []
+    generators = []  # each reports initial_seed() 0, the template's: its state is not a seed's
     for state in states:
         generator = torch.Generator()
         # A row of its own: set_state reads from the start of the tensor's storage (given a

@@ -3,15 +3,15 @@
 Every random draw in a simulation comes from a generator keyed by
 ``SeedSequence([seed, round, client_id, purpose, ...])`` (a CPU torch generator gets MT19937's
 whole state from its pool, not a 32-bit seed: ``algorithms.mt_state``). Nothing reads global
-RNG state, so results depend neither on the number of actors nor on the order in which clients
-are scheduled.
+RNG state it did not seed first (dropout and model initialisation seed torch's global generator
+from their own stream), so results depend neither on the number of actors nor on the order in
+which clients are scheduled.
 A run's secret key (``privacy.secret_streams``) keys them cryptographically instead
 (``algorithms.secret_streams``), through the same functions.
 """
 
 from __future__ import annotations
 
-import functools
 from enum import IntEnum
 
 import numpy as np
@@ -122,9 +122,16 @@ def _word_columns(keys: np.ndarray) -> np.ndarray | None:
 
 
 def stream_seeds(keys: np.ndarray) -> np.ndarray:
-    """``stream_seed(*row)`` for every row of ``keys`` (n × k), vectorised over the rows."""
-    words = generated_words(pools(keys), 2).astype(np.uint64)
-    return words[:, 0] | (words[:, 1] << np.uint64(32))
+    """``stream_seed(*row)`` for every row of ``keys`` (n × k), vectorised over the rows:
+    ``generate_state(1, uint64)`` of each row's pool (``pools``), its first two uint32 words."""
+    pool = pools(keys).astype(np.uint64)
+    hash_const, words = _INIT_B, []
+    for word in (pool[:, 0], pool[:, 1]):
+        value = word ^ np.uint64(hash_const)
+        hash_const = (hash_const * _MULT_B) & _MASK32
+        value = (value * np.uint64(hash_const)) & np.uint64(_MASK32)
+        words.append(value ^ (value >> np.uint64(16)))
+    return words[0] | (words[1] << np.uint64(32))
 
 
 def pools(keys: np.ndarray) -> np.ndarray:
@@ -144,18 +151,6 @@ def pools(keys: np.ndarray) -> np.ndarray:
     if words is None:
         return np.stack([np.random.SeedSequence([int(v) for v in row]).pool for row in keys])
     return _pool(words).astype(np.uint32)
-
-
-def generated_words(pool: np.ndarray, count: int) -> np.ndarray:
-    """``generate_state(count, uint32)`` of the SeedSequences whose pools are the rows of
-    ``pool`` (n × 4, uint32): n × count uint32, in uint32 arithmetic (its products wrap modulo
-    2³², as SeedSequence's do). Bit-identical to it (``tests/test_rng.py``)."""
-    xor, mult = _output_constants(count)
-    value = np.tile(pool, (1, -(-count // 4)))[:, :count]  # word i reads pool word i mod 4
-    value ^= xor
-    value *= mult
-    value ^= value >> np.uint32(16)
-    return value
 
 
 def _pool(words: np.ndarray) -> np.ndarray:
@@ -184,15 +179,3 @@ def _pool(words: np.ndarray) -> np.ndarray:
         for dst in range(4):
             pool[dst] = mix(pool[dst], hashmix(words[:, src]))
     return np.stack(pool, axis=1)
-
-
-@functools.cache
-def _output_constants(count: int) -> tuple[np.ndarray, np.ndarray]:
-    """``generate_state``'s data-independent part for ``count`` words: for each word, the
-    constant it is XORed with and the one it is multiplied by."""
-    xor, mult, hash_const = [], [], _INIT_B
-    for _ in range(count):
-        xor.append(hash_const)
-        hash_const = (hash_const * _MULT_B) & _MASK32
-        mult.append(hash_const)
-    return np.array(xor, dtype=np.uint32), np.array(mult, dtype=np.uint32)

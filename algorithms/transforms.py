@@ -127,14 +127,15 @@ class Clip:
             raise ValueError("the median rule picks each client's C_i: clip_norm must be nan")
 
     def apply(self, update, ctx, norm: float | None = None):
-        """``norm``: ‖update‖₂ if the caller has it (the same number: no second pass)."""
+        """``norm``: ``algorithms.norms.l2_norm(update)`` if the caller has it (that number:
+        an upper bound of ‖update‖₂, which keeps the clipped norm ≤ C; no second pass)."""
         if norm is None:
             norm = l2_norm(update)
         ctx.stats["pre_clip_norm"] = norm
         if self.scope == "flat":
             ctx.stats.update(self.flat_stats(norm))
             return update if norm <= self.clip_norm else update * (self.clip_norm / norm)
-        # All layers at once: per-segment norms, then one scale per layer (1 within the bound).
+        # Each layer's norm bound, then one scale per layer (1 within the bound).
         segments = layer_segments(ctx.layout, update.numel())
         sizes = torch.tensor([stop - start for start, stop in segments], device=update.device)
         norms = torch.stack([l2_norms(update[start:stop]) for start, stop in segments])

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from algorithms.rng import torch_generator
+from algorithms.rng import Purpose, stream_seed, torch_generator
 from benchmarks.overhead_micro import microbench
 from cluster.config import ExperimentConfig, load_config
 from cluster.runtime.cohort import sample_cohort
@@ -52,14 +52,6 @@ DEFAULT_OUT = ROOT / "benchmarks" / "results" / "overhead.json"
 # Ray reads this raylet config from the environment; the lower-case part is significant.
 WORKER_NICENESS_ENV = "RAY_worker_niceness"
 VARIANTS = ("plain_torch", "local_executor", "ray_1_actor", "ray_2_actors")
-
-# Stream ids of algorithms/rng.py's Purpose.
-MODEL_INIT, LOCAL_TRAINING, SERVER_NOISE = 1, 3, 5
-
-
-def _seed(*words: int) -> int:
-    """The same 64-bit seed that algorithms.rng.stream_seed derives for ``words``."""
-    return int(np.random.SeedSequence([int(w) for w in words]).generate_state(1, np.uint64)[0])
 
 
 def _load() -> tuple[float, float]:
@@ -111,7 +103,7 @@ def run_plain(config: ExperimentConfig, store) -> dict:
     x_test, y_test = torch.tensor(test.x).flatten(1), torch.tensor(test.y)
     in_features, num_classes = x_test.shape[1], store.manifest["num_classes"]
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(_seed(config.seed, MODEL_INIT))
+        torch.manual_seed(stream_seed(config.seed, Purpose.MODEL_INIT))
         model = nn.Linear(in_features, num_classes)
     setup = time.perf_counter() - start
 
@@ -130,7 +122,7 @@ def run_plain(config: ExperimentConfig, store) -> dict:
             x, y = train[cid]
             n = len(y)
             size = min(local.batch_size, n)
-            g = torch_generator(config.seed, r, cid, LOCAL_TRAINING)
+            g = torch_generator(config.seed, r, cid, Purpose.LOCAL_TRAINING)
             client = copy.deepcopy(model)
             opt = torch.optim.SGD(client.parameters(), lr=local.lr)
             steps = 0
@@ -151,7 +143,7 @@ def run_plain(config: ExperimentConfig, store) -> dict:
             total += delta
         noise = torch.randn(
             total.shape,
-            generator=torch_generator(config.seed, r, SERVER_NOISE),
+            generator=torch_generator(config.seed, r, Purpose.SERVER_NOISE),
             dtype=torch.float64,
         )
         mean = (total + noise_std * noise if noise_std > 0 else total) / m

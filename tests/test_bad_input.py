@@ -344,7 +344,7 @@ UNKNOWN_KEY_IN_CHECKPOINT = checkpoint_payload(
     config_change=lambda c: c["algorithm"].update(retired_option=1)
 )
 FORMAT_0 = pickled(lambda: {"format_version": 0, "config": config_from_dict(BASE).to_dict()})
-# Format 2: this format's fields, from code that seeded CPU streams with 32 bits.
+# Format 2: this format's fields, from code that seeded CPU streams otherwise (32 bits).
 FORMAT_2 = pickled(lambda: {"format_version": 2, "config": config_from_dict(BASE).to_dict()})
 IN_WORKDIR = Path("created")  # code_payload's target, relative to the case's work dir (its cwd)
 
@@ -899,7 +899,7 @@ CASES = [
     Case("resume missing", lambda w, s: ["resume", str(w / "none.pt")], ("CHECKPOINT", "no such")),
     Case("resume garbage", resume_with(b"PK\x03\x04garbage"), ("CHECKPOINT", "can read")),
     Case("resume old format", resume_with(FORMAT_0), ("format 0", "git_commit")),
-    Case("resume 32-bit streams", resume_with(FORMAT_2), ("format 2", "32 bits", "git_commit")),
+    Case("resume older streams", resume_with(FORMAT_2), ("format 2", "32 bits", "git_commit")),
     Case(
         "resume code in pickle",
         resume_with(pickled(code_payload(IN_WORKDIR))),

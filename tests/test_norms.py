@@ -10,15 +10,14 @@ import torch
 from algorithms.adaptive_clip import AdaptiveClip
 from algorithms.dpsgd import clipped_sum
 from algorithms.layout import ParamLayout
-from algorithms.norms import EXCESS, MIN_CLIP_NORM, PIECE, l2_norm, l2_norms
+from algorithms.norms import EXCESS, MIN_CLIP_NORM, PIECE, SHORT, l2_norm, l2_norms
 from algorithms.transforms import ClientContext, Clip
 
 D = 582_026  # the MNIST CNN's parameters
-TIGHT = EXCESS  # how far below C a clipped norm may fall, and above ‖Δ‖ its bound
 
 
 def _released_within(norm: float, clip: float) -> bool:
-    return clip * (1 - TIGHT) <= norm <= clip
+    return clip * (1 - EXCESS) <= norm <= clip
 
 
 def _update(d: int = D, seed: int = 0) -> torch.Tensor:
@@ -31,7 +30,7 @@ def _exact(vector: torch.Tensor) -> float:
     return math.sqrt(math.fsum(float(v) ** 2 for v in vector.double().tolist()))
 
 
-def test_a_clip_releases_norm_c_to_float32_rounding():
+def test_a_clipped_update_has_norm_at_most_c_and_within_excess_of_it():
     clip = 0.01
     update = _update()
     assert abs(float(torch.linalg.vector_norm(update)) / _exact(update) - 1) > 1e-6  # float32's
@@ -45,7 +44,7 @@ def test_a_clip_releases_norm_c_to_float32_rounding():
         assert _released_within(_exact(part), clip)
 
 
-def test_a_records_clipped_gradient_has_norm_c_to_float32_rounding():
+def test_a_records_clipped_gradient_has_norm_at_most_c_and_within_excess_of_it():
     clip = 0.5
     clipped, within = _update(seed=1), _update(seed=2) * 1e-6
     assert _released_within(_exact(clipped_sum(clipped[None], clip)), clip)
@@ -53,15 +52,17 @@ def test_a_records_clipped_gradient_has_norm_c_to_float32_rounding():
 
 
 def test_norms_are_tight_upper_bounds_a_row_the_same_alone_or_in_a_block():
-    rows = torch.stack([_update(width, seed) for seed, width in enumerate((D, D, D))])
+    rows = torch.stack([_update(D, seed) for seed in range(3)])
     rows[2, : PIECE * 3] = 0.0  # pieces of zeros beside others
     norms = l2_norms(rows)
     assert norms.dtype == torch.float64 and norms.shape == (3,)
     for row, norm in zip(rows, norms, strict=True):
-        assert _exact(row) <= float(norm) <= _exact(row) * (1 + TIGHT)
+        assert _exact(row) <= float(norm) <= _exact(row) * (1 + EXCESS)
         assert float(norm) == l2_norm(row)  # bit for bit: the batched tail's is the client's
-    short = _update(PIECE - 1)  # no whole piece
-    assert _exact(short) <= l2_norm(short) <= _exact(short) * (1 + TIGHT)
+    # Around SHORT (float64 whole below, pieces above) and a row of one piece and a tail.
+    for width in (SHORT - 1, SHORT, SHORT + 1, PIECE * 3, PIECE * 3 + 1):
+        row = _update(width, width)
+        assert _exact(row) <= l2_norm(row) <= _exact(row) * (1 + EXCESS)
     assert l2_norms(rows.view(3, 1, -1)).shape == (3, 1)
     bad = rows.clone()
     bad[1, 5], bad[2, PIECE + 3] = math.nan, math.inf
@@ -90,7 +91,7 @@ def test_half_precision_rows_are_refused_and_float64_rows_bounded():
     with pytest.raises(TypeError, match="bfloat16"):
         l2_norms(torch.ones(8, dtype=torch.bfloat16))
     row = _update(100_003).double()
-    assert _exact(row) <= l2_norm(row) <= _exact(row) * (1 + TIGHT)
+    assert _exact(row) <= l2_norm(row) <= _exact(row) * (1 + EXCESS)
 
 
 def test_the_adaptive_clip_never_shrinks_c_below_the_smallest_clip():

@@ -12,7 +12,6 @@ from algorithms import secret_streams
 from algorithms.rng import (
     Purpose,
     client_generators,
-    generated_words,
     numpy_rng,
     pools,
     stream_seed,
@@ -151,16 +150,13 @@ def test_streams_sharing_a_pool_word_share_no_noise():
     assert int((drawn[0] == drawn[1]).sum()) == 0
 
 
-@pytest.mark.parametrize("count", [1, 2, 5, 624])
-def test_generated_words_equal_seed_sequence(count):
-    draw = random.Random(count)
-    rows = [[draw.randrange(2**32) for _ in range(draw.choice([3, 4]))] for _ in range(50)]
+def test_pools_equal_seed_sequences():
+    draw = random.Random(5)
     for width in (3, 4):
-        keys = np.array([r for r in rows if len(r) == width], dtype=object)
-        expected = [np.random.SeedSequence(list(r)).generate_state(count) for r in keys]
-        assert np.array_equal(generated_words(pools(keys), count), np.array(expected))
+        rows = [[draw.randrange(2**32) for _ in range(width)] for _ in range(50)]
+        expected = [np.random.SeedSequence(row).pool for row in rows]
+        assert np.array_equal(pools(np.array(rows, dtype=object)), np.array(expected))
     mixed = np.array([[2**40, 1], [3, 2**64 - 1]], dtype=object)  # row by row
     assert np.array_equal(
-        generated_words(pools(mixed), count),
-        [np.random.SeedSequence([int(v) for v in r]).generate_state(count) for r in mixed],
+        pools(mixed), [np.random.SeedSequence([int(v) for v in r]).pool for r in mixed]
     )

@@ -24,7 +24,7 @@ def test_clip_output_norm_never_exceeds_c(seed):
     update = torch.randn(1000, generator=g) * scale
     for c in (1e-3, 0.2, 1.0, 50.0):
         out = Clip(c).apply(update, _ctx())
-        assert torch.linalg.vector_norm(out).item() <= c * (1 + 1e-6)
+        assert torch.linalg.vector_norm(out.double()).item() <= c  # exactly: a norm bound
 
 
 def test_clip_reuses_the_clients_norm_only_where_its_input_is_the_pipelines():

@@ -4,7 +4,8 @@ A checkpoint (format 3) is a ``torch.save`` file holding only plain data: dicts,
 strings, numbers, None and CPU tensors::
 
     format_version      3 (format 2 held the same fields, written by code that seeded a CPU
-                        stream's generator with 32 bits: a resume here would continue with other
+                        stream's generator otherwise (32 bits; SHAKE-256 for secret streams) and
+                        clipped by float32 norms: a resume here would continue with other
                         batches and noise than the run it continues, so it is refused)
     sketch_hash_family  the count-sketch hash its sketches were made with (algorithms/sketch.py)
     config              the run's config as a plain dict (after privacy calibration)
@@ -76,8 +77,9 @@ FORMAT_VERSION = 3
 
 # What an older format's run would lose if this code continued it.
 _WHY_NOT_READ = {
-    2: " (its run drew from CPU generators seeded with 32 bits, this code sets their whole "
-    "state: a resume would continue with other batches and noise than the run's)",
+    2: " (its run's CPU generators were seeded otherwise, with 32 bits, or under "
+    "privacy.secret_streams from SHAKE-256, and its clips scaled by float32 norms: a resume "
+    "would continue with other batches and noise than the run's)",
 }
 _RESUME_FIX = (
     "resume it with the version of the code that wrote it (its MLflow run's git_commit tag), "
