@@ -33,27 +33,21 @@ def mt_words(material: bytes) -> np.ndarray:
     return np.frombuffer(hashlib.shake_128(material).digest(4 * MT_WORDS), dtype="<u4")
 
 
-def cpu_generators(words: np.ndarray) -> list[torch.Generator]:
-    """One CPU generator per row of ``words`` (n × 624, values < 2³²), whose MT19937 state is
-    that row; the first draw twists it, as after ``manual_seed``."""
-    template = seeded_template()
-    states = np.empty((len(words), template.size), dtype=np.uint8)
-    states[:] = template
-    states.view("<u8")[:, _OFFSET // 8 : _OFFSET // 8 + MT_WORDS] = words
-    generators = []  # each reports initial_seed() 0, the template's: its state is not a seed's
-    for state in states:
-        generator = torch.Generator()
-        # A row of its own: set_state reads from the start of the tensor's storage (given a
-        # row of one larger tensor, at an offset, torch 2.x crashes the process).
-        generator.set_state(torch.from_numpy(state))
-        generators.append(generator)
-    return generators
+def cpu_generator(words: np.ndarray) -> torch.Generator:
+    """A CPU generator whose MT19937 state is the 624 ``words`` (values < 2³²); its first draw
+    twists them, as after ``manual_seed``. It reports ``initial_seed()`` 0, the template's:
+    its state is not a seed's."""
+    state = seeded_template().copy()  # a buffer of its own: set_state reads from its start
+    state.view("<u8")[_OFFSET // 8 : _OFFSET // 8 + MT_WORDS] = words
+    generator = torch.Generator()
+    generator.set_state(torch.from_numpy(state))
+    return generator
 
 
 @functools.cache
 def seeded_template() -> np.ndarray:
     """A CPU generator's state just after ``manual_seed`` (``left`` 1, ``next`` 0: the first
-    draw twists the words ``cpu_generators`` sets), made once. Its layout is checked: after
+    draw twists the words ``cpu_generator`` sets), made once. Its layout is checked: after
     ``manual_seed(s)`` the words at ``_OFFSET`` are MT's ``init_genrand(s)``; a torch that
     lays its state out otherwise is refused, not seeded wrongly."""
     generator = torch.Generator()

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from algorithms import secret_streams
-from algorithms.mt_state import cpu_generators, mt_words
+from algorithms.mt_state import cpu_generator, mt_words
 
 
 class Purpose(IntEnum):
@@ -66,7 +66,7 @@ def torch_generator(seed: int, *keys: int, device: str | torch.device = "cpu") -
     if secret_streams.is_secret(seed):
         return secret_streams.torch_generator(seed, keys, device)
     if torch.device(device).type == "cpu":
-        return _cpu_generators(_seed_words(seed, keys).pool[None, :])[0]
+        return _cpu_generator(_seed_words(seed, keys).pool)
     return _gpu_generators([stream_seed(seed, *keys)], device)[0]
 
 
@@ -89,13 +89,13 @@ def client_generators(
         -1, 4
     )
     if torch.device(device).type == "cpu":
-        return _cpu_generators(pools(keys))
+        return [_cpu_generator(pool) for pool in pools(keys)]
     return _gpu_generators(stream_seeds(keys), device)
 
 
-def _cpu_generators(pool: np.ndarray) -> list[torch.Generator]:
-    """CPU generators whose MT19937 states come from the SeedSequence pools (n × 4 uint32)."""
-    return cpu_generators(np.stack([mt_words(row.astype("<u4").tobytes()) for row in pool]))
+def _cpu_generator(pool: np.ndarray) -> torch.Generator:
+    """A CPU generator whose MT19937 state is SHAKE-128 of a SeedSequence pool (4 uint32)."""
+    return cpu_generator(mt_words(pool.astype("<u4").tobytes()))
 
 
 # NumPy's SeedSequence (numpy/random/bit_generator.pyx), pool of 4 uint32 words.

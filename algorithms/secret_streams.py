@@ -25,7 +25,7 @@ import hashlib
 import numpy as np
 import torch
 
-from algorithms.mt_state import cpu_generators, mt_words
+from algorithms.mt_state import cpu_generator, mt_words
 
 SECRET_BITS = 128
 # A secret key has its top bit set: every key at or above this is a secret, and a config's seed
@@ -52,7 +52,7 @@ def torch_generator(key: int, ids: tuple[int, ...], device) -> torch.Generator:
         generator = torch.Generator(device=device)
         generator.manual_seed(int.from_bytes(stream[:8], "little"))
         return generator
-    return cpu_generators(mt_words(stream)[None, :])[0]
+    return cpu_generator(mt_words(stream))
 
 
 def numpy_rng(key: int, ids: tuple[int, ...]) -> np.random.Generator:
