@@ -13,11 +13,13 @@ one long sum across threads, and a row's bound would depend on the thread count 
 it came alone or in a block). The sum read is then at most (w + 2)·u below the exact one, the
 norm (w + 2)·u/2 (1.0e-6 at w = 32), and scaling it by ``1 + SLACK`` (2.4e-6) makes it an upper
 bound of the exact norm with room for the float32 rounding of a clip's own product (≤ 2u: a
-float32 factor, each coordinate's product rounded). A clip by this norm releases a norm ≤ C,
-exactly, and shrinks an update at most ``EXCESS`` below C: what the diagnostics
-(``pre_clip_norm``) over-read too. Rows of at most ``SHORT`` coordinates, and float64 rows, are
-summed in float64 whole (an error of d·2⁻⁵³), enlarged by 3u only: a small layer's norm costs one
-kernel. float16 and bfloat16 rows are refused (their norms round far beyond the slack).
+float32 factor, each coordinate's product rounded): SLACK = (w + 8)·u is about twice the
+(w + 2)·u/2 + 2u these need, a margin for what the analysis rounds to first order. A clip by
+this norm releases a norm ≤ C, exactly, and shrinks an update at most ``EXCESS`` below C:
+what the diagnostics (``pre_clip_norm``) over-read too. Rows of at most ``SHORT`` coordinates,
+and float64 rows, are summed in float64 whole (an error of d·2⁻⁵³), enlarged by 3u only: a
+small layer's norm costs one kernel. float16 and bfloat16 rows are refused (their norms round
+far beyond the slack).
 
 Squares of coordinates below ≈ 1e-19 underflow in float32 (at most d·1.2e-38 lost, far below
 C² ≥ 10⁻¹², ``MIN_CLIP_NORM``, which the adaptive clip keeps too); a finite row longer than
