@@ -19,7 +19,7 @@ from typing import ClassVar, Literal, Protocol
 import torch
 
 from algorithms.layout import ParamLayout
-from algorithms.norms import l2_norm, l2_norms
+from algorithms.norms import l2_norm, segment_l2_norms
 
 
 @dataclass
@@ -138,7 +138,7 @@ class Clip:
         # Each layer's norm bound, then one scale per layer (1 within the bound).
         segments = layer_segments(ctx.layout, update.numel())
         sizes = torch.tensor([stop - start for start, stop in segments], device=update.device)
-        norms = torch.stack([l2_norms(update[start:stop]) for start, stop in segments])
+        norms = segment_l2_norms(update, sizes)
         clip_norm = self.clip_norm
         if self.rule == "median":
             clip_norm = float(norms.median())

@@ -10,7 +10,15 @@ import torch
 from algorithms.adaptive_clip import AdaptiveClip
 from algorithms.dpsgd import clipped_sum
 from algorithms.layout import ParamLayout
-from algorithms.norms import EXCESS, MIN_CLIP_NORM, PIECE, SHORT, l2_norm, l2_norms
+from algorithms.norms import (
+    EXCESS,
+    MIN_CLIP_NORM,
+    PIECE,
+    SHORT,
+    l2_norm,
+    l2_norms,
+    segment_l2_norms,
+)
 from algorithms.transforms import ClientContext, Clip
 
 D = 582_026  # the MNIST CNN's parameters
@@ -87,9 +95,19 @@ def test_a_long_rows_bound_does_not_depend_on_threads_or_block():
     assert seen[0][0] == seen[0][1] == seen[1][0] == seen[1][1]
 
 
+def test_a_per_layer_clips_segment_norms_are_tight_upper_bounds():
+    update, cuts = _update(), (0, 7, 300_007, D)
+    segments = list(zip(cuts[:-1], cuts[1:], strict=True))
+    bounds = segment_l2_norms(update, torch.tensor([b - a for a, b in segments])).tolist()
+    for (a, b), bound in zip(segments, bounds, strict=True):
+        assert _exact(update[a:b]) <= bound <= _exact(update[a:b]) * (1 + EXCESS)
+
+
 def test_half_precision_rows_are_refused_and_float64_rows_bounded():
     with pytest.raises(TypeError, match="bfloat16"):
         l2_norms(torch.ones(8, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="float16"):
+        segment_l2_norms(torch.ones(8, dtype=torch.float16), torch.tensor([8]))
     row = _update(100_003).double()
     assert _exact(row) <= l2_norm(row) <= _exact(row) * (1 + EXCESS)
 
