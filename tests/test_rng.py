@@ -52,6 +52,10 @@ def test_client_generators_draw_what_torch_generator_draws():
         assert torch.equal(torch.randn(5, generator=generator), torch.randn(5, generator=alone))
 
 
+def _mt_state(generator: torch.Generator) -> np.ndarray:
+    return generator.get_state().numpy()[24 : 24 + 8 * 624].view("<u8")
+
+
 KEY = secret_streams.SECRET_FLOOR | 0x5EC2E7  # a secret key (its top bit set)
 
 
@@ -62,7 +66,7 @@ def test_a_cpu_stream_of_a_secret_key_holds_mt19937s_whole_state_from_its_materi
     624 state words, SHAKE-128 of the stream's keyed BLAKE2b material."""
     ids = (3, 7, Purpose.SERVER_NOISE)
     generator = torch_generator(KEY, *ids)
-    words = generator.get_state().numpy()[24 : 24 + 8 * 624].view("<u8")
+    words = _mt_state(generator)
     material = secret_streams.material(KEY, ids)
     expected = np.frombuffer(hashlib.shake_128(material).digest(4 * 624), dtype="<u4")
     assert np.array_equal(words, expected)
@@ -104,10 +108,6 @@ def test_every_stream_function_keys_a_secret_cryptographically():
         np.random.SeedSequence([11, *ids]).generate_state(1, np.uint64)[0]
     )
     assert not secret_streams.is_secret(2**63 - 1) and secret_streams.is_secret(KEY)
-
-
-def _mt_state(generator: torch.Generator) -> np.ndarray:
-    return generator.get_state().numpy()[24 : 24 + 8 * 624].view("<u8")
 
 
 def test_a_cpu_stream_holds_the_shake_of_its_seed_sequences_whole_pool():
