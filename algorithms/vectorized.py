@@ -214,8 +214,10 @@ def _train_chunk(
     totals = [t.tolist() for t in (loss_sum, correct, seen, evals)]  # one copy each
     objective.grad_evals += sum(totals[3])
     return [
-        LocalResult(w[i], steps[i], loss, hits, count, calls, rate)
-        for i, (rate, loss, hits, count, calls) in enumerate(zip(rates, *totals, strict=True))
+        LocalResult(row, step_count, loss, hits, count, calls, rate)
+        for row, step_count, rate, loss, hits, count, calls in zip(
+            w.unbind(0), steps, rates, *totals, strict=True
+        )
     ]
 
 

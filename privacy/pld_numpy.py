@@ -325,7 +325,9 @@ def epsilon_for_delta(pmf: LossPmf, delta: float) -> float:
     upper_mass = np.cumsum(np.concatenate(([pmf.infinity], probs)))
     lower_mass = np.cumsum(np.concatenate(([0.0], np.exp(-losses) * probs)))
     reached = (upper_mass[1:] >= delta) & (lower_mass[1:] == 0)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    # A quotient past float range (W denormal, at losses ≳ 700) reads ∞, so the scan stops
+    # there with ε = ∞, as dp-accounting's float division does: a bound, loose, not a warning.
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         candidate = np.log((upper_mass[:-1] - delta) / lower_mass[:-1])
     stop = (upper_mass[:-1] > delta) & (lower_mass[:-1] > 0) & (candidate >= losses)
     first_stop = int(np.argmax(stop)) if stop.any() else len(probs)
