@@ -528,8 +528,10 @@ class LocalTrainer:
         noise_stream: Callable[[], torch.Generator] | None = None,
         augment_generator: torch.Generator | None = None,
     ) -> torch.Tensor:
-        """(1/K) Σ_k G(x; ξ_k) at fixed ``params``: K batches drawn as in ``train``, no step taken
-        (DP-SCAFFOLD's warm start c_i⁰ = (1/K) Σ_k H̃_i^k(x⁰), with the same per-step noise)."""
+        """(1/K) Σ_k G(x; ξ_k) + λ·x at fixed ``params`` x: K batches drawn as in ``train``, no
+        step taken (DP-SCAFFOLD's warm start c_i⁰ = (1/K) Σ_k H̃_i^k(x⁰), with the same per-step
+        noise), plus the weight decay that ``descend`` adds to every step's gradient, so that
+        c_i⁰ estimates the same gradient as option II's c_i⁺ = c_i − c + (x − y_i)/(Kη_l)."""
         gradient, batches = self._round_batches(
             objective, x, y, generator, None, noise_stream, augment_generator
         )
@@ -537,4 +539,4 @@ class LocalTrainer:
         for xb, yb in batches:
             total += gradient(objective, params, xb, yb)[2]
             steps += 1
-        return total / steps
+        return total.div_(steps).add_(params, alpha=self.weight_decay)

@@ -417,10 +417,11 @@ def _called_with(function, options: dict):
 
 def _one_gradient(name: str, trainer: LocalTrainer) -> LocalTrainer:
     """DPSFL's clients upload u = −g, one batch gradient: one step of plain SGD at lr 1."""
-    if trainer.local_steps != 1 or trainer.lr != 1.0 or trainer.momentum != 0.0:
+    plain = (trainer.local_steps, trainer.lr, trainer.momentum, trainer.weight_decay)
+    if plain != (1, 1.0, 0.0, 0.0):
         raise ValueError(
-            f"{name} clients upload one batch gradient: local_steps 1, lr 1, momentum 0 "
-            f"(got {trainer.local_steps}, {trainer.lr}, {trainer.momentum}); η is server_lr"
+            f"{name} clients upload one batch gradient: local_steps 1, lr 1, momentum 0, "
+            f"weight_decay 0 (got {', '.join(map(str, plain))}); η is server_lr"
         )
     return trainer
 

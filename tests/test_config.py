@@ -36,6 +36,15 @@ BAD_CONFIGS = [
     ),
     (
         [
+            "algorithm.name=dp_fedpgn",
+            "algorithm.local.local_steps=5",
+            "algorithm.local.lr_scaling=inverse_sk",
+        ],
+        "algorithm.local.lr_scaling",
+        "leaves part of the drift in the update",
+    ),
+    (
+        [
             "algorithm.name=dp_scaffold",
             "algorithm.noise_placement=null",
             "algorithm.local.momentum=0.5",

@@ -73,6 +73,30 @@ def test_new_client_control_is_the_mean_of_the_rounds_noisy_gradients(lr_scaling
     torch.testing.assert_close(uploads["control"], mean_h - state["control"], atol=1e-5, rtol=0)
 
 
+def test_warm_start_control_and_trained_control_estimate_the_same_gradient():
+    # c_i⁰ (the warm start's mean gradient at x) and option II's c_i⁺ = c_i − c + (x − y)/(Kη)
+    # from the same batches at a small lr both carry the weight decay λ·x: without it in c_i⁰
+    # they would differ by λ·x (here up to 0.02 a coordinate, against ≈ 1e-4 from the steps).
+    config = small_config(
+        "unused",
+        "algorithm.name=dp_scaffold",
+        "algorithm.clip_norm=.inf",
+        "algorithm.noise_multiplier=0",
+        "algorithm.local.batch_size=20",
+        "algorithm.local.lr=1e-4",
+        "algorithm.local.weight_decay=0.05",
+    )
+    algorithm = config.build_algorithm()
+    objective, params = _objective()
+    x, y = torch.randn(50, 6), torch.randint(0, 3, (50,))
+    payload = {"control": torch.zeros_like(params)}
+    args = (payload, x, y, {}, 0, 3, 4, 5.0)
+    _, _, warm, _ = client_round(algorithm, objective, params, *args, warmup=True)
+    _, _, trained, _ = client_round(algorithm, objective, params, *args)
+    torch.testing.assert_close(warm["control"], trained["control"], atol=1e-3, rtol=0)
+    assert (0.05 * params).abs().max() > 0.015
+
+
 def test_inverse_sk_local_lr_and_fresh_and_poisson_batches():
     trainer = LocalTrainer(lr=0.2, batch_size=10, local_steps=4, lr_scaling="inverse_sk")
     assert trainer.local_lr(50) == pytest.approx(0.2 / (0.2 * 4))  # η₀/(sK), s = 10/50

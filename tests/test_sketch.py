@@ -377,6 +377,7 @@ def test_compression_spec_scales_the_papers_levels_to_the_models_size():
 BAD_SKETCH_CONFIGS = {
     "algorithm.local.local_steps": ("algorithm.local.local_steps=5",),
     "algorithm.local.lr": ("algorithm.local.lr=0.1",),
+    "algorithm.local.weight_decay": ("algorithm.local.weight_decay=5e-4",),  # u = −g, no λw
     "algorithm.sketch_cols": ("algorithm.compression_level=2",),
     "algorithm.compression_level": (
         "algorithm.compression_level=7",

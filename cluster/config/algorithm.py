@@ -207,6 +207,15 @@ def validate_preset_options(a: AlgorithmConfig) -> None:
             "which is exact only without local momentum (momentum compounds it): set 0, as the "
             "paper does" + start_from(a.name),
         )
+    if a.name in FIXED_STEP_PRESETS and a.local.lr_scaling != "none":
+        raise ConfigError(
+            "algorithm.local.lr_scaling",
+            a.local.lr_scaling,
+            f"{a.name} strips the public drift (1 − β)·K·η·g̃ at each client's own lr and adds it "
+            "back at the server at the configured η·K: a per-client lr (inverse_sk) leaves part "
+            "of the drift in the update and rescales g̃; set none, as the paper does"
+            + start_from(a.name),
+        )
     if a.name in CONTROL_VARIATE_PRESETS and a.local.momentum:
         raise ConfigError(
             "algorithm.local.momentum",

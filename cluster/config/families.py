@@ -137,14 +137,15 @@ def validate_noise_support(c: ExperimentConfig) -> None:
 def validate_sketch(c: ExperimentConfig) -> None:
     """fetchsgd, dpsfl, dpsfl_ac: one batch gradient per client, a valid sketch and clip loop."""
     a, local = c.algorithm, c.algorithm.local
-    plain_sgd = {"local_steps": 1, "lr": 1.0, "momentum": 0.0, "lr_decay": 1.0}
+    plain_sgd = {"local_steps": 1, "lr": 1.0, "momentum": 0.0, "lr_decay": 1.0, "weight_decay": 0.0}
     for name, value in plain_sgd.items():
         if getattr(local, name) != value:
             raise ConfigError(
                 f"algorithm.local.{name}",
                 getattr(local, name),
                 f"{a.name} clients upload one batch gradient (u = −g): set local_steps: 1, "
-                "lr: 1.0, momentum: 0, lr_decay: 1; the step size is algorithm.server_lr (η) "
+                "lr: 1.0, momentum: 0, lr_decay: 1, weight_decay: 0; the step size is "
+                "algorithm.server_lr (η) "
                 "and the momentum algorithm.sketch_momentum (β)" + start_from(a.name),
             )
     if local.lr_scaling != "none":
