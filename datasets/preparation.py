@@ -57,7 +57,8 @@ class Preparation:
     train_subsample_fraction: float | None = None
     standardize_unit_norm: bool = False
     client_test_fraction: float | None = None
-    statistics_from: str = "training"  # or "source_test": what statistics are fitted to
+    # or "source_test": what statistics are fitted to ("population": the synthetic generator's)
+    statistics_from: str = "training"
 
     def before_partition(
         self, train: LabeledArrays, test: LabeledArrays, seed: int

@@ -38,7 +38,7 @@ def _load(
     PCA is fitted to the split ``statistics_from`` names (``preparation.fitted_split``)."""
     if source == "synthetic":
         spec = SyntheticSpec(**params)
-        train, test = generate_synthetic(spec, seed)
+        train, test = generate_synthetic(spec, seed, statistics_from)
         return train, test, spec.num_classes
     if data_root is None and source in SOURCES:
         raise ValueError(f"source {source!r} reads files: give a data root")
@@ -57,10 +57,10 @@ def _load(
 def source_shape(source: str, params: dict) -> tuple[tuple[int, ...], int]:
     """(shape of a row, number of classes) of what ``_load`` returns for ``source`` with these
     options, known without reading or generating any data (the model is built for it)."""
+    params, _ = split_preparation(params)
     if source == "synthetic":
         spec = SyntheticSpec(**params)
         return (spec.num_features,), spec.num_classes
-    params, _ = split_preparation(params)
     if source in GLUE_SOURCES:
         return (params["max_length"],), GLUE_NUM_CLASSES
     components = params.pop("pca_components", None)

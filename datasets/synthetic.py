@@ -8,8 +8,15 @@ user i, with N(m, v) meaning mean m and *variance* v:
     y = argmax(x W_i + b_i), then with probability ``label_noise`` replaced by a uniform class.
 
 α controls model heterogeneity, β feature heterogeneity; (0, 0) is still non-i.i.d. Features are
-then standardised (per feature, over the pooled data) and every row is scaled to unit L2 norm, and
-each user's rows are split ``train_fraction`` / rest into train and test.
+then standardised per feature and every row is scaled to unit L2 norm, and each user's rows are
+split ``train_fraction`` / rest into train and test.
+
+The standardisation's statistics (``statistics_from``): ``population`` (the default) takes the
+generator's own: x_j = B_j + e_j + s_j·ξ_j with B_j ~ N(0, β) and e_j, ξ_j ~ N(0, 1), so mean 0
+and variance β + 1 + j^-1.2, a function of the spec alone, which moves no row when a record
+changes; ``training``, the papers' (FedProx's and DP-SCAFFOLD's code), the mean and std of all
+users' rows pooled, train and test, where one record moves every other row's features (outside
+the DP mechanism: such a run states no ε).
 """
 
 from __future__ import annotations
@@ -106,6 +113,12 @@ def _feature_scaling(spec: SyntheticSpec, blocks) -> tuple[np.ndarray, np.ndarra
     return mean, np.sqrt(_column_sums(squared_deviations()) / count)
 
 
+def _population_scaling(spec: SyntheticSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, std) per feature of the distribution the rows are drawn from (module docstring)."""
+    variance = spec.beta + 1.0 + np.arange(1, spec.num_features + 1, dtype=np.float64) ** -1.2
+    return np.zeros(spec.num_features), np.sqrt(variance)
+
+
 def _train_rows(spec: SyntheticSpec, split_seed: np.random.SeedSequence) -> np.ndarray:
     """Which pooled rows are training rows: ``train_fraction`` of each user's, at random."""
     n = spec.samples_per_user
@@ -118,17 +131,23 @@ def _train_rows(spec: SyntheticSpec, split_seed: np.random.SeedSequence) -> np.n
     return train_mask
 
 
-def generate_synthetic(spec: SyntheticSpec, seed: int) -> tuple[LabeledArrays, LabeledArrays]:
+def generate_synthetic(
+    spec: SyntheticSpec, seed: int, statistics_from: str = "population"
+) -> tuple[LabeledArrays, LabeledArrays]:
     """Return (train, test); ``group`` holds the generating user of every row.
 
-    Three passes over blocks of users (column means, standard deviations, then the standardised
-    unit-norm rows written straight into the float32 train and test arrays); a pool over
-    ``KEPT_POOL_BYTES`` is regenerated for each pass, so the peak memory is the float32 output
-    plus one block. The values are those of standardising the whole float64 pool at once
-    (``tests/test_data.py`` compares with that computation)."""
+    One pass over blocks of users writes the standardised unit-norm rows straight into the
+    float32 train and test arrays; ``statistics_from: training`` first takes two more (column
+    means, then standard deviations), and a pool over ``KEPT_POOL_BYTES`` is regenerated for
+    each pass, so the peak memory is the float32 output plus one block. The values are those of
+    standardising the whole float64 pool at once (``tests/test_data.py`` compares with that
+    computation)."""
     root = np.random.SeedSequence([int(seed), 0x5C4F])
     blocks = _block_source(spec, root.spawn(spec.num_users))
-    mean, std = _feature_scaling(spec, blocks)
+    if statistics_from not in ("population", "training"):
+        raise ValueError(f"statistics_from must be population or training: {statistics_from!r}")
+    pooled = statistics_from == "training"
+    mean, std = _feature_scaling(spec, blocks) if pooled else _population_scaling(spec)
     scale = np.where(std > 0, std, 1.0)
     train_mask = _train_rows(spec, root.spawn(1)[0])
     users = np.repeat(np.arange(spec.num_users, dtype=np.int64), spec.samples_per_user)

@@ -205,12 +205,53 @@ def test_the_papers_preparation_fits_public_data_by_default_and_its_own_is_unacc
         load_config(paper, ["data.statistics_from=training", "privacy.target_epsilon=5"])
     # A checkpoint written before the option fitted the training rows: it resumes so.
     from cluster.config import config_from_dict
-    from cluster.runtime.checkpoint import _written_before_statistics_from
+    from cluster.runtime.checkpoint import _as_written
 
     old = public.to_dict()
     del old["data"]["statistics_from"]
-    _written_before_statistics_from(old)
+    _as_written(old, 3)
     assert config_from_dict(old).data.resolved_statistics_from == "training"
+
+
+def test_synthetic_data_is_standardised_with_the_generators_own_statistics():
+    """The synthetic source standardises with its distribution's mean and variance by default
+    (no record moves another row), and with all users' pooled rows only as an option that
+    states no ε; each keys its own store, and a format-3 checkpoint (pooled, then the only
+    way) resumes pooled."""
+    from cluster.claims.privacy_plan import privacy_claim
+    from cluster.config import config_from_dict
+    from cluster.runtime.checkpoint import _as_written
+
+    default = load_config(None, DP)
+    assert default.data.resolved_statistics_from == "population"
+    assert default.data.source_options()["statistics_from"] == "population"
+    claim = privacy_claim(default, default.build_algorithm())
+    assert claim.dp_valid and default.unaccounted_reason is None
+    pooled = load_config(None, [*DP, "data.statistics_from=training"])
+    assert "statistics_from" not in pooled.data.source_options()  # the stores built before
+    claim = privacy_claim(pooled, pooled.build_algorithm())
+    assert not claim.dp_valid and claim.epsilon_text(1.0) == "ε n/a (dp_valid=false)"
+    assert "statistics_from: population" in claim.unaccounted_reason
+    for bad in ("source_test", "public"):
+        with pytest.raises(ConfigError, match="for source synthetic: population") as error:
+            load_config(None, [*DP, f"data.statistics_from={bad}"])
+        assert error.value.field_path == "data.statistics_from"
+    with pytest.raises(ConfigError, match="population"):
+        load_config(
+            None,
+            [
+                *DP,
+                "data.source=mnist",
+                "task=mnist_cnn",
+                "data.pca_components=9",
+                "data.statistics_from=population",
+            ],
+        )
+    for version, resolved in ((3, "training"), (4, "population")):
+        written = default.to_dict()
+        assert written["data"]["statistics_from"] is None
+        _as_written(written, version)
+        assert config_from_dict(written).data.resolved_statistics_from == resolved
 
 
 def test_femnist_test_split_is_its_writers_data_not_public():

@@ -25,25 +25,31 @@ def test_synthetic_rows_are_unit_norm_and_split_80_20_per_user():
     np.testing.assert_array_equal(train.x, again.x)
 
 
-def whole_pool(spec: SyntheticSpec, seed: int):
+def whole_pool(spec: SyntheticSpec, seed: int, statistics_from: str):
     """The generator's definition in one piece: every user's rows pooled in float64, each
-    feature standardised over the pool, rows scaled to unit norm, float32, split per user."""
+    feature standardised (``training``: by the pool's mean and std; ``population``: by the
+    distribution's, mean 0 and variance β + 1 + j^-1.2), rows scaled to unit norm, float32,
+    split per user."""
     root = np.random.SeedSequence([seed, 0x5C4F])
     rows = [
         synthetic._user_samples(spec, np.random.default_rng(s)) for s in root.spawn(spec.num_users)
     ]
     x = np.concatenate([r[0] for r in rows])
     y = np.concatenate([r[1] for r in rows])
-    std = x.std(axis=0)
-    x = (x - x.mean(axis=0)) / np.where(std > 0, std, 1.0)
+    if statistics_from == "training":
+        std = x.std(axis=0)
+        x = (x - x.mean(axis=0)) / np.where(std > 0, std, 1.0)
+    else:
+        x = (x - 0.0) / np.sqrt(spec.beta + 1.0 + np.arange(1, x.shape[1] + 1.0) ** -1.2)
     norms = np.linalg.norm(x, axis=1, keepdims=True)
     x = (x / np.where(norms > 0, norms, 1.0)).astype(np.float32)
     train = synthetic._train_rows(spec, root.spawn(1)[0])
     return (x[train], y[train]), (x[~train], y[~train])
 
 
+@pytest.mark.parametrize("statistics_from", ["population", "training"])
 @pytest.mark.parametrize("kept", [True, False])
-def test_generation_in_blocks_equals_the_whole_pool_bit_for_bit(kept, monkeypatch):
+def test_generation_in_blocks_equals_the_whole_pool_bit_for_bit(kept, statistics_from, monkeypatch):
     monkeypatch.setattr(synthetic, "CHUNK_USERS", 7)  # blocks of 7 users, the last one short
     monkeypatch.setattr(synthetic, "KEPT_POOL_BYTES", 1 << 40 if kept else 0)
     for spec, seed in [
@@ -51,10 +57,43 @@ def test_generation_in_blocks_equals_the_whole_pool_bit_for_bit(kept, monkeypatc
         (SyntheticSpec(0.0, 0.0, 23, 63), 5),
         (SyntheticSpec(0.5, 2.0, 30, 37, num_features=60, num_classes=5, train_fraction=0.75), 1),
     ]:
-        for got, (x, y) in zip(generate_synthetic(spec, seed), whole_pool(spec, seed), strict=True):
+        generated = generate_synthetic(spec, seed, statistics_from)
+        for got, (x, y) in zip(generated, whole_pool(spec, seed, statistics_from), strict=True):
             assert got.x.dtype == np.float32
             np.testing.assert_array_equal(got.x, x)
             np.testing.assert_array_equal(got.y, y)
+
+
+def test_population_statistics_are_the_pools_in_distribution_and_move_with_no_record():
+    """The generator's own mean and std are what a large pool's converge to, and standardising
+    by them makes a row a function of its own draw only: changing one user's rows leaves every
+    other user's rows as they were (the pooled statistics move them all)."""
+    spec = SyntheticSpec(1.0, 2.0, 400, 500)
+    x = np.concatenate(
+        [
+            synthetic._user_samples(spec, np.random.default_rng(s))[0]
+            for s in np.random.SeedSequence(0).spawn(spec.num_users)
+        ]
+    )
+    mean, std = synthetic._population_scaling(spec)
+    np.testing.assert_allclose(x.mean(0), mean, atol=0.25)  # the users' means: sd √(3/400)
+    np.testing.assert_allclose(x.std(0), std, rtol=0.1)
+    small = SyntheticSpec(1.0, 1.0, 5, 50)
+    for statistics_from, others_move in (("population", False), ("training", True)):
+        base, _ = generate_synthetic(small, 0, statistics_from)
+        one_user = iter([np.random.SeedSequence(99)])
+
+        def user_zero_redrawn(spec, rng, original=synthetic._user_samples, one_user=one_user):
+            seed = next(one_user, None)  # the first user drawn, user 0, from another seed
+            return original(spec, rng if seed is None else np.random.default_rng(seed))
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(synthetic, "_user_samples", user_zero_redrawn)
+            patch.setattr(synthetic, "KEPT_POOL_BYTES", 1 << 40)  # one generation pass
+            changed, _ = generate_synthetic(small, 0, statistics_from)
+        rest = base.group != 0
+        assert not np.array_equal(changed.x[~rest], base.x[~rest])
+        assert (not np.array_equal(changed.x[rest], base.x[rest])) == others_move
 
 
 def test_feature_heterogeneity_grows_with_beta():
@@ -69,7 +108,8 @@ def test_feature_heterogeneity_grows_with_beta():
 
 def test_store_round_trip_is_sorted_zero_copy_and_reused(tmp_path):
     partition = {"method": "natural"}
-    store, built = build_or_open_store(tmp_path, "synthetic", SPEC, partition, 10, seed=1)
+    options = {**SPEC, "statistics_from": "population"}  # as DataConfig.source_options keys it
+    store, built = build_or_open_store(tmp_path, "synthetic", options, partition, 10, seed=1)
     assert built
     manifest = json.loads((store.path / "manifest.json").read_text())
     assert store.client_sizes.tolist() == [160] * 10
@@ -81,10 +121,15 @@ def test_store_round_trip_is_sorted_zero_copy_and_reused(tmp_path):
     train, _ = generate_synthetic(SyntheticSpec(**SPEC), seed=1)
     np.testing.assert_array_equal(client.x, train.x[train.group == 3])
     store.verify()
-    again, built_again = build_or_open_store(tmp_path, "synthetic", SPEC, partition, 10, seed=1)
+    again, built_again = build_or_open_store(tmp_path, "synthetic", options, partition, 10, seed=1)
     assert not built_again and again.path == store.path
-    other, built_other = build_or_open_store(tmp_path, "synthetic", SPEC, partition, 10, seed=2)
+    other, built_other = build_or_open_store(tmp_path, "synthetic", options, partition, 10, seed=2)
     assert built_other and other.path != store.path
+    # Options without statistics_from are a store of before the option: pooled statistics.
+    pooled, built_pooled = build_or_open_store(tmp_path, "synthetic", SPEC, partition, 10, seed=1)
+    assert built_pooled and pooled.path != store.path
+    train, _ = generate_synthetic(SyntheticSpec(**SPEC), seed=1, statistics_from="training")
+    np.testing.assert_array_equal(pooled.client(3).x, train.x[train.group == 3])
 
 
 def _pooled(n=3000, classes=10, seed=0):

@@ -102,7 +102,8 @@ class DataConfig:
     # source's test split, used for nothing else where client_test_fraction gives the clients
     # their test rows: public data, the default there) or training (all clients' training
     # rows, as DP-SCAFFOLD does: outside the DP mechanism, so the run is dp_valid=false; the
-    # default elsewhere)
+    # default elsewhere). Source synthetic: population (the generator's own mean and variance,
+    # the default) or training (all users' rows pooled, the papers' code: dp_valid=false)
     statistics_from: str | None = None
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     partition: PartitionConfig = field(default_factory=PartitionConfig)
@@ -150,7 +151,8 @@ class DataConfig:
     def source_options(self) -> dict:
         """The source's own options and the data preparation's (they key the store)."""
         if self.source == "synthetic":
-            return {**asdict(self.synthetic), "num_users": self.partitioned_clients}
+            options = {**asdict(self.synthetic), "num_users": self.partitioned_clients}
+            return {**options, **self.preparation_options()}
         if self.source == "emnist":
             return {"split": self.split or "byclass", **self.preparation_options()}
         if self.source == "femnist":
@@ -165,26 +167,31 @@ class DataConfig:
     def preparation_options(self) -> dict:
         """The ``datasets.preparation`` options that are set (unset ones key no store, nor
         does ``statistics_from: training``, what stores were fitted to before the option)."""
-        public = self.fits_statistics and self.resolved_statistics_from == "source_test"
+        public = self.fits_statistics and self.resolved_statistics_from != "training"
         chosen = {
             "train_subsample_fraction": self.train_subsample_fraction,
             "standardize_unit_norm": self.standardize_unit_norm or None,
             "client_test_fraction": self.client_test_fraction,
-            "statistics_from": "source_test" if public else None,
+            "statistics_from": self.resolved_statistics_from if public else None,
         }
         return {name: value for name, value in chosen.items() if value is not None}
 
     @property
     def fits_statistics(self) -> bool:
-        """A step fits statistics to rows: ``pca_components`` or ``standardize_unit_norm``."""
-        return self.pca_components is not None or self.standardize_unit_norm is True
+        """A step fits statistics to rows: ``pca_components`` or ``standardize_unit_norm``, or
+        the synthetic generator's standardisation."""
+        steps = self.pca_components is not None or self.standardize_unit_norm is True
+        return steps or self.source == "synthetic"
 
     @property
     def resolved_statistics_from(self) -> str:
-        """``statistics_from``, or its default: ``source_test`` where ``client_test_fraction``
-        leaves the source's test split unused, else ``training``."""
+        """``statistics_from``, or its default: ``population`` for the synthetic source (the
+        generator's own mean and variance, ``datasets.synthetic``), ``source_test`` where
+        ``client_test_fraction`` leaves the source's test split unused, else ``training``."""
         if self.statistics_from is not None:
             return self.statistics_from
+        if self.source == "synthetic":
+            return "population"
         public = self.client_test_fraction is not None and self.source not in TEST_SHARES_WRITERS
         return "source_test" if public else "training"
 
@@ -194,6 +201,14 @@ class DataConfig:
         training rows, else None."""
         if not self.fits_statistics or self.resolved_statistics_from != "training":
             return None
+        if self.source == "synthetic":
+            return (
+                "data.source synthetic standardises every feature with the mean and std of all "
+                "users' rows (data.statistics_from: training, as the papers' code does), outside "
+                "the DP mechanism: one record moves every other row's features; standardise "
+                "with the generator's own statistics, data.statistics_from: population (the "
+                "default)"
+            )
         steps = [
             name
             for name, on in (
@@ -254,6 +269,8 @@ def validate_preparation(d: DataConfig) -> None:
     matched per-client test sets drawn from held-out rows."""
     if d.source == "synthetic":
         for name, value in d.preparation_options().items():
+            if name == "statistics_from":
+                continue
             raise ConfigError(
                 f"data.{name}",
                 value,
@@ -342,6 +359,15 @@ def _validate_statistics_from(d: DataConfig) -> None:
     """``statistics_from``: training or source_test, the latter only where the source's test
     split is no run's test set, and only where a step fits statistics."""
     if d.statistics_from is None:
+        return
+    if d.source == "synthetic" and d.statistics_from != "training":
+        if d.statistics_from != "population":
+            raise ConfigError(
+                "data.statistics_from",
+                d.statistics_from,
+                "for source synthetic: population (the generator's own mean and variance, the "
+                "default) or training (all users' rows pooled, outside DP: dp_valid=false)",
+            )
         return
     if d.statistics_from not in ("training", "source_test"):
         raise ConfigError(

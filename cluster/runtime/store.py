@@ -203,7 +203,7 @@ _PARTITION_FIELDS = {f.name for f in fields(PartitionConfig)}
 
 def _option_field(d: DataConfig, option: str) -> str:
     """The config field a source option of ``DataConfig.source_options`` comes from."""
-    if d.source == "synthetic":
+    if d.source == "synthetic" and option != "statistics_from":
         return f"data.synthetic.{option}"
     return "data.pretrained" if option == "tokenizer" else f"data.{option}"
 
