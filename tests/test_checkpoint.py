@@ -14,7 +14,8 @@ from test_bad_input import code_payload
 
 from cluster.cli.main import main
 from cluster.config import ConfigError, config_from_dict
-from cluster.runtime.checkpoint import open_checkpoint, save_checkpoint
+from cluster.runtime import simulation
+from cluster.runtime.checkpoint import checkpoint_path, open_checkpoint, save_checkpoint
 from cluster.runtime.checkpoint_match import check_state
 from cluster.runtime.experiment import run_experiment
 from cluster.runtime.store import open_store
@@ -47,6 +48,39 @@ def test_resume_continues_bit_for_bit_with_client_state(store_root, tmp_path):
     manifest = open_store(config)[0].manifest
     shape = (tuple(manifest["x_shape"]), manifest["num_classes"])
     assert source_shape(*config.store_parameters[:2]) == shape
+
+
+def test_a_failed_round_keeps_the_rounds_before_it(store_root, tmp_path, monkeypatch):
+    """An error in a round (a client's, the server's, an evaluation's: here raised in round 4
+    after its server step changed the model) leaves the driver at round 3 again, which the run
+    keeps as a checkpoint before the error goes on, saying where; resumed, the run ends as one
+    that never failed."""
+    common = ("rounds=6", "checkpoint.every=0", f"checkpoint.dir={tmp_path}")
+    straight = run_experiment(small_config(store_root, *common, "tracking.run_name=straight"))
+    failing = small_config(store_root, *common)
+    budget = simulation.byte_budget_spent  # read after the server step, before the evaluation
+
+    def fails_in_round_4(config, metrics, rounds):
+        if rounds == 4:
+            raise MemoryError("injected in round 4")
+        return budget(config, metrics, rounds)
+
+    monkeypatch.setattr(simulation, "byte_budget_spent", fails_in_round_4)
+    with pytest.raises(MemoryError) as failed:
+        run_experiment(failing)
+    monkeypatch.undo()
+    path = checkpoint_path(failing, None)
+    assert failed.value.__notes__ == [
+        f"the run stopped at round 3, its checkpoint {path}: resume it with: "
+        f"uv run python -m cluster resume {path}"
+    ]
+    saved, config = open_checkpoint(path)
+    assert saved["simulation"]["rounds_done"] == 3 and len(saved["simulation"]["history"]) == 3
+    resumed = run_experiment(config, resume=saved)
+    assert torch.equal(resumed.result.params, straight.result.params)
+    assert [r.epsilon for r in resumed.result.history] == [
+        r.epsilon for r in straight.result.history
+    ]
 
 
 def _refuses_client_states_of_another_config(saved: dict, config) -> None:

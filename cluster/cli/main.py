@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             code = args.handler(args)
         except _input_errors() as error:  # bad input: one paragraph, no traceback
-            print(raised_in_actor(error), file=sys.stderr)
+            print(_with_notes(error), file=sys.stderr)
             return 2
         except Interrupted as error:  # a signal before the command's work began
             print(f"aborted: {error}", file=sys.stderr)
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             print(_tracking_failure(error, getattr(args, "verbose", False)), file=sys.stderr)
             return stop.exit_code or 1  # a stop signal that came meanwhile still says so
         except _read_failures() as error:  # an object store that stopped answering mid-run
-            print(f"error: {raised_in_actor(error)}", file=sys.stderr)
+            print(f"error: {_with_notes(error)}", file=sys.stderr)
             return stop.exit_code or 1
         return stop.exit_code or code  # a signal during the last writes still says it came
 
@@ -85,6 +85,12 @@ def _tracking_failure(error: TrackingError, verbose: bool) -> str:
     if verbose:
         return f"tracking error: {error}\n{error.details}"
     return f"tracking error: {error} (MLflow's traceback: run again with --verbose)"
+
+
+def _with_notes(error: BaseException) -> str:
+    """The error's text (the actor's where it came from one) and its notes (where a run that
+    failed mid-way kept its checkpoint: ``run_experiment``), a line each."""
+    return "\n".join([str(raised_in_actor(error)), *getattr(error, "__notes__", ())])
 
 
 def raised_in_actor(error: BaseException) -> BaseException:

@@ -467,7 +467,8 @@ def _run_rounds_locked(
             return path
 
         def keep_stopped_run() -> str:
-            """The checkpoint of a run the lost hosts stopped (it needs no host), and where."""
+            """The checkpoint of a run stopped at its last completed round (by lost hosts or a
+            failed round: it needs no host), and where."""
             failure = None
             try:
                 checkpoint_here()
@@ -511,6 +512,11 @@ def _run_rounds_locked(
                 if written is not None:
                     kept = f"its last checkpoint, of round {written[1]}: {written[0]}"
                 raise NonFiniteModel(f"{error}; {kept}") from error
+            except Exception as error:  # a failed round: the driver is at the last completed
+                if not sim.keeps_client_state:  # one (``Simulation.run``), which is kept
+                    with stop.finishing():
+                        error.add_note(keep_stopped_run())
+                raise
             stop.settle()  # from here to the command's end a signal only sets the exit code
         # A signal that came as the last round ended stopped nothing: the run is complete.
         interrupted = stop.reason is not None and result.stop_reason.startswith(stop.reason)

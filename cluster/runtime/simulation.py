@@ -384,7 +384,7 @@ class Simulation:
                 on_round(record)
             except RoundDropped:
                 stop_reason = f"{stop.reason} during round {round_index + 1} (dropped)"
-            except HostsLost as lost:
+            except HostsLost as lost:  # (before ``Exception``: a loss is recovered from)
                 # the round lost: the one in progress, or the last completed one (its report
                 # or the final checkpoint)
                 lost_round = round_index if stop_reason is not None else round_index + 1
@@ -397,6 +397,20 @@ class Simulation:
                         f"{stop.reason} while lost hosts were restarted (back at round "
                         f"{len(self.history)})"
                     )
+            except Exception:
+                # A round that failed before its record was kept (a client's or the server's
+                # error, an evaluation's): without client state the driver goes back to the
+                # last completed round, which a checkpoint can then keep (``run_experiment``).
+                if point is not None and len(self.history) == point["rounds_done"]:
+                    self._back_to(point)
+                raise
+
+    def _back_to(self, point: dict) -> None:
+        """The driver at ``point`` again, once the round's background ε is done with the
+        accountant."""
+        if self._accounting is not None:
+            self._accounting.exception()
+        self._rewind(point)
 
     def _recover(
         self, lost_round: int, lost: HostsLost, point: dict, say, stop: StopSignals | None
@@ -407,9 +421,7 @@ class Simulation:
         ``MAX_RESTARTS``. A first stop signal during the wait raises ``RoundDropped``, a second
         ``Interrupted``; ``HostsUnavailable`` when the hosts cannot come back. Either way the
         driver is at ``point`` and ``state_dict`` needs no host."""
-        if self._accounting is not None:  # its ε is being computed from the accountant
-            self._accounting.exception()
-        self._rewind(point)
+        self._back_to(point)
         if len(self.recoveries) == MAX_RESTARTS:
             raise HostsUnavailable(
                 f"executor: hosts lost {MAX_RESTARTS + 1} times in this run ({lost}); resume "
