@@ -1,19 +1,23 @@
 """Input preprocessing and augmentation as batched tensor ops on the actor's device.
 
 ``Preprocess`` turns stored rows into model inputs once, when a host loads its clients: uint8
-images become float32 in [0, 1] (optionally inverted, 1 − x), then per-channel
-(x − mean) / std. Float rows (synthetic features, PCA or standardised features) pass through.
+images become float32 in [0, 1] (optionally inverted, 1 − x), optionally framed by ``pad``
+black pixels (0) on each side (the model then sees the larger image: ``shape``), then
+per-channel (x − mean) / std. Float rows (synthetic features, PCA or standardised features)
+pass through.
 
 ``Augment`` runs on every training mini-batch, with torchvision's semantics and in the order of
 DP-FedSAM's code (RandomCrop, RandomHorizontalFlip, RandomVerticalFlip, RandomGrayscale): a
-random crop of the zero-padded image (pad p on each side, crop back to the input size:
-``RandomCrop(size, padding=p)``), a horizontal and a vertical flip each with probability ½, and
-with probability ``grayscale`` the image replaced by its luminance 0.299 R + 0.587 G + 0.114 B
-in every channel (``RandomGrayscale``, whose default p is 0.1). The inputs are already
-normalised, so the luminance is taken of the pixel values (``pixel_stats`` undoes and redoes the
-per-channel normalisation). Every transform makes one draw per sample from a generator seeded
-per (seed, round, client), so runs are reproducible and do not depend on which actor hosts a
-client; a transform that is off draws nothing. Evaluation never augments.
+random crop of the image padded with black pixels (pad p on each side, crop back to the input
+size: ``RandomCrop(size, padding=p)``, which pads the pixels before ``Normalize``, so the
+padding here is black in the normalised space of ``pixel_stats``), a horizontal and a vertical
+flip each with probability ½, and with probability ``grayscale`` the image replaced by its
+luminance 0.299 R + 0.587 G + 0.114 B in every channel (``RandomGrayscale``, whose default p is
+0.1). The inputs are already normalised, so the luminance is taken of the pixel values
+(``pixel_stats`` undoes and redoes the per-channel normalisation). Every transform makes one
+draw per sample from a generator seeded per (seed, round, client), so runs are reproducible and
+do not depend on which actor hosts a client; a transform that is off draws nothing. Evaluation
+never augments.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ class Preprocess:
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
     invert: bool = False  # TFF's federated EMNIST stores 1.0 = background
+    pad: int = 0  # black pixels framing each side of an image (N, C, H, W)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.uint8:
@@ -43,9 +48,26 @@ class Preprocess:
         x = x.float().div_(255.0)
         if self.invert:
             x = 1.0 - x
+        if self.pad:
+            x = F.pad(x, (self.pad,) * 4)
         if self.mean is not None:
             x = (x - per_channel(self.mean, x)) / per_channel(self.std, x)
         return x
+
+    def shape(self, x_shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The model input's shape for stored rows of ``x_shape`` (an image's grows by ``pad``
+        on each side)."""
+        if not self.pad or len(x_shape) != 3:
+            return tuple(x_shape)
+        channels, height, width = x_shape
+        return channels, height + 2 * self.pad, width + 2 * self.pad
+
+    def black(self, x: torch.Tensor) -> torch.Tensor:
+        """A black pixel (0) in this normalised space, per channel, shaped to broadcast over
+        the images ``x`` (N, C, H, W)."""
+        if self.mean is None:
+            return torch.zeros((1, x.shape[1], 1, 1), device=x.device)
+        return -per_channel(self.mean, x) / per_channel(self.std, x)
 
 
 @dataclass(frozen=True)
@@ -79,9 +101,14 @@ class Augment:
         return hits.to(x.device)[:, None, None, None]
 
     def _random_crop(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        n, _, h, w = x.shape
+        n, c, h, w = x.shape
         p = self.padding
-        padded = F.pad(x, (p, p, p, p))
+        black = (self.pixel_stats or Preprocess()).black(x)
+        if bool((black == 0).all()):
+            padded = F.pad(x, (p, p, p, p))
+        else:
+            padded = black.expand(n, c, h + 2 * p, w + 2 * p).clone()
+            padded[:, :, p : p + h, p : p + w] = x
         dy = torch.randint(0, 2 * p + 1, (n,), generator=generator, device=generator.device)
         dx = torch.randint(0, 2 * p + 1, (n,), generator=generator, device=generator.device)
         rows = (dy.to(x.device)[:, None] + torch.arange(h, device=x.device))[:, :, None]

@@ -26,10 +26,10 @@ accuracy. ``sources`` lists the data sources a task accepts (the first is its us
  | cifar100_resnet9   | cifar100                   | resnet9      | crop 32 pad 4, flip |
  | cifar10_resnet18_flips_gray, cifar100_resnet18_flips_gray | cifar10, cifar100 | resnet18_gn |
  |                    |  crop 32 pad 4, flip, vertical flip, grayscale p 0.1    |              |
- | emnist_cnn_crop_flips | emnist                  | emnist_cnn   | crop 28 pad 2, flip, v. flip |
+ | emnist_cnn_crop_flips | emnist                  | emnist_cnn   | 32×32: crop pad 4, flips |
 
 ``emnist_cnn`` runs DP-FedSAM's CNN on the 28×28 images (its dense layer follows the input
-size); the authors' code pads to 36 and crops 32×32, which changes only that layer's width.
+size: 608,702 parameters); ``emnist_cnn_crop_flips`` on the authors' 32×32 inputs (903,614).
 ``femnist_cnn`` keeps TFF's polarity (1 = background), as Reddi et al.'s TFF pipeline does.
 The papers' other pairings: DP-FedPGN's ResNet-10 on CIFAR-100 and its ResNet-18 with
 GroupNorm(2) (``*_resnet18_gn2``; DP-FedSAM's has 32 groups); BLUR+LUS's ResNet-18 on EMNIST
@@ -38,10 +38,13 @@ the paper leaves its normalisation layer unstated, GroupNorm(32) here) and its "
 on CIFAR-10 (``cifar10_cnn2``; the paper states no augmentation, this task uses the CIFAR one).
 DP-FedSAM's code augments with RandomCrop(32, padding=4), horizontal and vertical flips (p ½)
 and RandomGrayscale (p 0.1): ``*_resnet18_flips_gray`` on CIFAR, ``emnist_cnn_crop_flips`` on
-EMNIST, where a 28×28 crop of the image padded by 2 gives the same ±2-pixel shifts of the
-character as the code's 32×32 crop of the 28×28 image padded by 4, and grayscale is the
-identity on one channel. Rows stored as floats (PCA features, ``data.standardize_unit_norm``)
-skip a task's pixel statistics (``Preprocess`` scales uint8 images only).
+EMNIST, whose code crops 32×32 from the 28×28 image padded by 4 and does not normalise: here
+the image is framed by 2 black pixels once (32×32, what the model and the evaluation see) and
+cropped back to 32 from a 2-pixel black padding, the same offsets of the same padded image
+(grayscale is the identity on one channel; the code's evaluation crops and flips at random too,
+here it sees the centred image). Crops pad with black pixels, as torchvision pads before
+normalising. Rows stored as floats (PCA features, ``data.standardize_unit_norm``) skip a task's
+pixel statistics (``Preprocess`` scales uint8 images only).
 """
 
 from __future__ import annotations
@@ -59,7 +62,14 @@ from models import MODELS, PRETRAINED_LOADERS
 MNIST_STATS = Preprocess(mean=(0.1307,), std=(0.3081,))
 CIFAR10_STATS = Preprocess(mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616))
 CIFAR100_STATS = Preprocess(mean=(0.5071, 0.4865, 0.4409), std=(0.2673, 0.2564, 0.2762))
-CIFAR_AUGMENT = Augment(padding=4, flip=True)
+
+
+def cifar_augment(stats: Preprocess) -> Augment:
+    """Crop 32 with padding 4 (black) and a horizontal flip, on inputs normalised with ``stats``."""
+    return Augment(padding=4, flip=True, pixel_stats=stats)
+
+
+CIFAR10_AUGMENT, CIFAR100_AUGMENT = cifar_augment(CIFAR10_STATS), cifar_augment(CIFAR100_STATS)
 
 
 def dpfedsam_cifar_augment(stats: Preprocess) -> Augment:
@@ -67,6 +77,10 @@ def dpfedsam_cifar_augment(stats: Preprocess) -> Augment:
     return Augment(padding=4, flip=True, vertical_flip=True, grayscale=0.1, pixel_stats=stats)
 
 
+# DP-FedSAM's EMNIST code: RandomCrop(32, padding=4) of the 28×28 image, flips, no Normalize.
+# Framed by 2 black pixels once (32×32, what the model and the evaluation see), then cropped
+# back to 32 from a 2-pixel padding: the same offsets (0-4) of the same black-padded image.
+DPFEDSAM_EMNIST_INPUT = Preprocess(pad=2)
 DPFEDSAM_EMNIST_AUGMENT = Augment(padding=2, flip=True, vertical_flip=True)
 
 
@@ -79,7 +93,8 @@ class Task:
     augment: Augment | None = None
 
     def model(self, x_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-        return MODELS[self.model_name](tuple(x_shape), int(num_classes))
+        """The model for stored rows of ``x_shape`` (what ``preprocess`` makes of them)."""
+        return MODELS[self.model_name](self.preprocess.shape(tuple(x_shape)), int(num_classes))
 
     def load_pretrained(self, model: nn.Module, folder: Path | None) -> None:
         """Initialise ``model`` from the pretrained ``folder`` (None: keep the seeded random
@@ -99,21 +114,21 @@ _TASKS = [
     Task("emnist_logreg", ("emnist",), "logreg", MNIST_STATS),
     Task("mnist_pca_mlp", ("mnist", "mnist_test_split"), "mlp_pca60"),  # data.pca_components
     Task("femnist_cnn", ("femnist",), "reddi_cnn"),
-    Task("cifar10_resnet18", ("cifar10",), "resnet18_gn", CIFAR10_STATS, CIFAR_AUGMENT),
-    Task("cifar100_resnet18", ("cifar100",), "resnet18_gn", CIFAR100_STATS, CIFAR_AUGMENT),
-    Task("cifar10_resnet10", ("cifar10",), "resnet10_gn", CIFAR10_STATS, CIFAR_AUGMENT),
-    Task("cifar100_resnet10", ("cifar100",), "resnet10_gn", CIFAR100_STATS, CIFAR_AUGMENT),
-    Task("cifar10_resnet18_gn2", ("cifar10",), "resnet18_gn2", CIFAR10_STATS, CIFAR_AUGMENT),
-    Task("cifar100_resnet18_gn2", ("cifar100",), "resnet18_gn2", CIFAR100_STATS, CIFAR_AUGMENT),
+    Task("cifar10_resnet18", ("cifar10",), "resnet18_gn", CIFAR10_STATS, CIFAR10_AUGMENT),
+    Task("cifar100_resnet18", ("cifar100",), "resnet18_gn", CIFAR100_STATS, CIFAR100_AUGMENT),
+    Task("cifar10_resnet10", ("cifar10",), "resnet10_gn", CIFAR10_STATS, CIFAR10_AUGMENT),
+    Task("cifar100_resnet10", ("cifar100",), "resnet10_gn", CIFAR100_STATS, CIFAR100_AUGMENT),
+    Task("cifar10_resnet18_gn2", ("cifar10",), "resnet18_gn2", CIFAR10_STATS, CIFAR10_AUGMENT),
+    Task("cifar100_resnet18_gn2", ("cifar100",), "resnet18_gn2", CIFAR100_STATS, CIFAR100_AUGMENT),
     Task("femnist_resnet18", ("femnist",), "resnet18_gn"),
     # DP-FedPGN's transformers (Table V), fine-tuned from data.pretrained: ViT-B/16 resizes the
     # augmented 32×32 batch to 224×224 in its forward; GLUE rows are RoBERTa token ids.
-    Task("cifar10_vit_b16", ("cifar10",), "vit_b16", CIFAR10_STATS, CIFAR_AUGMENT),
-    Task("cifar100_vit_b16", ("cifar100",), "vit_b16", CIFAR100_STATS, CIFAR_AUGMENT),
+    Task("cifar10_vit_b16", ("cifar10",), "vit_b16", CIFAR10_STATS, CIFAR10_AUGMENT),
+    Task("cifar100_vit_b16", ("cifar100",), "vit_b16", CIFAR100_STATS, CIFAR100_AUGMENT),
     *(Task(f"{glue}_roberta_base", (glue,), "roberta_base") for glue in GLUE_SOURCES),
-    Task("cifar10_cnn2", ("cifar10",), "reddi_cnn", CIFAR10_STATS, CIFAR_AUGMENT),
-    Task("cifar10_resnet9", ("cifar10",), "resnet9", CIFAR10_STATS, CIFAR_AUGMENT),
-    Task("cifar100_resnet9", ("cifar100",), "resnet9", CIFAR100_STATS, CIFAR_AUGMENT),
+    Task("cifar10_cnn2", ("cifar10",), "reddi_cnn", CIFAR10_STATS, CIFAR10_AUGMENT),
+    Task("cifar10_resnet9", ("cifar10",), "resnet9", CIFAR10_STATS, CIFAR10_AUGMENT),
+    Task("cifar100_resnet9", ("cifar100",), "resnet9", CIFAR100_STATS, CIFAR100_AUGMENT),
     Task(
         "cifar10_resnet18_flips_gray",
         ("cifar10",),
@@ -128,6 +143,12 @@ _TASKS = [
         CIFAR100_STATS,
         dpfedsam_cifar_augment(CIFAR100_STATS),
     ),
-    Task("emnist_cnn_crop_flips", ("emnist",), "emnist_cnn", MNIST_STATS, DPFEDSAM_EMNIST_AUGMENT),
+    Task(
+        "emnist_cnn_crop_flips",
+        ("emnist",),
+        "emnist_cnn",
+        DPFEDSAM_EMNIST_INPUT,
+        DPFEDSAM_EMNIST_AUGMENT,
+    ),
 ]
 TASKS: dict[str, Task] = {task.name: task for task in _TASKS}

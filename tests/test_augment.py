@@ -20,6 +20,38 @@ def test_random_crop_equals_torchvision_style_crop_of_the_padded_image():
         assert torch.equal(out[b], expected)
 
 
+def test_a_crop_pads_black_pixels_in_the_normalised_space():
+    """torchvision's RandomCrop pads the pixels with 0 before Normalize: after normalising,
+    the padding is (0 − mean)/std of each channel, not 0."""
+    stats = Preprocess(mean=(0.25, 0.5, 0.75), std=(0.5, 0.25, 0.125))
+    pixels = torch.randint(0, 256, (4, 3, 5, 5), dtype=torch.uint8)
+    out = Augment(padding=2, pixel_stats=stats)(stats(pixels), torch.Generator().manual_seed(0))
+    g = torch.Generator().manual_seed(0)
+    dy, dx = torch.randint(0, 5, (4,), generator=g), torch.randint(0, 5, (4,), generator=g)
+    framed = stats(torch.nn.functional.pad(pixels, (2, 2, 2, 2)))  # black pixels, normalised
+    for b in range(4):
+        assert torch.equal(out[b], framed[b, :, dy[b] : dy[b] + 5, dx[b] : dx[b] + 5])
+    assert (out == 0).sum() < (out == -0.5).sum()  # black is −mean/std = −0.5 in channel 0
+
+
+def test_dpfedsam_emnist_input_is_the_authors_32_crop_of_the_image_padded_by_4():
+    """DP-FedSAM's EMNIST code: RandomCrop(32, padding=4) of the 28×28 image, unnormalised; the
+    model sees 32×32 (903,614 parameters, spec ≈ 0.90M) and the evaluation the centred frame."""
+    task = TASKS["emnist_cnn_crop_flips"]
+    pixels = torch.randint(0, 256, (6, 1, 28, 28), dtype=torch.uint8)
+    framed = task.preprocess(pixels)
+    assert framed.shape == (6, 1, 32, 32) and task.preprocess.shape((1, 28, 28)) == (1, 32, 32)
+    assert torch.equal(framed[:, :, 2:30, 2:30], pixels.float() / 255)
+    assert sum(p.numel() for p in task.model((1, 28, 28), 62).parameters()) == 903_614
+    crop = Augment(padding=task.augment.padding)  # the crop alone, as the authors' first step
+    out = crop(framed, torch.Generator().manual_seed(4))
+    g = torch.Generator().manual_seed(4)
+    dy, dx = torch.randint(0, 5, (6,), generator=g), torch.randint(0, 5, (6,), generator=g)
+    padded_by_4 = torch.nn.functional.pad(pixels.float() / 255, (4, 4, 4, 4))
+    for b in range(6):
+        assert torch.equal(out[b], padded_by_4[b, :, dy[b] : dy[b] + 32, dx[b] : dx[b] + 32])
+
+
 def test_flip_is_per_sample_and_seeded():
     x = torch.randn(64, 1, 4, 4)
     out = Augment(flip=True)(x, torch.Generator().manual_seed(1))
