@@ -40,7 +40,7 @@ def max_curve(curves) -> tuple[np.ndarray, np.ndarray]:
 
 def check_num_trials_distribution(distribution: dict) -> None:
     """ValueError naming the field, value and fix of a malformed distribution of the number
-    of trials: ``{"kind": "poisson", "mean": μ > 0}`` or ``{"kind":
+    of trials: ``{"kind": "poisson", "mean": μ ≥ 1}`` or ``{"kind":
     "truncated_negative_binomial", "eta": η > −1, "gamma": γ ∈ (0, 1)}``."""
     if not isinstance(distribution, dict):
         raise ValueError(
@@ -62,7 +62,8 @@ def check_num_trials_distribution(distribution: dict) -> None:
             f"{', '.join(sorted(expected[kind]))}"
         )
     checks = {
-        "mean": (lambda v: 0 < v < math.inf, "must be a finite number > 0, e.g. 4"),
+        # μ ≥ 1, as dp-accounting's RepeatAndSelectDpEvent requires
+        "mean": (lambda v: 1 <= v < math.inf, "must be a finite number >= 1, e.g. 4"),
         "eta": (lambda v: -1 < v < math.inf, "must be a finite number > -1 (1: geometric)"),
         "gamma": (lambda v: 0 < v < 1, "must be in (0, 1), e.g. 0.2"),
     }

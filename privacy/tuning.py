@@ -295,6 +295,7 @@ def tuning_statement(
     validation: str,
     delta: float | None,
     space_refusal: str | None = None,
+    secret_streams: bool = False,
 ) -> TuningStatement:
     """The privacy of releasing the model a sweep of ``trials`` selected (module docstring).
 
@@ -311,6 +312,9 @@ def tuning_statement(
         space_refusal: why the search space may draw a configuration whose mechanism no trial
             ran (the caller reads the space: ``cluster.analysis.sweep_spec``), or None;
             Papernot–Steinke is then not applied.
+        secret_streams: whether every trial's noise and cohorts were keyed by a secret
+            (``privacy.secret_streams``); else they follow from public values, said in the
+            assumption.
 
     Raises:
         ValueError: for an unknown ``search`` or ``validation``, a malformed distribution, or
@@ -332,7 +336,8 @@ def tuning_statement(
         delta = min((t.delta for t in trials if t.delta is not None), default=None)
     if delta is not None and not 0 < delta < 1:
         raise ValueError(f"delta = {delta!r}: must be in (0, 1), e.g. 1e-5")
-    assumption = _assumption(trials, validation)
+    streams = "" if secret_streams else STREAMS_PUBLIC
+    assumption = _assumption(trials, validation) + streams
     reason = _no_epsilon_reason(trials, validation)
     if reason is not None:
         return TuningStatement(None, delta, "none", assumption, reason)
@@ -344,23 +349,40 @@ def tuning_statement(
         assumption += f"; Papernot–Steinke not applied: {why}"
         return TuningStatement(composed, delta, method, assumption, None)
     selected = papernot_steinke_epsilon(trials, num_trials_distribution, delta)
+    if selected >= composed:  # both bound the selected model: the smaller is stated
+        assumption += "; Papernot–Steinke gives no smaller bound here"
+        return TuningStatement(composed, delta, method, assumption, None)
     kind = num_trials_distribution["kind"].replace("_", " ")
     drawn = describe(num_trials_distribution)
-    assumption += (
-        f"; Papernot–Steinke: the number of configurations drawn from {drawn} "
-        "independently of the data, each drawn independently from the space, and only the "
-        "selected model and its score released; the privacy parameters the same across the "
-        "space (every trial that ran the same mechanism), ε(λ) of one configuration its seeds' "
-        "curves summed"
+    # The number of draws K is not stated: P–S's bound holds only where K stays unknown.
+    assumption = (
+        _assumption(trials, validation, counted=False)
+        + streams
+        + (
+            f"; Papernot–Steinke: the number of configurations K drawn from {drawn} "
+            "independently of the data, each drawn independently from the space and ranked by its "
+            "own score, and only the selected model and its score released, K kept secret (it "
+            "follows from the spec's search.seed and shows in the sweep's tables, trial names and "
+            "progress lines: whoever learns it, or sees another trial's output, is held to the "
+            "composition ε); the privacy parameters the same across the space (every trial that "
+            "ran the same mechanism), ε(λ) of one configuration its seeds' curves summed"
+        )
     )
-    if selected >= composed:  # both bound the selected model: the smaller is stated
-        return TuningStatement(composed, delta, method, assumption, None)
     return TuningStatement(
         selected, delta, f"Papernot–Steinke, {kind} number of trials", assumption, None, composed
     )
 
 
-def _assumption(trials: Sequence[TrialPrivacy], validation: str) -> str:
+# The trials' streams (sweep_plan.with_own_streams) are a hash of each trial's configuration,
+# seed and draw: anyone holding the spec can regenerate a trial's noise.
+STREAMS_PUBLIC = (
+    "; every trial's noise and cohorts follow from its configuration, seed and draw, which the "
+    "spec gives: the ε holds against whoever cannot regenerate them (release no spec or seed "
+    "with the model, or key the trials by secrets: privacy.secret_streams: true in the base)"
+)
+
+
+def _assumption(trials: Sequence[TrialPrivacy], validation: str, counted: bool = True) -> str:
     where = {
         "public": (
             "validation on clients held out of the training population (public data), the same "
@@ -369,8 +391,9 @@ def _assumption(trials: Sequence[TrialPrivacy], validation: str) -> str:
         "private": "validation on rows of the training clients (private data)",
         "none": "selection on the test set",
     }[validation]
+    count = f" {len(trials)}" if counted else ""
     return (
-        f"all {len(trials)} trials on the same private data (one privacy unit's data in every "
+        f"all{count} trials on the same private data (one privacy unit's data in every "
         f"trial), {where}"
     )
 

@@ -236,7 +236,11 @@ def test_selection_is_by_the_mean_over_seeds_never_the_best_seed(tmp_path, store
 
 def test_a_random_choice_drawn_twice_is_a_trial_of_its_own(tmp_path, store_root):
     """6 draws of 3 values: 6 trials under 6 names (a repeated draw its own run, tagged
-    ``-repeat<n>``); the selection groups them by value, one row per configuration."""
+    ``-repeat<n>``), and a row of its own: Papernot–Steinke's bound covers the best of K
+    draws each ranked by its own score, so the best draw is selected even where the mean of its
+    value's draws is not the best, and selected.yaml repeats that draw."""
+    from cluster.analysis.sweep import _chosen_values, selected_yaml
+
     space = {"algorithm.local.lr": [0.01, 0.05, 0.1]}
     search = {"method": "random", "seed": 0, "num_samples": 6}
     spec = {"base": _base(store_root, tmp_path), "space": space, "search": search}
@@ -247,11 +251,19 @@ def test_a_random_choice_drawn_twice_is_a_trial_of_its_own(tmp_path, store_root)
     assert len({r.name for r in records}) == 6 and set(planned.configs) == {r.name for r in records}
     assert len({r.digest for r in records}) == 6
     assert len({planned.configs[r.name].checkpoint.dir for r in records}) == 1  # tracked: by id
-    for r in records:
-        r.status, r.metric = "FINISHED", {0.01: 0.5, 0.05: 0.7, 0.1: 0.6}[drawn[records.index(r)]]
+    repeated = next(v for v in drawn if drawn.count(v) > 1)
+    for r, value in zip(records, drawn, strict=True):  # the repeated value's first draw best,
+        best = value == repeated and r.repeat == 0  # its mean below every other value's
+        r.status, r.metric = "FINISHED", 0.9 if best else (0.6 if value != repeated else 0.0)
     rows = summarize(planned.spec, records)
-    assert sorted(r["trials"] for r in rows) == sorted(drawn.count(v) for v in set(drawn))
-    assert sum(r["selected"] for r in rows) == 1
+    assert [r["trials"] for r in rows] == [1] * 6  # one seed: a draw a row
+    (chosen,) = [r for r in rows if r["selected"]]
+    assert chosen[planned.spec.select.metric + "_mean"] == 0.9
+    values = _chosen_values(planned)
+    first = next(r for r in records if dict(r.trial.values)["algorithm.local.lr"] == repeated)
+    text = selected_yaml(planned, values)
+    assert f"stream_seed: {planned.configs[first.name].stream_seed}" in text
+    assert "draw" not in text.splitlines()[0]  # the header names no draw count
 
 
 def test_grid_values_alike_to_4_figures_are_distinct_trials_and_selections(tmp_path, store_root):

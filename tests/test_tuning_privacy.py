@@ -288,7 +288,12 @@ def test_papernot_steinke_grows_with_the_number_of_trials_and_exceeds_one_trial(
     assert one < by_gamma[0].epsilon < by_gamma[1].epsilon < by_gamma[2].epsilon
     assert by_gamma[0].method == "Papernot–Steinke, truncated negative binomial number of trials"
     assert by_gamma[0].composition_epsilon == statement(trials).epsilon
-    assert "only the selected model and its score released" in by_gamma[0].assumption
+    assumption = by_gamma[0].assumption
+    assert "only the selected model and its score released, K kept secret" in assumption
+    assert "ranked by its own score" in assumption
+    # K known is K fixed: the statement that goes with the selected model does not state it
+    assert "all trials on the same private data" in assumption and " 4 trials" not in assumption
+    assert "all 4 trials on the same private data" in statement(trials).assumption
 
 
 def test_papernot_steinke_counts_a_configurations_seeds_together():
@@ -357,6 +362,25 @@ def test_when_papernot_steinke_exceeds_composition_composition_is_stated():
     result = statement([trial], "random", {"kind": "poisson", "mean": 20.0})
     assert result.method == "composition of 1 trials, PLD"
     assert result.composition_epsilon is None
+    assert result.assumption.endswith("; Papernot–Steinke gives no smaller bound here")
+    assert "K kept secret" not in result.assumption
+
+
+def test_the_statement_says_whether_the_trials_streams_can_be_regenerated():
+    trials = [client_trial(1.0, 0.05, 300, configuration=c) for c in "ab"]
+    public = statement(trials)
+    assert "follow from its configuration, seed and draw" in public.assumption
+    assert "privacy.secret_streams: true" in public.assumption
+    secret = tuning_statement(
+        trials,
+        search="grid",
+        num_trials_distribution=None,
+        validation="public",
+        delta=DELTA,
+        secret_streams=True,
+    )
+    assert "follow from its configuration" not in secret.assumption
+    assert secret.epsilon == public.epsilon
 
 
 @pytest.mark.parametrize(
@@ -387,6 +411,7 @@ def test_draws_of_the_number_of_trials_follow_the_distribution(distribution, mea
     [
         ({"kind": "binomial", "mean": 3}, "num_trials_distribution.kind"),
         ({"kind": "poisson", "mean": 0}, "num_trials_distribution.mean"),
+        ({"kind": "poisson", "mean": 0.2}, "num_trials_distribution.mean"),  # dp-accounting: ≥ 1
         ({"kind": "poisson", "mean": True}, "num_trials_distribution.mean"),
         ({"kind": "truncated_negative_binomial", "eta": -1, "gamma": 0.2}, ".eta = -1"),
         ({"kind": "truncated_negative_binomial", "eta": 1, "gamma": 1.0}, ".gamma = 1.0"),

@@ -56,7 +56,9 @@ from cluster.analysis.sweep_ledger import FOLDER, Ledger, LedgerInUse
 from cluster.analysis.sweep_plan import Planned, plan, selected_changes, validation_kind
 from cluster.analysis.sweep_report import (
     TrialRecord,
+    configuration_values,
     configurations,
+    draw_values,
     markdown,
     mean_std_cell,
     plot_parameters,
@@ -126,7 +128,8 @@ def selected_yaml(planned: Planned, values: Values) -> str:
     )
     head = (
         f"# sweep {spec.name}: selected by the mean {spec.select.metric} ({spec.select.mode}) over "
-        f"seeds {seeds}{' and folds' * spec.cross_validated}: {label(values, exact=True)}\n"
+        f"seeds {seeds}{' and folds' * spec.cross_validated}: "
+        f"{label(configuration_values(values), exact=True)}\n"
         f"# from the repository root: uv run python -m cluster run <this file>: {again}\n"
     )
     return head + yaml.safe_dump(raw, sort_keys=False)
@@ -134,14 +137,14 @@ def selected_yaml(planned: Planned, values: Values) -> str:
 
 def _streams_of(planned: Planned, values: Values) -> int | None:
     """The ``stream_seed`` of the trial ``selected_yaml`` repeats: the retraining on all rows
-    after cross-validation, else the first draw of ``values`` at the first seed; None where
-    its key was a secret (``privacy.secret_streams``), which no rerun repeats."""
+    after cross-validation, else the selected draw's (``draw_values``) at the first seed; None
+    where its key was a secret (``privacy.secret_streams``), which no rerun repeats."""
     if planned.spec.cross_validated:
         record = planned.finals[values]
     else:
         first = planned.spec.seeds[0]
         record = next(
-            r for r in planned.records if r.trial.values == values and r.trial.seed == first
+            r for r in planned.records if draw_values(r) == values and r.trial.seed == first
         )
     config = planned.configs[record.name]
     return None if config.privacy.secret_streams else config.streams_seed
@@ -178,6 +181,7 @@ def statement(planned: Planned, records: list[TrialRecord], earlier: list[str] =
         validation=validation_kind(spec, first),
         delta=None,
         space_refusal=mechanism_may_vary(spec, [r.trial for r in records if r.privacy]),
+        secret_streams=first.privacy.secret_streams,
     )
 
 

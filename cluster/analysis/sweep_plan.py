@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster.analysis.run_configs import build_config, merged
-from cluster.analysis.sweep_report import TrialRecord, configurations
+from cluster.analysis.sweep_report import TrialRecord, configuration_values, configurations
 from cluster.analysis.sweep_spec import (
     SEED_FIELDS,
     SEEDS_FIX,
@@ -137,7 +137,8 @@ def final_name(spec: SweepSpec, trial: SweepTrial) -> str:
 
 def selected_changes(spec: SweepSpec, values: Values) -> dict:
     """The selected configuration's overrides; after cross-validation, on all training rows."""
-    return dict(values) | ({"data.validation": None} if spec.cross_validated else {})
+    changes = dict(configuration_values(values))
+    return changes | ({"data.validation": None} if spec.cross_validated else {})
 
 
 def check_selection(spec: SweepSpec, config: ExperimentConfig) -> None:

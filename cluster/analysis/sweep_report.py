@@ -37,10 +37,29 @@ class TrialRecord:
     repeat: int = 0  # earlier draws of the same configuration and seed (random search)
 
 
+# A repeated draw's place among its configuration's draws, in the values that key its row.
+DRAW = "draw"
+
+
+def draw_values(record: TrialRecord) -> Values:
+    """The values that key ``record``'s row: its configuration's, and for a random search's
+    repeated draw of it, which draw (``DRAW``). Each draw is its own Q of Papernot–Steinke's
+    bound, which covers the best of K draws ranked by each one's own score: a mean over two
+    draws' runs would rank by several Q's outputs at once."""
+    values = configuration(record.trial.values)
+    return (*values, (DRAW, record.repeat)) if record.repeat else values
+
+
+def configuration_values(values: Values) -> Values:
+    """A row's values as config fields: without its ``DRAW``."""
+    return tuple((f, v) for f, v in values if f != DRAW)
+
+
 def configurations(records: list[TrialRecord]) -> dict[Values, list[TrialRecord]]:
+    """The trials of each row (``draw_values``): a configuration's seeds and folds."""
     grouped: dict[Values, list[TrialRecord]] = {}
     for record in records:
-        grouped.setdefault(configuration(record.trial.values), []).append(record)
+        grouped.setdefault(draw_values(record), []).append(record)
     return grouped
 
 
@@ -51,9 +70,9 @@ def display_labels(records: list[TrialRecord]) -> dict[Values, str]:
 
 
 def summarize(spec: SweepSpec, records: list[TrialRecord]) -> list[dict]:
-    """One row per configuration (its values: repeated draws of it are one row), in the order
-    of ``configurations(records)``; ``selected`` marks the best mean over seeds among those
-    whose every trial finished."""
+    """One row per configuration (a random search's repeated draw of one: a row per draw), in
+    the order of ``configurations(records)``; ``selected`` marks the best mean over seeds
+    among those whose every trial finished."""
     rows = []
     shown = display_labels(records)
     for values, group in configurations(records).items():
@@ -79,7 +98,7 @@ def summarize(spec: SweepSpec, records: list[TrialRecord]) -> list[dict]:
 def trial_rows(records: list[TrialRecord], metric: str) -> list[dict]:
     shown = display_labels(records)
     return [
-        {"trial": r.name, "configuration": shown[configuration(r.trial.values)],
+        {"trial": r.name, "configuration": shown[draw_values(r)],
          "seed": r.trial.seed,
          "status": r.status, "run_id": r.run_id or "", metric: r.metric,
          "test_accuracy": r.test_accuracy, "epsilon": r.epsilon, "seconds": round(r.seconds, 2),

@@ -188,7 +188,8 @@ class SweepSpec:
     def trials(self) -> list[SweepTrial]:
         """Every configuration at every seed. A random search may draw one configuration more
         than once: each draw is a trial of its own (its own index, name and runs), as
-        Papernot & Steinke's bound counts K draws; the selection groups by the values."""
+        Papernot & Steinke's bound counts K draws; the selection ranks each draw by its own
+        score (``sweep_report.draw_values``)."""
         return [
             SweepTrial(v, s, index)
             for index, v in enumerate(self.configurations())
