@@ -123,7 +123,7 @@ class ClientHost:
         self.objective = ModelObjective(
             model,
             ParamLayout.of(model),
-            self.task.augment,
+            self.task.augment_for(self.store.manifest.get("x_dtype", "float32")),
             channels_last=self.kernels.channels_last,
             autocast=autocast_dtype(kernels.precision, self.device),
         )

@@ -49,7 +49,7 @@ pixel statistics (``Preprocess`` scales uint8 images only).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -95,6 +95,14 @@ class Task:
     def model(self, x_shape: tuple[int, ...], num_classes: int) -> nn.Module:
         """The model for stored rows of ``x_shape`` (what ``preprocess`` makes of them)."""
         return MODELS[self.model_name](self.preprocess.shape(tuple(x_shape)), int(num_classes))
+
+    def augment_for(self, x_dtype: str) -> Augment | None:
+        """``augment`` for stored rows of ``x_dtype``: rows stored as floats (standardised or
+        PCA features) skip the pixel statistics, so their crops pad with 0, not with the
+        normalised black of the task's images."""
+        if self.augment is None or x_dtype == "uint8":
+            return self.augment
+        return replace(self.augment, pixel_stats=None)
 
     def load_pretrained(self, model: nn.Module, folder: Path | None) -> None:
         """Initialise ``model`` from the pretrained ``folder`` (None: keep the seeded random

@@ -361,11 +361,12 @@ def tuning_statement(
         + (
             f"; Papernot–Steinke: the number of configurations K drawn from {drawn} "
             "independently of the data, each drawn independently from the space and ranked by its "
-            "own score, and only the selected model and its score released, K kept secret (it "
-            "follows from the spec's search.seed and shows in the sweep's tables, trial names and "
-            "progress lines: whoever learns it, or sees another trial's output, is held to the "
-            "composition ε); the privacy parameters the same across the space (every trial that "
-            "ran the same mechanism), ε(λ) of one configuration its seeds' curves summed"
+            "own score, and only the selected model and its score released, with this ε alone, K "
+            "kept secret (it follows from the spec's search.seed and shows in the sweep's tables, "
+            "trial names and progress lines, and the composition ε beside grows with it: whoever "
+            "learns K, or sees another trial's output, is held to the composition ε); the privacy "
+            "parameters the same across the space (every trial that ran the same mechanism), ε(λ) "
+            "of one configuration its seeds' curves summed"
         )
     )
     return TuningStatement(

@@ -34,6 +34,19 @@ def test_a_crop_pads_black_pixels_in_the_normalised_space():
     assert (out == 0).sum() < (out == -0.5).sum()  # black is −mean/std = −0.5 in channel 0
 
 
+def test_feature_rows_skip_the_pixel_statistics_in_their_crops_too():
+    """Rows stored as floats (standardised features) are not normalised pixels: their crops
+    pad with 0, as before black padding, not with the task's normalised black (≈ −2)."""
+    task = TASKS["cifar10_resnet18"]
+    assert task.augment_for("uint8") is task.augment
+    assert task.augment.pixel_stats == task.preprocess
+    features = task.augment_for("float32")
+    assert features.pixel_stats is None and features.padding == task.augment.padding
+    rows = torch.rand(8, 3, 4, 4) + 1.0  # no zero inside
+    out = features(rows, torch.Generator().manual_seed(0))
+    assert set(out[out < 1.0].tolist()) <= {0.0}
+
+
 def test_dpfedsam_emnist_input_is_the_authors_32_crop_of_the_image_padded_by_4():
     """DP-FedSAM's EMNIST code: RandomCrop(32, padding=4) of the 28×28 image, unnormalised; the
     model sees 32×32 (903,614 parameters, spec ≈ 0.90M) and the evaluation the centred frame."""

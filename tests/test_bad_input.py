@@ -346,6 +346,7 @@ UNKNOWN_KEY_IN_CHECKPOINT = checkpoint_payload(
 FORMAT_0 = pickled(lambda: {"format_version": 0, "config": config_from_dict(BASE).to_dict()})
 # Format 2: this format's fields, from code that seeded CPU streams otherwise (32 bits).
 FORMAT_2 = pickled(lambda: {"format_version": 2, "config": config_from_dict(BASE).to_dict()})
+FORMAT_3 = pickled(lambda: {"format_version": 3, "config": config_from_dict(BASE).to_dict()})
 IN_WORKDIR = Path("created")  # code_payload's target, relative to the case's work dir (its cwd)
 
 CASES = [
@@ -900,6 +901,11 @@ CASES = [
     Case("resume garbage", resume_with(b"PK\x03\x04garbage"), ("CHECKPOINT", "can read")),
     Case("resume old format", resume_with(FORMAT_0), ("format 0", "git_commit")),
     Case("resume older streams", resume_with(FORMAT_2), ("format 2", "32 bits", "git_commit")),
+    Case(
+        "resume older computations",
+        resume_with(FORMAT_3),
+        ("format 3", "pooled statistics", "git_commit"),
+    ),
     Case(
         "resume code in pickle",
         resume_with(pickled(code_payload(IN_WORKDIR))),

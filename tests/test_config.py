@@ -205,22 +205,19 @@ def test_the_papers_preparation_fits_public_data_by_default_and_its_own_is_unacc
         load_config(paper, ["data.statistics_from=training", "privacy.target_epsilon=5"])
     # A checkpoint written before the option fitted the training rows: it resumes so.
     from cluster.config import config_from_dict
-    from cluster.runtime.checkpoint import _as_written
+    from cluster.runtime.checkpoint import _written_before_statistics_from
 
     old = public.to_dict()
     del old["data"]["statistics_from"]
-    _as_written(old, 3)
+    _written_before_statistics_from(old)
     assert config_from_dict(old).data.resolved_statistics_from == "training"
 
 
 def test_synthetic_data_is_standardised_with_the_generators_own_statistics():
     """The synthetic source standardises with its distribution's mean and variance by default
     (no record moves another row), and with all users' pooled rows only as an option that
-    states no ε; each keys its own store, and a format-3 checkpoint (pooled, then the only
-    way) resumes pooled."""
+    states no ε; each keys its own store."""
     from cluster.claims.privacy_plan import privacy_claim
-    from cluster.config import config_from_dict
-    from cluster.runtime.checkpoint import _as_written
 
     default = load_config(None, DP)
     assert default.data.resolved_statistics_from == "population"
@@ -247,11 +244,17 @@ def test_synthetic_data_is_standardised_with_the_generators_own_statistics():
                 "data.statistics_from=population",
             ],
         )
-    for version, resolved in ((3, "training"), (4, "population")):
-        written = default.to_dict()
-        assert written["data"]["statistics_from"] is None
-        _as_written(written, version)
-        assert config_from_dict(written).data.resolved_statistics_from == resolved
+
+
+def test_a_task_that_frames_its_images_refuses_feature_rows():
+    """emnist_cnn_crop_flips pads uint8 images with black pixels (the authors' 32×32): rows of
+    standardised features would pass unframed into a model built for 32×32."""
+    framed = ["task=emnist_cnn_crop_flips", "data.source=emnist", *DP]
+    with pytest.raises(ConfigError, match="frames its images with black pixels") as error:
+        load_config(None, [*framed, "data.standardize_unit_norm=true"])
+    assert error.value.field_path == "data.standardize_unit_norm"
+    assert "run task emnist_cnn" in str(error.value)
+    load_config(None, framed)  # the images as stored: accepted
 
 
 def test_femnist_test_split_is_its_writers_data_not_public():

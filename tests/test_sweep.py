@@ -234,6 +234,23 @@ def test_selection_is_by_the_mean_over_seeds_never_the_best_seed(tmp_path, store
     assert (rows[2]["trials_finished"], rows[2]["trials"]) == (1, 2)
 
 
+def test_a_trial_computed_by_earlier_code_has_another_identity(tmp_path, store_root):
+    """The code of 2026-11-28 computes some configs otherwise (synthetic standardisation, crop
+    padding, ...): a resumed sweep must not adopt a finished trial of the earlier code, whose
+    identity was the configuration's hash marked own-streams/ alone."""
+    import hashlib
+
+    from cluster.analysis.sweep_spec import trial_digest
+    from privacy.tuning import configuration_key
+
+    spec = {"base": _base(store_root, tmp_path), "space": {"algorithm.local.lr": [0.1]}}
+    planned = plan(_write(tmp_path, "ids", spec), [])
+    config = planned.configs[planned.records[0].name]
+    earlier = f"own-streams/{configuration_key(config.to_dict())}"
+    earlier = f"{hashlib.sha256(earlier.encode()).hexdigest()[:16]}-seed{config.seed}"
+    assert planned.records[0].digest == trial_digest(config) != earlier
+
+
 def test_a_random_choice_drawn_twice_is_a_trial_of_its_own(tmp_path, store_root):
     """6 draws of 3 values: 6 trials under 6 names (a repeated draw its own run, tagged
     ``-repeat<n>``), and a row of its own: Papernot–Steinke's bound covers the best of K

@@ -289,7 +289,8 @@ def test_papernot_steinke_grows_with_the_number_of_trials_and_exceeds_one_trial(
     assert by_gamma[0].method == "Papernot–Steinke, truncated negative binomial number of trials"
     assert by_gamma[0].composition_epsilon == statement(trials).epsilon
     assumption = by_gamma[0].assumption
-    assert "only the selected model and its score released, K kept secret" in assumption
+    assert "only the selected model and its score released, with this ε alone" in assumption
+    assert "K kept secret" in assumption and "the composition ε beside grows with it" in assumption
     assert "ranked by its own score" in assumption
     # K known is K fixed: the statement that goes with the selected model does not state it
     assert "all trials on the same private data" in assumption and " 4 trials" not in assumption

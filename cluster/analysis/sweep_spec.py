@@ -267,6 +267,14 @@ def _digest(value: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+# Changed where the code computes a trial of the same config otherwise, so that a resumed sweep
+# never adopts a finished trial of the earlier code beside new ones. 2026-11-28: CPU streams of
+# MT19937's whole state, clips by an upper bound of the norm, synthetic data standardised by
+# the generator's statistics, crops padded with black, DP-FedSAM's EMNIST at 32×32,
+# DP-SCAFFOLD's warm start with the weight decay.
+COMPUTED = "computed-2026-11-28/"
+
+
 def trial_digest(config: ExperimentConfig, repeat: int = 0) -> str:
     """A trial's identity in MLflow (tag ``sweep_trial``): its configuration
     (``privacy.tuning.configuration_key``: without the sections that never change results),
@@ -275,9 +283,10 @@ def trial_digest(config: ExperimentConfig, repeat: int = 0) -> str:
     from privacy.tuning import configuration_key
 
     # Marked: a trial run before trials had streams of their own (they shared the seed's
-    # noise) has another identity, and is never taken for one of these.
-    own_streams = hashlib.sha256(f"own-streams/{configuration_key(config.to_dict())}".encode())
-    key = f"{own_streams.hexdigest()[:16]}-seed{config.seed}"
+    # noise), or by code that computed the same config otherwise (``COMPUTED``), has another
+    # identity, and is never taken for one of these.
+    marked = f"own-streams/{COMPUTED}{configuration_key(config.to_dict())}"
+    key = f"{hashlib.sha256(marked.encode()).hexdigest()[:16]}-seed{config.seed}"
     return key + (f"-repeat{repeat}" if repeat else "")
 
 

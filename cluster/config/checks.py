@@ -137,7 +137,17 @@ def check_model_input(c: ExperimentConfig) -> None:
                 d.pca_components,
                 f"must be in [1, {pixels}] (the images' pixels), e.g. 60 (DP-SCAFFOLD's)",
             )
-    model = TASKS[c.task].model_name
+    task = TASKS[c.task]
+    if task.preprocess.pad and (d.standardize_unit_norm or d.pca_components is not None):
+        name = "pca_components" if d.pca_components is not None else "standardize_unit_norm"
+        raise ConfigError(
+            f"data.{name}",
+            getattr(d, name),
+            f"task {c.task} frames its images with black pixels, which rows of standardised "
+            f"or PCA features are not: remove it, or run task {task.model_name} (the images as "
+            "stored)",
+        )
+    model = task.model_name
     shape, _ = source_shape(d.source, d.source_options())
     problem = input_problem(model, shape)
     if problem is not None:

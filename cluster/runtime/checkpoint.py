@@ -74,15 +74,16 @@ if TYPE_CHECKING:
     from cluster.config import ExperimentConfig
 
 FORMAT_VERSION = 4
-# Older formats this code continues as they ran (``_as_written``): format 3 only differs in
-# what an unset data.statistics_from meant for the synthetic source.
-_ALSO_READ = (3,)
 
 # What an older format's run would lose if this code continued it.
 _WHY_NOT_READ = {
     2: " (its run's CPU generators were seeded otherwise, with 32 bits, or under "
     "privacy.secret_streams from SHAKE-256, and its clips scaled by float32 norms: a resume "
     "would continue with other batches and noise than the run's)",
+    3: " (its run computed some configs otherwise: synthetic data standardised with all users' "
+    "pooled statistics, which its ε did not cover; crops padded with the mean pixel rather than "
+    "black; DP-FedSAM's EMNIST task at 28×28; DP-SCAFFOLD's warm start without the weight "
+    "decay: a resume would continue it with other data or another model)",
 }
 _RESUME_FIX = (
     "resume it with the version of the code that wrote it (its MLflow run's git_commit tag), "
@@ -153,7 +154,7 @@ def open_checkpoint(
     its state checked against that config (``check_state``). Reads the file and builds the
     config's model on the CPU; no data, no Ray, no MLflow."""
     checkpoint = load_checkpoint(path)
-    _as_written(checkpoint["config"], checkpoint["format_version"])
+    _written_before_statistics_from(checkpoint["config"])
     try:
         config_from_dict(checkpoint["config"])
     except ConfigError as error:
@@ -168,20 +169,14 @@ def open_checkpoint(
     return checkpoint, config
 
 
-def _as_written(config: dict, version: int) -> None:
-    """``data.statistics_from`` as the checkpoint's run had it where its default has changed
-    since: a checkpoint written before the option existed fitted its PCA and standardisation to
-    the training rows (the default would now be the source's test split where
-    ``client_test_fraction`` is set), and one of format 3 standardised synthetic data with all
-    users' pooled statistics (the default is now the generator's own): each resumes so, on the
-    store it ran on, not another store under another claim."""
+def _written_before_statistics_from(config: dict) -> None:
+    """A checkpoint written before ``data.statistics_from`` existed fitted its PCA and
+    standardisation to the training rows: it resumes so (its default would now be the source's
+    test split where ``client_test_fraction`` is set: another store, another claim)."""
     data = config.get("data")
-    if not isinstance(data, dict):
+    if not isinstance(data, dict) or "statistics_from" in data:
         return
-    if "statistics_from" not in data:
-        if data.get("pca_components") is not None or data.get("standardize_unit_norm") is True:
-            data["statistics_from"] = "training"
-    elif version < 4 and data.get("source") == "synthetic" and data["statistics_from"] is None:
+    if data.get("pca_components") is not None or data.get("standardize_unit_norm") is True:
         data["statistics_from"] = "training"
 
 
@@ -366,7 +361,7 @@ def _check_version(path: Location, payload: object) -> None:
     _need("format_version" in payload, "it has no format_version")
     version = payload["format_version"]
     _need(isinstance(version, int), f"its format_version is a {type(version).__name__}")
-    if version != FORMAT_VERSION and version not in _ALSO_READ:
+    if version != FORMAT_VERSION:
         why = _WHY_NOT_READ.get(version, "")
         raise ConfigError(
             "CHECKPOINT",
