@@ -193,7 +193,7 @@ def test_auto_leaves_it_off_and_true_is_refused_where_the_data_held_twice_would_
     config = _config(store_root, tmp_path, "executor.kind=ray")
     store, _ = open_store(config)
     monkeypatch.setattr(overlapped_start, "ray_here_only", lambda config: True)
-    need = overlapped_start.in_process_bytes(store, 2)
+    need = overlapped_start.in_process_bytes(store, 2, config.task)
     monkeypatch.setattr(overlapped_start, "physical_memory", lambda: 3 * need)
     applies, why = overlapped_start.applies(config, store)
     assert not applies and "would be held twice" in why

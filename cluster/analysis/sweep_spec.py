@@ -19,8 +19,8 @@ configurations (where drawn), then each configuration's fields in the space's or
 configuration runs once per seed; it is selected by its mean over those seeds of
 ``select.metric`` (its last evaluation), never by its best seed. A random search may draw the
 same configuration more than once: each draw is a trial of its own (K draws, as Papernot &
-Steinke count them: its runs, its name, its place in the privacy statement), and the
-selection groups the draws by their values (one row, the mean over every draw and seed).
+Steinke count them: its runs, its name, its place in the privacy statement) and a row of its
+own, ranked by its mean over seeds (``sweep_report.draw_values``), as their bound requires.
 Each trial is named by its configuration's index in the draw (or the grid) and a digest of
 its exact values (``SweepTrial.key``): labels, floats to 4 significant figures, are for
 display. Sweeping ``data.validation.fold`` is k-fold cross-validation: a configuration's score

@@ -38,6 +38,7 @@ from cluster.runtime.central_optimum import central_optimum
 from cluster.runtime.executors import HostPool, HostsUnavailable, LocalExecutor
 from cluster.runtime.memory import check_fits_memory, physical_memory
 from datasets.store import ShardStore
+from datasets.tasks import TASKS
 
 MEMORY_SHARE = 0.25  # of this machine's memory that a second copy of the hosts' data may take
 
@@ -54,11 +55,12 @@ def _connected() -> bool:
     return ray is not None and ray.is_initialized()
 
 
-def in_process_bytes(store: ShardStore, num_hosts: int) -> int:
-    """The hosts' data in this process, at most: every training row as float32 values and an
+def in_process_bytes(store: ShardStore, num_hosts: int, task: str) -> int:
+    """The hosts' data in this process, at most: every training row as the float32 values of
+    the task's model input (``Preprocess.shape``: a framed image is larger than stored) and an
     int64 label, or each host's cache budget where that is less."""
     rows = int(store.offsets[-1])
-    values = int(np.prod(store.manifest["x_shape"]))
+    values = int(np.prod(TASKS[task].preprocess.shape(tuple(store.manifest["x_shape"]))))
     return min(rows * (4 * values + 8), num_hosts * DEFAULT_CACHE_BYTES)
 
 
@@ -75,7 +77,7 @@ def applies(config: ExperimentConfig, store: ShardStore) -> tuple[bool, str | No
             if forced
             else None
         )
-    need, have = in_process_bytes(store, e.num_actors), physical_memory()
+    need, have = in_process_bytes(store, e.num_actors, config.task), physical_memory()
     if e.overlap_start is True:  # the actors hold their copy on this machine too
         check_fits_memory(
             "executor.overlap_start",
