@@ -149,11 +149,18 @@ class TrialPrivacy:
         return np.asarray(self.rdp_orders, dtype=np.float64), np.asarray(self.rdp)
 
 
+# Where a run finds its files: the store is keyed by what it holds, so moving it (another
+# store_root, a data root elsewhere) changes no result.
+DATA_LOCATIONS = ("store_root", "root", "download")
+
+
 def configuration_key(config_dict: dict) -> str:
-    """A hash of a config without its seed and runtime sections (but with the executor's
-    ``EXECUTOR_CONFIGURATION`` fields): equal for a configuration's seeds and placements,
-    different for different hyperparameters or numerics."""
+    """A hash of a config without its seed, runtime sections and data locations (but with the
+    executor's ``EXECUTOR_CONFIGURATION`` fields): equal for a configuration's seeds,
+    placements and store locations, different for different hyperparameters or numerics."""
     kept = {k: v for k, v in config_dict.items() if k not in NOT_CONFIGURATION}
+    if isinstance(kept.get("data"), dict):  # where the files are is no configuration
+        kept["data"] = {k: v for k, v in kept["data"].items() if k not in DATA_LOCATIONS}
     executor = config_dict.get("executor") or {}
     kept["executor"] = {k: executor[k] for k in EXECUTOR_CONFIGURATION if k in executor}
     text = json.dumps(kept, sort_keys=True, separators=(",", ":"), default=str)

@@ -481,7 +481,8 @@ def test_trial_privacy_round_trips_through_json():
 
 def test_the_configuration_key_counts_the_numerics_not_the_placement():
     """bf16, vectorize and channels_last change what is computed: another configuration. The
-    seed, the actors' number, resources and placement, tracking and checkpoints do not."""
+    seed, the actors' number, resources and placement, tracking, checkpoints and where the data
+    files are do not."""
     base = small_config("/tmp/unused").to_dict()
     key = configuration_key(base)
 
@@ -500,6 +501,9 @@ def test_the_configuration_key_counts_the_numerics_not_the_placement():
         assert changed("executor", **values) == key, values
     assert changed("tracking", enabled=True) == key
     assert changed("checkpoint", every=3) == key
+    for values in ({"store_root": "/elsewhere/shards"}, {"root": "raw"}, {"download": True}):
+        assert changed("data", **values) == key, values  # where the files are (review J)
+    assert changed("data", num_clients=7) != key
     for values in ({"precision": "bf16"}, {"vectorize": False}, {"channels_last": True}):
         assert changed("executor", **values) != key, values
     assert changed("algorithm", clip_norm=0.5) != key
