@@ -57,22 +57,26 @@ def test_each_run_draws_its_own_secret_and_a_resume_continues_it(store_root, tmp
 def test_a_run_that_fails_before_its_first_checkpoint_resumes_its_streams(
     store_root, tmp_path, monkeypatch
 ):
-    """The key is kept before round 1: a run that fails before its first periodic checkpoint,
-    its round-1 metrics released, resumes the same streams (a new run would draw a new key,
-    a second release no ε counts)."""
+    """The key is kept before round 1: a run stopped hard before its first periodic checkpoint
+    (killed: no error handler runs, unlike an error in a round, whose last completed round is
+    kept: tests/test_checkpoint.py), its round-1 metrics released, resumes the same streams (a
+    new run would draw a new key, a second release no ε counts)."""
     config = small_config(
         store_root, *PRIVATE, f"checkpoint.dir={tmp_path}", "rounds=3", "checkpoint.every=10"
     )
     released = []
     real = Simulation.run_round
 
-    def lost_in_round_2(self, index, *args, **kwargs):
+    class Killed(BaseException):
+        """The process ending mid-round, as SIGKILL would (no ``Exception`` handler runs)."""
+
+    def killed_in_round_2(self, index, *args, **kwargs):
         if index == 1:
-            raise RuntimeError("node lost")
+            raise Killed
         return real(self, index, *args, **kwargs)
 
-    monkeypatch.setattr(Simulation, "run_round", lost_in_round_2)
-    with pytest.raises(RuntimeError, match="node lost"):
+    monkeypatch.setattr(Simulation, "run_round", killed_in_round_2)
+    with pytest.raises(Killed):
         run_experiment(config, on_round=released.append)
     monkeypatch.undo()
     (path,) = tmp_path.glob("*.pt")
