@@ -149,9 +149,12 @@ class TrialPrivacy:
         return np.asarray(self.rdp_orders, dtype=np.float64), np.asarray(self.rdp)
 
 
-# Where a run finds its files: the store is keyed by what it holds, so moving it (another
-# store_root, a data root elsewhere) changes no result.
-DATA_LOCATIONS = ("store_root", "root", "download")
+def data_locations(data: dict) -> tuple[str, ...]:
+    """The fields of a config's ``data`` that only say where its files are: the store is keyed
+    by what it holds, so moving it changes no result; ``root`` only where no ``pretrained``
+    folder (in it: its weights and tokenizer) is read."""
+    moved = ("store_root", "download")
+    return moved if data.get("pretrained") is not None else (*moved, "root")
 
 
 def configuration_key(config_dict: dict) -> str:
@@ -159,8 +162,9 @@ def configuration_key(config_dict: dict) -> str:
     executor's ``EXECUTOR_CONFIGURATION`` fields): equal for a configuration's seeds,
     placements and store locations, different for different hyperparameters or numerics."""
     kept = {k: v for k, v in config_dict.items() if k not in NOT_CONFIGURATION}
-    if isinstance(kept.get("data"), dict):  # where the files are is no configuration
-        kept["data"] = {k: v for k, v in kept["data"].items() if k not in DATA_LOCATIONS}
+    data = kept.get("data")
+    if isinstance(data, dict):  # where the files are is no configuration
+        kept["data"] = {k: v for k, v in data.items() if k not in data_locations(data)}
     executor = config_dict.get("executor") or {}
     kept["executor"] = {k: executor[k] for k in EXECUTOR_CONFIGURATION if k in executor}
     text = json.dumps(kept, sort_keys=True, separators=(",", ":"), default=str)
@@ -368,12 +372,12 @@ def tuning_statement(
         + (
             f"; Papernot–Steinke: the number of configurations K drawn from {drawn} "
             "independently of the data, each drawn independently from the space and ranked by its "
-            "own score, and only the selected model and its score released, with this ε alone, K "
-            "kept secret (it follows from the spec's search.seed and shows in the sweep's tables, "
-            "trial names and progress lines, and the composition ε beside grows with it: whoever "
-            "learns K, or sees another trial's output, is held to the composition ε); the privacy "
-            "parameters the same across the space (every trial that ran the same mechanism), ε(λ) "
-            "of one configuration its seeds' curves summed"
+            "own score, and only the selected model and its score released, with this ε alone (not "
+            "this line: the composition ε in it grows with K), K kept secret (it follows from the "
+            "spec's search.seed and shows in the sweep's tables, trial names and progress lines: "
+            "whoever learns K, or sees another trial's output, is held to the composition ε); the "
+            "privacy parameters the same across the space (every trial that ran the same "
+            "mechanism), ε(λ) of one configuration its seeds' curves summed"
         )
     )
     return TuningStatement(

@@ -191,8 +191,9 @@ def test_a_trial_whose_own_checkpoint_no_entry_holds_is_an_earlier_attempt(tmp_p
     assert after.resume is None
     assert said == [
         f"{trial.name}: its attempt with checkpoint {path} is not resumed (no entry in "
-        f"{second.folder} holds it or the attempts before it (another --out?)); it stays an "
-        "earlier attempt, its rounds in no trial's accountant (no ε for the sweep)",
+        f"{second.folder} holds it or the attempts before it (another --out, or code that "
+        "computed its trials otherwise?)); it stays an earlier attempt, its rounds in no "
+        "trial's accountant (no ε for the sweep)",
         f"{trial.name}: runs again from round 0",
     ]
     assert second.earlier_attempts() == [
@@ -595,3 +596,19 @@ def test_an_untracked_sweep_stopped_and_rerun_ends_as_an_uninterrupted_one(tmp_p
         alone = run_local(_local(calibrate(planned.configs[name], lambda line: None)))
         assert torch.equal(load_checkpoint(path)["simulation"]["params"], alone.state.params)
     assert main(["sweep", str(spec), "--out", str(out)]) == 0  # all finished: nothing to run
+
+
+def test_a_killed_attempt_with_its_store_elsewhere_is_the_same_trial(tmp_path, store_root):
+    """A rerun with the store moved (another data.store_root: the same rows) keeps the trials'
+    identities, so their KILLED attempts are continued, not refused over the path (review K2);
+    a pretrained folder under another data.root is another trial."""
+    from cluster.analysis.sweep_resume import attempt_params, continuation
+
+    spec = {"base": _base(store_root, tmp_path), "space": {"algorithm.local.lr": [0.1]}}
+    planned = plan(_write(tmp_path, "moved", spec), [])
+    config = planned.configs[planned.records[0].name]
+    recorded = {**attempt_params(config), "data.store_root": "/elsewhere/shards"}
+    why = continuation(recorded, None, 1.0, config)
+    assert isinstance(why, str) and why.startswith("no checkpoint at"), why
+    other = {**attempt_params(config), "data.num_clients": "7"}
+    assert continuation(other, None, 1.0, config).startswith("its param data.num_clients")

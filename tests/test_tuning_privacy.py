@@ -290,7 +290,7 @@ def test_papernot_steinke_grows_with_the_number_of_trials_and_exceeds_one_trial(
     assert by_gamma[0].composition_epsilon == statement(trials).epsilon
     assumption = by_gamma[0].assumption
     assert "only the selected model and its score released, with this ε alone" in assumption
-    assert "K kept secret" in assumption and "the composition ε beside grows with it" in assumption
+    assert "K kept secret" in assumption and "the composition ε in it grows with K" in assumption
     assert "ranked by its own score" in assumption
     # K known is K fixed: the statement that goes with the selected model does not state it
     assert "all trials on the same private data" in assumption and " 4 trials" not in assumption
@@ -504,6 +504,9 @@ def test_the_configuration_key_counts_the_numerics_not_the_placement():
     for values in ({"store_root": "/elsewhere/shards"}, {"root": "raw"}, {"download": True}):
         assert changed("data", **values) == key, values  # where the files are (review J)
     assert changed("data", num_clients=7) != key
+    pretrained = {**base, "data": {**base["data"], "pretrained": "roberta-base"}}
+    moved = {**pretrained, "data": {**pretrained["data"], "root": "elsewhere"}}
+    assert configuration_key(moved) != configuration_key(pretrained)  # its weights move too
     for values in ({"precision": "bf16"}, {"vectorize": False}, {"channels_last": True}):
         assert changed("executor", **values) != key, values
     assert changed("algorithm", clip_norm=0.5) != key

@@ -257,7 +257,10 @@ class Ledger:
         path = checkpoint_path(trial.config, None)
         if not locations.exists(path):
             return
-        reason = f"no entry in {self.folder} holds it or the attempts before it (another --out?)"
+        reason = (
+            f"no entry in {self.folder} holds it or the attempts before it (another --out, or "
+            "code that computed its trials otherwise?)"
+        )
         say(refused_line(trial, f"attempt with checkpoint {path}", reason))
         self.earlier[trial.name] = [
             f"{trial.name} (an earlier attempt that left {path}, not in {self.folder})"

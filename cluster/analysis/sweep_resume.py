@@ -75,8 +75,9 @@ def continuation(
     from cluster.runtime.checkpoint import checkpoint_path, open_checkpoint
     from datasets import locations
 
+    moved = _data_locations(config)
     for key, value in attempt_params(config).items():
-        if params.get(key) != value:
+        if params.get(key) != value and key not in moved:
             return f"its param {key} is {params.get(key)!r}, the trial's is {value!r}"
     path = checkpoint_path(config, run_id)
     try:
@@ -88,18 +89,28 @@ def continuation(
     if checkpoint["run_id"] != run_id:
         attempt = "this one" if run_id is not None else "an untracked attempt"
         return f"its checkpoint {path} continues run {checkpoint['run_id']}, not {attempt}"
-    field = _first_difference(checkpoint["config"], config.to_dict())
+    field = _first_difference(checkpoint["config"], config.to_dict(), moved)
     if field is not None:
         return f"its checkpoint {path} was written for another config ({field} differs)"
     return Resumption(run_id, path, checkpoint["simulation"]["rounds_done"], seconds)
 
 
-def _first_difference(saved: dict, wanted: dict) -> str | None:
-    """The first dotted field whose value differs between two config dicts (None: equal)."""
+def _first_difference(saved: dict, wanted: dict, moved: set[str]) -> str | None:
+    """The first dotted field whose value differs between two config dicts (None: equal), the
+    ``moved`` fields (where the data files are) aside."""
     from cluster.tracking.process import flatten
 
     a, b = flatten(saved), flatten(wanted)
-    return next((key for key in sorted(a.keys() | b.keys()) if a.get(key) != b.get(key)), None)
+    keys = sorted(a.keys() | b.keys())
+    return next((k for k in keys if a.get(k) != b.get(k) and k not in moved), None)
+
+
+def _data_locations(config: ExperimentConfig) -> set[str]:
+    """Where the trial's data files are (``privacy.tuning.data_locations``), as dotted fields:
+    an attempt with its store elsewhere is the same trial, as its identity says."""
+    from privacy.tuning import data_locations
+
+    return {f"data.{name}" for name in data_locations(config.to_dict()["data"])}
 
 
 def resumed(trial: Trial, found: Resumption) -> Trial:
