@@ -103,11 +103,11 @@ class Augment:
     def _random_crop(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         n, c, h, w = x.shape
         p = self.padding
-        black = (self.pixel_stats or Preprocess()).black(x)
-        if bool((black == 0).all()):
+        stats = self.pixel_stats or Preprocess()
+        if not any(stats.mean or ()):  # black is 0: decided on the host, no device sync
             padded = F.pad(x, (p, p, p, p))
         else:
-            padded = black.expand(n, c, h + 2 * p, w + 2 * p).clone()
+            padded = stats.black(x).expand(n, c, h + 2 * p, w + 2 * p).clone()
             padded[:, :, p : p + h, p : p + w] = x
         dy = torch.randint(0, 2 * p + 1, (n,), generator=generator, device=generator.device)
         dx = torch.randint(0, 2 * p + 1, (n,), generator=generator, device=generator.device)
