@@ -50,7 +50,10 @@ MULTIPART_COPY_THRESHOLD = 256 * 2**20
 MULTIPART_COPY_CHUNK = 64 * 2**20
 COPY_TIMEOUT_S = 300.0
 PROBE_PREFIX = ".dpfl-write-probe-"
-_BUCKET = re.compile(r"[A-Za-z0-9._-]{1,255}")  # S3-compatible servers differ: lenient
+# S3-compatible servers differ: lenient, but a name begins and ends with a letter or digit and
+# has no '..': '.' and '..' would be path segments to the client (s3://../other/k read the
+# bucket "other": a review found).
+_BUCKET = re.compile(r"(?!.*\.\.)[A-Za-z0-9](?:[A-Za-z0-9._-]{0,253}[A-Za-z0-9])?")
 
 
 class LocationError(ValueError):
@@ -115,7 +118,8 @@ class ObjectLocation:
         if not _BUCKET.fullmatch(self.bucket):
             raise LocationError(
                 f"the bucket {self.bucket!r} is no bucket name (letters, digits, '.', '-' and "
-                f"'_'; S3's are 3-63 lowercase ones), e.g. {self.scheme}://dpfl/shards"
+                "'_', beginning and ending with a letter or digit, no '..'; S3's are 3-63 "
+                f"lowercase ones), e.g. {self.scheme}://dpfl/shards"
             )
         segments = self.key.split("/") if self.key else []
         bad = next((s for s in segments if s in ("", ".", "..")), None)
@@ -305,6 +309,14 @@ def check_writable(location: ObjectLocation) -> None:
             f"({_first_line(error)}), which replacing an object needs; grant them "
             f"s3:DeleteObject on {location}/* and delete the probe object {probe}"
         ) from None
+
+
+def unreachable(error: BaseException) -> bool:
+    """Whether an object-store request failed in transport (no connection, a timeout, a server
+    error) rather than for the object or the credentials: the store may be whole."""
+    text = str(error)
+    marks = ("NETWORK_CONNECTION", "curlCode", "Connection refused", "timed out", "Timeout")
+    return any(mark in text for mark in marks) or "HTTP response code: 5" in text
 
 
 def denies_access(error: BaseException) -> bool:

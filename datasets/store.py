@@ -283,6 +283,8 @@ class ShardStore:
         try:
             manifest = json.loads(locations.read_bytes(where / MANIFEST))
         except (OSError, ValueError) as error:  # missing, unreadable or not JSON
+            if isinstance(where, ObjectLocation) and locations.unreachable(error):
+                raise StoreReadFailed(text, _first_line(error)) from None  # not damaged
             problem = f"{MANIFEST} unreadable ({_first_line(error)})"
             raise StoreError(text, problem, locations.denies_access(error)) from None
         if not isinstance(manifest, dict) or manifest.get("format_version") != FORMAT_VERSION:
