@@ -26,7 +26,7 @@ accuracy. ``sources`` lists the data sources a task accepts (the first is its us
  | cifar100_resnet9   | cifar100                   | resnet9      | crop 32 pad 4, flip |
  | cifar10_resnet18_flips_gray, cifar100_resnet18_flips_gray | cifar10, cifar100 | resnet18_gn |
  |                    |  crop 32 pad 4, flip, vertical flip, grayscale p 0.1    |              |
- | emnist_cnn_crop_flips | emnist                  | emnist_cnn   | 32×32: crop pad 4, flips |
+ | emnist_cnn_crop_flips | emnist               | emnist_cnn | frame 2: 32×32; crop pad 2, flips |
 
 ``emnist_cnn`` runs DP-FedSAM's CNN on the 28×28 images (its dense layer follows the input
 size: 608,702 parameters); ``emnist_cnn_crop_flips`` on the authors' 32×32 inputs (903,614).

@@ -1,12 +1,15 @@
 """Driver checkpoints: the Simulation's state plus the config and the MLflow run to continue.
 
-A checkpoint (format 3) is a ``torch.save`` file holding only plain data: dicts, lists,
+A checkpoint (format 4) is a ``torch.save`` file holding only plain data: dicts, lists,
 strings, numbers, None and CPU tensors::
 
-    format_version      3 (format 2 held the same fields, written by code that seeded a CPU
-                        stream's generator otherwise (32 bits; SHAKE-256 for secret streams) and
-                        clipped by float32 norms: a resume here would continue with other
-                        batches and noise than the run it continues, so it is refused)
+    format_version      4 (formats 2 and 3 held the same fields, written by code that computed
+                        otherwise: format 2 seeded a CPU stream's generator with 32 bits (SHAKE-256
+                        for secret streams) and clipped by float32 norms; format 3 standardised
+                        synthetic data with pooled statistics, padded crops with the mean pixel,
+                        ran DP-FedSAM's EMNIST at 28×28 and DP-SCAFFOLD's warm start without the
+                        weight decay: a resume here would continue otherwise, so both are refused
+                        with the reason, ``_WHY_NOT_READ``)
     sketch_hash_family  the count-sketch hash its sketches were made with (algorithms/sketch.py)
     config              the run's config as a plain dict (after privacy calibration)
     run_id              its MLflow run, or None (untracked)
