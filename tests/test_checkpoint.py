@@ -83,6 +83,39 @@ def test_a_failed_round_keeps_the_rounds_before_it(store_root, tmp_path, monkeyp
     ]
 
 
+def test_a_checkpoint_the_disk_refuses_ends_the_run_in_one_paragraph(
+    store_root, tmp_path, monkeypatch, capsys
+):
+    """A full disk (or a failing object store) at round 4's checkpoint: exit 1, one paragraph
+    naming the checkpoint and the OS's reason, and where the rounds before are kept (round 2's
+    checkpoint), no traceback (review M)."""
+    import errno
+
+    import yaml
+
+    from datasets import locations
+
+    config = small_config(
+        store_root, "rounds=6", "checkpoint.every=2", f"checkpoint.dir={tmp_path / 'ck'}"
+    )
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(config.to_dict()))
+    write, calls = locations.write_atomic, []
+
+    def disk_full_from_round_4(location, writer):
+        calls.append(location)
+        if len(calls) > 1:  # rounds 2 then 4 (and the retry at round 4)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write(location, writer)
+
+    monkeypatch.setattr(locations, "write_atomic", disk_full_from_round_4)
+    assert main(["run", str(path), "--executor", "local"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: checkpoint ") and "Traceback" not in err
+    assert "could not be written ([Errno 28] No space left on device)" in err
+    assert "no checkpoint of round 4 could be written" in err and "of round 2" in err
+
+
 def _refuses_client_states_of_another_config(saved: dict, config) -> None:
     state = saved["simulation"]
     narrow = {**state["client_states"], "control": state["client_states"]["control"][:, :-1]}

@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         except TrackingError as error:  # MLflow or its process failed once the run began
             print(_tracking_failure(error, getattr(args, "verbose", False)), file=sys.stderr)
             return stop.exit_code or 1  # a stop signal that came meanwhile still says so
-        except _read_failures() as error:  # an object store that stopped answering mid-run
+        except _read_failures() as error:  # storage that stopped answering mid-run
             print(f"error: {_with_notes(error)}", file=sys.stderr)
             return stop.exit_code or 1
         return stop.exit_code or code  # a signal during the last writes still says it came
@@ -104,10 +104,12 @@ def raised_in_actor(error: BaseException) -> BaseException:
 
 
 def _read_failures() -> tuple[type[Exception], ...]:
-    """What a store that stops answering once the run began raises (imported when needed)."""
+    """What storage that stops answering once the run began raises: a store's rows that could
+    not be read, a checkpoint that could not be written (imported when needed)."""
+    from cluster.runtime.checkpoint import CheckpointWriteFailed
     from datasets.store import StoreReadFailed
 
-    return (StoreReadFailed,)
+    return StoreReadFailed, CheckpointWriteFailed
 
 
 def _input_errors() -> tuple[type[Exception], ...]:

@@ -111,11 +111,27 @@ def checkpoint_path(config: ExperimentConfig, run_id: str | None) -> Location:
     return config.checkpoint_dir / f"{run_id or name}.pt"
 
 
+class CheckpointWriteFailed(RuntimeError):
+    """A checkpoint the file system or object store would not take (a full disk, an endpoint
+    that failed): the one there before, if any, is whole (writes are atomic)."""
+
+    def __init__(self, path: str, reason: str):
+        self.path, self.reason = path, reason
+        super().__init__(
+            f"checkpoint {path} could not be written ({reason}); the one written before, if "
+            "any, is whole: free the space or mend the store, then resume"
+        )
+
+    def __reduce__(self):
+        return (self.__class__, (self.path, self.reason), self.__dict__)
+
+
 def save_checkpoint(
     path: Location, simulation_state: dict, config: dict, run_id: str | None
 ) -> None:
     """Write ``Simulation.state_dict()`` with the run's config and MLflow run id to ``path``
-    (atomically: ``locations.write_atomic``)."""
+    (atomically: ``locations.write_atomic``); ``CheckpointWriteFailed`` where the storage
+    refuses it."""
     payload = {
         "format_version": FORMAT_VERSION,
         "sketch_hash_family": HASH_FAMILY,
@@ -123,7 +139,11 @@ def save_checkpoint(
         "run_id": run_id,
         "simulation": _encode(simulation_state),
     }
-    locations.write_atomic(path, lambda file: torch.save(payload, file))
+    try:
+        locations.write_atomic(path, lambda file: torch.save(payload, file))
+    except OSError as error:
+        reason = (str(error).splitlines() or [repr(error)])[0]
+        raise CheckpointWriteFailed(str(path), reason) from error
 
 
 def _encode(state: dict) -> dict:
