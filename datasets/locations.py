@@ -297,7 +297,7 @@ def check_writable(location: ObjectLocation) -> None:
     except (BotoCoreError, ClientError) as error:
         raise LocationError(
             f"these credentials cannot write under {location} at {endpoint()} "
-            f"({_first_line(error)}); grant them s3:PutObject and s3:DeleteObject on "
+            f"({first_line(error)}); grant them s3:PutObject and s3:DeleteObject on "
             f"{location}/* (or set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE, "
             "to credentials that have them), or choose a prefix they may write"
         ) from None
@@ -306,7 +306,7 @@ def check_writable(location: ObjectLocation) -> None:
     except (BotoCoreError, ClientError) as error:
         raise LocationError(
             f"these credentials wrote under {location} but cannot delete there "
-            f"({_first_line(error)}), which replacing an object needs; grant them "
+            f"({first_line(error)}), which replacing an object needs; grant them "
             f"s3:DeleteObject on {location}/* and delete the probe object {probe}"
         ) from None
 
@@ -337,7 +337,8 @@ def denies_access(error: BaseException) -> bool:
     )
 
 
-def _first_line(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
+    """An error's first line (its type's name where it has no text)."""
     return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 

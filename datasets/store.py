@@ -45,7 +45,7 @@ import pyarrow as pa
 from datasets import locations
 from datasets.arrays import LabeledArrays
 from datasets.download import file_digest
-from datasets.locations import Location, LocationError, ObjectLocation
+from datasets.locations import Location, LocationError, ObjectLocation, first_line
 from datasets.partition import client_class_counts, matched_test_split
 
 FORMAT_VERSION = 2
@@ -284,8 +284,8 @@ class ShardStore:
             manifest = json.loads(locations.read_bytes(where / MANIFEST))
         except (OSError, ValueError) as error:  # missing, unreadable or not JSON
             if isinstance(where, ObjectLocation) and locations.unreachable(error):
-                raise StoreReadFailed(text, _first_line(error)) from None  # not damaged
-            problem = f"{MANIFEST} unreadable ({_first_line(error)})"
+                raise StoreReadFailed(text, first_line(error)) from None  # not damaged
+            problem = f"{MANIFEST} unreadable ({first_line(error)})"
             raise StoreError(text, problem, locations.denies_access(error)) from None
         if not isinstance(manifest, dict) or manifest.get("format_version") != FORMAT_VERSION:
             version = manifest.get("format_version") if isinstance(manifest, dict) else None
@@ -301,7 +301,7 @@ class ShardStore:
         try:
             offsets = np.load(io.BytesIO(locations.read_bytes(where / "train_offsets.npy")))
         except (OSError, ValueError) as error:
-            raise StoreError(text, f"train_offsets.npy unreadable ({_first_line(error)})") from None
+            raise StoreError(text, f"train_offsets.npy unreadable ({first_line(error)})") from None
         if offsets.ndim != 1 or len(offsets) != manifest["num_clients"] + 1:
             raise StoreError(text, "train_offsets.npy does not index the manifest's clients")
         return cls(text, manifest, offsets)
@@ -389,10 +389,6 @@ class ShardStore:
                 digest = hashlib.file_digest(stream, "sha256").hexdigest()
             if digest != expected:
                 raise StoreError(self.location, f"{name}: checksum mismatch")
-
-
-def _first_line(error: Exception) -> str:
-    return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
 class _MappedSplits:
@@ -506,7 +502,7 @@ class _RangedSplits:
         try:
             return read_ranges(self._file(split), ranges)
         except OSError as error:
-            raise StoreReadFailed(str(self.location), _first_line(error)) from None
+            raise StoreReadFailed(str(self.location), first_line(error)) from None
 
 
 def read_ranges(file: pa.NativeFile, ranges: Sequence[tuple[int, int]]) -> np.ndarray:

@@ -138,11 +138,10 @@ def check_model_input(c: ExperimentConfig) -> None:
                 f"must be in [1, {pixels}] (the images' pixels), e.g. 60 (DP-SCAFFOLD's)",
             )
     task = TASKS[c.task]
-    if task.preprocess.pad and (d.standardize_unit_norm or d.pca_components is not None):
-        name = "pca_components" if d.pca_components is not None else "standardize_unit_norm"
+    if task.preprocess.pad and d.standardize_unit_norm:  # (PCA is for the MNIST sources only)
         raise ConfigError(
-            f"data.{name}",
-            getattr(d, name),
+            "data.standardize_unit_norm",
+            d.standardize_unit_norm,
             f"task {c.task} frames its images with black pixels, which rows of standardised "
             f"or PCA features are not: remove it, or run task {task.model_name} (the images as "
             "stored)",

@@ -142,8 +142,7 @@ def save_checkpoint(
     try:
         locations.write_atomic(path, lambda file: torch.save(payload, file))
     except OSError as error:
-        reason = (str(error).splitlines() or [repr(error)])[0]
-        raise CheckpointWriteFailed(str(path), reason) from error
+        raise CheckpointWriteFailed(str(path), locations.first_line(error)) from error
 
 
 def _encode(state: dict) -> dict:
